@@ -1,0 +1,22 @@
+/* Compiled as strict C99 with -Wall -Wextra -pedantic -Werror: the public header must be
+   plain C. Also calls a few functions so the link against the shared library is real. */
+#include <expertpack/expertpack.h>
+
+#include <stdio.h>
+#include <string.h>
+
+int main(void) {
+  ep_log_options options;
+  int32_t devices = -1;
+  ep_log_options_init(&options);
+  if (options.struct_size != sizeof(ep_log_options)) return 1;
+  if (ep_version_number() != EP_VERSION_NUMBER) {
+    fprintf(stderr, "header %d, library %u\n", EP_VERSION_NUMBER, ep_version_number());
+    return 1;
+  }
+  if (ep_log_configure(NULL) != EP_ERR_INVALID_ARGUMENT) return 1;
+  if (strstr(ep_last_error(), "options") == NULL) return 1;
+  if (ep_cuda_device_count(&devices) != EP_OK || devices < 0) return 1;
+  printf("C99 consumer: expertpack %s, %d CUDA device(s)\n", ep_version_string(), (int)devices);
+  return 0;
+}

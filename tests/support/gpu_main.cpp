@@ -1,0 +1,22 @@
+// The main of every GPU test executable. Without a usable device it prints why and exits 77,
+// which CTest reports as "Skipped" (never "Passed"). With EP_REQUIRE_GPU=1 (set by
+// scripts/gpu-check) a missing device is a failure instead.
+#include <expertpack/expertpack.h>
+
+#define CATCH_CONFIG_RUNNER  // Catch2 v2: we provide main()
+#include "support/catch.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+int main(int argc, char **argv) {
+  int32_t devices = 0;
+  if (ep_cuda_device_count(&devices) != EP_OK || devices == 0) {
+    const char *require = std::getenv("EP_REQUIRE_GPU");
+    const bool required = require && std::strcmp(require, "1") == 0;
+    std::printf("%s: %s\n", required ? "FAIL" : "SKIP", ep_last_error());
+    return required ? 1 : 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
