@@ -231,4 +231,6 @@ EP_API ep_status ep_cuda_device_count(int32_t *out_count);
 } /* extern "C" */
 #endif
 
+/* Area headers, one line each: */
+
 #endif /* EXPERTPACK_H */
