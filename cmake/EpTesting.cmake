@@ -4,18 +4,22 @@ include_guard(GLOBAL)
 
 find_package(Catch2 REQUIRED)
 set(EP_CATCH_TARGET Catch2::Catch2)
+if(Catch2_VERSION VERSION_GREATER_EQUAL 3)
+  set(EP_CATCH_DEFINITIONS EP_CATCH_V3=1)
+endif()
+message(STATUS "Catch2 ${Catch2_VERSION} (${Catch2_DIR})")
 
 add_library(ep_test_main STATIC ${PROJECT_SOURCE_DIR}/tests/support/catch_main.cpp)
 target_link_libraries(ep_test_main PUBLIC ${EP_CATCH_TARGET} ep_internal)
 target_include_directories(ep_test_main PUBLIC ${PROJECT_SOURCE_DIR}/tests)
-target_compile_definitions(ep_test_main PUBLIC EP_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
+target_compile_definitions(ep_test_main PUBLIC ${EP_CATCH_DEFINITIONS} EP_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
                                                  EP_SHARED_DIR="${PROJECT_SOURCE_DIR}/../shared")
 ep_apply_sanitizers(ep_test_main)
 
 add_library(ep_gpu_test_main STATIC ${PROJECT_SOURCE_DIR}/tests/support/gpu_main.cpp)
 target_link_libraries(ep_gpu_test_main PUBLIC ${EP_CATCH_TARGET} ep_internal)
 target_include_directories(ep_gpu_test_main PUBLIC ${PROJECT_SOURCE_DIR}/tests)
-target_compile_definitions(ep_gpu_test_main PUBLIC EP_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
+target_compile_definitions(ep_gpu_test_main PUBLIC ${EP_CATCH_DEFINITIONS} EP_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
                                                      EP_SHARED_DIR="${PROJECT_SOURCE_DIR}/../shared")
 ep_apply_sanitizers(ep_gpu_test_main)
 

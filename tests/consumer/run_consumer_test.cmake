@@ -24,7 +24,9 @@ endforeach()
 # pkg-config
 file(GLOB pc_dir LIST_DIRECTORIES true ${prefix}/lib*/pkgconfig ${prefix}/lib/*/pkgconfig)
 find_program(PKG_CONFIG pkg-config REQUIRED)
-set(ENV{PKG_CONFIG_PATH} "${pc_dir}:$ENV{PKG_CONFIG_PATH}")
+# The distribution's own .pc files (libcrypto, ...) stay visible even where PKG_CONFIG_LIBDIR
+# was narrowed (the GPU machine's .devdeps/env.sh does that).
+set(ENV{PKG_CONFIG_PATH} "${pc_dir}:$ENV{PKG_CONFIG_PATH}:/usr/lib/x86_64-linux-gnu/pkgconfig:/usr/lib/pkgconfig:/usr/share/pkgconfig")
 execute_process(COMMAND ${PKG_CONFIG} --cflags --libs expertpack OUTPUT_VARIABLE flags
                 RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT rc EQUAL 0)

@@ -1,0 +1,290 @@
+#include "format/pack_file.hpp"
+
+#include "core/error.hpp"
+#include "format/hash.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ep::format {
+
+std::string_view role_name(Role role) noexcept {
+  switch (role) {
+    case Role::gate: return "gate";
+    case Role::up: return "up";
+    case Role::down: return "down";
+  }
+  return "?";
+}
+
+std::string to_hex(const uint8_t *bytes, size_t n) {
+  static const char *digits = "0123456789abcdef";
+  std::string s;
+  s.reserve(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    s.push_back(digits[bytes[i] >> 4]);
+    s.push_back(digits[bytes[i] & 15]);
+  }
+  return s;
+}
+
+std::unique_ptr<PackFile> PackFile::open(const std::string &path, ValidationLevel level) {
+  return parse(std::make_shared<FileSource>(path), level);
+}
+
+std::unique_ptr<PackFile> PackFile::parse(std::shared_ptr<const ByteSource> source, ValidationLevel level) {
+  std::unique_ptr<PackFile> pack(new PackFile());
+  pack->source_ = std::move(source);
+  pack->parse_and_check(level);
+  return pack;
+}
+
+namespace {
+
+bool is_power_of_two(uint64_t v) { return v && (v & (v - 1)) == 0; }
+
+std::string string_at(const std::vector<uint8_t> &table, uint32_t offset, const std::string &file,
+                      size_t entry, const char *field) {
+  if (offset >= table.size())
+    fail(Status::format, "{}: index entry {}: {} string offset {} is past the string table ({} bytes)", file,
+         entry, field, offset, table.size());
+  const auto *begin = reinterpret_cast<const char *>(table.data()) + offset;
+  return std::string(begin, strnlen(begin, table.size() - offset));
+}
+
+}  // namespace
+
+void PackFile::parse_and_check(ValidationLevel level) {
+  const ByteSource &src = *source_;
+  const std::string &file = src.name();
+  const uint64_t actual_size = src.size();
+  PackHeader &h = header_;
+  std::memset(&h, 0, sizeof h);
+
+  // Fields are checked in the order a reader of another version can rely on: magic, version,
+  // struct sizes, then the checksum of the rest.
+  if (actual_size < sizeof h.magic)
+    fail(Status::format, "{}: truncated file: {} bytes, a pack header needs {}", file, actual_size, sizeof h);
+  src.read(0, h.magic, sizeof h.magic);
+  if (std::memcmp(h.magic, kPackMagic.data(), kPackMagic.size()) != 0)
+    fail(Status::format, "{}: bad magic at offset 0: expected {}, found {} (not an Expert Pack)", file,
+         to_hex(kPackMagic.data(), 8), to_hex(h.magic, 8));
+  if (actual_size < 24)
+    fail(Status::format, "{}: truncated file: {} bytes, a pack header needs {}", file, actual_size, sizeof h);
+  src.read(8, &h.version, 4);
+  if (h.version != kPackVersion)
+    fail(Status::version, "{}: unsupported version {} at offset 8 (this library reads Expert Pack version {})",
+         file, h.version, kPackVersion);
+  src.read(12, &h.header_size, 4);
+  src.read(16, &h.entry_size, 4);
+  if (h.header_size != sizeof(PackHeader))
+    fail(Status::struct_size, "{}: wrong struct size: header_size at offset 12 is {}, expected {}", file,
+         h.header_size, sizeof(PackHeader));
+  if (h.entry_size != sizeof(PackEntry))
+    fail(Status::struct_size, "{}: wrong struct size: entry_size at offset 16 is {}, expected {}", file,
+         h.entry_size, sizeof(PackEntry));
+  if (actual_size < sizeof h)
+    fail(Status::format, "{}: truncated file: {} bytes, a pack header needs {}", file, actual_size, sizeof h);
+  src.read(0, &h, sizeof h);
+  const uint64_t header_hash = xxh3_64(&h, kPackHeaderHashedBytes);
+  if (header_hash != h.header_xxh3)
+    fail(Status::corrupt, "{}: header checksum mismatch at offset {}: stored {:016x}, computed {:016x}", file,
+         kPackHeaderHashedBytes, h.header_xxh3, header_hash);
+  if (h.flags & ~kPackKnownFlags)
+    fail(Status::unsupported, "{}: unsupported flags {:#x} at offset 20 (this library knows {:#x})", file, h.flags,
+         kPackKnownFlags);
+  for (uint8_t b : h.reserved) {
+    if (b) fail(Status::format, "{}: reserved header bytes at offset 232 are not zero", file);
+  }
+  if (h.num_roles != kPackNumRoles)
+    fail(Status::format, "{}: num_roles at offset 32 is {}, expected {}", file, h.num_roles, kPackNumRoles);
+  if (h.num_layers == 0 || h.num_experts == 0)
+    fail(Status::format, "{}: empty pack: num_layers {} num_experts {}", file, h.num_layers, h.num_experts);
+  if (!is_power_of_two(h.alignment) || h.alignment < kPackMinAlignment || h.alignment > kPackMaxAlignment)
+    fail(Status::format, "{}: alignment at offset 40 is {}, expected a power of two in [{}, {}]", file, h.alignment,
+         kPackMinAlignment, kPackMaxAlignment);
+  if (h.data_start % h.alignment != 0)
+    fail(Status::format, "{}: misaligned offset: data_start {} is not a multiple of the alignment {}", file,
+         h.data_start, h.alignment);
+  if (h.object_stride == 0 || h.object_stride % h.alignment != 0)
+    fail(Status::format, "{}: misaligned offset: object_stride {} is not a positive multiple of the alignment {}",
+         file, h.object_stride, h.alignment);
+  if (actual_size < h.file_size)
+    fail(Status::format, "{}: truncated file: {} bytes, the header says {}", file, actual_size, h.file_size);
+  if (actual_size != h.file_size)
+    fail(Status::format, "{}: file has {} bytes but the header says {} (trailing bytes)", file, actual_size,
+         h.file_size);
+
+  const uint64_t num_objects = checked_mul(h.num_layers, h.num_experts, "num_layers * num_experts");
+  const uint64_t num_entries = checked_mul(num_objects, kPackNumRoles, "entry count");
+  const uint64_t data_bytes = checked_mul(num_objects, h.object_stride, "objects * object_stride");
+  const uint64_t data_end = checked_add(h.data_start, data_bytes, "data_start + data bytes");
+  if (data_end != h.file_size)
+    fail(Status::format, "{}: {} objects of {} bytes from offset {} end at {}, but the file size field is {}", file,
+         num_objects, h.object_stride, h.data_start, data_end, h.file_size);
+  if (h.index_offset < sizeof(PackHeader))
+    fail(Status::format, "{}: index_offset {} overlaps the header", file, h.index_offset);
+  if (h.index_size != checked_mul(num_entries, sizeof(PackEntry), "index size"))
+    fail(Status::format, "{}: index_size {} at offset 72, expected {} entries of {} bytes", file, h.index_size,
+         num_entries, sizeof(PackEntry));
+  const uint64_t index_end = checked_add(h.index_offset, h.index_size, "index end");
+  const uint64_t strings_end = checked_add(h.strings_offset, h.strings_size, "string table end");
+  if (h.strings_offset < index_end || strings_end > h.data_start)
+    fail(Status::format, "{}: index [{}, {}) and string table [{}, {}) must lie in order before data_start {}",
+         file, h.index_offset, index_end, h.strings_offset, strings_end, h.data_start);
+
+  // Sizes are bounded by the (verified) file size, so these allocations are safe.
+  const std::vector<uint8_t> index = src.read_vector(h.index_offset, static_cast<size_t>(h.index_size));
+  const std::vector<uint8_t> strings = src.read_vector(h.strings_offset, static_cast<size_t>(h.strings_size));
+  Sha256Hasher digest;
+  digest.update(index.data(), index.size());
+  digest.update(strings.data(), strings.size());
+  const Sha256 index_sha = digest.finish();
+  if (std::memcmp(index_sha.data(), h.index_sha256, 32) != 0)
+    fail(Status::corrupt, "{}: index digest mismatch: the index at offset {} hashes to {}, the header says {}", file,
+         h.index_offset, hex(index_sha), to_hex(h.index_sha256, 32));
+  if (!strings.empty() && strings.back() != 0)
+    fail(Status::format, "{}: the string table at offset {} does not end with NUL", file, h.strings_offset);
+
+  entries_.clear();
+  entries_.reserve(static_cast<size_t>(num_entries));
+  object_bytes_.assign(static_cast<size_t>(num_objects), 0);
+  max_object_bytes_ = 0;
+  for (uint64_t i = 0; i < num_entries; ++i) {
+    PackEntry e;
+    std::memcpy(&e, index.data() + i * sizeof(PackEntry), sizeof e);
+    const uint64_t entry_off = h.index_offset + i * sizeof(PackEntry);
+    const uint64_t obj = i / kPackNumRoles;
+    const uint32_t want_layer = static_cast<uint32_t>(obj / h.num_experts);
+    const uint32_t want_expert = static_cast<uint32_t>(obj % h.num_experts);
+    const uint32_t want_role = static_cast<uint32_t>(i % kPackNumRoles);
+    if (e.layer != want_layer || e.expert != want_expert || e.role != want_role)
+      fail(Status::format, "{}: index entry {} at offset {} is (layer {}, expert {}, role {}), expected ({}, {}, {})",
+           file, i, entry_off, e.layer, e.expert, e.role, want_layer, want_expert, want_role);
+    const char *rname = role_name(static_cast<Role>(e.role)).data();
+    auto info = ggml_type_info(e.ggml_type);
+    if (!info)
+      fail(Status::unsupported, "{}: unsupported dtype: index entry {} (layer {}, expert {}, {}) at offset {} has ggml type id {}",
+           file, i, e.layer, e.expert, rname, entry_off, e.ggml_type);
+    if (e.n_dims < 1 || e.n_dims > 4)
+      fail(Status::shape, "{}: shape mismatch: index entry {} (layer {}, expert {}, {}) has n_dims {}", file, i,
+           e.layer, e.expert, rname, e.n_dims);
+    if (e.reserved0 != 0)
+      fail(Status::format, "{}: index entry {} at offset {}: reserved field is not zero", file, i, entry_off);
+    uint64_t rows = 1;
+    bool shape_ok = e.ne[0] > 0 && e.ne[0] % info->block_elems == 0;
+    for (uint32_t d = 1; d < 4 && shape_ok; ++d) {
+      if (d >= e.n_dims && e.ne[d] != 1) shape_ok = false;
+      if (e.ne[d] == 0 || __builtin_mul_overflow(rows, e.ne[d], &rows)) shape_ok = false;
+    }
+    uint64_t expect_bytes = 0;
+    if (shape_ok && __builtin_mul_overflow(e.ne[0] / info->block_elems * info->block_bytes, rows, &expect_bytes))
+      shape_ok = false;
+    if (!shape_ok || expect_bytes != e.nbytes)
+      fail(Status::shape,
+           "{}: shape mismatch: index entry {} (layer {}, expert {}, {}): {} [{}, {}, {}, {}] needs {} bytes, entry says {}",
+           file, i, e.layer, e.expert, rname, info->name, e.ne[0], e.ne[1], e.ne[2], e.ne[3], expect_bytes, e.nbytes);
+    if (e.expert > 0) {
+      const RoleEntry &first = entries_[static_cast<size_t>(i - static_cast<uint64_t>(e.expert) * kPackNumRoles)];
+      if (static_cast<uint32_t>(first.type) != e.ggml_type || first.n_dims != e.n_dims ||
+          !std::equal(first.ne.begin(), first.ne.end(), e.ne))
+        fail(Status::shape, "{}: shape mismatch: layer {} expert {} {} is {} [{}, {}, {}, {}], expert 0 is {} [{}, {}, {}, {}]",
+             file, e.layer, e.expert, rname, info->name, e.ne[0], e.ne[1], e.ne[2], e.ne[3],
+             ggml_type_info(static_cast<uint32_t>(first.type))->name, first.ne[0], first.ne[1], first.ne[2], first.ne[3]);
+    }
+    const uint64_t obj_off = h.data_start + obj * h.object_stride;
+    const uint64_t in_obj = e.role == 0 ? 0 : align_up(object_bytes_[static_cast<size_t>(obj)], kPackRoleAlignment);
+    if (e.pack_offset != obj_off + in_obj)
+      fail(Status::format, "{}: misaligned offset: index entry {} (layer {}, expert {}, {}) has pack offset {}, expected {}",
+           file, i, e.layer, e.expert, rname, e.pack_offset, obj_off + in_obj);
+    const uint64_t end_in_obj = checked_add(in_obj, e.nbytes, "payload end");
+    if (end_in_obj > h.object_stride)
+      fail(Status::format, "{}: index entry {} (layer {}, expert {}, {}) ends {} bytes into its object, past the stride {}",
+           file, i, e.layer, e.expert, rname, end_in_obj, h.object_stride);
+    object_bytes_[static_cast<size_t>(obj)] = end_in_obj;
+    max_object_bytes_ = std::max(max_object_bytes_, end_in_obj);
+
+    RoleEntry r;
+    r.role = static_cast<Role>(e.role);
+    r.type = info->type;
+    r.n_dims = e.n_dims;
+    std::copy(std::begin(e.ne), std::end(e.ne), r.ne.begin());
+    r.offset_in_object = in_obj;
+    r.file_offset = e.pack_offset;
+    r.nbytes = e.nbytes;
+    r.xxh3 = e.payload_xxh3;
+    std::memcpy(r.source_sha256.data(), e.source_sha256, 32);
+    r.source_file = string_at(strings, e.source_file, file, static_cast<size_t>(i), "source file");
+    r.source_tensor = string_at(strings, e.source_tensor, file, static_cast<size_t>(i), "source tensor");
+    r.source_offset = e.source_offset;
+    entries_.push_back(std::move(r));
+  }
+
+  if (level == ValidationLevel::sampled) verify_payloads(sample_objects());
+  if (level == ValidationLevel::full) verify_payloads({});
+}
+
+size_t PackFile::entry_index(uint32_t layer, uint32_t expert, Role role) const {
+  if (layer >= header_.num_layers || expert >= header_.num_experts || static_cast<uint32_t>(role) >= kPackNumRoles)
+    fail(Status::invalid_argument, "{}: (layer {}, expert {}, role {}) is out of range ({} layers, {} experts)", path(),
+         layer, expert, static_cast<uint32_t>(role), header_.num_layers, header_.num_experts);
+  return (static_cast<size_t>(layer) * header_.num_experts + expert) * kPackNumRoles + static_cast<size_t>(role);
+}
+
+uint64_t PackFile::object_offset(uint32_t layer, uint32_t expert) const {
+  entry_index(layer, expert, Role::gate);
+  return header_.data_start + (static_cast<uint64_t>(layer) * header_.num_experts + expert) * header_.object_stride;
+}
+
+uint64_t PackFile::object_bytes(uint32_t layer, uint32_t expert) const {
+  entry_index(layer, expert, Role::gate);
+  return object_bytes_[static_cast<size_t>(layer) * header_.num_experts + expert];
+}
+
+const RoleEntry &PackFile::entry(uint32_t layer, uint32_t expert, Role role) const {
+  return entries_[entry_index(layer, expert, role)];
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> PackFile::sample_objects() const {
+  const uint64_t n = static_cast<uint64_t>(header_.num_layers) * header_.num_experts;
+  constexpr uint64_t kSpread = 14;
+  std::vector<uint64_t> picks = {0, n - 1};
+  // A multiplicative spread (golden ratio) so the sample is not stuck on one expert column.
+  for (uint64_t k = 1; k <= kSpread && k < n; ++k) picks.push_back((k * 0x9E3779B97F4A7C15ull) % n);
+  std::sort(picks.begin(), picks.end());
+  picks.erase(std::unique(picks.begin(), picks.end()), picks.end());
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  for (uint64_t p : picks)
+    out.emplace_back(static_cast<uint32_t>(p / header_.num_experts), static_cast<uint32_t>(p % header_.num_experts));
+  return out;
+}
+
+void PackFile::verify_payloads(const std::vector<std::pair<uint32_t, uint32_t>> &objects) const {
+  std::vector<uint8_t> buffer;
+  auto check = [&](uint32_t layer, uint32_t expert) {
+    for (uint32_t r = 0; r < kPackNumRoles; ++r) {
+      const RoleEntry &e = entry(layer, expert, static_cast<Role>(r));
+      Xxh3Hasher hasher;
+      constexpr uint64_t kChunk = 8u << 20;
+      for (uint64_t done = 0; done < e.nbytes;) {
+        const size_t n = static_cast<size_t>(std::min(kChunk, e.nbytes - done));
+        buffer.resize(n);
+        source_->read(e.file_offset + done, buffer.data(), n);
+        hasher.update(buffer.data(), n);
+        done += n;
+      }
+      const uint64_t got = hasher.finish();
+      if (got != e.xxh3)
+        fail(Status::corrupt, "{}: payload hash mismatch: layer {} expert {} {} at offset {} ({} bytes) hashes to {:016x}, the index says {:016x}",
+             path(), layer, expert, role_name(e.role), e.file_offset, e.nbytes, got, e.xxh3);
+    }
+  };
+  if (objects.empty()) {
+    for (uint32_t l = 0; l < header_.num_layers; ++l)
+      for (uint32_t x = 0; x < header_.num_experts; ++x) check(l, x);
+  } else {
+    for (auto [l, x] : objects) check(l, x);
+  }
+}
+
+}  // namespace ep::format

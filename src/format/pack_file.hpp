@@ -1,0 +1,113 @@
+// PackFile: the Expert Pack v1 reader. THIS IS THE INTERFACE THE STORE (src/store, src/io)
+// READS PACKS THROUGH: open() validates the structure (and optionally payload hashes); then the
+// store asks object_offset()/object_bytes() for the one O_DIRECT read of an expert, and
+// entry() for the dtype/shape/offset of each role inside that object.
+//
+// Layout facts the store may rely on (docs/pack-format.md):
+//   - object_offset(l, e) = data_start + (l * num_experts + e) * object_stride, a multiple of
+//     alignment(); object_stride is a multiple of alignment() (4096 by default), so a whole
+//     object can be read with O_DIRECT as [object_offset, object_offset + object_stride).
+//   - Inside an object: gate, then up, then down, each starting at a multiple of 256 bytes
+//     (RoleEntry::offset_in_object); object_bytes() = end of down <= object_stride.
+//   - Pack layer l is model block first_layer() + l.
+// A PackFile is immutable after open() and safe to share between threads.
+#pragma once
+
+#include "format/byte_source.hpp"
+#include "format/ggml_type.hpp"
+#include "format/pack_format.hpp"
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ep::format {
+
+/// How much open() checks.
+enum class ValidationLevel {
+  structure,  ///< header, struct sizes, counts, alignment, index digest, every entry's bounds
+  sampled,    ///< structure + XXH3 of a deterministic sample of objects (the default)
+  full,       ///< structure + XXH3 of every payload
+};
+
+/// One role of one expert, decoded from its index entry.
+struct RoleEntry {
+  Role role;
+  GgmlType type;
+  uint32_t n_dims;
+  std::array<uint64_t, 4> ne;       ///< ggml order; unused dims are 1
+  uint64_t offset_in_object;        ///< bytes from object_offset() to the payload
+  uint64_t file_offset;             ///< absolute offset of the payload in the pack file
+  uint64_t nbytes;                  ///< payload bytes
+  uint64_t xxh3;                    ///< XXH3-64 of the payload
+  std::array<uint8_t, 32> source_sha256;
+  std::string source_file;          ///< source file path recorded at build time
+  std::string source_tensor;        ///< source tensor name
+  uint64_t source_offset;           ///< absolute offset of the slice in the source file
+};
+
+class PackFile {
+ public:
+  /// Opens and validates a pack file. Throws ep::Error with a one-line message naming the
+  /// file and offset: Status::format (bad magic, truncated file, misaligned offset, bad
+  /// field), Status::version, Status::struct_size, Status::corrupt (header checksum, index
+  /// digest, payload hash), Status::unsupported (dtype, flags), Status::shape.
+  static std::unique_ptr<PackFile> open(const std::string &path,
+                                        ValidationLevel level = ValidationLevel::sampled);
+  /// Parses and validates a pack held by any ByteSource (memory buffers for the fuzzers).
+  /// The source must outlive the PackFile.
+  static std::unique_ptr<PackFile> parse(std::shared_ptr<const ByteSource> source,
+                                         ValidationLevel level = ValidationLevel::sampled);
+
+  const std::string &path() const { return source_->name(); }
+  const PackHeader &header() const { return header_; }
+  uint32_t version() const { return header_.version; }
+  uint32_t num_layers() const { return header_.num_layers; }
+  uint32_t num_experts() const { return header_.num_experts; }
+  uint32_t num_roles() const { return header_.num_roles; }
+  uint32_t top_k() const { return header_.top_k; }
+  uint32_t first_layer() const { return header_.first_layer; }
+  uint64_t alignment() const { return header_.alignment; }
+  uint64_t data_start() const { return header_.data_start; }
+  uint64_t object_stride() const { return header_.object_stride; }
+  uint64_t file_size() const { return header_.file_size; }
+
+  /// Absolute file offset of object (layer, expert). Throws Status::invalid_argument when
+  /// out of range.
+  uint64_t object_offset(uint32_t layer, uint32_t expert) const;
+  /// Bytes of the object actually used (end of its down payload); <= object_stride().
+  uint64_t object_bytes(uint32_t layer, uint32_t expert) const;
+  /// The entry of one role of one expert.
+  const RoleEntry &entry(uint32_t layer, uint32_t expert, Role role) const;
+  /// All entries, in index order (layer, expert, role).
+  const std::vector<RoleEntry> &entries() const { return entries_; }
+  /// The largest object_bytes() of the pack.
+  uint64_t max_object_bytes() const { return max_object_bytes_; }
+
+  /// Hashes the payloads of the given objects (or, with an empty list, every object) and
+  /// throws ep::Error(Status::corrupt, "...payload hash mismatch...") on the first mismatch.
+  void verify_payloads(const std::vector<std::pair<uint32_t, uint32_t>> &objects) const;
+  /// The deterministic sample open(sampled) checks: first, last and up to 14 spread objects.
+  std::vector<std::pair<uint32_t, uint32_t>> sample_objects() const;
+
+  /// The byte source the pack is read from (pread on the file).
+  const ByteSource &source() const { return *source_; }
+
+ private:
+  PackFile() = default;
+  void parse_and_check(ValidationLevel level);
+  size_t entry_index(uint32_t layer, uint32_t expert, Role role) const;
+
+  std::shared_ptr<const ByteSource> source_;
+  PackHeader header_{};
+  std::vector<RoleEntry> entries_;
+  std::vector<uint64_t> object_bytes_;
+  uint64_t max_object_bytes_ = 0;
+};
+
+/// Lower-case hex of a 32-byte digest.
+std::string to_hex(const uint8_t *bytes, size_t n);
+
+}  // namespace ep::format

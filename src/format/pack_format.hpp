@@ -1,0 +1,90 @@
+// Expert Pack v1: the on-disk structs, byte for byte (docs/pack-format.md is the spec).
+// Everything is little-endian; the structs are written and read with memcpy on little-endian
+// hosts only (static_assert below).
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace ep::format {
+
+static_assert(std::endian::native == std::endian::little, "Expert Pack I/O assumes a little-endian host");
+
+/// "EPACK" NUL CR LF: the CR LF pair catches text-mode mangling, as in PNG.
+inline constexpr std::array<uint8_t, 8> kPackMagic = {'E', 'P', 'A', 'C', 'K', 0x00, 0x0D, 0x0A};
+inline constexpr uint32_t kPackVersion = 1;
+inline constexpr uint32_t kPackNumRoles = 3;
+inline constexpr uint32_t kPackDefaultAlignment = 4096;
+inline constexpr uint32_t kPackMinAlignment = 64;
+inline constexpr uint32_t kPackMaxAlignment = 1u << 20;
+/// Every role payload starts at a multiple of this inside its object.
+inline constexpr uint32_t kPackRoleAlignment = 256;
+/// Flags a v1 reader knows; any other bit set is EP_ERR_UNSUPPORTED.
+inline constexpr uint32_t kPackKnownFlags = 0;
+
+/// The three matrices of one routed expert, in the order they sit in the object.
+enum class Role : uint32_t { gate = 0, up = 1, down = 2 };
+std::string_view role_name(Role role) noexcept;
+
+/// The fixed 256-byte header at file offset 0.
+struct PackHeader {
+  uint8_t magic[8];                 ///< kPackMagic
+  uint32_t version;                 ///< kPackVersion
+  uint32_t header_size;             ///< sizeof(PackHeader) = 256
+  uint32_t entry_size;              ///< sizeof(PackEntry) = 128
+  uint32_t flags;                   ///< 0 in v1
+  uint32_t num_layers;              ///< MoE layers in the pack (pack layer 0 .. num_layers-1)
+  uint32_t num_experts;             ///< routed experts per layer
+  uint32_t num_roles;               ///< 3 (gate, up, down)
+  uint32_t top_k;                   ///< experts used per token (informational)
+  uint32_t alignment;               ///< object alignment in bytes (4096 by default)
+  uint32_t first_layer;             ///< model block index of pack layer 0
+  uint64_t data_start;              ///< file offset of object (0, 0); multiple of alignment
+  uint64_t object_stride;           ///< bytes between consecutive objects; multiple of alignment
+  uint64_t index_offset;            ///< file offset of the entry array
+  uint64_t index_size;              ///< bytes of the entry array = entries * entry_size
+  uint64_t strings_offset;          ///< file offset of the string table
+  uint64_t strings_size;            ///< bytes of the string table
+  uint64_t file_size;               ///< total bytes of the pack file
+  uint8_t index_sha256[32];         ///< SHA-256 of index bytes followed by string-table bytes
+  uint8_t source_files_sha256[32];  ///< identity: the source files (docs/pack-format.md)
+  uint8_t model_identity_sha256[32];///< identity: the expert weights themselves
+  uint8_t config_sha256[32];        ///< identity: the build configuration
+  uint8_t reserved[16];             ///< zero in v1
+  uint64_t header_xxh3;             ///< XXH3-64 of bytes [0, 248)
+};
+static_assert(sizeof(PackHeader) == 256);
+static_assert(offsetof(PackHeader, data_start) == 48);
+static_assert(offsetof(PackHeader, index_sha256) == 104);
+static_assert(offsetof(PackHeader, reserved) == 232);
+static_assert(offsetof(PackHeader, header_xxh3) == 248);
+
+/// One entry per (layer, expert, role), sorted by layer, then expert, then role.
+struct PackEntry {
+  uint32_t layer;                   ///< pack layer
+  uint32_t expert;
+  uint32_t role;                    ///< Role
+  uint32_t ggml_type;               ///< ggml type id (format/ggml_type.hpp)
+  uint32_t n_dims;                  ///< 1..4
+  uint32_t source_file;             ///< string-table offset of the source file path
+  uint32_t source_tensor;           ///< string-table offset of the source tensor name
+  uint32_t reserved0;               ///< zero
+  uint64_t ne[4];                   ///< shape in ggml order (ne[0] contiguous); unused dims 1
+  uint64_t source_offset;           ///< absolute offset of the slice in the source file
+  uint64_t nbytes;                  ///< payload bytes (= source slice bytes)
+  uint64_t pack_offset;             ///< absolute offset of the payload in the pack
+  uint64_t payload_xxh3;            ///< XXH3-64 of the payload
+  uint8_t source_sha256[32];        ///< SHA-256 of the source slice (= of the payload)
+};
+static_assert(sizeof(PackEntry) == 128);
+static_assert(offsetof(PackEntry, ne) == 32);
+static_assert(offsetof(PackEntry, source_offset) == 64);
+static_assert(offsetof(PackEntry, source_sha256) == 96);
+
+/// Bytes of the header covered by header_xxh3.
+inline constexpr size_t kPackHeaderHashedBytes = offsetof(PackHeader, header_xxh3);
+
+}  // namespace ep::format

@@ -1,0 +1,349 @@
+#include "io/reader.hpp"
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "io/read_tracker.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#ifdef EP_HAVE_URING
+#include <liburing.h>
+#endif
+
+namespace ep::io {
+namespace {
+
+using detail::Action;
+using detail::ReadTracker;
+
+int64_t filter(const std::shared_ptr<IoSeam> &seam, uint64_t offset, uint64_t bytes, int64_t result) {
+  return seam ? seam->on_read_result(offset, bytes, result) : result;
+}
+
+void warn_switch_buffered(const std::string &path, ReaderCounters &counters) {
+  counters.fallback_count.fetch_add(1);
+  log::warn("{}: the filesystem rejects O_DIRECT reads (EINVAL): reopened buffered; reads now go "
+            "through the page cache and throughput will not reflect the disk",
+            path);
+}
+
+// ---- pread thread pool ---------------------------------------------------------------------
+class PreadReader final : public Reader {
+ public:
+  PreadReader(const std::string &path, const ReaderOptions &options, ReaderCounters &counters)
+      : Reader(path), options_(options), counters_(counters),
+        tracker_(path, options, counters, false) {
+    bool direct = false;
+    file_ = open_for_read(path, options.direct, direct);
+    if (!direct && options.direct == DirectMode::automatic) counters_.fallback_count.fetch_add(1);
+    tracker_.set_direct(direct);
+    fd_ = file_.get();
+    const uint32_t threads = std::max<uint32_t>(1, options.pread_threads);
+    for (uint32_t i = 0; i < threads; ++i) threads_.emplace_back([this] { worker(); });
+  }
+
+  ~PreadReader() override {
+    {
+      std::unique_lock lock(mutex_);
+      // Never leave a thread writing into memory the caller is about to free.
+      done_cv_.wait(lock, [&] { return running_ == 0 && tracker_.ready().empty(); });
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto &t : threads_) t.join();
+  }
+
+  std::string_view backend_name() const override { return "pread"; }
+  bool direct() const override {
+    std::lock_guard lock(mutex_);
+    return tracker_.direct();
+  }
+  void register_buffer(void *, std::size_t) override {}
+
+  void submit(const ReadRequest &request) override {
+    {
+      std::lock_guard lock(mutex_);
+      tracker_.add(request);
+    }
+    work_cv_.notify_all();
+  }
+
+  std::size_t wait(std::vector<ReadCompletion> &out, std::size_t min_count) override {
+    std::unique_lock lock(mutex_);
+    min_count = std::min(min_count, tracker_.outstanding());
+    done_cv_.wait(lock, [&] { return tracker_.completed().size() >= min_count; });
+    auto &done = tracker_.completed();
+    const std::size_t n = done.size();
+    for (auto &c : done) out.push_back(std::move(c));
+    done.clear();
+    tracker_.handed_out(n);
+    return n;
+  }
+
+  std::size_t outstanding() const override {
+    std::lock_guard lock(mutex_);
+    return tracker_.outstanding();
+  }
+
+ private:
+  void worker() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      work_cv_.wait(lock, [&] { return stop_ || !tracker_.ready().empty(); });
+      if (stop_) return;
+      const uint32_t pid = tracker_.ready().front();
+      tracker_.ready().pop_front();
+      ++running_;
+      for (;;) {
+        const uint64_t offset = tracker_.file_offset(pid);
+        void *dst = tracker_.dst(pid);
+        const uint64_t length = tracker_.length(pid);
+        const int fd = fd_;
+        lock.unlock();
+        ssize_t got = ::pread(fd, dst, length, static_cast<off_t>(offset));
+        int64_t result = got < 0 ? -static_cast<int64_t>(errno) : static_cast<int64_t>(got);
+        result = filter(options_.seam, offset, length, result);
+        lock.lock();
+        const Action action = tracker_.on_result(pid, result);
+        if (action == Action::finished) break;
+        if (action == Action::switch_buffered && tracker_.direct()) {
+          buffered_ = open_buffered(path());
+          fd_ = buffered_.get();
+          tracker_.set_direct(false);
+          warn_switch_buffered(path(), counters_);
+        }
+      }
+      --running_;
+      done_cv_.notify_all();
+    }
+  }
+
+  ReaderOptions options_;
+  ReaderCounters &counters_;
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_, done_cv_;
+  ReadTracker tracker_;
+  FileHandle file_, buffered_;
+  int fd_ = -1;
+  uint32_t running_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+#ifdef EP_HAVE_URING
+// ---- io_uring ------------------------------------------------------------------------------
+struct UringSetupError {
+  int error;
+  std::string what;
+};
+
+class UringReader final : public Reader {
+ public:
+  UringReader(const std::string &path, const ReaderOptions &options, ReaderCounters &counters)
+      : Reader(path), options_(options), counters_(counters),
+        tracker_(path, options, counters, false),
+        depth_(std::clamp<uint32_t>(options.queue_depth, 1, 4096)) {
+    if (options.seam) {
+      if (const int e = options.seam->uring_setup_error())
+        throw UringSetupError{e, fmt::format("io_uring_queue_init: {} (errno {}, injected)", std::strerror(e), e)};
+    }
+    bool direct = false;
+    file_ = open_for_read(path, options.direct, direct);
+    if (!direct && options.direct == DirectMode::automatic) counters_.fallback_count.fetch_add(1);
+    tracker_.set_direct(direct);
+    if (const int r = io_uring_queue_init(depth_, &ring_, 0); r < 0)
+      throw UringSetupError{-r, fmt::format("io_uring_queue_init({}): {} (errno {})", depth_, std::strerror(-r), -r)};
+    const int fd = file_.get();
+    if (const int r = io_uring_register_files(&ring_, &fd, 1); r == 0) {
+      fixed_file_ = true;
+    } else {
+      log::warn("{}: io_uring cannot register the pack as a fixed file ({}): using a plain fd",
+                path, std::strerror(-r));
+    }
+  }
+
+  ~UringReader() override {
+    // Drain what is still in flight: the kernel may be writing into caller memory.
+    try {
+      std::vector<ReadCompletion> sink;
+      while (tracker_.outstanding() > 0) wait(sink, tracker_.outstanding());
+    } catch (...) {
+    }
+    io_uring_queue_exit(&ring_);
+  }
+
+  std::string_view backend_name() const override { return "io_uring"; }
+  bool direct() const override { return tracker_.direct(); }
+
+  void register_buffer(void *base, std::size_t bytes) override {
+    if (inflight_ > 0 || fixed_buffer_)
+      fail(Status::invalid_argument, "{}: register_buffer must be called once, before any read", path());
+    iovec iov{base, bytes};
+    if (const int r = io_uring_register_buffers(&ring_, &iov, 1); r == 0) {
+      fixed_buffer_ = true;
+      buffer_base_ = static_cast<std::byte *>(base);
+      buffer_bytes_ = bytes;
+    } else {
+      log::warn("{}: io_uring cannot register the staging ring ({} bytes) as a fixed buffer ({}): "
+                "using unregistered reads",
+                path(), bytes, std::strerror(-r));
+    }
+  }
+
+  void submit(const ReadRequest &request) override {
+    tracker_.add(request);
+    pump();
+  }
+
+  std::size_t wait(std::vector<ReadCompletion> &out, std::size_t min_count) override {
+    min_count = std::min(min_count, tracker_.outstanding());
+    pump();
+    while (tracker_.completed().size() < min_count) {
+      io_uring_cqe *cqe = nullptr;
+      const int r = io_uring_wait_cqe(&ring_, &cqe);
+      if (r == -EINTR) continue;
+      if (r < 0) fail_errno(-r, "io_uring_wait_cqe on " + path());
+      do {
+        handle(cqe);
+      } while (io_uring_peek_cqe(&ring_, &cqe) == 0);
+      pump();
+    }
+    auto &done = tracker_.completed();
+    const std::size_t n = done.size();
+    for (auto &c : done) out.push_back(std::move(c));
+    done.clear();
+    tracker_.handed_out(n);
+    return n;
+  }
+
+  std::size_t outstanding() const override { return tracker_.outstanding(); }
+
+ private:
+  void pump() {
+    unsigned queued = 0;
+    auto &ready = tracker_.ready();
+    while (inflight_ < depth_ && !ready.empty()) {
+      io_uring_sqe *sqe = io_uring_get_sqe(&ring_);
+      if (!sqe) break;
+      const uint32_t pid = ready.front();
+      ready.pop_front();
+      auto *dst = static_cast<std::byte *>(tracker_.dst(pid));
+      const auto length = static_cast<unsigned>(tracker_.length(pid));
+      const uint64_t offset = tracker_.file_offset(pid);
+      const int fd = fixed_file_ ? 0 : file_fd();
+      if (fixed_buffer_ && dst >= buffer_base_ && dst + length <= buffer_base_ + buffer_bytes_) {
+        io_uring_prep_read_fixed(sqe, fd, dst, length, offset, 0);
+      } else {
+        io_uring_prep_read(sqe, fd, dst, length, offset);
+      }
+      if (fixed_file_) sqe->flags |= IOSQE_FIXED_FILE;
+      io_uring_sqe_set_data64(sqe, pid);
+      ++inflight_;
+      ++queued;
+    }
+    if (queued) {
+      int r;
+      do {
+        r = io_uring_submit(&ring_);
+      } while (r == -EINTR || r == -EAGAIN);
+      if (r < 0) fail_errno(-r, "io_uring_submit on " + path());
+    }
+  }
+
+  int file_fd() const { return buffered_ ? buffered_.get() : file_.get(); }
+
+  void handle(io_uring_cqe *cqe) {
+    const auto pid = static_cast<uint32_t>(io_uring_cqe_get_data64(cqe));
+    int64_t result = cqe->res;
+    io_uring_cqe_seen(&ring_, cqe);
+    --inflight_;
+    result = filter(options_.seam, tracker_.file_offset(pid), tracker_.length(pid), result);
+    switch (tracker_.on_result(pid, result)) {
+      case Action::finished:
+        break;
+      case Action::switch_buffered:
+        if (tracker_.direct()) {
+          buffered_ = open_buffered(path());
+          if (fixed_file_) {
+            const int fd = buffered_.get();
+            if (const int r = io_uring_register_files_update(&ring_, 0, &fd, 1); r < 0) {
+              fixed_file_ = false;  // fall back to the plain buffered fd
+            }
+          }
+          tracker_.set_direct(false);
+          warn_switch_buffered(path(), counters_);
+        }
+        tracker_.ready().push_front(pid);
+        break;
+      case Action::resubmit:
+        tracker_.ready().push_front(pid);
+        break;
+    }
+  }
+
+  ReaderOptions options_;
+  ReaderCounters &counters_;
+  ReadTracker tracker_;
+  FileHandle file_, buffered_;
+  io_uring ring_{};
+  uint32_t depth_;
+  uint32_t inflight_ = 0;
+  bool fixed_file_ = false;
+  bool fixed_buffer_ = false;
+  std::byte *buffer_base_ = nullptr;
+  std::size_t buffer_bytes_ = 0;
+};
+#endif
+
+}  // namespace
+
+Backend parse_backend(std::string_view name) {
+  if (name == "auto" || name == "automatic") return Backend::automatic;
+  if (name == "uring" || name == "io_uring") return Backend::uring;
+  if (name == "pread") return Backend::pread;
+  fail(Status::invalid_argument, "reader backend '{}' is not one of auto, uring, pread", name);
+}
+
+bool uring_compiled() {
+#ifdef EP_HAVE_URING
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Reader> open_reader(const std::string &path, const ReaderOptions &options,
+                                    ReaderCounters &counters) {
+  if (options.backend == Backend::pread) {
+    log::info("{}: reading with the pread thread pool ({} threads), as configured", path,
+              options.pread_threads);
+    return std::make_unique<PreadReader>(path, options, counters);
+  }
+#ifdef EP_HAVE_URING
+  try {
+    return std::make_unique<UringReader>(path, options, counters);
+  } catch (const UringSetupError &e) {
+    if (options.backend == Backend::uring)
+      fail(Status::unsupported, "{}: io_uring was required but cannot be set up: {}", path, e.what);
+    counters.fallback_count.fetch_add(1);
+    log::warn("{}: io_uring cannot be set up ({}): falling back to the pread thread pool ({} threads)",
+              path, e.what, options.pread_threads);
+  }
+#else
+  if (options.backend == Backend::uring)
+    fail(Status::unsupported, "{}: io_uring was required but this build has no liburing", path);
+  counters.fallback_count.fetch_add(1);
+  log::info("{}: this build has no io_uring (liburing not found): using the pread thread pool ({} threads)",
+            path, options.pread_threads);
+#endif
+  return std::make_unique<PreadReader>(path, options, counters);
+}
+
+}  // namespace ep::io
