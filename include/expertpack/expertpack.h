@@ -232,5 +232,6 @@ EP_API ep_status ep_cuda_device_count(int32_t *out_count);
 #endif
 
 /* Area headers, one line each: */
+#include "expertpack/pack.h"
 
 #endif /* EXPERTPACK_H */

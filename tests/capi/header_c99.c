@@ -17,6 +17,13 @@ int main(void) {
   if (ep_log_configure(NULL) != EP_ERR_INVALID_ARGUMENT) return 1;
   if (strstr(ep_last_error(), "options") == NULL) return 1;
   if (ep_cuda_device_count(&devices) != EP_OK || devices < 0) return 1;
+  {
+    ep_pack *pack = NULL;
+    ep_pack_open_options pack_options;
+    ep_pack_open_options_init(&pack_options);
+    if (ep_pack_open(&pack, "/nonexistent/none.epk", &pack_options) != EP_ERR_NOT_FOUND || pack != NULL) return 1;
+    ep_pack_close(NULL);
+  }
   printf("C99 consumer: expertpack %s, %d CUDA device(s)\n", ep_version_string(), (int)devices);
   return 0;
 }

@@ -1,0 +1,89 @@
+// Host launchers of the compute kernels (cuda/*.cu). Each takes the stream last, checks the
+// launch and throws ep::Error on failure. Plain pointers and sizes only; shapes are validated
+// by the caller (cuda_backend.cpp). Type ids are ggml type ids (format/ggml_type.hpp).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ep::cuda {
+
+/// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =
+/// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of
+/// type `type`), x_m = x + (x_rows ? x_rows[m] : m)·k and y_m = y + m·n·n_tok.
+/// w_ptrs and x_rows are device arrays. x must be 16-byte aligned; n_tok <= kGemvMaxTokens.
+struct GemvArgs {
+  const void *const *w_ptrs = nullptr;  ///< device array [n_mat], or null: every matrix is `w`
+  const void *w = nullptr;
+  const float *x = nullptr;
+  const int32_t *x_rows = nullptr;
+  float *y = nullptr;
+  int64_t k = 0;
+  int64_t n = 0;
+  int32_t n_tok = 1;
+  int32_t n_mat = 1;
+};
+inline constexpr int32_t kGemvMaxTokens = 8;
+void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream);
+
+/// Dequantizes `rows` rows of k values (row stride = row bytes) to f32 (dst_f32) or bf16
+/// (dst_bf16; exactly one of them non-null), bit-exact with ggml for f32 output.
+void launch_dequant_rows(uint32_t type, const void *src, int64_t k, int64_t rows, float *dst_f32,
+                         uint16_t *dst_bf16, cudaStream_t stream);
+/// y[t·d ..] = dequantized row ids[t] of table (rows of d values); ids checked against vocab
+/// (out-of-range ids write NaN rows).
+void launch_embed(uint32_t type, const void *table, int64_t d, int64_t vocab, const int32_t *ids,
+                  int64_t n_ids, float *y, cudaStream_t stream);
+void launch_f32_to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream);
+
+void launch_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t rows, float *y,
+                     cudaStream_t stream);
+inline constexpr int32_t kRopeMaxPairs = 256;
+struct RopeArgs {
+  float inv_freq[kRopeMaxPairs];
+  int32_t n_pairs = 0;
+  int32_t dim_offset = 0;
+  float attention_factor = 1.0f;
+  int32_t inverse = 0;
+  int64_t head_dim = 0;
+  int64_t n_heads = 0;
+  int64_t n_tokens = 0;
+};
+void launch_rope(const float *x, const int32_t *positions, const RopeArgs &args, float *y, cudaStream_t stream);
+void launch_softmax(const float *x, int64_t n, int64_t rows, float *y, cudaStream_t stream);
+void launch_top_k(const float *x, int64_t n, int64_t rows, int32_t k, int32_t *indices, float *values,
+                  cudaStream_t stream);
+/// kind 0: swiglu with limit (<= 0: none); kind 1: situ(beta_g, beta_u).
+void launch_glu(const float *gate, const float *up, int64_t n, int32_t kind, float limit, float beta_g,
+                float beta_u, float *y, cudaStream_t stream);
+void launch_add(const float *a, const float *b, int64_t n, float *y, cudaStream_t stream);
+
+struct RouteArgs {
+  int32_t scoring = 0;  ///< backend::Scoring
+  int32_t k = 1;
+  int32_t renormalize = 1;
+  float scale = 1.0f;
+  const float *bias = nullptr;        ///< [n_experts] or null
+  const int32_t *hash_table = nullptr;  ///< [vocab][k] or null
+  const int32_t *token_ids = nullptr;
+  int64_t hash_vocab = 0;
+};
+/// Router, one block per token: ids/weights [n_tok][k]. Invalid hash entries give id −1.
+void launch_route(const float *logits, int64_t n_experts, int64_t n_tok, const RouteArgs &args,
+                  int32_t *ids, float *weights, cudaStream_t stream);
+/// y[t·d + i] = Σ_j w[t·k + j] · o[(t·k + j)·d + i].
+void launch_moe_combine(const float *o, const float *w, int64_t d, int64_t n_tok, int32_t k, float *y,
+                        cudaStream_t stream);
+/// out[i·d ..] = x[rows[i]·d ..].
+void launch_gather_rows(const float *x, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
+/// y[rows[i]·d ..] += w[pairs[i]] · src[i·d ..] (rows distinct within one call).
+void launch_scatter_add_rows(const float *src, const int32_t *rows, const int32_t *pairs, const float *w,
+                             int64_t d, int64_t n, float *y, cudaStream_t stream);
+
+/// Sampling on the device (semantics of backend::SamplingParams); `scratch` holds n floats.
+/// Writes the token to *out (device).
+void launch_sample(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p, double u,
+                   float *scratch, int32_t *out, cudaStream_t stream);
+
+}  // namespace ep::cuda

@@ -1,0 +1,342 @@
+#include "backend/cpu_backend.hpp"
+
+#include "backend/dequant.hpp"
+#include "core/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+namespace ep::backend {
+
+float activation_ref(float g, float u, const Activation &act) noexcept {
+  if (act.kind == ActivationKind::situ) {
+    const float sig = 1.0f / (1.0f + std::exp(-g));
+    return act.beta_g * std::tanh(g / act.beta_g) * sig * (act.beta_u * std::tanh(u / act.beta_u));
+  }
+  if (act.limit > 0.0f) {
+    g = std::min(g, act.limit);
+    u = std::min(std::max(u, -act.limit), act.limit);
+  }
+  return g / (1.0f + std::exp(-g)) * u;
+}
+
+float router_score_ref(float logit, Scoring scoring) noexcept {
+  switch (scoring) {
+    case Scoring::sigmoid:
+      return 1.0f / (1.0f + std::exp(-logit));
+    case Scoring::sqrt_softplus:
+      return std::sqrt(logit > 20.0f ? logit : std::log1p(std::exp(logit)));
+    case Scoring::softmax:
+      break;
+  }
+  return logit;  // softmax is applied over the row by the caller
+}
+
+void matmul_ref(GgmlType type, const void *w, int64_t k, int64_t n, const float *x, int64_t n_tokens, float *y) {
+  const uint64_t row_bytes = format::ggml_row_bytes(type, static_cast<uint64_t>(k), "matmul weight row");
+  std::vector<float> row(static_cast<size_t>(k));
+  const auto *base = static_cast<const uint8_t *>(w);
+  for (int64_t r = 0; r < n; ++r) {
+    dequantize_row(type, base + static_cast<uint64_t>(r) * row_bytes, row.data(), k);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float *xt = x + t * k;
+      float acc = 0.0f;
+      for (int64_t i = 0; i < k; ++i) acc += row[static_cast<size_t>(i)] * xt[i];
+      y[t * n + r] = acc;
+    }
+  }
+}
+
+void *CpuBackend::allocate(uint64_t bytes) {
+  void *p = std::aligned_alloc(64, std::max<uint64_t>(64, (bytes + 63) / 64 * 64));
+  if (!p) fail(Status::out_of_memory, "cpu backend: cannot allocate {} bytes", bytes);
+  return p;
+}
+void CpuBackend::deallocate(void *ptr) noexcept { std::free(ptr); }
+void CpuBackend::upload(void *dst, const void *src, uint64_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::download(void *dst, const void *src, uint64_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::fill_zero(void *dst, uint64_t bytes) { std::memset(dst, 0, bytes); }
+
+void *CpuBackend::workspace(unsigned slot, uint64_t bytes) {
+  auto &buf = workspace_.at(slot);
+  if (buf.size() < bytes) buf.resize(bytes);
+  return buf.data();
+}
+
+void CpuBackend::matmul(const Tensor &w, const Tensor &x, const Tensor &y) {
+  check_matmul(w, x, y, Device::cpu);
+  matmul_ref(w.type, w.data, w.ne[0], w.ne[1], x.as<float>(), x.n_rows(), y.as<float>());
+}
+
+void CpuBackend::rms_norm(const Tensor &x, const Tensor *weight, float eps, const Tensor &y) {
+  check_f32(x, "rms_norm", "x", Device::cpu);
+  check_f32(y, "rms_norm", "y", Device::cpu);
+  check_same_shape(x, y, "rms_norm");
+  const int64_t n = x.ne[0];
+  const float *wt = nullptr;
+  if (weight) {
+    check_f32(*weight, "rms_norm", "weight", Device::cpu);
+    if (weight->n_elems() != n) fail(Status::shape, "rms_norm: weight has {} values, rows have {}", weight->n_elems(), n);
+    wt = weight->as<float>();
+  }
+  for (int64_t r = 0; r < x.n_rows(); ++r) {
+    const float *xr = x.as<float>() + r * n;
+    float *yr = y.as<float>() + r * n;
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) yr[i] = wt ? xr[i] * scale * wt[i] : xr[i] * scale;
+  }
+}
+
+void CpuBackend::rope(const Tensor &x, const Tensor &positions, const RopeParams &p, const Tensor &y) {
+  check_f32(x, "rope", "x", Device::cpu);
+  check_f32(y, "rope", "y", Device::cpu);
+  check_i32(positions, "rope", "positions", Device::cpu);
+  check_same_shape(x, y, "rope");
+  const int64_t head_dim = x.ne[0], n_heads = x.ne[1], n_tokens = x.ne[2] * x.ne[3];
+  if (positions.n_elems() != n_tokens)
+    fail(Status::shape, "rope: {} positions for {} tokens", positions.n_elems(), n_tokens);
+  const std::vector<float> inv = rope_inv_freq(p, static_cast<int32_t>(head_dim));
+  const int64_t off = p.dim_offset;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float pos = static_cast<float>(positions.as<int32_t>()[t]);
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const float *xr = x.as<float>() + (t * n_heads + h) * head_dim;
+      float *yr = y.as<float>() + (t * n_heads + h) * head_dim;
+      if (yr != xr) std::memcpy(yr, xr, static_cast<size_t>(head_dim) * 4);
+      for (size_t i = 0; i < inv.size(); ++i) {
+        const float angle = pos * inv[i];
+        const float c = std::cos(angle) * p.attention_factor;
+        float s = std::sin(angle) * p.attention_factor;
+        if (p.inverse) s = -s;
+        const int64_t a = off + 2 * static_cast<int64_t>(i);
+        const float x0 = xr[a], x1 = xr[a + 1];
+        yr[a] = x0 * c - x1 * s;
+        yr[a + 1] = x0 * s + x1 * c;
+      }
+    }
+  }
+}
+
+void CpuBackend::embed(const Tensor &table, const Tensor &ids, const Tensor &y) {
+  check_weight_type(table.type, "embed");
+  check_i32(ids, "embed", "ids", Device::cpu);
+  check_f32(y, "embed", "y", Device::cpu);
+  const int64_t d = table.ne[0], vocab = table.ne[1];
+  if (y.ne[0] != d || y.n_rows() != ids.n_elems())
+    fail(Status::shape, "embed: table rows of {} and {} ids do not fit y [{}, {}]", d, ids.n_elems(), y.ne[0], y.n_rows());
+  const uint64_t rb = table.row_bytes();
+  for (int64_t t = 0; t < ids.n_elems(); ++t) {
+    const int32_t id = ids.as<int32_t>()[t];
+    if (id < 0 || id >= vocab) fail(Status::invalid_argument, "embed: token id {} at {} is outside 0..{}", id, t, vocab - 1);
+    dequantize_row(table.type, table.as<uint8_t>() + static_cast<uint64_t>(id) * rb, y.as<float>() + t * d, d);
+  }
+}
+
+void CpuBackend::softmax(const Tensor &x, const Tensor &y) {
+  check_f32(x, "softmax", "x", Device::cpu);
+  check_f32(y, "softmax", "y", Device::cpu);
+  check_same_shape(x, y, "softmax");
+  const int64_t n = x.ne[0];
+  for (int64_t r = 0; r < x.n_rows(); ++r) {
+    const float *xr = x.as<float>() + r * n;
+    float *yr = y.as<float>() + r * n;
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, xr[i]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      yr[i] = std::exp(xr[i] - m);
+      sum += yr[i];
+    }
+    for (int64_t i = 0; i < n; ++i) yr[i] /= sum;
+  }
+}
+
+namespace {
+// Indices of the k largest values of v[0..n), descending, ties by lower index.
+void top_k_indices(const float *v, int64_t n, int32_t k, int32_t *out) {
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [v](int32_t a, int32_t b) {
+    return v[a] > v[b] || (v[a] == v[b] && a < b);
+  });
+  std::copy(idx.begin(), idx.begin() + k, out);
+}
+}  // namespace
+
+void CpuBackend::top_k(const Tensor &x, int32_t k, const Tensor &indices, const Tensor &values) {
+  check_f32(x, "top_k", "x", Device::cpu);
+  check_i32(indices, "top_k", "indices", Device::cpu);
+  check_f32(values, "top_k", "values", Device::cpu);
+  const int64_t n = x.ne[0];
+  if (k <= 0 || k > n || indices.ne[0] != k || values.ne[0] != k || indices.n_rows() != x.n_rows() ||
+      values.n_rows() != x.n_rows())
+    fail(Status::shape, "top_k: k = {} of rows of {} does not fit indices [{}, {}] / values [{}, {}]", k, n,
+         indices.ne[0], indices.n_rows(), values.ne[0], values.n_rows());
+  for (int64_t r = 0; r < x.n_rows(); ++r) {
+    const float *xr = x.as<float>() + r * n;
+    int32_t *ir = indices.as<int32_t>() + r * k;
+    top_k_indices(xr, n, k, ir);
+    for (int32_t j = 0; j < k; ++j) values.as<float>()[r * k + j] = xr[ir[j]];
+  }
+}
+
+void CpuBackend::glu(const Tensor &gate, const Tensor &up, const Activation &act, const Tensor &y) {
+  check_f32(gate, "glu", "gate", Device::cpu);
+  check_f32(up, "glu", "up", Device::cpu);
+  check_f32(y, "glu", "y", Device::cpu);
+  check_same_shape(gate, up, "glu");
+  check_same_shape(gate, y, "glu");
+  for (int64_t i = 0; i < y.n_elems(); ++i)
+    y.as<float>()[i] = activation_ref(gate.as<float>()[i], up.as<float>()[i], act);
+}
+
+void CpuBackend::add(const Tensor &a, const Tensor &b, const Tensor &y) {
+  check_f32(a, "add", "a", Device::cpu);
+  check_f32(b, "add", "b", Device::cpu);
+  check_f32(y, "add", "y", Device::cpu);
+  check_same_shape(a, b, "add");
+  check_same_shape(a, y, "add");
+  for (int64_t i = 0; i < y.n_elems(); ++i) y.as<float>()[i] = a.as<float>()[i] + b.as<float>()[i];
+}
+
+void CpuBackend::route(const Tensor &logits, const RouterParams &p, const Tensor &expert_ids, const Tensor &weights) {
+  check_f32(logits, "route", "logits", Device::cpu);
+  check_i32(expert_ids, "route", "expert_ids", Device::cpu);
+  check_f32(weights, "route", "weights", Device::cpu);
+  const int64_t n_exp = logits.ne[0], n_tok = logits.n_rows();
+  const int32_t k = p.k;
+  if (k <= 0 || k > n_exp || expert_ids.ne[0] != k || weights.ne[0] != k || expert_ids.n_rows() != n_tok ||
+      weights.n_rows() != n_tok)
+    fail(Status::shape, "route: k = {} of {} experts for {} tokens does not fit ids [{}, {}] / weights [{}, {}]", k,
+         n_exp, n_tok, expert_ids.ne[0], expert_ids.n_rows(), weights.ne[0], weights.n_rows());
+  const float *bias = nullptr;
+  if (p.bias) {
+    check_f32(*p.bias, "route", "bias", Device::cpu);
+    if (p.bias->n_elems() != n_exp) fail(Status::shape, "route: bias has {} values for {} experts", p.bias->n_elems(), n_exp);
+    bias = p.bias->as<float>();
+  }
+  if (p.hash_table) {
+    check_i32(*p.hash_table, "route", "hash_table", Device::cpu);
+    if (!p.token_ids) fail(Status::invalid_argument, "route: hash routing needs token_ids");
+    check_i32(*p.token_ids, "route", "token_ids", Device::cpu);
+    if (p.hash_table->ne[0] != k || p.token_ids->n_elems() != n_tok)
+      fail(Status::shape, "route: hash table rows of {} / {} token ids for k = {} and {} tokens", p.hash_table->ne[0],
+           p.token_ids->n_elems(), k, n_tok);
+  }
+  std::vector<float> s(static_cast<size_t>(n_exp)), sel(static_cast<size_t>(n_exp));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float *lr = logits.as<float>() + t * n_exp;
+    if (p.scoring == Scoring::softmax) {
+      float m = -INFINITY, sum = 0.0f;
+      for (int64_t e = 0; e < n_exp; ++e) m = std::max(m, lr[e]);
+      for (int64_t e = 0; e < n_exp; ++e) sum += (s[e] = std::exp(lr[e] - m));
+      for (int64_t e = 0; e < n_exp; ++e) s[e] /= sum;
+    } else {
+      for (int64_t e = 0; e < n_exp; ++e) s[e] = router_score_ref(lr[e], p.scoring);
+    }
+    int32_t *ids = expert_ids.as<int32_t>() + t * k;
+    float *w = weights.as<float>() + t * k;
+    if (p.hash_table) {
+      const int32_t tok = p.token_ids->as<int32_t>()[t];
+      if (tok < 0 || tok >= p.hash_table->ne[1])
+        fail(Status::invalid_argument, "route: token id {} outside the hash table's {} rows", tok, p.hash_table->ne[1]);
+      for (int32_t j = 0; j < k; ++j) {
+        ids[j] = p.hash_table->as<int32_t>()[static_cast<int64_t>(tok) * k + j];
+        if (ids[j] < 0 || ids[j] >= n_exp)
+          fail(Status::corrupt, "route: hash table entry {} of token {} is expert {}, outside 0..{}", j, tok, ids[j], n_exp - 1);
+      }
+    } else {
+      for (int64_t e = 0; e < n_exp; ++e) sel[e] = bias ? s[e] + bias[e] : s[e];
+      top_k_indices(sel.data(), n_exp, k, ids);
+    }
+    float sum = 0.0f;
+    for (int32_t j = 0; j < k; ++j) sum += (w[j] = s[ids[j]]);
+    for (int32_t j = 0; j < k; ++j) w[j] = (p.renormalize ? w[j] / sum : w[j]) * p.scale;
+  }
+}
+
+void CpuBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertSlots &slots,
+                     const ExpertLayout &l, const Activation &act, const Tensor &y) {
+  check_moe(x, expert_ids, weights, l, y, Device::cpu);
+  const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows();
+  const std::vector<const uint8_t *> slot = resolve_expert_slots(expert_ids.as<int32_t>(), k * n_tok, slots);
+  std::vector<float> g(static_cast<size_t>(f)), u(static_cast<size_t>(f)), o(static_cast<size_t>(d));
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float *xt = x.as<float>() + t * d;
+    float *yt = y.as<float>() + t * d;
+    std::fill(yt, yt + d, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const uint8_t *base = slot[static_cast<size_t>(t * k + j)];
+      matmul_ref(l.gate.type, base + l.gate.offset, d, f, xt, 1, g.data());
+      matmul_ref(l.up.type, base + l.up.offset, d, f, xt, 1, u.data());
+      for (int64_t i = 0; i < f; ++i) g[i] = activation_ref(g[i], u[i], act);
+      matmul_ref(l.down.type, base + l.down.offset, f, d, g.data(), 1, o.data());
+      const float wj = weights.as<float>()[t * k + j];
+      for (int64_t i = 0; i < d; ++i) yt[i] += wj * o[i];
+    }
+  }
+}
+
+int32_t CpuBackend::sample(const Tensor &logits, const SamplingParams &p, uint64_t counter) {
+  check_f32(logits, "sample", "logits", Device::cpu);
+  const int64_t n = logits.ne[0];
+  if (logits.n_rows() != 1 || n <= 0) fail(Status::shape, "sample: expected one row of logits, got [{}, {}]", n, logits.n_rows());
+  const float *z0 = logits.as<float>();
+  if (p.temperature <= 0.0f || p.top_k == 1) {
+    return static_cast<int32_t>(std::max_element(z0, z0 + n) - z0);  // first maximum
+  }
+  std::vector<float> z(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) z[i] = z0[i] / p.temperature;
+  const float zmax = *std::max_element(z.begin(), z.end());
+  float zmin_keep = -INFINITY;
+  if (p.top_k > 0 && p.top_k < n) {
+    std::vector<float> tmp = z;
+    std::nth_element(tmp.begin(), tmp.begin() + (p.top_k - 1), tmp.end(), std::greater<float>());
+    zmin_keep = tmp[static_cast<size_t>(p.top_k - 1)];
+  }
+  std::vector<float> prob(static_cast<size_t>(n), 0.0f);
+  for (int64_t i = 0; i < n; ++i) prob[i] = z[i] >= zmin_keep ? std::exp(z[i] - zmax) : 0.0f;
+  if (p.top_p < 1.0f) {
+    double total = 0.0;
+    for (float v : prob) total += v;
+    std::vector<float> sorted;
+    for (float v : prob)
+      if (v > 0.0f) sorted.push_back(v);
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    const double target = static_cast<double>(p.top_p) * total;
+    // the cut is the value at which the sum over all values >= it first reaches target
+    double cum = 0.0;
+    float cut = sorted.empty() ? 0.0f : sorted.back();
+    for (size_t i = 0; i < sorted.size();) {
+      size_t j = i;
+      while (j < sorted.size() && sorted[j] == sorted[i]) cum += sorted[j++];
+      if (cum >= target) {
+        cut = sorted[i];
+        break;
+      }
+      i = j;
+    }
+    for (float &v : prob)
+      if (v < cut) v = 0.0f;
+  }
+  double total = 0.0;
+  for (float v : prob) total += v;
+  const double target = sample_uniform(p.seed, counter) * total;
+  double cum = 0.0;
+  int32_t last = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (prob[i] <= 0.0f) continue;
+    cum += prob[i];
+    last = static_cast<int32_t>(i);
+    if (cum > target) return last;
+  }
+  if (last < 0) fail(Status::internal, "sample: no token kept (temperature {}, top_k {}, top_p {})", p.temperature, p.top_k, p.top_p);
+  return last;
+}
+
+}  // namespace ep::backend

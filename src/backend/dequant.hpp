@@ -1,0 +1,28 @@
+// Dequantization of ggml rows to f32, bit-exact with ggml's reference (ggml-quants.c) for
+// f32, f16, bf16, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, mxfp4 and iq2_xxs.
+#pragma once
+
+#include "format/ggml_type.hpp"
+
+#include <cstdint>
+
+namespace ep::backend {
+
+/// IEEE half → float, exact (subnormals, inf, NaN).
+float fp16_to_fp32(uint16_t h) noexcept;
+/// float → IEEE half, round to nearest even (used to build test blocks).
+uint16_t fp32_to_fp16(float f) noexcept;
+/// bfloat16 → float, exact.
+float bf16_to_fp32(uint16_t h) noexcept;
+/// float → bfloat16, round to nearest even (NaN stays NaN).
+uint16_t fp32_to_bf16(float f) noexcept;
+/// ggml's GGML_E8M0_TO_FP32_HALF: 2^(e−128) (0x00200000 << e for e < 2).
+float e8m0_to_fp32_half(uint8_t e) noexcept;
+/// ggml's kvalues_mxfp4 (twice the e2m1 values).
+extern const int8_t kMxfp4Values[16];
+
+/// Dequantizes @p n values (a whole number of blocks) of type @p type from @p src to @p dst.
+/// Throws Error(Status::unsupported) for a type outside the supported list.
+void dequantize_row(format::GgmlType type, const void *src, float *dst, int64_t n);
+
+}  // namespace ep::backend

@@ -1,0 +1,140 @@
+#include "cache/simulate.hpp"
+
+#include "cache/slot_cache.hpp"
+#include "core/error.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace ep::cache {
+namespace {
+
+std::vector<Key> unique_keys(const TraceAccess &a) {
+  std::vector<Key> keys;
+  keys.reserve(a.experts.size());
+  for (uint32_t e : a.experts) keys.push_back(make_key(a.layer, e));
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+[[noreturn]] void too_small(uint32_t slots, std::size_t need, uint64_t index) {
+  fail(Status::budget, "cache simulation: access {} needs {} unique experts but the cache has {} slots",
+       index, need, slots);
+}
+
+}  // namespace
+
+SimResult simulate(const Trace &trace, Policy &policy_in, uint32_t slots) {
+  // SlotCache owns its policy; wrap the caller's in a forwarding adapter.
+  struct Forward final : Policy {
+    Policy &p;
+    explicit Forward(Policy &inner) : p(inner) {}
+    std::string_view name() const override { return p.name(); }
+    void on_hit(Key k, uint64_t t) override { p.on_hit(k, t); }
+    void on_insert(Key k, uint64_t t) override { p.on_insert(k, t); }
+    void on_evict(Key k) override { p.on_evict(k); }
+    std::optional<Key> choose_victim(const std::function<bool(Key)> &f) const override { return p.choose_victim(f); }
+  };
+  SlotCache cache(slots, std::make_unique<Forward>(policy_in));
+  SimResult r;
+  r.policy = std::string(policy_in.name());
+  r.slots = slots;
+  std::vector<char> protect(slots, 0);
+  uint64_t tick = 0;
+  for (const auto &access : trace.accesses) {
+    ++tick;
+    const auto keys = unique_keys(access);
+    if (keys.size() > slots) too_small(slots, keys.size(), r.accesses);
+    ++r.accesses;
+    r.unique_keys += keys.size();
+    std::vector<Key> missing;
+    std::vector<uint32_t> used;
+    for (Key k : keys) {
+      if (auto s = cache.find(k)) {
+        ++r.hits;
+        cache.touch(k, tick);
+        protect[*s] = 1;
+        used.push_back(*s);
+      } else {
+        missing.push_back(k);
+      }
+    }
+    for (Key k : missing) {
+      auto p = cache.place(k, tick, [&](uint32_t s) { return !protect[s]; });
+      if (!p) too_small(slots, keys.size(), r.accesses - 1);
+      ++r.misses;
+      if (p->evicted) ++r.evictions;
+      r.bytes_read += trace.object_bytes_of(access.layer);
+      protect[p->slot] = 1;
+      used.push_back(p->slot);
+    }
+    for (uint32_t s : used) protect[s] = 0;
+  }
+  return r;
+}
+
+SimResult simulate_belady(const Trace &trace, uint32_t slots) {
+  const std::size_t n = trace.accesses.size();
+  constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+  std::vector<std::vector<Key>> keys(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = unique_keys(trace.accesses[i]);
+  // next_use[i][j]: the next access after i that needs keys[i][j].
+  std::vector<std::vector<uint64_t>> next_use(n);
+  std::unordered_map<Key, uint64_t> upcoming;
+  for (std::size_t i = n; i-- > 0;) {
+    next_use[i].resize(keys[i].size());
+    for (std::size_t j = 0; j < keys[i].size(); ++j) {
+      auto it = upcoming.find(keys[i][j]);
+      next_use[i][j] = it == upcoming.end() ? kNever : it->second;
+      upcoming[keys[i][j]] = i;
+    }
+  }
+  SimResult r;
+  r.policy = "belady";
+  r.slots = slots;
+  std::unordered_map<Key, uint64_t> resident;  // key → next use
+  std::set<std::pair<uint64_t, Key>> by_next;  // largest = best victim
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto &ks = keys[i];
+    if (ks.size() > slots) too_small(slots, ks.size(), i);
+    ++r.accesses;
+    r.unique_keys += ks.size();
+    const std::unordered_set<Key> current(ks.begin(), ks.end());
+    for (std::size_t j = 0; j < ks.size(); ++j) {
+      if (resident.count(ks[j])) {
+        ++r.hits;
+        continue;
+      }
+      ++r.misses;
+      r.bytes_read += trace.object_bytes_of(trace.accesses[i].layer);
+      if (resident.size() >= slots) {
+        auto victim = by_next.end();
+        for (auto it = by_next.rbegin(); it != by_next.rend(); ++it) {
+          if (!current.count(it->second)) {
+            victim = std::prev(it.base());
+            break;
+          }
+        }
+        if (victim == by_next.end()) too_small(slots, ks.size(), i);
+        resident.erase(victim->second);
+        by_next.erase(victim);
+        ++r.evictions;
+      }
+      resident[ks[j]] = i;  // the real next use is set below, after every key is placed
+      by_next.insert({i, ks[j]});
+    }
+    for (std::size_t j = 0; j < ks.size(); ++j) {
+      auto it = resident.find(ks[j]);
+      by_next.erase({it->second, ks[j]});
+      it->second = next_use[i][j];
+      by_next.insert({it->second, ks[j]});
+    }
+  }
+  return r;
+}
+
+}  // namespace ep::cache

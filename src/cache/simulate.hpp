@@ -1,0 +1,32 @@
+// Replays a Trace through a policy, or through Belady's offline optimum, at a fixed number of
+// slots — exactly the SlotCache the store uses, so the simulated hit rates are the store's.
+#pragma once
+
+#include "cache/policy.hpp"
+#include "cache/trace.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace ep::cache {
+
+struct SimResult {
+  std::string policy;
+  uint32_t slots = 0;
+  uint64_t accesses = 0;
+  uint64_t unique_keys = 0;  ///< sum over accesses of the unique keys (= hits + misses)
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t evictions = 0;
+  uint64_t bytes_read = 0;
+  double hit_rate() const { return unique_keys ? static_cast<double>(hits) / static_cast<double>(unique_keys) : 0.0; }
+};
+
+/// One tick per access. Throws EP_ERR_BUDGET when an access needs more slots than exist.
+SimResult simulate(const Trace &trace, Policy &policy, uint32_t slots);
+
+/// Belady's MIN: on a miss with no free slot, evict the resident key (not needed by the current
+/// access) whose next use is farthest in the future. The offline optimum for demand fetching.
+SimResult simulate_belady(const Trace &trace, uint32_t slots);
+
+}  // namespace ep::cache

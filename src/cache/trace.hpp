@@ -1,0 +1,61 @@
+// Routing traces: a sequence of acquires, each one layer and the expert ids it needs. Read
+// from BigMoeOnEdge route CSVs (route_trace v1) or from the store's own recorder
+// ("# ep_store_trace v1"), or generated (uniform, Zipf, Zipf with temporal locality).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ep::cache {
+
+struct TraceAccess {
+  uint32_t layer = 0;
+  std::vector<uint32_t> experts;  ///< may repeat ids (several tokens); the cache sees the unique set
+  bool prefill = false;
+};
+
+struct Trace {
+  std::string name;
+  uint32_t num_layers = 0;
+  uint32_t num_experts = 0;
+  uint32_t top_k = 0;
+  uint32_t tokens_per_acquire = 1;     ///< the most tokens one access covers
+  std::vector<uint64_t> object_bytes;  ///< per layer
+  std::vector<TraceAccess> accesses;
+
+  uint64_t max_object_bytes() const;
+  uint64_t object_bytes_of(uint32_t layer) const;
+};
+
+/// Which cells of a route trace become accesses.
+enum class TracePhases {
+  decode,  ///< decode cells only, one access per (token, layer) — the steady state
+  all,     ///< also prefill: one access per layer with the union of all prompt tokens' experts
+};
+
+/// Reads a BigMoeOnEdge route CSV (route_trace v1) or an ep_store_trace v1 file.
+/// Throws ep::Error (EP_ERR_FORMAT naming the file and line) on malformed input.
+Trace read_trace(const std::string &path, TracePhases phases = TracePhases::decode);
+
+struct SyntheticTraceOptions {
+  enum class Kind { uniform, zipf, zipf_temporal } kind = Kind::zipf;
+  uint32_t num_layers = 8;
+  uint32_t num_experts = 128;
+  uint32_t top_k = 6;
+  uint32_t tokens = 256;
+  double zipf_s = 1.0;             ///< exponent: weight of rank r is 1 / r^s
+  double temporal_repeat = 0.5;    ///< zipf_temporal: chance that a pick repeats the previous token's expert
+  uint64_t object_bytes = 3u << 20;
+  uint64_t seed = 1;
+};
+
+/// Token-major, then layer (decode order); each access has top_k distinct experts.
+Trace synthetic_trace(const SyntheticTraceOptions &options);
+/// "uniform", "zipf", "zipf-temporal".
+SyntheticTraceOptions::Kind parse_synthetic_kind(const std::string &name);
+
+/// Writes the ep_store_trace v1 text form (what the store's recorder writes).
+void write_trace(const Trace &trace, const std::string &path);
+
+}  // namespace ep::cache

@@ -1,0 +1,84 @@
+// The DeepSeek-V4 model (DeepseekV4ForCausalLM without MTP) on the ep::backend::Backend
+// interface: 4-stream hyper-connections with Sinkhorn mixing, attention with a low-rank query,
+// one shared K=V head, partial RoPE (YaRN on compressed layers), a sliding window, per-head sinks,
+// inverse RoPE and a grouped low-rank output; compressed (CSA, with the lightning indexer) and
+// heavily compressed (HCA) KV; MoE with hash-routed first layers, sqrt-softplus scores plus the
+// correction bias, clamped SwiGLU and a shared expert; the final hyper-connection head.
+//
+// The ops the Backend has are used through it; the DeepSeek-specific ones run as CPU reference
+// code (dsv4_ops.hpp), so this first version needs a CPU backend (Status::unsupported otherwise).
+#pragma once
+
+#include "backend/backend.hpp"
+#include "model/deepseek_v4_config.hpp"
+#include "model/expert_provider.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ep::model {
+
+class WeightCatalog;
+
+/// Running state of one compressor (attention or indexer) of one layer.
+struct CompressorState {
+  std::vector<float> buf_kv, buf_gate;  ///< projected rows not yet in a closed window (width c·d each)
+  int64_t buf_rows = 0;
+  int64_t n_entries = 0;                ///< closed windows so far
+  std::vector<float> entries;           ///< [n_entries][d], normed and RoPE'd
+  bool has_overlap = false;             ///< CSA: the last closed window's first-half rows
+  std::vector<float> overlap_kv, overlap_gate;  ///< [ratio][d] (gate includes the position bias)
+};
+
+struct LayerState {
+  std::vector<float> window;       ///< the last (W − 1) K=V rows, [rows][head_dim]
+  std::vector<int32_t> window_pos; ///< their positions
+  CompressorState comp, index;
+};
+
+/// Decode state: prefill, then decode token by token, equals recomputing the whole sequence.
+struct DeepseekV4State {
+  int64_t n_past = 0;
+  std::vector<LayerState> layers;
+};
+
+class DeepseekV4Model {
+ public:
+  /// Opens a model: a .gguf file (first shard of a set), or a safetensors checkpoint (directory
+  /// with config.json, or a .safetensors / index .json beside its config.json).
+  static std::unique_ptr<DeepseekV4Model> open(const std::string &path, backend::Backend &backend);
+  /// Loads every weight from @p catalog (fail-closed) into backend memory.
+  DeepseekV4Model(const DeepseekV4Config &config, WeightCatalog &catalog, backend::Backend &backend);
+  ~DeepseekV4Model();
+  DeepseekV4Model(const DeepseekV4Model &) = delete;
+  DeepseekV4Model &operator=(const DeepseekV4Model &) = delete;
+
+  const DeepseekV4Config &config() const { return cfg_; }
+  DeepseekV4State new_state() const;
+  /// Runs @p n tokens at positions state.n_past ... and appends them to @p state. When
+  /// @p logits is not null it receives n rows of vocab logits (row t predicts token t+1).
+  void forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, float *logits);
+  /// Replaces the routed-expert source (e.g. the ExpertStore); layouts must match.
+  void set_experts(std::unique_ptr<ExpertProvider> experts) { experts_ = std::move(experts); }
+  /// Bytes of weights held in backend memory (dense + resident experts).
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+  struct Weights;
+
+ private:
+  void attention(int64_t il, const float *x, int64_t n, const int32_t *pos, LayerState &st, float *out);
+  void compress(int64_t il, bool indexer, const float *x, int64_t n, CompressorState &st);
+  void moe(int64_t il, const float *x, int64_t n, const int32_t *tokens, float *out);
+  void hc_site(int64_t il, bool ffn, std::vector<float> &h, int64_t n, const int32_t *pos, const int32_t *tokens,
+               DeepseekV4State &state);
+
+  DeepseekV4Config cfg_;
+  backend::Backend &be_;
+  std::unique_ptr<Weights> w_;
+  std::unique_ptr<ExpertProvider> experts_;
+  uint64_t weight_bytes_ = 0;
+};
+
+}  // namespace ep::model

@@ -1,0 +1,65 @@
+// A model's tensors under canonical names (llama.cpp GGUF names, e.g. "blk.3.attn_q_a.weight"),
+// whatever file they come from: a GGUF file (names as they are), or a transformers / official
+// DeepSeek safetensors checkpoint (names mapped, per-expert tensors stacked, dtypes kept or
+// converted). Loading is fail-closed: the model asks for every tensor it needs with its exact
+// shape, and finish() reports every missing, mis-shaped or unconsumed (unmapped) tensor at once.
+#pragma once
+
+#include "format/ggml_type.hpp"
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ep::model {
+
+/// One tensor as the model receives it: ggml type and ggml-order shape (ne[0] contiguous).
+struct CatalogEntry {
+  format::GgmlType type = format::GgmlType::f32;
+  std::array<int64_t, 4> ne{1, 1, 1, 1};
+  std::string origin;  ///< "file: source name" for messages
+  std::function<std::vector<uint8_t>()> read;
+  /// Optional: bytes of expert @p e of a stacked [.., .., n_expert] tensor (one ne[0]×ne[1] slab).
+  std::function<std::vector<uint8_t>(int64_t e)> read_expert;
+};
+
+class WeightCatalog {
+ public:
+  /// All tensors of a GGUF file (or split set) under their own names.
+  static WeightCatalog from_gguf(const std::string &path);
+  /// A DeepSeek-V4 safetensors checkpoint (file, index .json or directory), names mapped to the
+  /// canonical ones (see docs/models/deepseek-v4.md). Unmappable names are kept and reported by
+  /// finish() as unmapped; `mtp.*` tensors (the MTP layer, not run) are skipped.
+  static WeightCatalog from_dsv4_safetensors(const std::string &path);
+
+  /// True when the file has a tensor of this canonical name (does not consume it).
+  bool has(const std::string &name) const { return entries_.count(name) != 0; }
+  /// The entry for @p name, checked against @p ne (trailing 1s may be omitted); consumes it.
+  /// A missing or mis-shaped tensor is recorded (not thrown) and nullptr returned.
+  const CatalogEntry *take(const std::string &name, std::vector<int64_t> ne);
+  /// Throws Error(Status::format / shape) listing every missing, mis-shaped and unconsumed tensor.
+  void finish() const;
+  const std::string &source() const { return source_; }
+
+  void add(const std::string &name, CatalogEntry entry);
+  void add_unmapped(const std::string &what) { unmapped_.push_back(what); }
+
+ private:
+  std::string source_;
+  std::map<std::string, CatalogEntry> entries_;
+  std::map<std::string, bool> taken_;
+  std::vector<std::string> missing_, misshaped_, unmapped_;
+  std::vector<std::shared_ptr<const void>> keep_alive_;
+};
+
+/// Maps a DeepSeek-V4 checkpoint tensor name (save_pretrained of transformers 5.17 — which uses
+/// the official checkpoint names under a `model.` prefix — or the official names) to its GGUF
+/// name. For a routed expert tensor, @p expert receives the expert index and the GGUF name is
+/// the stacked tensor's. Returns "" for an unknown name.
+std::string dsv4_gguf_name(const std::string &checkpoint_name, int64_t *expert);
+
+}  // namespace ep::model

@@ -1,0 +1,142 @@
+// ExpertStore: turns a layer's routed expert ids into resident slot pointers with the fewest
+// pack reads. Ties together the reader (src/io), the staging ring, the slot cache and its
+// policy (src/cache) and a StoreDevice (CUDA, or host memory without a GPU).
+//
+// acquire(layer, ids):
+//   hits  → the slot (the compute stream still waits on its `ready` event);
+//   misses→ a victim slot (never one the current acquire needs, never one pinned by an
+//           unreleased acquire, never one whose `last_use` event is pending); the object is read
+//           into a staging slot and, as soon as that read completes, copied to the slot on the
+//           transfer stream, which records the slot's `ready` event (per-expert completion);
+//   then the compute stream waits on every needed slot's `ready` event and a device table of
+//   slot pointers (one per id, in the order given) is published on it.
+// release(acquisition): records each slot's `last_use` event on the compute stream and unpins.
+//
+// Generations: every slot has a counter bumped whenever it receives a new key; a SlotRef taken
+// from an acquisition is stale once is_current() says so.
+//
+// Thread safety: every public method may be called from any thread. acquire() and release()
+// are serialised by one internal mutex (I/O happens inside acquire, under it); stats() takes
+// the same mutex briefly. An Acquisition must be released exactly once, by any thread.
+#pragma once
+
+#include "cache/policy.hpp"
+#include "cache/trace.hpp"
+#include "io/reader.hpp"
+#include "store/device.hpp"
+#include "store/layout.hpp"
+#include "store/stats.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ep::cache {
+class SlotCache;
+}
+
+namespace ep::store {
+
+struct StoreOptions {
+  std::string pack_path;
+  std::shared_ptr<const ExpertLayout> layout;
+  io::ReaderOptions reader;
+  uint64_t cache_bytes = UINT64_MAX;  ///< requested budget (UINT64_MAX: all that is free)
+  uint64_t reserve_bytes = 0;         ///< kept free on the device
+  uint32_t top_k = 1;
+  uint32_t tokens_per_acquire = 1;    ///< ids per acquire ≤ top_k × tokens_per_acquire
+  std::string policy = "decay";       ///< lru, sglang-lfu, decay, decay-bypass
+  /// decay.half_life_ticks counts acquires (one per layer and step); 0 = 32 tokens x num_layers.
+  cache::DecayOptions decay{0.0, false};
+  uint32_t staging_slots = 16;        ///< pinned staging ring (each one object)
+  uint32_t table_ring = 64;           ///< device pointer tables in flight
+  std::string stats_path;             ///< JSON stats file ("" = none)
+  uint32_t stats_every = 0;           ///< write it every N acquires (0 = only on flush_stats())
+  bool record_trace = false;          ///< keep (layer, ids) of every acquire
+};
+
+struct SlotRef {
+  uint32_t slot = 0;
+  uint64_t generation = 0;
+};
+
+struct Acquisition {
+  uint64_t ticket = 0;
+  uint32_t layer = 0;
+  std::vector<uint32_t> ids;               ///< as given
+  std::vector<const void *> pointers;      ///< per id: slot address (device memory on CUDA)
+  std::vector<SlotRef> refs;               ///< per id
+  const void *const *device_table = nullptr;  ///< per id, in device memory; valid until release
+  uint32_t hits = 0, misses = 0;           ///< unique keys
+};
+
+class ExpertStore {
+ public:
+  ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> device);
+  ~ExpertStore();
+  ExpertStore(const ExpertStore &) = delete;
+  ExpertStore &operator=(const ExpertStore &) = delete;
+
+  /// See the file comment. Throws EP_ERR_INVALID_ARGUMENT for a bad layer/id/count,
+  /// EP_ERR_BUDGET when every slot is protected, EP_ERR_IO when a read fails (the message
+  /// names the pack, layer, expert and offset).
+  Acquisition acquire(uint32_t layer, std::span<const uint32_t> ids);
+  /// Records last_use and unpins. Throws EP_ERR_INVALID_ARGUMENT for an unknown ticket.
+  void release(const Acquisition &acquisition);
+
+  bool is_current(SlotRef ref) const;
+  StoreStats stats() const;
+  /// Writes the stats file now (if stats_path is set).
+  void flush_stats() const;
+  /// The recorded acquires (record_trace), ready for ep-cache-sim / cache::simulate.
+  cache::Trace recorded_trace() const;
+
+  uint32_t num_slots() const;
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  StoreDevice &device() { return *device_; }
+  const io::Reader &reader() const { return *reader_; }
+  const ExpertLayout &layout() const { return *options_.layout; }
+
+  struct Resident {
+    uint32_t layer, expert, slot;
+  };
+  /// Every resident (layer, expert) and its slot (tests).
+  std::vector<Resident> resident() const;
+  /// Copies a slot's payload to host memory (tests).
+  void read_slot(uint32_t slot, void *dst, uint64_t bytes);
+
+ private:
+  struct Miss;
+  void load_misses(std::vector<Miss> &misses);
+  StoreStats stats_locked() const;
+
+  StoreOptions options_;
+  std::unique_ptr<StoreDevice> device_;
+  io::ReaderCounters counters_;
+  std::unique_ptr<io::Reader> reader_;
+  std::unique_ptr<cache::SlotCache> cache_;
+  uint64_t slot_bytes_ = 0;
+  uint64_t staging_slot_bytes_ = 0;
+  uint32_t max_ids_ = 0;
+
+  mutable std::mutex mutex_;
+  uint64_t tick_ = 0;
+  uint64_t next_ticket_ = 1;
+  std::vector<uint32_t> pins_;
+  std::vector<uint64_t> generation_;
+  std::vector<uint64_t> slot_payload_bytes_;
+  std::vector<char> table_held_;
+  uint32_t next_table_ = 0;
+  struct Held {
+    std::vector<SlotRef> slots;  // unique
+    uint32_t table;
+  };
+  std::vector<std::pair<uint64_t, Held>> held_;
+  StoreStats totals_;
+  cache::Trace trace_;
+};
+
+}  // namespace ep::store

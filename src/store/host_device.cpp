@@ -1,0 +1,71 @@
+#include "store/device.hpp"
+
+#include "core/error.hpp"
+#include "io/file.hpp"
+
+#include <cstring>
+#include <vector>
+
+namespace ep::store {
+
+struct HostDevice::Impl {
+  DeviceShape shape;
+  io::AlignedBuffer staging, slots;
+  std::vector<const void *> tables;
+  std::vector<char> last_use_pending;
+};
+
+HostDevice::HostDevice() : HostDevice(Options{}) {}
+HostDevice::HostDevice(const Options &options) : options_(options), impl_(std::make_unique<Impl>()) {}
+HostDevice::~HostDevice() = default;
+
+void HostDevice::allocate(const DeviceShape &shape) {
+  impl_->shape = shape;
+  impl_->staging = io::AlignedBuffer(shape.staging_slots * shape.staging_slot_bytes);
+  impl_->slots = io::AlignedBuffer(shape.num_slots * shape.slot_bytes);
+  impl_->tables.assign(static_cast<std::size_t>(shape.tables) * shape.table_entries, nullptr);
+  impl_->last_use_pending.assign(shape.num_slots, 0);
+}
+
+std::byte *HostDevice::staging_base() { return impl_->staging.data(); }
+
+std::byte *HostDevice::slot_ptr(uint32_t slot) {
+  if (slot >= impl_->shape.num_slots) fail(Status::internal, "host device: slot {} of {}", slot, impl_->shape.num_slots);
+  return impl_->slots.data() + static_cast<uint64_t>(slot) * impl_->shape.slot_bytes;
+}
+
+void HostDevice::copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) {
+  if (bytes > impl_->shape.slot_bytes || staging >= impl_->shape.staging_slots)
+    fail(Status::internal, "host device: copy of {} bytes from staging {} into slot {}", bytes, staging, slot);
+  std::memcpy(slot_ptr(slot), impl_->staging.data() + static_cast<uint64_t>(staging) * impl_->shape.staging_slot_bytes,
+              bytes);
+}
+
+void HostDevice::record_last_use(uint32_t slot) {
+  if (options_.hold_last_use) impl_->last_use_pending.at(slot) = 1;
+}
+
+bool HostDevice::last_use_done(uint32_t slot) { return !impl_->last_use_pending.at(slot); }
+
+void HostDevice::complete_last_use() { std::fill(impl_->last_use_pending.begin(), impl_->last_use_pending.end(), 0); }
+
+const void *const *HostDevice::publish_table(uint32_t table, const void *const *pointers, uint32_t count) {
+  if (table >= impl_->shape.tables || count > impl_->shape.table_entries)
+    fail(Status::internal, "host device: table {} with {} entries", table, count);
+  const void **dst = impl_->tables.data() + static_cast<std::size_t>(table) * impl_->shape.table_entries;
+  std::memcpy(dst, pointers, count * sizeof(void *));
+  return dst;
+}
+
+void HostDevice::read_slot(uint32_t slot, void *dst, uint64_t bytes) { std::memcpy(dst, slot_ptr(slot), bytes); }
+
+#ifndef EP_HAVE_CUDA
+std::unique_ptr<StoreDevice> make_cuda_device(int, void *) {
+  fail(Status::no_device, "ExpertStore: this build has no CUDA backend (EP_WITH_CUDA=OFF): use the host device");
+}
+void *cuda_compute_stream(StoreDevice &) {
+  fail(Status::no_device, "ExpertStore: this build has no CUDA backend (EP_WITH_CUDA=OFF)");
+}
+#endif
+
+}  // namespace ep::store

@@ -1,0 +1,43 @@
+#include "store/stats.hpp"
+
+#include "core/error.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+
+namespace ep::store {
+
+std::string stats_to_json(const StoreStats &s) {
+  nlohmann::ordered_json j;
+  j["acquires"] = s.acquires;
+  j["pack_reads"] = s.pack_reads;
+  j["pack_read_bytes"] = s.pack_read_bytes;
+  j["pack_read_ns"] = s.pack_read_ns;
+  j["cache_hits"] = s.cache_hits;
+  j["cache_misses"] = s.cache_misses;
+  j["cache_evictions"] = s.cache_evictions;
+  j["resident_experts"] = s.resident_experts;
+  j["resident_bytes"] = s.resident_bytes;
+  j["h2d_bytes"] = s.h2d_bytes;
+  j["io_errors"] = s.io_errors;
+  j["fallback_count"] = s.fallback_count;
+  j["cache_slots"] = s.cache_slots;
+  j["slot_bytes"] = s.slot_bytes;
+  return j.dump();
+}
+
+void write_stats_file(const StoreStats &stats, const std::string &path) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) fail_errno(errno, "create stats file " + tmp);
+    out << stats_to_json(stats) << '\n';
+    if (!out.flush()) fail(Status::io, "{}: write failed", tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_errno(errno, "rename " + tmp + " to " + path);
+}
+
+}  // namespace ep::store

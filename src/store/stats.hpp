@@ -1,0 +1,31 @@
+// ExpertStore statistics: one plain struct, its JSON form and an atomic JSON file writer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ep::store {
+
+struct StoreStats {
+  uint64_t acquires = 0;
+  uint64_t pack_reads = 0;       ///< objects read from the pack
+  uint64_t pack_read_bytes = 0;  ///< their payload bytes
+  uint64_t pack_read_ns = 0;     ///< wall time with at least one read in flight (per acquire, summed)
+  uint64_t cache_hits = 0;       ///< unique keys of an acquire that were resident
+  uint64_t cache_misses = 0;     ///< unique keys of an acquire that were read; hits + misses = unique keys
+  uint64_t cache_evictions = 0;
+  uint64_t resident_experts = 0;
+  uint64_t resident_bytes = 0;   ///< payload bytes of the resident experts
+  uint64_t h2d_bytes = 0;        ///< bytes copied staging → slots
+  uint64_t io_errors = 0;        ///< failed reads (each EIO attempt counts)
+  uint64_t fallback_count = 0;   ///< io_uring → pread pool, O_DIRECT → buffered
+  uint64_t cache_slots = 0;
+  uint64_t slot_bytes = 0;
+};
+
+/// {"acquires":...,"pack_reads":...} (every field above).
+std::string stats_to_json(const StoreStats &stats);
+/// Writes stats_to_json to @p path atomically (temporary file + rename).
+void write_stats_file(const StoreStats &stats, const std::string &path);
+
+}  // namespace ep::store

@@ -1,0 +1,310 @@
+// ep-bench-kernels — measures, in one run on one GPU: the HBM device-to-device copy bandwidth
+// (read + write bytes), the cuBLAS bf16 GEMM rate per shape, and per weight type and expert
+// shape the decode GEMV bandwidth (weight bytes read / time, several experts per launch) as a
+// fraction of the copy bandwidth, and the prefill GEMM rate (512 tokens, dequantize + cuBLAS)
+// as a fraction of the cuBLAS bf16 rate. Weights are cycled through a pool much larger than L2
+// so that HBM is measured. To become `ep-bench kernels`.
+#include "backend/tensor.hpp"
+#include "core/error.hpp"
+#include "cuda/check.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/device.hpp"
+#include "cuda/kernels.hpp"
+
+#include <cublas_v2.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ep::backend::Device;
+using ep::backend::Tensor;
+using ep::format::GgmlType;
+
+struct Options {
+  bool json = false;
+  int batch = 8;           // experts per GEMV launch
+  uint64_t pool_mib = 1024;  // weight bytes cycled per type and shape
+  int64_t prefill_tokens = 512;
+};
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: ep-bench-kernels [--json] [--batch N] [--pool-mib N] [--tokens N]\n"
+               "  --batch N     experts per decode GEMV launch (default 8)\n"
+               "  --pool-mib N  MiB of distinct weights cycled per type and shape (default 1024)\n"
+               "  --tokens N    prefill tokens for the GEMM rate (default 512)\n");
+}
+
+struct Events {
+  cudaEvent_t start{}, stop{};
+  Events() {
+    EP_CUDA_CHECK(cudaEventCreate(&start));
+    EP_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~Events() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  double ms() const {
+    float v = 0;
+    EP_CUDA_CHECK(cudaEventSynchronize(stop));
+    EP_CUDA_CHECK(cudaEventElapsedTime(&v, start, stop));
+    return v;
+  }
+};
+
+struct DeviceMem {
+  void *p = nullptr;
+  explicit DeviceMem(uint64_t bytes) { EP_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~DeviceMem() { cudaFree(p); }
+  DeviceMem(const DeviceMem &) = delete;
+  DeviceMem &operator=(const DeviceMem &) = delete;
+};
+
+void check_cublas(cublasStatus_t s, const char *what) {
+  if (s != CUBLAS_STATUS_SUCCESS) ep::fail(ep::Status::cuda, "{}: {}", what, cublasGetStatusString(s));
+}
+
+double hbm_copy_gbps(cudaStream_t stream) {
+  const uint64_t bytes = uint64_t{1} << 30;
+  DeviceMem a(bytes), b(bytes);
+  EP_CUDA_CHECK(cudaMemsetAsync(a.p, 1, bytes, stream));
+  EP_CUDA_CHECK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, stream));  // warm-up
+  Events ev;
+  const int iters = 20;
+  EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+  for (int i = 0; i < iters; ++i)
+    EP_CUDA_CHECK(cudaMemcpyAsync(i % 2 ? a.p : b.p, i % 2 ? b.p : a.p, bytes, cudaMemcpyDeviceToDevice, stream));
+  EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+  return 2.0 * static_cast<double>(bytes) * iters / (ev.ms() * 1e6);
+}
+
+// cuBLAS bf16 GEMM y[N,T] = W[K,N]^T x[K,T] with f32 output (what the prefill path calls).
+double cublas_bf16_tflops(cublasHandle_t h, cudaStream_t stream, int64_t k, int64_t n, int64_t t) {
+  DeviceMem w(static_cast<uint64_t>(k * n) * 2), x(static_cast<uint64_t>(k * t) * 2), y(static_cast<uint64_t>(n * t) * 4);
+  EP_CUDA_CHECK(cudaMemsetAsync(w.p, 0x3c, static_cast<uint64_t>(k * n) * 2, stream));
+  EP_CUDA_CHECK(cudaMemsetAsync(x.p, 0x3c, static_cast<uint64_t>(k * t) * 2, stream));
+  const float one = 1, zero = 0;
+  auto run = [&] {
+    check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(t), static_cast<int>(k), &one,
+                              w.p, CUDA_R_16BF, static_cast<int>(k), x.p, CUDA_R_16BF, static_cast<int>(k), &zero, y.p,
+                              CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  };
+  for (int i = 0; i < 5; ++i) run();
+  Events ev;
+  const int iters = 50;
+  EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+  for (int i = 0; i < iters; ++i) run();
+  EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+  return 2.0 * static_cast<double>(k) * static_cast<double>(n) * static_cast<double>(t) * iters / (ev.ms() * 1e9);
+}
+
+struct Shape {
+  int64_t k, n;  // input dim (ggml ne0) × output rows
+  const char *what;
+};
+
+struct Result {
+  std::string type;
+  Shape shape;
+  uint64_t matrix_bytes;
+  int pool_matrices;
+  double gemv_gbps, gemv_batch1_gbps, gemm_tflops, cublas_tflops;
+};
+
+Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const Options &o, double cublas_tflops) {
+  const auto info = *ep::format::ggml_type_info(static_cast<uint32_t>(type));
+  const uint64_t row_bytes = ep::format::ggml_row_bytes(type, static_cast<uint64_t>(s.k), "bench");
+  const uint64_t mat_bytes = row_bytes * static_cast<uint64_t>(s.n);
+  const uint64_t mat_stride = (mat_bytes + 4095) / 4096 * 4096;  // experts are 4096-aligned in a pack
+  int pool = static_cast<int>((o.pool_mib << 20) / mat_stride);
+  pool = std::max(pool, 2 * o.batch);
+  pool -= pool % o.batch;
+  cudaStream_t stream = be.stream();
+  DeviceMem weights(mat_stride * static_cast<uint64_t>(pool));
+  {  // random bytes with finite f16 scales (timing does not depend on values; keep them sane)
+    std::mt19937 rng(static_cast<uint32_t>(s.k * 31 + s.n));
+    std::vector<uint8_t> host(mat_bytes);
+    for (auto &b : host) b = static_cast<uint8_t>(rng());
+    if (info.quantized && type != GgmlType::mxfp4) {
+      const uint32_t d_off = type == GgmlType::q2_k ? 80 : type == GgmlType::q3_k ? 108 : type == GgmlType::q6_k ? 208 : 0;
+      for (uint64_t b = 0; b + info.block_bytes <= host.size(); b += info.block_bytes) {
+        host[b + d_off] = 0x00;
+        host[b + d_off + 1] = 0x20;  // f16 0.0078125
+        if (type == GgmlType::q2_k || type == GgmlType::q4_k || type == GgmlType::q5_k) {
+          const uint32_t m_off = type == GgmlType::q2_k ? 82 : 2;
+          host[b + m_off] = 0x00;
+          host[b + m_off + 1] = 0x20;
+        }
+      }
+    }
+    auto *base = static_cast<uint8_t *>(weights.p);
+    EP_CUDA_CHECK(cudaMemcpy(base, host.data(), mat_bytes, cudaMemcpyHostToDevice));
+    for (int m = 1; m < pool; ++m)
+      EP_CUDA_CHECK(cudaMemcpyAsync(base + m * mat_stride, base, mat_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  std::vector<const void *> ptrs(static_cast<size_t>(pool));
+  for (int m = 0; m < pool; ++m) ptrs[m] = static_cast<uint8_t *>(weights.p) + m * mat_stride;
+  DeviceMem dptrs(ptrs.size() * sizeof(void *));
+  EP_CUDA_CHECK(cudaMemcpy(dptrs.p, ptrs.data(), ptrs.size() * sizeof(void *), cudaMemcpyHostToDevice));
+  const int64_t xt = std::max<int64_t>(o.batch, o.prefill_tokens);
+  DeviceMem x(static_cast<uint64_t>(s.k * xt) * 4), y(static_cast<uint64_t>(s.n * xt) * 4);
+  {
+    std::vector<float> hx(static_cast<size_t>(s.k * xt));
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> d(-1, 1);
+    for (auto &v : hx) v = d(rng);
+    EP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+  }
+  auto gemv_gbps = [&](int batch) {
+    ep::cuda::GemvArgs a;
+    a.x = static_cast<float *>(x.p);
+    a.y = static_cast<float *>(y.p);
+    a.k = s.k;
+    a.n = s.n;
+    a.n_mat = batch;
+    const auto *table = static_cast<const void *const *>(dptrs.p);
+    const int launches_per_pass = pool / batch;
+    for (int i = 0; i < launches_per_pass; ++i) {  // warm-up pass
+      a.w_ptrs = table + i * batch;
+      ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
+    }
+    Events ev;
+    const int passes = 10;
+    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+    for (int p = 0; p < passes; ++p)
+      for (int i = 0; i < launches_per_pass; ++i) {
+        a.w_ptrs = table + i * batch;
+        ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
+      }
+    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+    const double bytes = static_cast<double>(mat_bytes) * batch * launches_per_pass * passes;
+    return bytes / (ev.ms() * 1e6);
+  };
+  Result r{std::string(info.name), s, mat_bytes, pool, 0, 0, 0, cublas_tflops};
+  r.gemv_gbps = gemv_gbps(o.batch);
+  r.gemv_batch1_gbps = gemv_gbps(1);
+  {  // prefill GEMM through the backend (dequantize rows to bf16 + cuBLAS)
+    const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});
+    const Tensor yt = Tensor::make(y.p, GgmlType::f32, Device::cuda, {s.n, o.prefill_tokens});
+    auto run = [&](int m) { be.matmul_gemm(Tensor::make(ptrs[m % pool], type, Device::cuda, {s.k, s.n}), xt_t, yt); };
+    for (int i = 0; i < 3; ++i) run(i);
+    Events ev;
+    const int iters = 30;
+    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+    for (int i = 0; i < iters; ++i) run(i);
+    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+    r.gemm_tflops = 2.0 * static_cast<double>(s.k) * static_cast<double>(s.n) * static_cast<double>(o.prefill_tokens) * iters /
+                    (ev.ms() * 1e9);
+  }
+  return r;
+}
+
+int run(const Options &o) {
+  std::string why;
+  if (ep::cuda::device_count(&why) == 0) ep::fail(ep::Status::no_device, "{}", why);
+  const std::string device = ep::cuda::describe_device(0);
+  ep::cuda::CudaBackend be(0);
+  cudaStream_t stream = be.stream();
+  cublasHandle_t h = nullptr;
+  check_cublas(cublasCreate(&h), "cublasCreate");
+  check_cublas(cublasSetStream(h, stream), "cublasSetStream");
+  const double hbm = hbm_copy_gbps(stream);
+  const Shape shapes[] = {{4096, 2048, "DeepSeek-V4 expert gate/up"},
+                          {2048, 4096, "DeepSeek-V4 expert down"},
+                          {3584, 3072, "Kimi-K3 latent expert gate/up"},
+                          {3072, 3584, "Kimi-K3 latent expert down"}};
+  std::vector<double> cublas(4);
+  for (int i = 0; i < 4; ++i) cublas[i] = cublas_bf16_tflops(h, stream, shapes[i].k, shapes[i].n, o.prefill_tokens);
+  const double cublas_big = cublas_bf16_tflops(h, stream, 8192, 8192, 8192);
+  const GgmlType types[] = {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::q4_k,
+                            GgmlType::q5_k,  GgmlType::q6_k, GgmlType::q8_0, GgmlType::iq2_xxs};
+  std::vector<Result> results;
+  for (GgmlType t : types)
+    for (int i = 0; i < 4; ++i) results.push_back(bench_one(be, t, shapes[i], o, cublas[i]));
+  cublasDestroy(h);
+
+  if (o.json) {
+    nlohmann::json j;
+    j["device"] = device;
+    j["hbm_copy_gbps"] = hbm;
+    j["gemv_batch"] = o.batch;
+    j["prefill_tokens"] = o.prefill_tokens;
+    j["cublas_bf16_tflops_8192"] = cublas_big;
+    for (const auto &r : results) {
+      j["results"].push_back({{"type", r.type},
+                              {"k", r.shape.k},
+                              {"n", r.shape.n},
+                              {"matrix_bytes", r.matrix_bytes},
+                              {"pool_matrices", r.pool_matrices},
+                              {"gemv_gbps", r.gemv_gbps},
+                              {"gemv_fraction_of_hbm", r.gemv_gbps / hbm},
+                              {"gemv_batch1_gbps", r.gemv_batch1_gbps},
+                              {"gemv_batch1_fraction_of_hbm", r.gemv_batch1_gbps / hbm},
+                              {"gemm_tflops", r.gemm_tflops},
+                              {"cublas_bf16_tflops", r.cublas_tflops},
+                              {"gemm_fraction_of_cublas", r.gemm_tflops / r.cublas_tflops}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  fmt::print("{}\n", device);
+  fmt::print("HBM device-to-device copy: {:.0f} GB/s (read + write)\n", hbm);
+  fmt::print("cuBLAS bf16 GEMM 8192^3: {:.1f} TFLOP/s\n", cublas_big);
+  for (int i = 0; i < 4; ++i)
+    fmt::print("cuBLAS bf16 GEMM {}x{} x {} tokens ({}): {:.1f} TFLOP/s\n", shapes[i].k, shapes[i].n, o.prefill_tokens,
+               shapes[i].what, cublas[i]);
+  fmt::print("\ndecode GEMV: {} experts per launch (and 1); prefill GEMM: {} tokens, dequantize to bf16 + cuBLAS\n", o.batch,
+             o.prefill_tokens);
+  fmt::print("{:<8} {:>11} {:>9} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8}\n", "type", "K x N", "MiB/mat", "GEMV GB/s", "of HBM",
+             "batch1", "of HBM", "GEMM TF/s", "of cuBLAS");
+  for (const auto &r : results)
+    fmt::print("{:<8} {:>11} {:>9.2f} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f}\n", r.type,
+               fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), r.gemv_gbps,
+               r.gemv_gbps / hbm, r.gemv_batch1_gbps, r.gemv_batch1_gbps / hbm, r.gemm_tflops, r.gemm_tflops / r.cublas_tflops);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        usage();
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--json") {
+      o.json = true;
+    } else if (a == "--batch") {
+      o.batch = std::max(1, std::stoi(next()));
+    } else if (a == "--pool-mib") {
+      o.pool_mib = std::stoull(next());
+    } else if (a == "--tokens") {
+      o.prefill_tokens = std::max<int64_t>(1, std::stoll(next()));
+    } else if (a == "-h" || a == "--help") {
+      usage();
+      return 0;
+    } else {
+      usage();
+      return 2;
+    }
+  }
+  try {
+    return run(o);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "ep-bench-kernels: %s\n", e.what());
+    return 1;
+  }
+}

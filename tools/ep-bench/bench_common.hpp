@@ -1,0 +1,41 @@
+// Shared by the ep-bench subcommands: argument parsing and the pack to read (a given pack, a
+// synthetic pack, or one created with --create-size).
+#pragma once
+
+#include "store/layout.hpp"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ep::bench {
+
+struct Args {
+  std::map<std::string, std::string> options;  // --name value
+  std::vector<std::string> flags;              // --name
+  bool has(const std::string &flag) const;
+  std::string get(const std::string &name, const std::string &fallback) const;
+  double number(const std::string &name, double fallback) const;
+};
+
+/// Parses argv[start..]; names in @p flags take no value.
+Args parse_args(int argc, char **argv, int start, const std::vector<std::string> &flags);
+
+struct PackSource {
+  std::string path;
+  std::shared_ptr<const store::ExpertLayout> layout;
+  std::string kind;  ///< "synthetic", "raw" (--object-bytes over a plain file)
+};
+
+/// --pack PATH (a synthetic pack, or any file with --object-bytes [--data-start]) or
+/// --create-size SIZE [--create-path PATH] [--object-bytes N] [--experts N].
+PackSource pack_from_args(const Args &args);
+
+/// DeepSeek-V4-Flash's routed expert: gate+up+down FP4 with UE8M0 scales (3 x 4456448 B).
+inline constexpr uint64_t kDefaultObjectBytes = 13369344;
+
+/// Runs a shell command and returns its stdout (empty on failure); @p rc gets the exit status.
+std::string run_command(const std::string &command, int &rc);
+
+}  // namespace ep::bench

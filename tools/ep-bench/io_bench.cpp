@@ -1,0 +1,195 @@
+// ep-bench io: the disk's raw O_DIRECT random-read bandwidth at the pack's object size (fio
+// where installed, else a pread loop with queue-depth threads) against the engine's expert
+// reader (src/io: io_uring, fixed file + fixed buffers) on the same file in the same run.
+#include "bench_common.hpp"
+
+#include "core/error.hpp"
+#include "io/file.hpp"
+#include "io/reader.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+namespace ep::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Objects {
+  const store::ExpertLayout *layout;
+  uint64_t count() const { return static_cast<uint64_t>(layout->num_layers()) * layout->num_experts(); }
+  uint64_t offset(uint64_t i) const {
+    return layout->object_offset(static_cast<uint32_t>(i / layout->num_experts()),
+                                 static_cast<uint32_t>(i % layout->num_experts()));
+  }
+};
+
+// fio, random O_DIRECT reads of `block` bytes at block-aligned offsets after data_start.
+bool fio_gbps(const PackSource &src, uint64_t block, uint32_t depth, double seconds, double &gbps, std::string &why) {
+  int rc = 0;
+  run_command("command -v fio >/dev/null 2>&1", rc);
+  if (rc != 0) {
+    why = "fio not installed";
+    return false;
+  }
+  const Objects objects{src.layout.get()};
+  const uint64_t start = objects.offset(0);
+  const uint64_t span = objects.count() * block;
+  const std::string cmd = fmt::format(
+      "fio --name=raw --filename='{}' --readonly --direct=1 --ioengine=io_uring --rw=randread --bs={} "
+      "--iodepth={} --offset={} --size={} --runtime={} --time_based --norandommap --randrepeat=0 "
+      "--output-format=json 2>/dev/null",
+      src.path, block, depth, start, span, static_cast<int>(seconds + 0.5));
+  const std::string out = run_command(cmd, rc);
+  const auto brace = out.find('{');
+  if (rc != 0 || brace == std::string::npos) {
+    why = fmt::format("fio failed (exit {})", rc);
+    return false;
+  }
+  try {
+    const auto j = nlohmann::json::parse(out.substr(brace));
+    const double bw = j.at("jobs").at(0).at("read").at("bw_bytes").get<double>();
+    gbps = bw / 1e9;
+    return gbps > 0;
+  } catch (const std::exception &e) {
+    why = fmt::format("cannot parse fio's JSON: {}", e.what());
+    return false;
+  }
+}
+
+// The own raw loop: `depth` threads, each one O_DIRECT pread of a whole object at a time.
+double raw_loop_gbps(const PackSource &src, uint64_t block, uint32_t depth, double seconds) {
+  const Objects objects{src.layout.get()};
+  bool direct = false;
+  io::FileHandle fd = io::open_for_read(src.path, io::DirectMode::automatic, direct);
+  std::atomic<uint64_t> bytes{0};
+  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < depth; ++t) {
+    threads.emplace_back([&, t] {
+      io::AlignedBuffer buf(block);
+      std::mt19937_64 rng(1000 + t);
+      std::uniform_int_distribution<uint64_t> pick(0, objects.count() - 1);
+      while (Clock::now() < deadline) {
+        const ssize_t n = ::pread(fd.get(), buf.data(), block, static_cast<off_t>(objects.offset(pick(rng))));
+        if (n > 0) bytes += static_cast<uint64_t>(n);
+      }
+    });
+  }
+  for (auto &t : threads) t.join();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(bytes.load()) / s / 1e9;
+}
+
+struct EngineResult {
+  double gbps = 0;
+  std::string backend;
+  bool direct = false;
+  uint64_t reads = 0;
+};
+
+// The engine: io::Reader with `depth` reads in flight into a registered staging ring.
+EngineResult engine_gbps(const PackSource &src, uint64_t block, const io::ReaderOptions &options, double seconds) {
+  const Objects objects{src.layout.get()};
+  io::ReaderCounters counters;
+  auto reader = io::open_reader(src.path, options, counters);
+  const uint32_t depth = std::max<uint32_t>(1, options.queue_depth);
+  io::AlignedBuffer ring(static_cast<std::size_t>(depth) * block);
+  reader->register_buffer(ring.data(), ring.size());
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<uint64_t> pick(0, objects.count() - 1);
+  auto submit = [&](uint32_t slot) {
+    const uint64_t i = pick(rng);
+    io::ReadRequest r;
+    r.offset = objects.offset(i);
+    r.bytes = block;
+    r.dst = ring.data() + static_cast<uint64_t>(slot) * block;
+    r.tag = slot;
+    reader->submit(r);
+  };
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + std::chrono::duration<double>(seconds);
+  for (uint32_t s = 0; s < depth; ++s) submit(s);
+  uint64_t bytes = 0;
+  std::vector<io::ReadCompletion> done;
+  bool stopping = false;
+  while (reader->outstanding() > 0) {
+    done.clear();
+    reader->wait(done, 1);
+    stopping = stopping || Clock::now() >= deadline;
+    for (const auto &c : done) {
+      if (!c.ok) fail(Status::io, "engine read failed: {}", c.message);
+      bytes += block;
+      if (!stopping) submit(static_cast<uint32_t>(c.tag));
+    }
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  EngineResult r;
+  r.gbps = static_cast<double>(bytes) / s / 1e9;
+  r.backend = std::string(reader->backend_name());
+  r.direct = reader->direct();
+  r.reads = counters.reads.load();
+  return r;
+}
+
+}  // namespace
+
+int cmd_io(const Args &args) {
+  const PackSource src = pack_from_args(args);
+  const uint64_t block = io::align_up(src.layout->max_object_bytes(), io::kDirectAlignment);
+  const auto depth = static_cast<uint32_t>(args.number("queue-depth", 32));
+  const double seconds = args.number("seconds", 10);
+  io::ReaderOptions options;
+  options.backend = io::parse_backend(args.get("backend", "auto"));
+  options.queue_depth = depth;
+  options.read_splits = static_cast<uint32_t>(args.number("splits", 1));
+  options.pread_threads = depth;
+
+  double raw = 0;
+  std::string raw_tool = "fio", why;
+  if (args.has("no-fio") || !fio_gbps(src, block, depth, seconds, raw, why)) {
+    if (!why.empty()) std::fprintf(stderr, "ep-bench io: %s: using the own raw pread loop\n", why.c_str());
+    raw_tool = "raw-loop";
+    raw = raw_loop_gbps(src, block, depth, seconds);
+  }
+  const EngineResult engine = engine_gbps(src, block, options, seconds);
+  const double ratio = raw > 0 ? engine.gbps / raw : 0;
+  if (args.has("json")) {
+    nlohmann::ordered_json j;
+    j["bench"] = "io";
+    j["pack"] = src.path;
+    j["pack_kind"] = src.kind;
+    j["object_bytes"] = block;
+    j["queue_depth"] = depth;
+    j["read_splits"] = options.read_splits;
+    j["seconds"] = seconds;
+    j["raw_tool"] = raw_tool;
+    j["raw_gbps"] = raw;
+    j["engine_gbps"] = engine.gbps;
+    j["engine_backend"] = engine.backend;
+    j["engine_direct"] = engine.direct;
+    j["ratio"] = ratio;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("pack %s (%s), objects of %llu B, queue depth %u, %g s each\n", src.path.c_str(), src.kind.c_str(),
+                static_cast<unsigned long long>(block), depth, seconds);
+    std::printf("raw (%s, O_DIRECT random reads): %.3f GB/s\n", raw_tool.c_str(), raw);
+    std::printf("engine (%s%s, %u split(s)):      %.3f GB/s\n", engine.backend.c_str(),
+                engine.direct ? " O_DIRECT" : " buffered", options.read_splits, engine.gbps);
+    std::printf("ratio engine/raw: %.3f (target >= 0.90)\n", ratio);
+  }
+  if (!engine.direct)
+    std::fprintf(stderr, "ep-bench io: warning: reads were buffered (no O_DIRECT): the numbers measure the page cache\n");
+  return 0;
+}
+
+}  // namespace ep::bench
