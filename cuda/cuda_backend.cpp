@@ -28,7 +28,7 @@ uint32_t type_id(GgmlType t) { return static_cast<uint32_t>(t); }
 enum : unsigned {
   kWsTables = 0, kWsXBf16 = 1, kWsWBf16 = 2, kWsGate = 3, kWsUp = 4, kWsOut = 5,
   // 6, 7: Backend::ffn
-  kWsGather = 8, kWsSample = 9, kWsToken = 10, kWsCount = 12,
+  kWsGather = 8, kWsSample = 9, kWsToken = 10, kWsPairs = 11, kWsCount = 12,
 };
 constexpr uint64_t kDequantChunkBytes = uint64_t{64} << 20;  // bf16 weight rows per cuBLAS call
 
@@ -320,7 +320,7 @@ void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &w
   }
 
   // Prefill: group the pairs by expert; per expert gather its tokens, run the three products
-  // (GEMV or dequantize + cuBLAS by batch size) and scatter-add the weighted rows into y.
+  // (GEMV or dequantize + cuBLAS by batch size) and scatter its rows to their (token, j) pairs.
   std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
   for (int64_t p = 0; p < pairs; ++p) by_expert[static_cast<size_t>(ids[p])].push_back(static_cast<int32_t>(p));
   std::vector<int32_t> lists;  // per expert: tokens then pair indices
@@ -340,7 +340,9 @@ void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &w
   auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(max_n * f) * 4));
   auto *u = static_cast<float *>(workspace(kWsUp, static_cast<uint64_t>(max_n * f) * 4));
   auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(max_n * d) * 4));
-  fill_zero(y.data, y.n_bytes());
+  // Each (token, j) pair gets its own output row (an expert may appear twice for one token),
+  // then the same weighted combine as the decode path: deterministic, no atomics.
+  auto *pair_out = static_cast<float *>(workspace(kWsPairs, static_cast<uint64_t>(pairs * d) * 4));
   for (const auto &[e, at] : order) {
     const int64_t ne = static_cast<int64_t>(by_expert[static_cast<size_t>(e)].size());
     const uint8_t *base = static_cast<const uint8_t *>(slots.slot[e]);
@@ -353,8 +355,9 @@ void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &w
     matmul(Tensor::make(base + l.up.offset, l.up.type, Device::cuda, {d, f}), xt, ut);
     launch_glu(g, u, ne * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
     matmul(Tensor::make(base + l.down.offset, l.down.type, Device::cuda, {f, d}), gt, ot);
-    launch_scatter_add_rows(o, dev_lists + at, dev_lists + at + ne, weights.as<float>(), d, ne, y.as<float>(), s);
+    launch_scatter_rows(o, dev_lists + at + ne, d, ne, pair_out, s);
   }
+  launch_moe_combine(pair_out, weights.as<float>(), d, n_tok, static_cast<int32_t>(k), y.as<float>(), s);
   EP_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 

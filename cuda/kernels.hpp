@@ -77,9 +77,8 @@ void launch_moe_combine(const float *o, const float *w, int64_t d, int64_t n_tok
                         cudaStream_t stream);
 /// out[i·d ..] = x[rows[i]·d ..].
 void launch_gather_rows(const float *x, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
-/// y[rows[i]·d ..] += w[pairs[i]] · src[i·d ..] (rows distinct within one call).
-void launch_scatter_add_rows(const float *src, const int32_t *rows, const int32_t *pairs, const float *w,
-                             int64_t d, int64_t n, float *y, cudaStream_t stream);
+/// out[rows[i]·d ..] = src[i·d ..].
+void launch_scatter_rows(const float *src, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
 
 /// Sampling on the device (semantics of backend::SamplingParams); `scratch` holds n floats.
 /// Writes the token to *out (device).

@@ -1,6 +1,6 @@
 // MoE routing and combination: router scoring (softmax, sigmoid, sqrt-softplus), bias-corrected
 // top-k or hash routing, renormalisation and scaling; generic top-k; weighted combine; row
-// gather / scatter-add for the grouped (prefill) expert path.
+// gather / scatter for the grouped (prefill) expert path.
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/reduce.cuh"
@@ -114,13 +114,11 @@ __global__ void gather_kernel(const float *__restrict__ x, const int32_t *__rest
   out[idx] = x[static_cast<int64_t>(rows[idx / d]) * d + idx % d];
 }
 
-__global__ void scatter_add_kernel(const float *__restrict__ src, const int32_t *__restrict__ rows,
-                                   const int32_t *__restrict__ pairs, const float *__restrict__ w, int64_t d, int64_t n,
-                                   float *__restrict__ y) {
+__global__ void scatter_kernel(const float *__restrict__ src, const int32_t *__restrict__ rows, int64_t d, int64_t n,
+                               float *__restrict__ out) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= d * n) return;
-  const int64_t i = idx / d;
-  y[static_cast<int64_t>(rows[i]) * d + idx % d] += w[pairs[i]] * src[idx];
+  out[static_cast<int64_t>(rows[idx / d]) * d + idx % d] = src[idx];
 }
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
@@ -157,11 +155,10 @@ void launch_gather_rows(const float *x, const int32_t *rows, int64_t d, int64_t 
   EP_CUDA_CHECK_LAUNCH("gather_kernel");
 }
 
-void launch_scatter_add_rows(const float *src, const int32_t *rows, const int32_t *pairs, const float *w, int64_t d,
-                             int64_t n, float *y, cudaStream_t stream) {
+void launch_scatter_rows(const float *src, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream) {
   if (d * n == 0) return;
-  scatter_add_kernel<<<blocks_for(d * n), kThreads, 0, stream>>>(src, rows, pairs, w, d, n, y);
-  EP_CUDA_CHECK_LAUNCH("scatter_add_kernel");
+  scatter_kernel<<<blocks_for(d * n), kThreads, 0, stream>>>(src, rows, d, n, out);
+  EP_CUDA_CHECK_LAUNCH("scatter_kernel");
 }
 
 }  // namespace ep::cuda

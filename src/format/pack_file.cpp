@@ -43,13 +43,13 @@ namespace {
 
 bool is_power_of_two(uint64_t v) { return v && (v & (v - 1)) == 0; }
 
-std::string string_at(const std::vector<uint8_t> &table, uint32_t offset, const std::string &file,
-                      size_t entry, const char *field) {
+std::string_view string_at(const std::vector<uint8_t> &table, uint32_t offset, const std::string &file,
+                           size_t entry, const char *field) {
   if (offset >= table.size())
     fail(Status::format, "{}: index entry {}: {} string offset {} is past the string table ({} bytes)", file,
          entry, field, offset, table.size());
   const auto *begin = reinterpret_cast<const char *>(table.data()) + offset;
-  return std::string(begin, strnlen(begin, table.size() - offset));
+  return std::string_view(begin, strnlen(begin, table.size() - offset));
 }
 
 }  // namespace
@@ -135,7 +135,8 @@ void PackFile::parse_and_check(ValidationLevel level) {
 
   // Sizes are bounded by the (verified) file size, so these allocations are safe.
   const std::vector<uint8_t> index = src.read_vector(h.index_offset, static_cast<size_t>(h.index_size));
-  const std::vector<uint8_t> strings = src.read_vector(h.strings_offset, static_cast<size_t>(h.strings_size));
+  strings_ = src.read_vector(h.strings_offset, static_cast<size_t>(h.strings_size));
+  const std::vector<uint8_t> &strings = strings_;
   Sha256Hasher digest;
   digest.update(index.data(), index.size());
   digest.update(strings.data(), strings.size());

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ep::format {
@@ -32,7 +33,7 @@ enum class ValidationLevel {
   full,       ///< structure + XXH3 of every payload
 };
 
-/// One role of one expert, decoded from its index entry.
+/// One role of one expert, decoded from its index entry. Valid while its PackFile lives.
 struct RoleEntry {
   Role role;
   GgmlType type;
@@ -43,8 +44,8 @@ struct RoleEntry {
   uint64_t nbytes;                  ///< payload bytes
   uint64_t xxh3;                    ///< XXH3-64 of the payload
   std::array<uint8_t, 32> source_sha256;
-  std::string source_file;          ///< source file path recorded at build time
-  std::string source_tensor;        ///< source tensor name
+  std::string_view source_file;     ///< source file path recorded at build time (points into the PackFile)
+  std::string_view source_tensor;   ///< source tensor name (points into the PackFile)
   uint64_t source_offset;           ///< absolute offset of the slice in the source file
 };
 
@@ -103,6 +104,7 @@ class PackFile {
   std::shared_ptr<const ByteSource> source_;
   PackHeader header_{};
   std::vector<RoleEntry> entries_;
+  std::vector<uint8_t> strings_;    // the string table; RoleEntry's string_views point here
   std::vector<uint64_t> object_bytes_;
   uint64_t max_object_bytes_ = 0;
 };

@@ -84,7 +84,7 @@ nlohmann::json inspect_json(const format::PackFile &pack, const Manifest *manife
                          {"nbytes", e.nbytes},
                          {"xxh3", fmt::format("{:016x}", e.xxh3)},
                          {"source_sha256", format::to_hex(e.source_sha256.data(), 32)},
-                         {"source", {{"file", e.source_file}, {"tensor", e.source_tensor}, {"offset", e.source_offset},
+                         {"source", {{"file", std::string(e.source_file)}, {"tensor", std::string(e.source_tensor)}, {"offset", e.source_offset},
                                      {"nbytes", e.nbytes}}}});
       }
       o["roles"] = roles;

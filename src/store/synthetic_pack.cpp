@@ -54,10 +54,11 @@ SyntheticPackSpec SyntheticPackSpec::for_size(uint64_t total_bytes, uint64_t obj
                                               uint64_t seed) {
   SyntheticPackSpec s;
   s.object_bytes = object_bytes;
-  s.num_experts = num_experts;
   s.seed = seed;
-  const uint64_t per_layer = s.stride() * num_experts;
-  s.num_layers = static_cast<uint32_t>(std::max<uint64_t>(1, (total_bytes + per_layer - 1) / per_layer));
+  // At least total_bytes of objects; fewer experts per layer when that is smaller than a layer.
+  const uint64_t objects = std::max<uint64_t>(1, (total_bytes + s.stride() - 1) / s.stride());
+  s.num_experts = static_cast<uint32_t>(std::min<uint64_t>(std::max<uint32_t>(1, num_experts), objects));
+  s.num_layers = static_cast<uint32_t>((objects + s.num_experts - 1) / s.num_experts);
   return s;
 }
 

@@ -1,6 +1,8 @@
 #include "tokenizer/bpe.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 
 namespace ep::tokenizer {
 
@@ -64,6 +66,43 @@ void bpe_merge(std::string_view piece, const std::array<int32_t, 256> &byte_ids,
   symbols.back().next = -1;
   if (symbols.size() == 1) {
     out.push_back(symbols[0].id);
+    return;
+  }
+
+  if (symbols.size() <= kLinearMax) {
+    // Short pieces: repeatedly merge the lowest-rank, leftmost pair by scanning. This is the
+    // same order as the queue below (which pops the lowest (rank, position) pair still valid).
+    auto &ids = scratch.ids;
+    auto &ranks = scratch.ranks;
+    auto &merged = scratch.merged;
+    ids.clear();
+    for (const auto &sym : symbols) ids.push_back(sym.id);
+    ranks.assign(ids.size() - 1, INT32_MAX);
+    merged.assign(ids.size() - 1, -1);
+    auto refresh = [&](size_t i) {
+      const MergeTable::Entry *m = merges.find(ids[i], ids[i + 1]);
+      ranks[i] = m ? m->rank : INT32_MAX;
+      merged[i] = m ? m->merged : -1;
+    };
+    for (size_t i = 0; i + 1 < ids.size(); ++i) refresh(i);
+    for (;;) {
+      size_t best = SIZE_MAX;
+      int32_t best_rank = INT32_MAX;
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        if (ranks[i] < best_rank) {
+          best_rank = ranks[i];
+          best = i;
+        }
+      }
+      if (best == SIZE_MAX) break;
+      ids[best] = merged[best];
+      ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+      ranks.erase(ranks.begin() + static_cast<std::ptrdiff_t>(best));
+      merged.erase(merged.begin() + static_cast<std::ptrdiff_t>(best));
+      if (best > 0) refresh(best - 1);
+      if (best < ranks.size()) refresh(best);
+    }
+    out.insert(out.end(), ids.begin(), ids.end());
     return;
   }
 

@@ -63,7 +63,11 @@ struct BpeScratch {
   };
   std::vector<Symbol> symbols;
   std::vector<Candidate> heap;
+  std::vector<int32_t> ids, ranks, merged;  // the linear path for short pieces
 };
+
+/// Pieces of at most this many bytes use a linear scan instead of the priority queue.
+inline constexpr size_t kLinearMax = 24;
 
 /// Appends the BPE ids of one pre-tokenized piece of raw bytes. @p byte_ids maps each byte to
 /// its single-byte token (-1: none; the byte is then dropped, as HF does without unk_token,

@@ -16,15 +16,6 @@ struct Regex::Impl {
 
 namespace {
 
-struct MatchData {
-  pcre2_match_data *data;
-  explicit MatchData(const pcre2_code *code) : data(pcre2_match_data_create_from_pattern(code, nullptr)) {
-    if (data == nullptr) fail(Status::out_of_memory, "pcre2_match_data_create_from_pattern failed");
-  }
-  ~MatchData() { pcre2_match_data_free(data); }
-  MatchData(const MatchData &) = delete;
-  MatchData &operator=(const MatchData &) = delete;
-};
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
@@ -128,10 +119,24 @@ Regex::~Regex() = default;
 Regex::Regex(Regex &&) noexcept = default;
 Regex &Regex::operator=(Regex &&) noexcept = default;
 
+RegexScratch::RegexScratch() : data_(pcre2_match_data_create(16, nullptr)) {
+  if (data_ == nullptr) fail(Status::out_of_memory, "pcre2_match_data_create failed");
+}
+
+RegexScratch::~RegexScratch() { pcre2_match_data_free(static_cast<pcre2_match_data *>(data_)); }
+
 void Regex::find_all(std::string_view subject, std::vector<std::pair<size_t, size_t>> &out) const {
+  RegexScratch scratch;
+  find_all(subject, out, scratch);
+}
+
+void Regex::find_all(std::string_view subject, std::vector<std::pair<size_t, size_t>> &out,
+                     RegexScratch &scratch) const {
   out.clear();
   if (subject.empty()) return;
-  MatchData md(impl_->code);
+  struct {
+    pcre2_match_data *data;
+  } md{static_cast<pcre2_match_data *>(scratch.data())};
   const auto *s = reinterpret_cast<PCRE2_SPTR>(subject.data());
   size_t start = 0;
   bool last_was_empty_at = false;

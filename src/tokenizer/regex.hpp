@@ -17,6 +17,19 @@ namespace ep::tokenizer {
 /// `\S` inside a character class.
 std::string translate_pattern(std::string_view pattern, std::string_view origin);
 
+/// Reusable PCRE2 match data for one thread (RAII); any Regex can use it.
+class RegexScratch {
+ public:
+  RegexScratch();
+  ~RegexScratch();
+  RegexScratch(const RegexScratch &) = delete;
+  RegexScratch &operator=(const RegexScratch &) = delete;
+  void *data() const noexcept { return data_; }
+
+ private:
+  void *data_;
+};
+
 class Regex {
  public:
   /// Compiles @p pattern; throws ep::Error (Status::format) naming @p origin and the error offset.
@@ -32,6 +45,8 @@ class Regex {
   /// the search then moves on by one character (as Oniguruma's find_iter does).
   /// @p subject must be valid UTF-8 (not re-checked).
   void find_all(std::string_view subject, std::vector<std::pair<size_t, size_t>> &out) const;
+  /// The same, reusing @p scratch's match data (no allocation per call).
+  void find_all(std::string_view subject, std::vector<std::pair<size_t, size_t>> &out, RegexScratch &scratch) const;
 
   const std::string &pattern() const noexcept { return pattern_; }
   bool jit() const noexcept { return jit_; }

@@ -12,10 +12,13 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <shared_mutex>
 #include <sstream>
 #include <unordered_map>
 
@@ -158,7 +161,43 @@ std::string read_file(const std::string &path) {
 
 }  // namespace
 
+// A bounded cache piece bytes -> ids, shared by all threads that use one Tokenizer (as HF's BPE
+// cache). Sharded, each shard behind a shared_mutex; once a shard is full nothing more is added.
+class WordCache {
+ public:
+  static constexpr size_t kShards = 16;
+  static constexpr size_t kMaxPerShard = 8192;
+  static constexpr size_t kMaxPieceBytes = 64;
+
+  bool get(std::string_view piece, std::vector<int32_t> &out) const {
+    const Shard &sh = shards_[std::hash<std::string_view>{}(piece) % kShards];
+    std::shared_lock lock(sh.mutex);
+    auto it = sh.map.find(piece);
+    if (it == sh.map.end()) return false;
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return true;
+  }
+  void put(std::string_view piece, const int32_t *ids, size_t n) {
+    Shard &sh = shards_[std::hash<std::string_view>{}(piece) % kShards];
+    std::unique_lock lock(sh.mutex);
+    if (sh.map.size() >= kMaxPerShard) return;
+    sh.map.emplace(std::string(piece), std::vector<int32_t>(ids, ids + n));
+  }
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s) * 31 + 7; }
+  };
+  struct Shard {
+    mutable std::shared_mutex mutex;
+    std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> map;
+  };
+  std::array<Shard, kShards> shards_;
+};
+
 struct Tokenizer::Impl {
+  mutable WordCache cache;
   std::string origin;
   std::string kind;  // "tokenizer.json", "tiktoken", "gguf"
   // id -> bytes emitted by decode; id_kind: 0 hole, 1 vocab, 2 special added, 3 non-special added
@@ -321,6 +360,7 @@ struct Tokenizer::Impl {
 
   struct Scratch {
     BpeScratch bpe;
+    RegexScratch regex;
     std::vector<std::string_view> pieces;
     std::vector<std::string_view> next;
     std::deque<std::string> storage;
@@ -334,7 +374,7 @@ struct Tokenizer::Impl {
 
   void split_piece(const CompiledStep &c, std::string_view piece, Scratch &s, std::vector<std::string_view> &out,
                    SplitBehavior behavior, bool invert) const {
-    c.regex->find_all(piece, s.matches);
+    c.regex->find_all(piece, s.matches, s.regex);
     auto &segs = s.segs;
     segs.clear();
     size_t prev = 0;
@@ -417,18 +457,30 @@ struct Tokenizer::Impl {
     }
   }
 
-  void encode_text(std::string_view text, Scratch &s, std::vector<int32_t> &out) const {
+  void encode_text(std::string_view text, Scratch &s, std::vector<int32_t> &out, bool use_cache) const {
     pre_tokenize_text(text, s);
     for (std::string_view piece : s.pieces) {
-      if (ignore_merges) {
-        auto it = bytes_to_id.find(std::string(piece));
-        if (it != bytes_to_id.end()) {
-          out.push_back(it->second);
-          continue;
-        }
+      if (piece.size() == 1 && byte_ids[static_cast<uint8_t>(piece[0])] >= 0) {
+        out.push_back(byte_ids[static_cast<uint8_t>(piece[0])]);
+        continue;
       }
-      bpe_merge(piece, byte_ids, merges, unk_id, s.bpe, out);
+      const bool cacheable = use_cache && piece.size() <= WordCache::kMaxPieceBytes;
+      if (cacheable && cache.get(piece, out)) continue;
+      const size_t before = out.size();
+      encode_piece(piece, s, out);
+      if (cacheable) cache.put(piece, out.data() + before, out.size() - before);
     }
+  }
+
+  void encode_piece(std::string_view piece, Scratch &s, std::vector<int32_t> &out) const {
+    if (ignore_merges) {
+      auto it = bytes_to_id.find(std::string(piece));
+      if (it != bytes_to_id.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
+    bpe_merge(piece, byte_ids, merges, unk_id, s.bpe, out);
   }
 };
 
@@ -793,14 +845,15 @@ Tokenizer Tokenizer::from_tiktoken_file(const std::string &path, const std::stri
 Tokenizer Tokenizer::from_file(const std::string &path, const std::string &tiktoken_pattern) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(Status::not_found, "{}: cannot open tokenizer file: {}", path, std::strerror(errno));
+  char magic[4] = {};
+  in.read(magic, 4);
+  if (in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0) return from_gguf_file(path);
+  in.clear();
+  in.seekg(0);
   char c = 0;
   while (in.get(c) && (c == ' ' || c == '\n' || c == '\r' || c == '\t')) {
   }
   if (c == '{') return from_json_file(path);
-  if (c == 'G') {
-    fail(Status::unsupported, "{}: GGUF files are read through the GGUF reader, which calls "
-         "Tokenizer::from_gguf_vocab(); ep-tokenize cannot open them directly yet", path);
-  }
   // tiktoken rank file; specials from tokenizer_config.json "added_tokens_decoder" if present.
   std::vector<AddedToken> specials;
   std::optional<std::string> bos_name, eos_name;
@@ -915,7 +968,7 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t> &out, 
         // The normalizer is the identity (checked at load), so normalized tokens match here.
         m.split_added(
             piece, m.trie_normalized, options.match_special,
-            [&](std::string_view p) { m.encode_text(p, scratch, out); },
+            [&](std::string_view p) { m.encode_text(p, scratch, out, options.use_cache); },
             [&](int32_t id) { out.push_back(id); });
       },
       [&](int32_t id) { out.push_back(id); });

@@ -79,6 +79,9 @@ struct EncodeOptions {
   /// Match special added tokens in the text (HF default). When false they are tokenized as
   /// ordinary text (HF encode_special_tokens=True); non-special added tokens still match.
   bool match_special = true;
+  /// Look pieces up in (and add them to) the tokenizer's word cache. Results are identical
+  /// either way; off only for measuring the uncached speed.
+  bool use_cache = true;
 };
 
 class Tokenizer {
@@ -97,7 +100,10 @@ class Tokenizer {
                                        std::vector<AddedToken> specials, const std::string &origin);
   /// Builds from GGUF tokenizer metadata (model "gpt2"). @p origin names the file in errors.
   static Tokenizer from_gguf_vocab(const GgufVocab &vocab, const std::string &origin);
-  /// Dispatches on the file: tokenizer.json (starts with '{') or a tiktoken rank file (then
+  /// Opens a GGUF file (the first shard of a split set holds the metadata) and builds from its
+  /// tokenizer.ggml.* keys; Status::unsupported unless tokenizer.ggml.model is "gpt2".
+  static Tokenizer from_gguf_file(const std::string &path);
+  /// Dispatches on the file: GGUF (magic "GGUF"), tokenizer.json (starts with '{') or a tiktoken rank file (then
   /// @p tiktoken_pattern is used, kKimiPattern by default, and specials come from a
   /// tokenizer_config.json "added_tokens_decoder" beside it when present).
   static Tokenizer from_file(const std::string &path, const std::string &tiktoken_pattern = kKimiPattern);

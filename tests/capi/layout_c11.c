@@ -29,4 +29,20 @@ _Static_assert(offsetof(ep_pack_object_info, role_offset) == 16, "ep_pack_object
 _Static_assert(offsetof(ep_pack_object_info, role_ggml_type) == 64, "ep_pack_object_info.role_ggml_type");
 _Static_assert(sizeof(ep_pack_object_info) == 80, "ep_pack_object_info size");
 
+_Static_assert(sizeof(ep_device_kind) == 4, "ep_device_kind is 32 bits");
+_Static_assert(offsetof(ep_model_options, device) == 8, "ep_model_options.device");
+_Static_assert(offsetof(ep_model_options, cache_budget_bytes) == 16, "ep_model_options.cache_budget_bytes");
+_Static_assert(offsetof(ep_model_options, direct_io) == 36, "ep_model_options.direct_io");
+_Static_assert(sizeof(ep_model_options) == 40, "ep_model_options size");
+_Static_assert(offsetof(ep_model_properties, architecture) == 8, "ep_model_properties.architecture");
+_Static_assert(offsetof(ep_model_properties, vocab_size) == 40, "ep_model_properties.vocab_size");
+_Static_assert(offsetof(ep_model_properties, weight_bytes) == 64, "ep_model_properties.weight_bytes");
+_Static_assert(sizeof(ep_model_properties) == 72, "ep_model_properties size");
+_Static_assert(offsetof(ep_generate_options, max_new_tokens) == 8, "ep_generate_options.max_new_tokens");
+_Static_assert(offsetof(ep_generate_options, seed) == 24, "ep_generate_options.seed");
+_Static_assert(offsetof(ep_generate_options, stop_token) == 32, "ep_generate_options.stop_token");
+_Static_assert(sizeof(ep_generate_options) == 40, "ep_generate_options size");
+_Static_assert(offsetof(ep_generate_stats, prefill_seconds) == 16, "ep_generate_stats.prefill_seconds");
+_Static_assert(sizeof(ep_generate_stats) == 32, "ep_generate_stats size");
+
 int main(void) { return 0; }

@@ -4,6 +4,7 @@
 #include "core/error.hpp"
 #include "corpus_util.hpp"
 #include "support/catch.hpp"
+#include "format/gguf_writer.hpp"
 #include "tokenizer/tokenizer.hpp"
 #include "tokenizer/utf8.hpp"
 
@@ -14,6 +15,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <unistd.h>
 
 using ep::tokenizer::EncodeOptions;
 using ep::tokenizer::StreamDecoder;
@@ -176,6 +178,38 @@ TEST_CASE("the GGUF vocabulary path gives the same ids as tokenizer.json") {
     with_bos.add_special = true;
     CHECK(g.encode("x", with_bos).front() == 0);
   }
+
+  // The same through a real GGUF file (GgufWriter -> Tokenizer::from_file).
+  namespace fmt_ns = ep::format;
+  fmt_ns::GgufWriter w;
+  w.add("general.architecture", fmt_ns::GgufValue::make_string("deepseek4"));
+  w.add("tokenizer.ggml.model", fmt_ns::GgufValue::make_string("gpt2"));
+  w.add("tokenizer.ggml.pre", fmt_ns::GgufValue::make_string("joyai-llm"));
+  std::vector<fmt_ns::GgufValue> toks, merges, types;
+  for (const auto &s : v.tokens) toks.push_back(fmt_ns::GgufValue::make_string(s));
+  for (const auto &s : v.merges) merges.push_back(fmt_ns::GgufValue::make_string(s));
+  for (int32_t t : v.token_types) types.push_back(fmt_ns::GgufValue::make_i32(t));
+  w.add("tokenizer.ggml.tokens", fmt_ns::GgufValue::make_array(fmt_ns::GgufType::string, toks));
+  w.add("tokenizer.ggml.merges", fmt_ns::GgufValue::make_array(fmt_ns::GgufType::string, merges));
+  w.add("tokenizer.ggml.token_type", fmt_ns::GgufValue::make_array(fmt_ns::GgufType::i32, types));
+  w.add("tokenizer.ggml.bos_token_id", fmt_ns::GgufValue::make_u32(0));
+  w.add("tokenizer.ggml.eos_token_id", fmt_ns::GgufValue::make_u32(1));
+  w.add("tokenizer.ggml.add_bos_token", fmt_ns::GgufValue::make_bool(true));
+  const auto dir = std::filesystem::temp_directory_path() / ("ep_tok_gguf_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "vocab.gguf").string();
+  w.write(path, 1, [](size_t, uint64_t, std::span<uint8_t>) {});
+  const Tokenizer g = Tokenizer::from_file(path);
+  size_t differ = 0;
+  for (const std::string &text : corpus()) {
+    if (g.encode(text) != deepseek().encode(text)) ++differ;
+  }
+  CHECK(differ == 0);
+  EncodeOptions with_bos;
+  with_bos.add_special = true;
+  CHECK(g.encode("x", with_bos).front() == 0);
+  CHECK(g.bos_id() == std::optional<int32_t>(0));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("encode is thread-safe") {

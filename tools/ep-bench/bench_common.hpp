@@ -25,10 +25,10 @@ Args parse_args(int argc, char **argv, int start, const std::vector<std::string>
 struct PackSource {
   std::string path;
   std::shared_ptr<const store::ExpertLayout> layout;
-  std::string kind;  ///< "synthetic", "raw" (--object-bytes over a plain file)
+  std::string kind;  ///< "expert-pack", "synthetic", "raw" (--object-bytes over a plain file)
 };
 
-/// --pack PATH (a synthetic pack, or any file with --object-bytes [--data-start]) or
+/// --pack PATH (an Expert Pack, a synthetic pack, or any file with --object-bytes [--data-start]) or
 /// --create-size SIZE [--create-path PATH] [--object-bytes N] [--experts N].
 PackSource pack_from_args(const Args &args);
 

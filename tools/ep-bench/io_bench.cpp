@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <random>
 #include <thread>
+#include <vector>
 
 namespace ep::bench {
 namespace {
@@ -154,14 +155,42 @@ int cmd_io(const Args &args) {
   options.read_splits = static_cast<uint32_t>(args.number("splits", 1));
   options.pread_threads = depth;
 
-  double raw = 0;
-  std::string raw_tool = "fio", why;
-  if (args.has("no-fio") || !fio_gbps(src, block, depth, seconds, raw, why)) {
-    if (!why.empty()) std::fprintf(stderr, "ep-bench io: %s: using the own raw pread loop\n", why.c_str());
-    raw_tool = "raw-loop";
-    raw = raw_loop_gbps(src, block, depth, seconds);
+  // Rounds alternate the order (raw, engine, engine, raw, ...) so that a cache or a thermal
+  // trend below the file system favours neither side; the means are compared.
+  const auto rounds = static_cast<uint32_t>(std::max(1.0, args.number("rounds", 2)));
+  std::string raw_tool = args.has("no-fio") ? "raw-loop" : "fio";
+  std::vector<double> raw_runs, engine_runs;
+  EngineResult engine;
+  auto run_raw = [&] {
+    double gbps = 0;
+    std::string why;
+    if (raw_tool == "fio" && !fio_gbps(src, block, depth, seconds, gbps, why)) {
+      std::fprintf(stderr, "ep-bench io: %s: using the own raw pread loop\n", why.c_str());
+      raw_tool = "raw-loop";
+    }
+    if (raw_tool == "raw-loop") gbps = raw_loop_gbps(src, block, depth, seconds);
+    raw_runs.push_back(gbps);
+  };
+  auto run_engine = [&] {
+    engine = engine_gbps(src, block, options, seconds);
+    engine_runs.push_back(engine.gbps);
+  };
+  for (uint32_t r = 0; r < rounds; ++r) {
+    if (r % 2 == 0) {
+      run_raw();
+      run_engine();
+    } else {
+      run_engine();
+      run_raw();
+    }
   }
-  const EngineResult engine = engine_gbps(src, block, options, seconds);
+  auto mean = [](const std::vector<double> &v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+  };
+  const double raw = mean(raw_runs);
+  engine.gbps = mean(engine_runs);
   const double ratio = raw > 0 ? engine.gbps / raw : 0;
   if (args.has("json")) {
     nlohmann::ordered_json j;
@@ -173,8 +202,11 @@ int cmd_io(const Args &args) {
     j["read_splits"] = options.read_splits;
     j["seconds"] = seconds;
     j["raw_tool"] = raw_tool;
+    j["rounds"] = rounds;
     j["raw_gbps"] = raw;
     j["engine_gbps"] = engine.gbps;
+    j["raw_runs_gbps"] = raw_runs;
+    j["engine_runs_gbps"] = engine_runs;
     j["engine_backend"] = engine.backend;
     j["engine_direct"] = engine.direct;
     j["ratio"] = ratio;
@@ -182,6 +214,7 @@ int cmd_io(const Args &args) {
   } else {
     std::printf("pack %s (%s), objects of %llu B, queue depth %u, %g s each\n", src.path.c_str(), src.kind.c_str(),
                 static_cast<unsigned long long>(block), depth, seconds);
+    std::printf("%u round(s), order alternating raw/engine; means:\n", rounds);
     std::printf("raw (%s, O_DIRECT random reads): %.3f GB/s\n", raw_tool.c_str(), raw);
     std::printf("engine (%s%s, %u split(s)):      %.3f GB/s\n", engine.backend.c_str(),
                 engine.direct ? " O_DIRECT" : " buffered", options.read_splits, engine.gbps);

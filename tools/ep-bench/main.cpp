@@ -20,7 +20,7 @@ namespace {
 constexpr const char *kUsage =
     "usage: ep-bench <command> [options]\n"
     "  io   --pack PACK | --create-size SIZE [--create-path PATH] [--object-bytes N] [--experts N]\n"
-    "       [--queue-depth 32] [--splits 1] [--seconds 10] [--backend auto|uring|pread] [--no-fio] [--json]\n"
+    "       [--queue-depth 32] [--splits 1] [--seconds 10] [--rounds 2] [--backend auto|uring|pread] [--no-fio] [--json]\n"
     "       raw O_DIRECT read bandwidth at the object size (fio, else a pread loop) vs the engine's reader\n"
     "  h2d  [--object-bytes N | --pack PACK | --create-size SIZE] [--slots 64] [--staging 16] [--bytes 16G] [--json]\n"
     "       the store's staging -> VRAM copy path vs plain pinned cudaMemcpyAsync\n"

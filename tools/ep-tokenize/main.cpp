@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fmt/format.h>
 #include <fstream>
 #include <iostream>
@@ -24,7 +25,7 @@ namespace tk = ep::tokenizer;
 
 const char *kUsage =
     "usage: ep-tokenize --tokenizer PATH [--decode] [--add-special] [--skip-special]\n"
-    "                   [--pattern kimi|cl100k|gpt2|REGEX] [--bench FILE [--seconds S] [--threads N]]\n"
+    "                   [--pattern kimi|cl100k|gpt2|REGEX] [--bench FILE [--seconds S] [--threads N] [--no-cache]]\n"
     "\n"
     "  PATH: a HF tokenizer.json, a tiktoken rank file (\"<base64> <rank>\" lines; the split\n"
     "  pattern is --pattern, Kimi's by default; specials from a tokenizer_config.json\n"
@@ -37,7 +38,9 @@ const char *kUsage =
     "      special tokens. Invalid UTF-8 is replaced by U+FFFD.\n"
     "  --bench FILE: encodes FILE repeatedly for S seconds (default 3) and prints MB/s. A .jsonl\n"
     "      FILE is encoded one {\"text\"} line at a time, any other file as one text.\n"
-    "      --threads N runs N encoders at once on the same tokenizer (aggregate MB/s).\n";
+    "      --threads N runs N encoders at once on the same tokenizer (aggregate MB/s);\n"
+    "      --no-cache bypasses the word cache (identical ids, uncached speed). Also prints MB per\n"
+    "      CPU-second, which is steadier than wall time on a busy machine.\n";
 
 std::string pattern_for(const std::string &name) {
   if (name == "kimi" || name == "kimi-k2") return tk::kKimiPattern;
@@ -54,7 +57,7 @@ std::string read_all(const std::string &path) {
   return ss.str();
 }
 
-int run_bench(const tk::Tokenizer &tok, const std::string &path, double seconds, int threads) {
+int run_bench(const tk::Tokenizer &tok, const std::string &path, double seconds, int threads, bool use_cache) {
   std::vector<std::string> texts;
   const std::string content = read_all(path);
   if (path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
@@ -78,17 +81,27 @@ int run_bench(const tk::Tokenizer &tok, const std::string &path, double seconds,
   size_t ids_per_pass = 0;
   for (const auto &t : texts) ids_per_pass += tok.encode(t).size();  // warm-up + id count
 
+  tk::EncodeOptions options;
+  options.use_cache = use_cache;
   std::vector<size_t> passes(static_cast<size_t>(threads), 0);
+  std::vector<double> cpu_s(static_cast<size_t>(threads), 0.0);
   const auto t0 = Clock::now();
+  auto thread_cpu_s = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  };
   auto worker = [&](size_t w) {
     std::vector<int32_t> ids;
+    const double c0 = thread_cpu_s();
     do {
       for (const auto &t : texts) {
         ids.clear();
-        tok.encode_append(t, ids);
+        tok.encode_append(t, ids, options);
       }
       ++passes[w];
     } while (std::chrono::duration<double>(Clock::now() - t0).count() < seconds);
+    cpu_s[w] = thread_cpu_s() - c0;
   };
   std::vector<std::thread> pool;
   for (int w = 1; w < threads; ++w) pool.emplace_back(worker, static_cast<size_t>(w));
@@ -97,16 +110,20 @@ int run_bench(const tk::Tokenizer &tok, const std::string &path, double seconds,
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
   size_t total_passes = 0;
   for (size_t p : passes) total_passes += p;
+  double total_cpu_s = 0;
+  for (double c : cpu_s) total_cpu_s += c;
   const double mbps = static_cast<double>(bytes) * static_cast<double>(total_passes) / dt / 1e6;
+  const double mb_per_cpu_s = static_cast<double>(bytes) * static_cast<double>(total_passes) / total_cpu_s / 1e6;
   fmt::print("file {}: {} texts, {} bytes, {} ids per pass ({:.2f} bytes/id)\n", path, texts.size(), bytes,
              ids_per_pass, ids_per_pass ? static_cast<double>(bytes) / static_cast<double>(ids_per_pass) : 0.0);
-  fmt::print("encode: {:.2f} MB/s ({} threads, {} passes in {:.2f} s)\n", mbps, threads, total_passes, dt);
+  fmt::print("encode{}: {:.2f} MB/s wall ({} threads, {} passes in {:.2f} s); {:.2f} MB per CPU-second\n",
+             use_cache ? "" : " (word cache off)", mbps, threads, total_passes, dt, mb_per_cpu_s);
   return 0;
 }
 
 int run(int argc, char **argv) {
   std::string tokenizer_path, bench_path, pattern = tk::kKimiPattern;
-  bool decode = false, add_special = false, skip_special = false;
+  bool decode = false, add_special = false, skip_special = false, use_cache = true;
   double seconds = 3.0;
   int threads = 1;
   for (int i = 1; i < argc; ++i) {
@@ -122,6 +139,7 @@ int run(int argc, char **argv) {
     else if (a == "--pattern") pattern = pattern_for(value());
     else if (a == "--bench") bench_path = value();
     else if (a == "--seconds") seconds = std::stod(value());
+    else if (a == "--no-cache") use_cache = false;
     else if (a == "--threads") threads = std::max(1, std::stoi(value()));
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
@@ -137,7 +155,7 @@ int run(int argc, char **argv) {
   const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!bench_path.empty()) {
     fmt::print("{} (loaded in {:.3f} s)\n", tok.describe(), load_s);
-    return run_bench(tok, bench_path, seconds, threads);
+    return run_bench(tok, bench_path, seconds, threads, use_cache);
   }
 
   std::ios::sync_with_stdio(false);

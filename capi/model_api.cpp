@@ -1,0 +1,257 @@
+// C API: models, sessions, generation and scoring (include/expertpack/model.h).
+#include <expertpack/expertpack.h>
+
+#include "backend/cpu_backend.hpp"
+#include "capi/guard.hpp"
+#include "model/deepseek_v4.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+struct ep_model {
+  std::unique_ptr<ep::backend::Backend> backend;
+  std::unique_ptr<ep::model::DeepseekV4Model> dsv4;
+};
+
+struct ep_session {
+  ep_model *model = nullptr;
+  ep::model::DeepseekV4State state;
+  std::vector<float> last_logits;  // logits after the last token (empty when the session is empty)
+  uint64_t sample_counter = 0;
+};
+
+namespace {
+// The first published sizes: fields are only appended after these.
+constexpr size_t kModelOptionsV1 = sizeof(ep_model_options);
+constexpr size_t kModelPropertiesV1 = sizeof(ep_model_properties);
+constexpr size_t kGenerateOptionsV1 = sizeof(ep_generate_options);
+constexpr size_t kGenerateStatsV1 = sizeof(ep_generate_stats);
+
+void check_tokens(const ep_session &s, const int32_t *tokens, size_t n, const char *fn) {
+  const int64_t vocab = s.model->dsv4->config().vocab;
+  for (size_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      ep::fail(ep::Status::invalid_argument, "{}: token {} at index {} is outside 0..{}", fn, tokens[i], i, vocab - 1);
+}
+
+/// Runs tokens through the session; keeps the last row of logits; returns all rows if asked.
+void append(ep_session &s, const int32_t *tokens, size_t n, std::vector<float> *all) {
+  const size_t vocab = static_cast<size_t>(s.model->dsv4->config().vocab);
+  std::vector<float> local;
+  std::vector<float> &rows = all ? *all : local;
+  rows.resize(n * vocab);
+  s.model->dsv4->forward(tokens, static_cast<int64_t>(n), s.state, rows.data());
+  s.last_logits.assign(rows.end() - static_cast<std::ptrdiff_t>(vocab), rows.end());
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+extern "C" {
+
+EP_API void ep_model_options_init(ep_model_options *options) {
+  if (!options) return;
+  *options = ep_model_options{};
+  options->struct_size = sizeof(ep_model_options);
+  options->device = EP_DEVICE_AUTO;
+  options->direct_io = -1;
+}
+
+EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_model_options *options) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_model, fn, "out_model");
+    *out_model = nullptr;
+    ep::capi::require_arg(path, fn, "path");
+    ep_model_options opts;
+    ep_model_options_init(&opts);
+    if (options) {
+      ep::capi::check_struct_size(options->struct_size, kModelOptionsV1, sizeof(ep_model_options), "ep_model_options");
+      std::memcpy(&opts, options, std::min(options->struct_size, sizeof(ep_model_options)));
+      opts.struct_size = sizeof(ep_model_options);
+    }
+    if (opts.direct_io < -1 || opts.direct_io > 1)
+      ep::fail(ep::Status::invalid_argument, "{}: direct_io {} (expected -1, 0 or 1)", fn, opts.direct_io);
+    if (opts.device_index < 0) ep::fail(ep::Status::invalid_argument, "{}: device_index {}", fn, opts.device_index);
+    switch (opts.device) {
+      case EP_DEVICE_AUTO:
+      case EP_DEVICE_CPU:
+        break;
+      case EP_DEVICE_CUDA:
+        ep::fail(ep::Status::unsupported, "{}: DeepSeek-V4 does not run on the CUDA backend yet (missing ops: "
+                                          "hyper-connections, sink attention, compressors); use EP_DEVICE_CPU", fn);
+      default:
+        ep::fail(ep::Status::invalid_argument, "{}: device {} is not an ep_device_kind", fn, static_cast<int>(opts.device));
+    }
+    auto m = std::make_unique<ep_model>();
+    m->backend = std::make_unique<ep::backend::CpuBackend>();
+    m->dsv4 = ep::model::DeepseekV4Model::open(path, *m->backend);
+    *out_model = m.release();
+  });
+}
+
+EP_API void ep_model_close(ep_model *model) { delete model; }
+
+EP_API void ep_model_properties_init(ep_model_properties *properties) {
+  if (!properties) return;
+  *properties = ep_model_properties{};
+  properties->struct_size = sizeof(ep_model_properties);
+}
+
+EP_API ep_status ep_model_info(ep_model_properties *out_properties, const ep_model *model) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_properties, fn, "out_properties");
+    ep::capi::require_arg(model, fn, "model");
+    ep::capi::check_struct_size(out_properties->struct_size, kModelPropertiesV1, sizeof(ep_model_properties),
+                                "ep_model_properties");
+    const ep::model::DeepseekV4Config &c = model->dsv4->config();
+    ep_model_properties p{};
+    p.struct_size = out_properties->struct_size;
+    std::strncpy(p.architecture, "deepseek4", sizeof(p.architecture) - 1);
+    p.vocab_size = static_cast<uint32_t>(c.vocab);
+    p.num_layers = static_cast<uint32_t>(c.n_layers);
+    p.hidden_size = static_cast<uint32_t>(c.hidden);
+    p.num_experts = static_cast<uint32_t>(c.n_experts);
+    p.experts_per_token = static_cast<uint32_t>(c.n_experts_used);
+    p.weight_bytes = model->dsv4->weight_bytes();
+    std::memcpy(out_properties, &p, std::min(out_properties->struct_size, sizeof(p)));
+  });
+}
+
+EP_API ep_status ep_session_open(ep_session **out_session, ep_model *model) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_session, fn, "out_session");
+    *out_session = nullptr;
+    ep::capi::require_arg(model, fn, "model");
+    auto s = std::make_unique<ep_session>();
+    s->model = model;
+    s->state = model->dsv4->new_state();
+    *out_session = s.release();
+  });
+}
+
+EP_API void ep_session_close(ep_session *session) { delete session; }
+
+EP_API ep_status ep_session_reset(ep_session *session) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(session, fn, "session");
+    session->state = session->model->dsv4->new_state();
+    session->last_logits.clear();
+    session->sample_counter = 0;
+  });
+}
+
+EP_API ep_status ep_session_length(uint64_t *out_length, const ep_session *session) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_length, fn, "out_length");
+    ep::capi::require_arg(session, fn, "session");
+    *out_length = static_cast<uint64_t>(session->state.n_past);
+  });
+}
+
+EP_API void ep_generate_options_init(ep_generate_options *options) {
+  if (!options) return;
+  *options = ep_generate_options{};
+  options->struct_size = sizeof(ep_generate_options);
+  options->max_new_tokens = 16;
+  options->top_p = 1.0f;
+  options->stop_token = -1;
+}
+
+EP_API void ep_generate_stats_init(ep_generate_stats *stats) {
+  if (!stats) return;
+  *stats = ep_generate_stats{};
+  stats->struct_size = sizeof(ep_generate_stats);
+}
+
+EP_API ep_status ep_generate(ep_generate_stats *out_stats, ep_session *session, const int32_t *prompt, size_t n_prompt,
+                             const ep_generate_options *options, ep_token_fn callback, void *payload) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(session, fn, "session");
+    if (out_stats)
+      ep::capi::check_struct_size(out_stats->struct_size, kGenerateStatsV1, sizeof(ep_generate_stats), "ep_generate_stats");
+    ep_generate_options opts;
+    ep_generate_options_init(&opts);
+    if (options) {
+      ep::capi::check_struct_size(options->struct_size, kGenerateOptionsV1, sizeof(ep_generate_options),
+                                  "ep_generate_options");
+      std::memcpy(&opts, options, std::min(options->struct_size, sizeof(ep_generate_options)));
+      opts.struct_size = sizeof(ep_generate_options);
+    }
+    if (n_prompt) ep::capi::require_arg(prompt, fn, "prompt");
+    if (!n_prompt && session->last_logits.empty())
+      ep::fail(ep::Status::invalid_argument, "{}: empty prompt on an empty session", fn);
+    if (opts.top_k < 0 || !(opts.top_p > 0.0f && opts.top_p <= 1.0f))
+      ep::fail(ep::Status::invalid_argument, "{}: top_k {} / top_p {} out of range", fn, opts.top_k, opts.top_p);
+    check_tokens(*session, prompt, n_prompt, fn);
+    ep_generate_stats st{};
+    auto t0 = std::chrono::steady_clock::now();
+    if (n_prompt) append(*session, prompt, n_prompt, nullptr);
+    st.prompt_tokens = static_cast<uint32_t>(n_prompt);
+    st.prefill_seconds = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    ep::backend::SamplingParams sp;
+    sp.temperature = opts.temperature;
+    sp.top_k = opts.top_k;
+    sp.top_p = opts.top_p;
+    sp.seed = opts.seed;
+    ep::backend::Backend &be = *session->model->backend;
+    bool cancelled = false;
+    for (uint32_t i = 0; i < opts.max_new_tokens; ++i) {
+      const ep::backend::Tensor row = ep::backend::Tensor::make(session->last_logits.data(), ep::backend::GgmlType::f32,
+                                                                be.device(), {static_cast<int64_t>(session->last_logits.size())});
+      const int32_t tok = be.sample(row, sp, session->sample_counter++);
+      append(*session, &tok, 1, nullptr);
+      ++st.generated_tokens;
+      if (callback && callback(tok, i, payload) != 0) {
+        cancelled = true;
+        break;
+      }
+      if (tok == opts.stop_token) break;
+    }
+    st.decode_seconds = seconds_since(t0);
+    if (out_stats) {
+      st.struct_size = out_stats->struct_size;
+      std::memcpy(out_stats, &st, std::min(out_stats->struct_size, sizeof(st)));
+    }
+    if (cancelled) ep::fail(ep::Status::cancelled, "{}: the callback stopped generation after {} tokens", fn, st.generated_tokens);
+  });
+}
+
+EP_API ep_status ep_score(ep_session *session, const int32_t *tokens, size_t n_tokens, uint32_t top_k, int32_t *out_ids,
+                          float *out_logits) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(session, fn, "session");
+    ep::capi::require_arg(tokens, fn, "tokens");
+    ep::capi::require_arg(out_logits, fn, "out_logits");
+    if (!n_tokens) ep::fail(ep::Status::invalid_argument, "{}: no tokens", fn);
+    const size_t vocab = static_cast<size_t>(session->model->dsv4->config().vocab);
+    if (top_k > vocab) ep::fail(ep::Status::invalid_argument, "{}: top_k {} > vocabulary {}", fn, top_k, vocab);
+    if (top_k) ep::capi::require_arg(out_ids, fn, "out_ids");
+    check_tokens(*session, tokens, n_tokens, fn);
+    std::vector<float> rows;
+    append(*session, tokens, n_tokens, &rows);
+    if (!top_k) {
+      std::memcpy(out_logits, rows.data(), rows.size() * sizeof(float));
+      return;
+    }
+    std::vector<int32_t> idx(vocab);
+    for (size_t t = 0; t < n_tokens; ++t) {
+      const float *r = rows.data() + t * vocab;
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + top_k, idx.end(),
+                        [&](int32_t a, int32_t b) { return r[a] > r[b] || (r[a] == r[b] && a < b); });
+      for (uint32_t j = 0; j < top_k; ++j) {
+        out_ids[t * top_k + j] = idx[j];
+        out_logits[t * top_k + j] = r[idx[j]];
+      }
+    }
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,208 @@
+/**
+ * @file model.h
+ * @brief Models: open a checkpoint, run sessions, generate tokens and score sequences.
+ *
+ * A model is opened from a source file: a GGUF file (first shard of a set) or a transformers
+ * safetensors checkpoint (a directory with config.json). Supported architectures: DeepSeek-V4
+ * (`deepseek4` GGUF / `deepseek_v4` config.json). A session holds one sequence's decode state
+ * (window KV, compressor and indexer state); tokens appended to a session continue it.
+ *
+ * Current limits (stated, not hidden): the model runs on the CPU backend only (the GPU backend
+ * lacks DeepSeek-V4's hyper-connection, sink-attention and compressor ops); every routed expert
+ * is read from the source into memory at open (the pack / expert-store path comes next), so the
+ * cache and I/O options are accepted and validated but do not change anything yet.
+ *
+ * Thread safety: an ::ep_model may be shared by sessions on one thread at a time; a session must
+ * not be used from two threads at once.
+ */
+#ifndef EXPERTPACK_MODEL_H
+#define EXPERTPACK_MODEL_H
+
+#include "expertpack/expertpack.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** @defgroup model Models, sessions, generation and scoring
+ *  @{ */
+
+/** An open model (opaque). Free it with ep_model_close(). */
+typedef struct ep_model ep_model;
+/** One sequence's decode state on a model (opaque). Free it with ep_session_close(). */
+typedef struct ep_session ep_session;
+
+/** Where a model computes. Pinned to 32 bits. */
+typedef enum ep_device_kind {
+  EP_DEVICE_AUTO = 0,  /**< The best available device that supports the model (today: the CPU). */
+  EP_DEVICE_CPU = 1,   /**< The CPU reference backend. */
+  EP_DEVICE_CUDA = 2,  /**< A CUDA GPU (not yet supported for DeepSeek-V4: #EP_ERR_UNSUPPORTED). */
+  EP_DEVICE_FORCE_32BIT = 0x7fffffff /**< Not a device: pins the enum to 32 bits. */
+} ep_device_kind;
+
+/** Options of ep_model_open(); fill with ep_model_options_init(). */
+typedef struct ep_model_options {
+  size_t struct_size;          /**< Must be `sizeof(ep_model_options)`; set by the init function. */
+  ep_device_kind device;       /**< Default: #EP_DEVICE_AUTO. */
+  int32_t device_index;        /**< CUDA device ordinal. Default: 0. */
+  uint64_t cache_budget_bytes; /**< Expert cache budget in bytes; 0 = automatic. Default: 0. */
+  uint32_t staging_slots;      /**< Pinned staging slots for expert reads; 0 = automatic. Default: 0. */
+  uint32_t queue_depth;        /**< I/O queue depth; 0 = automatic. Default: 0. */
+  uint32_t read_splits;        /**< Reads each expert object in this many parts; 0 = automatic. Default: 0. */
+  int32_t direct_io;           /**< 1 = O_DIRECT reads, 0 = buffered, -1 = automatic. Default: -1. */
+} ep_model_options;
+
+/**
+ * @brief Fills @p options with the defaults.
+ * @param options Struct to fill; NULL is ignored.
+ */
+EP_API void ep_model_options_init(ep_model_options *options);
+
+/**
+ * @brief Opens a model and loads its weights.
+ * @param[out] out_model Receives the handle on success, NULL on failure.
+ * @param path    A .gguf file, or a directory (or .safetensors file) with config.json beside it (UTF-8).
+ * @param options NULL for the defaults, or filled by ep_model_options_init().
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, bad option value); #EP_ERR_STRUCT_SIZE;
+ *         #EP_ERR_NOT_FOUND; #EP_ERR_IO; #EP_ERR_FORMAT (malformed file, or missing / unmapped /
+ *         unexpected tensors, all listed in ep_last_error()); #EP_ERR_SHAPE (a tensor of the wrong
+ *         shape); #EP_ERR_UNSUPPORTED (architecture, dtype or device); #EP_ERR_OUT_OF_MEMORY.
+ */
+EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_model_options *options);
+
+/**
+ * @brief Closes a model. Its sessions must be closed first.
+ * @param model Handle from ep_model_open(); NULL is a no-op.
+ */
+EP_API void ep_model_close(ep_model *model);
+
+/** What a model is, filled by ep_model_info(). */
+typedef struct ep_model_properties {
+  size_t struct_size;          /**< Set by the caller to `sizeof(ep_model_properties)` (or use ep_model_properties_init()). */
+  char architecture[32];       /**< NUL-terminated architecture name ("deepseek4"). */
+  uint32_t vocab_size;         /**< Logits per position. */
+  uint32_t num_layers;         /**< Transformer blocks that run (MTP layers excluded). */
+  uint32_t hidden_size;        /**< Model width. */
+  uint32_t num_experts;        /**< Routed experts per layer. */
+  uint32_t experts_per_token;  /**< Routed experts used per token. */
+  uint64_t weight_bytes;       /**< Bytes of weights held by the compute device. */
+} ep_model_properties;
+
+/**
+ * @brief Fills @p properties with zeros and sets its struct_size.
+ * @param properties Struct to fill; NULL is ignored.
+ */
+EP_API void ep_model_properties_init(ep_model_properties *properties);
+
+/**
+ * @brief Describes an open model.
+ * @param[out] out_properties Filled up to its struct_size.
+ * @param model Open model.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument); #EP_ERR_STRUCT_SIZE.
+ */
+EP_API ep_status ep_model_info(ep_model_properties *out_properties, const ep_model *model);
+
+/**
+ * @brief Starts an empty sequence on a model.
+ * @param[out] out_session Receives the handle on success, NULL on failure.
+ * @param model Open model; it must outlive the session.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument); #EP_ERR_OUT_OF_MEMORY.
+ */
+EP_API ep_status ep_session_open(ep_session **out_session, ep_model *model);
+
+/**
+ * @brief Closes a session.
+ * @param session Handle from ep_session_open(); NULL is a no-op.
+ */
+EP_API void ep_session_close(ep_session *session);
+
+/**
+ * @brief Empties a session (position 0 again).
+ * @param session Open session.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument).
+ */
+EP_API ep_status ep_session_reset(ep_session *session);
+
+/**
+ * @brief Tokens the session holds (its next position).
+ * @param[out] out_length Number of tokens appended so far.
+ * @param session Open session.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument).
+ */
+EP_API ep_status ep_session_length(uint64_t *out_length, const ep_session *session);
+
+/**
+ * @brief Called with each generated token. Return 0 to continue, non-zero to stop
+ *        (ep_generate() then returns #EP_ERR_CANCELLED; the token is already in the session).
+ */
+typedef int (*ep_token_fn)(int32_t token, uint32_t index, void *payload);
+
+/** Options of ep_generate(); fill with ep_generate_options_init(). */
+typedef struct ep_generate_options {
+  size_t struct_size;       /**< Must be `sizeof(ep_generate_options)`; set by the init function. */
+  uint32_t max_new_tokens;  /**< Tokens to generate at most. Default: 16. */
+  float temperature;        /**< <= 0: greedy (first maximum). Default: 0. */
+  int32_t top_k;            /**< Keep the k most likely tokens (0 = all). Default: 0. */
+  float top_p;              /**< Nucleus probability (1 = all). Default: 1. */
+  uint64_t seed;            /**< Seed of the sampler (deterministic per seed). Default: 0. */
+  int32_t stop_token;       /**< Stop after emitting this token; -1 = never. Default: -1. */
+} ep_generate_options;
+
+/**
+ * @brief Fills @p options with the defaults.
+ * @param options Struct to fill; NULL is ignored.
+ */
+EP_API void ep_generate_options_init(ep_generate_options *options);
+
+/** Statistics of one ep_generate() call, filled up to its struct_size. */
+typedef struct ep_generate_stats {
+  size_t struct_size;          /**< Set by the caller to `sizeof(ep_generate_stats)` (or use ep_generate_stats_init()). */
+  uint32_t prompt_tokens;      /**< Prompt tokens processed. */
+  uint32_t generated_tokens;   /**< Tokens generated (including a stop token, and the token the callback stopped at). */
+  double prefill_seconds;      /**< Wall time of the prompt pass. */
+  double decode_seconds;       /**< Wall time of the generation steps. */
+} ep_generate_stats;
+
+/**
+ * @brief Fills @p stats with zeros and sets its struct_size.
+ * @param stats Struct to fill; NULL is ignored.
+ */
+EP_API void ep_generate_stats_init(ep_generate_stats *stats);
+
+/**
+ * @brief Appends @p prompt to the session and generates up to max_new_tokens tokens after it.
+ * @param[out] out_stats NULL, or statistics filled up to its struct_size.
+ * @param session  Open session.
+ * @param prompt   Token ids (may be NULL when @p n_prompt is 0 and the session is not empty).
+ * @param n_prompt Number of prompt tokens.
+ * @param options  NULL for the defaults, or filled by ep_generate_options_init().
+ * @param callback NULL, or called with every generated token (it may stop the generation).
+ * @param payload  Passed to @p callback unchanged.
+ * @return #EP_OK; #EP_ERR_CANCELLED (the callback stopped it); #EP_ERR_INVALID_ARGUMENT (NULL
+ *         argument, empty sequence, token id outside the vocabulary); #EP_ERR_STRUCT_SIZE.
+ */
+EP_API ep_status ep_generate(ep_generate_stats *out_stats, ep_session *session, const int32_t *prompt, size_t n_prompt,
+                             const ep_generate_options *options, ep_token_fn callback, void *payload);
+
+/**
+ * @brief Teacher-forced scoring: appends @p tokens to the session and returns, for each of them,
+ *        the logits that predict the next token.
+ * @param session  Open session (usually empty: then row i predicts token i+1 of @p tokens).
+ * @param tokens   Token ids.
+ * @param n_tokens Number of tokens (>= 1).
+ * @param top_k    0: full logits; otherwise the k largest logits per position, descending.
+ * @param[out] out_ids    With top_k > 0: n_tokens × top_k token ids (row-major); ignored (may be NULL) when top_k is 0.
+ * @param[out] out_logits With top_k > 0: n_tokens × top_k logits; with top_k 0: n_tokens × vocab_size logits.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, n_tokens 0, top_k > vocab_size,
+ *         token id outside the vocabulary).
+ */
+EP_API ep_status ep_score(ep_session *session, const int32_t *tokens, size_t n_tokens, uint32_t top_k, int32_t *out_ids,
+                          float *out_logits);
+
+/** @} */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* EXPERTPACK_MODEL_H */

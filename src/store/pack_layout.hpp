@@ -1,0 +1,33 @@
+// The ExpertLayout of a real Expert Pack v1 file (src/format/pack_file.hpp).
+#pragma once
+
+#include "store/layout.hpp"
+
+#include <memory>
+#include <string>
+
+namespace ep::format {
+class PackFile;
+}
+
+namespace ep::store {
+
+class PackLayout final : public ExpertLayout {
+ public:
+  explicit PackLayout(std::shared_ptr<const format::PackFile> pack);
+  /// Opens @p path with structural validation plus the pack reader's sampled payload hashes.
+  static std::shared_ptr<PackLayout> open(const std::string &path, bool sampled_hashes = true);
+
+  uint32_t num_layers() const override;
+  uint32_t num_experts() const override;
+  uint64_t object_offset(uint32_t layer, uint32_t expert) const override;
+  uint64_t object_bytes(uint32_t layer, uint32_t expert) const override;
+  uint64_t max_object_bytes() const override;
+  uint32_t alignment() const override;
+  const format::PackFile &pack() const { return *pack_; }
+
+ private:
+  std::shared_ptr<const format::PackFile> pack_;
+};
+
+}  // namespace ep::store

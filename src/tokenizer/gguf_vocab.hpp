@@ -1,0 +1,17 @@
+// GGUF tokenizer metadata -> GgufVocab (see Tokenizer::from_gguf_vocab / from_gguf_file).
+#pragma once
+
+#include "tokenizer/tokenizer.hpp"
+
+namespace ep::format {
+class GgufFile;
+}
+
+namespace ep::tokenizer {
+
+/// Reads tokenizer.ggml.{model,tokens,merges,token_type,pre,bos_token_id,eos_token_id,
+/// add_bos_token,add_eos_token} from a parsed GGUF. Throws Status::not_found when tokens or
+/// model are missing and Status::unsupported unless the model is "gpt2".
+GgufVocab gguf_vocab_from_file(const format::GgufFile &file);
+
+}  // namespace ep::tokenizer
