@@ -172,9 +172,9 @@ struct LutQ {
 };
 // items: work items per block; min_blocks: resident blocks per SM asked of the register allocator.
 template <int T> struct LutOf { using type = NoLut; static constexpr int items = Traits<T>::elems / 32, min_blocks = 4; };
-template <> struct LutOf<kMXFP4> { using type = LutMx; static constexpr int items = 1, min_blocks = 8; };
-template <> struct LutOf<kQ2_K> { using type = LutQ; static constexpr int items = 16, min_blocks = 8; };
-template <> struct LutOf<kQ3_K> { using type = LutQ; static constexpr int items = 16, min_blocks = 8; };
+template <> struct LutOf<kMXFP4> { using type = LutMx; static constexpr int items = 1, min_blocks = 6; };
+template <> struct LutOf<kQ2_K> { using type = LutQ; static constexpr int items = 16, min_blocks = 6; };
+template <> struct LutOf<kQ3_K> { using type = LutQ; static constexpr int items = 16, min_blocks = 6; };
 
 __device__ __forceinline__ void init_lut(NoLut &) {}
 __device__ __forceinline__ void init_lut(LutMx &l) {

@@ -234,5 +234,6 @@ EP_API ep_status ep_cuda_device_count(int32_t *out_count);
 /* Area headers, one line each: */
 #include "expertpack/pack.h"
 #include "expertpack/model.h"
+#include "expertpack/store.h"
 
 #endif /* EXPERTPACK_H */

@@ -240,6 +240,7 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
     L.sh_down = ld.matrix(b + "ffn_down_shexp.weight", FS, D);
     w_->layers.push_back(std::move(L));
   }
+  for (int64_t il = c.n_layers; il < c.n_layers + c.n_mtp_layers; ++il) cat.skip_prefix(fmt::format("blk.{}.", il));
   cat.finish();
   weight_bytes_ += resident->bytes();
   experts_ = std::move(resident);

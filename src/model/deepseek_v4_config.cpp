@@ -89,8 +89,10 @@ DeepseekV4Config DeepseekV4Config::from_gguf(const format::GgufSet &g) {
   c.hidden = get_int(g, a + "embedding_length");
   c.n_layers = get_int(g, a + "block_count");
   const int64_t nextn = get_int_or(g, a + "nextn_predict_layers", 0);
-  if (nextn > 0 && g.find_tensor(fmt::format("blk.{}.nextn.eh_proj.weight", c.n_layers - nextn)))
+  if (nextn > 0 && nextn < c.n_layers && g.find_tensor(fmt::format("blk.{}.nextn.eh_proj.weight", c.n_layers - nextn))) {
     c.n_layers -= nextn;  // MTP layers are counted in block_count; they are not run here
+    c.n_mtp_layers = nextn;
+  }
   c.n_heads = get_int(g, a + "attention.head_count");
   if (get_int_or(g, a + "attention.head_count_kv", 1) != 1)
     fail(Status::format, "{}: {}attention.head_count_kv must be 1 (one shared K=V head)", path, a);

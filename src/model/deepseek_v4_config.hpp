@@ -22,7 +22,8 @@ const char *attn_kind_name(AttnKind kind) noexcept;
 struct DeepseekV4Config {
   int64_t vocab = 0;
   int64_t hidden = 0;          ///< D
-  int64_t n_layers = 0;
+  int64_t n_layers = 0;         ///< layers that run (MTP layers excluded)
+  int64_t n_mtp_layers = 0;     ///< MTP (nextn) layers stored after them in the file, not run
   int64_t n_heads = 0;         ///< H
   int64_t head_dim = 0;        ///< one shared K=V head of head_dim
   int64_t rope_dim = 0;        ///< RoPE on the last rope_dim dims of each head (interleaved pairs)

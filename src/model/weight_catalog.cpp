@@ -35,6 +35,13 @@ const CatalogEntry *WeightCatalog::take(const std::string &name, std::vector<int
   return &it->second;
 }
 
+size_t WeightCatalog::skip_prefix(const std::string &prefix) {
+  size_t n = 0;
+  for (auto it = entries_.lower_bound(prefix); it != entries_.end() && it->first.rfind(prefix, 0) == 0; ++it, ++n)
+    taken_[it->first] = true;
+  return n;
+}
+
 void WeightCatalog::finish() const {
   std::vector<std::string> unused;
   for (const auto &[name, e] : entries_)

@@ -41,6 +41,9 @@ class WeightCatalog {
   /// The entry for @p name, checked against @p ne (trailing 1s may be omitted); consumes it.
   /// A missing or mis-shaped tensor is recorded (not thrown) and nullptr returned.
   const CatalogEntry *take(const std::string &name, std::vector<int64_t> ne);
+  /// Marks every tensor whose name starts with @p prefix as deliberately unused (e.g. the MTP
+  /// layers "blk.43."); returns how many.
+  size_t skip_prefix(const std::string &prefix);
   /// Throws Error(Status::format / shape) listing every missing, mis-shaped and unconsumed tensor.
   void finish() const;
   const std::string &source() const { return source_; }

@@ -102,8 +102,8 @@ void put(format::Sha256Hasher &h, T v) {
   h.update(&v, sizeof v);
 }
 
-/// Reads the slices in order on a background thread into a small ring of buffers, so reading
-/// the source overlaps hashing and writing the pack.
+/// Reads the slices in order on a background thread into a small ring of buffers and hashes
+/// them there (SHA-256 and XXH3), so reading and hashing the source overlap writing the pack.
 class SliceReader {
  public:
   struct Chunk {
@@ -111,9 +111,15 @@ class SliceReader {
     uint64_t offset_in_slice;
     std::vector<uint8_t> bytes;
   };
+  struct Digest {
+    format::Sha256 sha256{};
+    uint64_t xxh3 = 0;
+  };
+  /// Digest of slice @p s; valid once next() returned the slice's last chunk.
+  const Digest &digest(size_t s) const { return digests_[s]; }
 
   SliceReader(const ExpertPlan &plan, const std::vector<std::unique_ptr<format::FileSource>> &files, size_t chunk_bytes)
-      : plan_(plan), files_(files), chunk_bytes_(chunk_bytes), thread_([this] { run(); }) {}
+      : plan_(plan), files_(files), chunk_bytes_(chunk_bytes), digests_(plan.slices.size()), thread_([this] { run(); }) {}
   ~SliceReader() {
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -145,6 +151,8 @@ class SliceReader {
     try {
       for (size_t s = 0; s < plan_.slices.size(); ++s) {
         const ExpertSlice &slice = plan_.slices[s];
+        format::Sha256Hasher sha;
+        format::Xxh3Hasher xxh;
         for (uint64_t off = 0; off < slice.nbytes || (slice.nbytes == 0 && off == 0);) {
           const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, slice.nbytes - off));
           std::vector<uint8_t> buf;
@@ -159,6 +167,9 @@ class SliceReader {
           }
           buf.resize(n);
           files_[slice.file]->read(slice.offset + off, buf.data(), n);
+          sha.update(buf.data(), n);
+          xxh.update(buf.data(), n);
+          if (off + n == slice.nbytes) digests_[s] = Digest{sha.finish(), xxh.finish()};  // before publishing
           {
             std::lock_guard<std::mutex> g(mu_);
             ready_.push_back(Chunk{s, off, std::move(buf)});
@@ -184,6 +195,7 @@ class SliceReader {
   std::deque<Chunk> ready_;
   std::vector<std::vector<uint8_t>> free_;
   std::exception_ptr error_;
+  std::vector<Digest> digests_;
   bool stop_ = false;
   std::thread thread_;  // last: starts after the members above exist
 };
@@ -284,6 +296,7 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
   std::vector<format::Sha256> file_digests;
   for (const SourceFile &f : plan.files) {
     files.push_back(std::make_unique<format::FileSource>(f.path));
+    ::posix_fadvise(files.back()->fd(), 0, 0, POSIX_FADV_SEQUENTIAL);  // a hint: failure is harmless
     if (files.back()->size() != f.size || files.back()->mtime_ns() != f.mtime_ns)
       fail(Status::stale, "source changed: {} changed between planning and building", f.path);
   }
@@ -299,13 +312,10 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
   const auto copy_t0 = Clock::now();
   {
     SliceReader reader(plan, files, options.chunk_bytes);
-    size_t current = SIZE_MAX;
-    format::Sha256Hasher *sha = nullptr;
-    std::unique_ptr<format::Sha256Hasher> sha_holder;
-    std::unique_ptr<format::Xxh3Hasher> xxh;
     auto finish_slice = [&](size_t s) {
-      std::memcpy(entries[s].source_sha256, sha->finish().data(), 32);
-      entries[s].payload_xxh3 = xxh->finish();
+      const SliceReader::Digest &d = reader.digest(s);
+      std::memcpy(entries[s].source_sha256, d.sha256.data(), 32);
+      entries[s].payload_xxh3 = d.xxh3;
       const uint64_t o = s / 3;
       const int r = static_cast<int>(s % 3);
       const uint64_t end = in_obj[o][r] + plan.slices[s].nbytes;
@@ -314,17 +324,10 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
     };
     for (size_t s = 0; s < plan.slices.size();) {
       SliceReader::Chunk c = reader.next();
-      if (c.slice != current) {
-        current = c.slice;
-        sha_holder = std::make_unique<format::Sha256Hasher>();
-        sha = sha_holder.get();
-        xxh = std::make_unique<format::Xxh3Hasher>();
-      }
-      sha->update(c.bytes.data(), c.bytes.size());
-      xxh->update(c.bytes.data(), c.bytes.size());
       outf->write(c.bytes.data(), c.bytes.size());
       done += c.bytes.size();
       const bool slice_done = c.offset_in_slice + c.bytes.size() == plan.slices[c.slice].nbytes;
+      const size_t current = c.slice;
       reader.recycle(std::move(c.bytes));
       if (slice_done) {
         finish_slice(current);

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <map>
 #include <optional>
 #include <set>
@@ -334,6 +336,17 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
     for (const auto &file : set.files()) {
       auto it = file.metadata().find("architecture");
       if (it != file.metadata().end() && plan.arch.empty()) plan.arch = it->second;
+    }
+  }
+  // transformers' config.json beside the weights: model type and top-k.
+  const fs::path config = fs::path(sets.front().files().front().path()).parent_path() / "config.json";
+  if (fs::exists(config)) {
+    std::ifstream in(config);
+    const nlohmann::json c = nlohmann::json::parse(in, nullptr, false);
+    if (c.is_object()) {
+      if (plan.arch.empty() && c.contains("model_type") && c["model_type"].is_string()) plan.arch = c["model_type"];
+      if (c.contains("num_experts_per_tok") && c["num_experts_per_tok"].is_number_unsigned())
+        plan.top_k = c["num_experts_per_tok"].get<uint32_t>();
     }
   }
   return plan;

@@ -443,7 +443,11 @@ struct Tokenizer::Impl {
           split_piece(c, piece, s, s.next, c.step.behavior, c.step.invert);
         } else {
           if (c.step.add_prefix_space && (piece.empty() || piece[0] != ' ')) {
-            s.storage.push_back(" " + std::string(piece));
+            std::string prefixed;
+            prefixed.reserve(piece.size() + 1);
+            prefixed.push_back(' ');
+            prefixed.append(piece);
+            s.storage.push_back(std::move(prefixed));
             piece = s.storage.back();
           }
           if (c.step.use_regex) {
@@ -1061,10 +1065,10 @@ std::string Tokenizer::describe() const {
 // ---- streaming decode -----------------------------------------------------------------------
 
 StreamDecoder::StreamDecoder(const Tokenizer &tokenizer, bool skip_special)
-    : tokenizer_(&tokenizer), skip_special_(skip_special) {}
+    : impl_(tokenizer.impl_.get()), skip_special_(skip_special) {}
 
 std::string StreamDecoder::push(int32_t id) {
-  const Tokenizer::Impl &m = *tokenizer_->impl_;
+  const Tokenizer::Impl &m = *impl_;
   if (id < 0 || static_cast<size_t>(id) >= m.id_kind.size() || m.id_kind[id] == 0) return {};
   if (skip_special_ && m.id_kind[id] == 2) return {};
   pending_ += m.id_bytes[id];

@@ -155,6 +155,7 @@ class Tokenizer {
 /// Concatenating every push() result and finish() gives exactly Tokenizer::decode(all ids).
 class StreamDecoder {
  public:
+  /// @p tokenizer's loaded data must outlive the decoder (moving the Tokenizer is fine).
   explicit StreamDecoder(const Tokenizer &tokenizer, bool skip_special = false);
   /// Text completed by @p id (possibly empty).
   std::string push(int32_t id);
@@ -164,7 +165,7 @@ class StreamDecoder {
   size_t pending_bytes() const noexcept { return pending_.size(); }
 
  private:
-  const Tokenizer *tokenizer_;
+  const Tokenizer::Impl *impl_;
   bool skip_special_;
   std::string pending_;
 };

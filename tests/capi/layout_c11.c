@@ -44,5 +44,8 @@ _Static_assert(offsetof(ep_generate_options, stop_token) == 32, "ep_generate_opt
 _Static_assert(sizeof(ep_generate_options) == 40, "ep_generate_options size");
 _Static_assert(offsetof(ep_generate_stats, prefill_seconds) == 16, "ep_generate_stats.prefill_seconds");
 _Static_assert(sizeof(ep_generate_stats) == 32, "ep_generate_stats size");
+_Static_assert(offsetof(ep_store_stats, acquires) == 8, "ep_store_stats.acquires");
+_Static_assert(offsetof(ep_store_stats, slot_bytes) == 112, "ep_store_stats.slot_bytes");
+_Static_assert(sizeof(ep_store_stats) == 120, "ep_store_stats size");
 
 int main(void) { return 0; }

@@ -9,6 +9,7 @@
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "format/gguf.hpp"
+#include "format/gguf_writer.hpp"
 #include "format/safetensors.hpp"
 #include "model/deepseek_v4.hpp"
 #include "model/weight_catalog.hpp"
@@ -17,6 +18,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -340,4 +342,84 @@ TEST_CASE("deepseek_v4: the safetensors name map is fail-closed", "[model][deeps
     }
     fs::remove_all(dir);
   }
+}
+
+namespace {
+/// Copies a GGUF, dropping tensor @p drop and adding f32 [4] tensors @p extra (comma-separated;
+/// either may be ""), with metadata values replaced from @p meta.
+void copy_gguf(const std::string &from, const std::string &to, const std::string &drop, const std::string &extra,
+               const std::vector<std::pair<std::string, ep::format::GgufValue>> &meta = {}) {
+  const ep::format::GgufFile src = ep::format::GgufFile::open(from);
+  ep::format::GgufWriter w;
+  for (const auto &[k, v] : src.metadata()) {
+    if (k == "general.alignment") continue;
+    auto it = std::find_if(meta.begin(), meta.end(), [&](const auto &m) { return m.first == k; });
+    w.add(k, it == meta.end() ? v : it->second);
+  }
+  for (const auto &m : meta)
+    if (!src.find(m.first)) w.add(m.first, m.second);
+  std::vector<const ep::format::GgufTensorInfo *> kept;
+  for (const auto &t : src.tensors()) {
+    if (t.name == drop) continue;
+    std::vector<uint64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
+    w.add_tensor(t.name, t.type, ne);
+    kept.push_back(&t);
+  }
+  for (size_t p = 0; p < extra.size();) {
+    size_t q = extra.find(',', p);
+    if (q == std::string::npos) q = extra.size();
+    w.add_tensor(extra.substr(p, q - p), ep::format::GgmlType::f32, {4});
+    p = q + 1;
+  }
+  w.write(to, 1, [&](size_t i, uint64_t off, std::span<uint8_t> out) {
+    if (i < kept.size())
+      src.source().read(kept[i]->file_offset + off, out.data(), out.size());
+    else
+      std::fill(out.begin(), out.end(), uint8_t{0});
+  });
+}
+}  // namespace
+
+TEST_CASE("deepseek_v4: the GGUF name map is fail-closed", "[model][deepseek_v4]") {
+  ep::backend::CpuBackend cpu;
+  const Golden g = load_golden("dsv4_b");
+  const fs::path dir = scratch_dir("gguf");
+  const std::string extra = (dir / "extra.gguf").string(), missing = (dir / "missing.gguf").string();
+  copy_gguf(g.gguf, extra, "", "blk.0.bogus.weight");
+  copy_gguf(g.gguf, missing, "blk.0.attn_sinks.weight", "");
+  // the copy itself is faithful: it loads when nothing is changed
+  const std::string same = (dir / "same.gguf").string();
+  copy_gguf(g.gguf, same, "", "");
+  CHECK_NOTHROW(DeepseekV4Model::open(same, cpu));
+  try {
+    (void)DeepseekV4Model::open(extra, cpu);
+    FAIL("an unexpected tensor was accepted");
+  } catch (const ep::Error &e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("unexpected [blk.0.bogus.weight") != std::string::npos);
+  }
+  try {
+    (void)DeepseekV4Model::open(missing, cpu);
+    FAIL("a missing tensor was accepted");
+  } catch (const ep::Error &e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("missing [blk.0.attn_sinks.weight]") != std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("deepseek_v4: MTP layers in a GGUF are skipped", "[model][deepseek_v4]") {
+  ep::backend::CpuBackend cpu;
+  const Golden g = load_golden("dsv4_b");
+  const fs::path dir = scratch_dir("mtp");
+  const std::string path = (dir / "mtp.gguf").string();
+  copy_gguf(g.gguf, path, "", "blk.2.nextn.eh_proj.weight,blk.2.attn_norm.weight",
+            {{"deepseek4.block_count", ep::format::GgufValue::make_u32(3)},
+             {"deepseek4.nextn_predict_layers", ep::format::GgufValue::make_u32(1)}});
+  auto model = DeepseekV4Model::open(path, cpu);
+  CHECK(model->config().n_layers == 2);
+  CHECK(model->config().n_mtp_layers == 1);
+  const Diff d = compare(run_full(*model, g.tokens), g.logits);
+  CHECK(d.rel() <= 1e-4);
+  fs::remove_all(dir);
 }

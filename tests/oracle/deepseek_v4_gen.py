@@ -18,7 +18,8 @@ SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily
 # 32 (MXFP4 down) or 256 (Q2_K down).
 CONFIGS = {
     "dsv4_a": dict(
-        seed=1000, n_tokens=64, vocab=97, hidden=96, layer_types=[SLIDING, CSA, HCA, CSA],
+        # seed 1000 was rejected by the oracle (indexer top-k gap 1.6e-4 < 2e-4)
+        seed=1001, n_tokens=64, vocab=97, hidden=96, layer_types=[SLIDING, CSA, HCA, CSA],
         mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"], csa_rate=4, hca_rate=8,
         heads=4, head_dim=40, rope_dim=8, q_lora=32, o_groups=2, o_lora=16,
         experts=6, top_k=2, moe_ff=32, index_heads=8, index_head_dim=24, index_topk=5, window=12,

@@ -5,6 +5,7 @@ import random
 import struct
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ggml_py_quants as q  # noqa: E402
 from ggml_py_gguf import GgufWriter, GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32  # noqa: E402

@@ -217,7 +217,10 @@ TEST_CASE("pack from safetensors: fused, per-expert and w1/w2/w3, single and sha
     spec.seed = 31 + static_cast<uint64_t>(layout) * 10 + shards;
     const std::string src = pack::write_synthetic_safetensors(spec, dir / "ckpt", layout);
     INFO("layout " << static_cast<int>(layout) << " shards " << shards);
+    const std::string config = R"({"model_type": "kimi_k3", "num_experts_per_tok": 3})";
+    test::write_file(dir / "ckpt/config.json", std::vector<uint8_t>(config.begin(), config.end()));
     pack::build_pack(std::vector<std::string>{src}, dir / "st.epk");
+    CHECK(format::PackFile::open(dir / "st.epk")->top_k() == 3);
     const auto set = format::SafetensorsSet::open(src);
     check_pack(dir / "st.epk", 1, 2, 5, [&](uint32_t l, uint32_t x, Role role) { return expected_st(set, l, x, role); });
   }

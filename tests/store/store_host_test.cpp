@@ -329,3 +329,33 @@ TEST_CASE("concurrent acquires from several threads", "[store]") {
   CHECK(s.acquires == 400);
   CHECK(s.cache_hits + s.cache_misses == unique);
 }
+
+TEST_CASE("the C API reads the stats file a store writes", "[store][capi]") {
+  const auto path = (std::filesystem::current_path() / "store_host_test.capi.json").string();
+  StoreStats s;
+  s.acquires = 7;
+  s.cache_hits = 5;
+  s.cache_misses = 9;
+  s.fallback_count = 1;
+  s.slot_bytes = 4096;
+  write_stats_file(s, path);
+  ep_store_stats out;
+  ep_store_stats_init(&out);
+  REQUIRE(ep_store_stats_read_file(&out, path.c_str()) == EP_OK);
+  CHECK(out.struct_size == sizeof(ep_store_stats));
+  CHECK(out.acquires == 7);
+  CHECK(out.cache_hits + out.cache_misses == 14);
+  CHECK(out.fallback_count == 1);
+  CHECK(out.slot_bytes == 4096);
+  CHECK(ep_store_stats_read_file(nullptr, path.c_str()) == EP_ERR_INVALID_ARGUMENT);
+  out.struct_size = 3;
+  CHECK(ep_store_stats_read_file(&out, path.c_str()) == EP_ERR_STRUCT_SIZE);
+  ep_store_stats_init(&out);
+  CHECK(ep_store_stats_read_file(&out, (path + ".missing").c_str()) == EP_ERR_NOT_FOUND);
+  {
+    std::ofstream bad(path);
+    bad << "{\"acquires\": -1}";
+  }
+  CHECK(ep_store_stats_read_file(&out, path.c_str()) == EP_ERR_FORMAT);
+  CHECK(std::string(ep_last_error()).find("acquires") != std::string::npos);
+}

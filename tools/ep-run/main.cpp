@@ -1,11 +1,16 @@
 // ep-run: generate from or score a token sequence with a model, through the public C API.
 #include <expertpack/expertpack.h>
 
+#include "format/ggml_type.hpp"
+#include "model/deepseek_v4_synthetic.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -26,7 +31,10 @@ const char *kUsage =
     "                 selected = the generated token); --score: step i holds the logits that\n"
     "                 predict token i+1 of the given sequence (selected = their top-1 id)\n"
     "  --top-k K      entries per step in the dump (default 10)\n"
-    "  --stats        timing and token counts on stderr\n";
+    "  --stats        timing and token counts on stderr\n"
+    "  --synthetic PATH [--synthetic-seed N] [--synthetic-experts TYPE]\n"
+    "                 first write a small seeded synthetic DeepSeek-V4 GGUF to PATH (unless it\n"
+    "                 exists) and use it as the model; TYPE: mxfp4 (default), q2_K, q4_K, q8_0, iq2_xxs\n";
 
 [[noreturn]] void die(const std::string &msg) {
   std::fprintf(stderr, "ep-run: %s\n", msg.c_str());
@@ -76,6 +84,8 @@ int main(int argc, char **argv) {
   ep_model_options mopt;
   ep_model_options_init(&mopt);
   bool score = false, stats = false;
+  std::string synthetic_path, synthetic_type = "mxfp4";
+  uint64_t synthetic_seed = 1;
   uint32_t dump_k = 10;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -96,6 +106,9 @@ int main(int argc, char **argv) {
     else if (a == "--dump-topk") dump_path = next();
     else if (a == "--top-k") dump_k = static_cast<uint32_t>(std::stoul(next()));
     else if (a == "--stats") stats = true;
+    else if (a == "--synthetic") synthetic_path = next();
+    else if (a == "--synthetic-seed") synthetic_seed = std::stoull(next());
+    else if (a == "--synthetic-experts") synthetic_type = next();
     else if (a == "--prompt") die("--prompt needs the tokenizer integration, which is not done yet; use --tokens");
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
@@ -103,6 +116,24 @@ int main(int argc, char **argv) {
     } else {
       die("unknown argument " + a + "\n" + kUsage);
     }
+  }
+  if (!synthetic_path.empty()) {
+    if (!std::filesystem::exists(synthetic_path)) {
+      const auto type = ep::format::ggml_type_by_name(synthetic_type);
+      if (!type) die("unknown --synthetic-experts type " + synthetic_type);
+      ep::model::Dsv4SyntheticSpec spec;
+      spec.seed = synthetic_seed;
+      spec.expert_gate_up = spec.expert_down = type->type;
+      if (type->block_elems == 256) spec.hidden = spec.moe_ff = 256;
+      try {
+        ep::model::write_dsv4_synthetic_gguf(spec, synthetic_path);
+      } catch (const std::exception &e) {
+        die(std::string("writing the synthetic model: ") + e.what());
+      }
+      std::fprintf(stderr, "ep-run: wrote synthetic DeepSeek-V4 model %s (seed %llu, %s experts)\n", synthetic_path.c_str(),
+                   static_cast<unsigned long long>(synthetic_seed), synthetic_type.c_str());
+    }
+    model_path = synthetic_path;
   }
   if (model_path.empty() || tokens_arg.empty()) die(std::string("--model and --tokens are required\n") + kUsage);
   const std::vector<int32_t> prompt = parse_tokens(tokens_arg);

@@ -1,0 +1,66 @@
+/**
+ * @file store.h
+ * @brief Expert delivery statistics: what the expert store read, cached and copied.
+ *
+ * The expert store (the part of the library that turns routed expert ids into resident
+ * expert weights: pack reads, the staging ring and the device expert cache) keeps the counters
+ * of ::ep_store_stats. It can write them, atomically, to a JSON file every N acquires; a
+ * monitoring program reads that file with ep_store_stats_read_file(). The model API reports
+ * the same struct for an open model.
+ *
+ * Thread safety: the functions here keep no state and may be called from any thread.
+ */
+#ifndef EXPERTPACK_STORE_H
+#define EXPERTPACK_STORE_H
+
+#include "expertpack/expertpack.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** @defgroup store Expert delivery statistics
+ *  @{ */
+
+/** Counters of one expert store. Fill struct_size with ep_store_stats_init(). */
+typedef struct ep_store_stats {
+  size_t struct_size;        /**< Set to `sizeof(ep_store_stats)` by ep_store_stats_init(). */
+  uint64_t acquires;         /**< Calls that asked for one layer's routed experts. */
+  uint64_t pack_reads;       /**< Expert objects read from the pack. */
+  uint64_t pack_read_bytes;  /**< Payload bytes of those reads. */
+  uint64_t pack_read_ns;     /**< Wall time with at least one pack read in flight, summed over acquires. */
+  uint64_t cache_hits;       /**< Unique experts of an acquire already resident. */
+  uint64_t cache_misses;     /**< Unique experts of an acquire that were read (hits + misses = unique experts asked for). */
+  uint64_t cache_evictions;  /**< Resident experts replaced. */
+  uint64_t resident_experts; /**< Experts resident now. */
+  uint64_t resident_bytes;   /**< Payload bytes of the resident experts. */
+  uint64_t h2d_bytes;        /**< Bytes copied from the staging ring into the expert cache. */
+  uint64_t io_errors;        /**< Failed reads (each attempt of a retried EIO counts). */
+  uint64_t fallback_count;   /**< Degradations: io_uring unavailable (pread pool used), O_DIRECT refused (buffered reads). */
+  uint64_t cache_slots;      /**< Slots of the expert cache. */
+  uint64_t slot_bytes;       /**< Bytes of one slot (the largest expert, 4096-aligned). */
+} ep_store_stats;
+
+/**
+ * @brief Fills @p stats with zeros and sets its struct_size.
+ * @param stats Struct to fill; NULL is ignored.
+ */
+EP_API void ep_store_stats_init(ep_store_stats *stats);
+
+/**
+ * @brief Reads a statistics file written by an expert store (a JSON object).
+ * @param[out] out_stats Filled up to its struct_size; a counter missing from the file reads 0.
+ * @param path Path of the JSON file (UTF-8).
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument); #EP_ERR_STRUCT_SIZE;
+ *         #EP_ERR_NOT_FOUND / #EP_ERR_IO (the file cannot be read); #EP_ERR_FORMAT (not a JSON
+ *         object of unsigned counters).
+ */
+EP_API ep_status ep_store_stats_read_file(ep_store_stats *out_stats, const char *path);
+
+/** @} */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* EXPERTPACK_STORE_H */

@@ -1,0 +1,62 @@
+// A runnable synthetic DeepSeek-V4 GGUF (llama.cpp `deepseek4` names, keys and shapes) with
+// seeded random weights of sane magnitudes: any dimensions, any compress ratios, routed experts
+// as random raw blocks of a chosen ggml type (mxfp4, q2_K, q4_K, q8_0, iq2_xxs, f16, ...). The
+// bytes are a pure function of (seed, tensor, block), so a file of any size (the full-width
+// DeepSeek-V4-Flash shape too) is written with constant memory and is reproducible.
+#pragma once
+
+#include "format/ggml_type.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ep::model {
+
+struct Dsv4SyntheticSpec {
+  uint64_t seed = 1;
+  int64_t vocab = 256;
+  int64_t hidden = 128;
+  int64_t n_heads = 4;
+  int64_t head_dim = 64;
+  int64_t rope_dim = 16;
+  int64_t q_lora_rank = 64;
+  int64_t o_groups = 2;
+  int64_t o_lora_rank = 32;
+  int64_t n_experts = 8;
+  int64_t n_experts_used = 2;
+  int64_t moe_ff = 64;
+  int64_t n_hash_layers = 1;
+  int64_t index_n_heads = 4;
+  int64_t index_head_dim = 32;
+  int64_t index_topk = 4;
+  int64_t sliding_window = 16;
+  int64_t hc_mult = 4;
+  int64_t hc_sinkhorn_iters = 20;
+  /// Per layer: 0 = sliding only, csa_ratio = CSA (with indexer), anything else = HCA.
+  std::vector<int32_t> compress_ratios = {0, 4, 16, 4};
+  int32_t csa_ratio = 4;
+  float swiglu_limit = 10.0f;
+  float routed_scale = 1.5f;
+  float rms_eps = 1e-6f;
+  float hc_eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  float compress_rope_theta = 160000.0f;
+  float yarn_factor = 16.0f;
+  int64_t yarn_original_max_positions = 65536;
+  format::GgmlType expert_gate_up = format::GgmlType::mxfp4;
+  format::GgmlType expert_down = format::GgmlType::mxfp4;
+  /// Type of the dense matrices (rows that do not divide into its blocks fall back to f16).
+  format::GgmlType dense = format::GgmlType::f16;
+
+  /// DeepSeek-V4-Flash dimensions (hidden 4096, 64 heads × 512, 256 experts × 2048, vocab
+  /// 129280, ...) with @p n_layers layers following the real compress-ratio pattern.
+  static Dsv4SyntheticSpec flash_shaped(int64_t n_layers);
+};
+
+/// Writes the model to @p path; @p progress (optional) gets (bytes done, bytes total).
+void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &spec, const std::string &path,
+                               const std::function<void(uint64_t, uint64_t)> &progress = {});
+
+}  // namespace ep::model
