@@ -37,9 +37,15 @@ __global__ void dequant_kernel(const uint8_t *__restrict__ src, int64_t k, int64
   }
   const int64_t out = r * k + ur * 32;
   if constexpr (kBf16) {
+    uint32_t packed[16];
 #pragma unroll
-    for (int l = 0; l < 32; l += 2)
-      *reinterpret_cast<__nv_bfloat162 *>(dst_bf16 + out + l) = __floats2bfloat162_rn(v[l], v[l + 1]);
+    for (int l = 0; l < 16; ++l) {
+      const __nv_bfloat162 b2 = __floats2bfloat162_rn(v[2 * l], v[2 * l + 1]);
+      packed[l] = *reinterpret_cast<const uint32_t *>(&b2);
+    }
+    uint4 *o = reinterpret_cast<uint4 *>(dst_bf16 + out);  // 64 bytes, 16-byte aligned
+#pragma unroll
+    for (int q = 0; q < 4; ++q) o[q] = make_uint4(packed[4 * q], packed[4 * q + 1], packed[4 * q + 2], packed[4 * q + 3]);
   } else {
     float4 *o = reinterpret_cast<float4 *>(dst_f32 + out);
 #pragma unroll
