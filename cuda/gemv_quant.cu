@@ -3,11 +3,17 @@
 // kRows rows; it stages a chunk of each row into shared memory with 16-byte loads issued together
 // (all loads of a chunk in flight before the first use), then every lane decodes 32-value units
 // and multiplies them with x (f32, read through the read-only cache). Warp-shuffle reduction.
+// Two kernels: the generic one below and a cp.async-pipelined one with table-driven decoders
+// for mxfp4 / q2_K / q3_K; launch_gemv picks per type (see use_generic_gemv). Measured on an
+// H200 both reach only 0.10-0.26 of the HBM copy bandwidth (docs/benchmarks.md); every type
+// tops out near 1-1.6e12 weights/s whatever its bytes per weight, so they are bound by latency
+// and per-weight work, not by HBM. The 0.70 target is not met yet.
 #include "cuda/check.hpp"
 #include "cuda/dispatch.cuh"
 #include "cuda/kernels.hpp"
 
 #include <cstdlib>
+#include <cstring>
 
 namespace ep::cuda {
 namespace {
@@ -399,9 +405,15 @@ __global__ void __launch_bounds__(kWarps * 32, LutOf<T>::min_blocks) gemv_pipe_k
     }
 }
 
-bool use_generic_gemv() {
-  const char *v = std::getenv("EP_GEMV_GENERIC");
-  return v != nullptr && v[0] == '1';
+// Which kernel runs a type: both are tested on every type (tests/cuda/backend_gpu_test.cpp);
+// the default per type is the faster one measured by ep-bench-kernels on an H200
+// (docs/benchmarks.md, 2026-11-29): the pipelined kernel for q2_K, q3_K, q6_K, q8_0 and the
+// plain types, the generic one for mxfp4, q4_K, q5_K. EP_GEMV_KERNEL=generic|pipe overrides.
+bool use_generic_gemv(int type) {
+  const char *v = std::getenv("EP_GEMV_KERNEL");
+  if (v != nullptr && std::strcmp(v, "generic") == 0) return true;
+  if (v != nullptr && std::strcmp(v, "pipe") == 0) return false;
+  return type == kMXFP4 || type == kQ4_K || type == kQ5_K;
 }
 
 }  // namespace
@@ -420,7 +432,7 @@ void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
       throw Error(Status::shape, "launch_gemv: k = " + std::to_string(args.k) + " is not a whole number of blocks");
     const dim3 grid(static_cast<unsigned>((args.n + kWarps * kRows - 1) / (kWarps * kRows)),
                     static_cast<unsigned>(args.n_mat));
-    if (use_generic_gemv()) {
+    if (use_generic_gemv(T)) {
       if (args.n_tok == 1) {
         gemv_generic_kernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(args);
       } else {

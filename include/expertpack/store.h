@@ -5,8 +5,8 @@
  * The expert store (the part of the library that turns routed expert ids into resident
  * expert weights: pack reads, the staging ring and the device expert cache) keeps the counters
  * of ::ep_store_stats. It can write them, atomically, to a JSON file every N acquires; a
- * monitoring program reads that file with ep_store_stats_read_file(). The model API reports
- * the same struct for an open model.
+ * monitoring program reads that file with ep_store_stats_read_file(). (Reporting the struct
+ * for an open model belongs to the model API and is not there yet.)
  *
  * Thread safety: the functions here keep no state and may be called from any thread.
  */

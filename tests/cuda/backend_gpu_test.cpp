@@ -15,6 +15,7 @@
 #include "support/catch.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -97,6 +98,9 @@ TEST_CASE("matmul (GEMV and GEMM paths) matches the CPU for every type", "[gpu][
   struct Shape {
     int64_t k, n;
   };
+  // both GEMV kernels (cuda/gemv_quant.cu picks one per type; EP_GEMV_KERNEL overrides)
+  for (const char *kernel : {"generic", "pipe"}) {
+  setenv("EP_GEMV_KERNEL", kernel, 1);
   for (GgmlType type : ep::test::all_weight_types()) {
     for (Shape s : {Shape{512, 37}, Shape{3584, 24}}) {  // odd rows; 3584 = unaligned q3_K rows
       auto w = ep::test::random_weights(type, s.k, s.n, rng);
@@ -111,11 +115,14 @@ TEST_CASE("matmul (GEMV and GEMM paths) matches the CPU for every type", "[gpu][
                    t_of(dy.p, GgmlType::f32, Device::cuda, {s.n, t}));
         const double err = rel_err(dy.get<float>(), want);
         const double limit = t <= ep::cuda::kGemvMaxTokens || type == GgmlType::f32 ? 1e-4 : 2e-2;
-        INFO("type " << static_cast<int>(type) << " k " << s.k << " n " << s.n << " tokens " << t << " err " << err);
+        INFO("kernel " << kernel << " type " << static_cast<int>(type) << " k " << s.k << " n " << s.n << " tokens " << t
+                       << " err " << err);
         CHECK(err <= limit);
       }
     }
   }
+  }
+  unsetenv("EP_GEMV_KERNEL");
 }
 
 TEST_CASE("rms_norm, rope, softmax, top_k, glu, add, embed match the CPU", "[gpu][ops]") {

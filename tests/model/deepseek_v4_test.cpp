@@ -351,10 +351,11 @@ void copy_gguf(const std::string &from, const std::string &to, const std::string
                const std::vector<std::pair<std::string, ep::format::GgufValue>> &meta = {}) {
   const ep::format::GgufFile src = ep::format::GgufFile::open(from);
   ep::format::GgufWriter w;
-  for (const auto &[k, v] : src.metadata()) {
-    if (k == "general.alignment") continue;
-    auto it = std::find_if(meta.begin(), meta.end(), [&](const auto &m) { return m.first == k; });
-    w.add(k, it == meta.end() ? v : it->second);
+  for (const auto &kv : src.metadata()) {
+    const std::string &key = kv.first;
+    if (key == "general.alignment") continue;
+    auto it = std::find_if(meta.begin(), meta.end(), [&](const auto &m) { return m.first == key; });
+    w.add(key, it == meta.end() ? kv.second : it->second);
   }
   for (const auto &m : meta)
     if (!src.find(m.first)) w.add(m.first, m.second);

@@ -211,7 +211,7 @@ int cmd_io(const Args &args) {
     double gbps = 0;
     std::string why;
     if (raw_tool == "fio" && !fio_gbps(src, block, depth, seconds, gbps, why)) {
-      std::fprintf(stderr, "ep-bench io: %s: using the own raw pread loop\n", why.c_str());
+      std::fprintf(stderr, "ep-bench io: %s: using the own raw read loop\n", why.c_str());
       raw_tool = "raw-loop";
     }
     if (raw_tool == "raw-loop") gbps = raw_loop_gbps(src, block, depth, seconds);
