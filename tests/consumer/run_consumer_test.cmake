@@ -17,7 +17,7 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer/project -B ${WORK_DIR}/buil
     -G ${CMAKE_GENERATOR} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 foreach(exe consumer_c consumer_cxx consumer_cxx_static)
-  run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${prefix}/lib:${prefix}/lib/x86_64-linux-gnu
+  run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${prefix}/lib:${prefix}/lib/x86_64-linux-gnu:$ENV{LD_LIBRARY_PATH}
       ${WORK_DIR}/build/${exe})
 endforeach()
 
@@ -35,6 +35,6 @@ endif()
 separate_arguments(flags UNIX_COMMAND "${flags}")
 run(cc -std=c99 -Wall -Werror ${SOURCE_DIR}/tests/consumer/project/main.c ${flags}
     -o ${WORK_DIR}/consumer_pkgconfig)
-run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${prefix}/lib:${prefix}/lib/x86_64-linux-gnu
+run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${prefix}/lib:${prefix}/lib/x86_64-linux-gnu:$ENV{LD_LIBRARY_PATH}
     ${WORK_DIR}/consumer_pkgconfig)
 message(STATUS "install + find_package + pkg-config consumers: OK")
