@@ -4,9 +4,14 @@
 #include "backend/cpu_backend.hpp"
 #include "capi/guard.hpp"
 #include "model/deepseek_v4.hpp"
+#include "model/expert_provider.hpp"
+#include "model/model_source.hpp"
+#include "store/stats.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <string>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -15,6 +20,8 @@
 struct ep_model {
   std::unique_ptr<ep::backend::Backend> backend;
   std::unique_ptr<ep::model::DeepseekV4Model> dsv4;
+  ep::model::PackedExperts *packed = nullptr;  // owned by dsv4; null with resident experts
+  std::string pack_path;
 };
 
 struct ep_session {
@@ -26,7 +33,7 @@ struct ep_session {
 
 namespace {
 // The first published sizes: fields are only appended after these.
-constexpr size_t kModelOptionsV1 = sizeof(ep_model_options);
+constexpr size_t kModelOptionsV1 = offsetof(ep_model_options, pack_dir);
 constexpr size_t kModelPropertiesV1 = sizeof(ep_model_properties);
 constexpr size_t kGenerateOptionsV1 = sizeof(ep_generate_options);
 constexpr size_t kGenerateStatsV1 = sizeof(ep_generate_stats);
@@ -61,6 +68,7 @@ EP_API void ep_model_options_init(ep_model_options *options) {
   options->struct_size = sizeof(ep_model_options);
   options->device = EP_DEVICE_AUTO;
   options->direct_io = -1;
+  options->pack_build = 1;
 }
 
 EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_model_options *options) {
@@ -88,14 +96,80 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
       default:
         ep::fail(ep::Status::invalid_argument, "{}: device {} is not an ep_device_kind", fn, static_cast<int>(opts.device));
     }
+    if (opts.pack_build < 0 || opts.pack_build > 1)
+      ep::fail(ep::Status::invalid_argument, "{}: pack_build {} (expected 0 or 1)", fn, opts.pack_build);
+    if (opts.resident_experts < 0 || opts.resident_experts > 1)
+      ep::fail(ep::Status::invalid_argument, "{}: resident_experts {} (expected 0 or 1)", fn, opts.resident_experts);
     auto m = std::make_unique<ep_model>();
     m->backend = std::make_unique<ep::backend::CpuBackend>();
-    m->dsv4 = ep::model::DeepseekV4Model::open(path, *m->backend);
+    if (opts.resident_experts) {
+      if (ep::model::is_pack_file(path))
+        ep::fail(ep::Status::invalid_argument, "{}: {} is an Expert Pack; resident_experts needs the source", fn, path);
+      m->dsv4 = ep::model::DeepseekV4Model::open(path, *m->backend);
+    } else {
+      ep::model::PackPlacement place;
+      if (opts.pack_dir) place.pack_dir = opts.pack_dir;
+      place.build = opts.pack_build != 0;
+      if (opts.progress) {
+        const ep_model_progress_fn cb = opts.progress;
+        void *payload = opts.progress_payload;
+        place.progress = [cb, payload](uint64_t done, uint64_t total) { cb(done, total, payload); };
+      }
+      const ep::model::ResolvedModel rm = ep::model::resolve_model(path, place);
+      ep::model::DeepseekV4LoadOptions lo;
+      lo.resident_experts = false;
+      m->dsv4 = ep::model::DeepseekV4Model::open(rm.source, *m->backend, lo);
+      ep::model::PackedExpertsOptions po;
+      po.cache_bytes = opts.cache_budget_bytes ? opts.cache_budget_bytes : UINT64_MAX;
+      po.staging_slots = opts.staging_slots;
+      po.queue_depth = opts.queue_depth;
+      po.read_splits = opts.read_splits;
+      po.direct_io = opts.direct_io;
+      auto packed = std::make_unique<ep::model::PackedExperts>(rm.pack, m->dsv4->expert_shapes(),
+                                                               m->dsv4->config().n_experts_used, po);
+      m->packed = packed.get();
+      m->dsv4->set_experts(std::move(packed));
+      m->pack_path = rm.pack;
+    }
     *out_model = m.release();
   });
 }
 
 EP_API void ep_model_close(ep_model *model) { delete model; }
+
+EP_API const char *ep_model_pack_path(const ep_model *model) {
+  if (!model || model->pack_path.empty()) return nullptr;
+  return model->pack_path.c_str();
+}
+
+EP_API ep_status ep_model_store_stats(ep_store_stats *out_stats, const ep_model *model) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_stats, fn, "out_stats");
+    ep::capi::require_arg(model, fn, "model");
+    ep::capi::check_struct_size(out_stats->struct_size, sizeof(ep_store_stats), sizeof(ep_store_stats), "ep_store_stats");
+    ep_store_stats s;
+    ep_store_stats_init(&s);
+    if (model->packed) {
+      const ep::store::StoreStats t = model->packed->stats();
+      s.acquires = t.acquires;
+      s.pack_reads = t.pack_reads;
+      s.pack_read_bytes = t.pack_read_bytes;
+      s.pack_read_ns = t.pack_read_ns;
+      s.cache_hits = t.cache_hits;
+      s.cache_misses = t.cache_misses;
+      s.cache_evictions = t.cache_evictions;
+      s.resident_experts = t.resident_experts;
+      s.resident_bytes = t.resident_bytes;
+      s.h2d_bytes = t.h2d_bytes;
+      s.io_errors = t.io_errors;
+      s.fallback_count = t.fallback_count;
+      s.cache_slots = t.cache_slots;
+      s.slot_bytes = t.slot_bytes;
+    }
+    s.struct_size = out_stats->struct_size;
+    std::memcpy(out_stats, &s, std::min(out_stats->struct_size, sizeof(s)));
+  });
+}
 
 EP_API void ep_model_properties_init(ep_model_properties *properties) {
   if (!properties) return;

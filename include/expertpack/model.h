@@ -7,10 +7,15 @@
  * (`deepseek4` GGUF / `deepseek_v4` config.json). A session holds one sequence's decode state
  * (window KV, compressor and indexer state); tokens appended to a session continue it.
  *
+ * Routed experts are served from an Expert Pack through the expert store's bounded cache: a
+ * source without a pack gets one built on first use (in ep_model_options::pack_dir, by default
+ * `$XDG_CACHE_HOME/expertpack/`), reused afterwards while its manifest's source fingerprints
+ * (size, mtime) match, and rebuilt when the source changed (or #EP_ERR_STALE when building is
+ * disabled, or when the pack was given explicitly). Dense weights always come from the source.
+ *
  * Current limits (stated, not hidden): the model runs on the CPU backend only (the GPU backend
- * lacks DeepSeek-V4's hyper-connection, sink-attention and compressor ops); every routed expert
- * is read from the source into memory at open (the pack / expert-store path comes next), so the
- * cache and I/O options are accepted and validated but do not change anything yet.
+ * lacks DeepSeek-V4's hyper-connection, sink-attention and compressor ops); the expert cache
+ * lives in host memory.
  *
  * Thread safety: an ::ep_model may be shared by sessions on one thread at a time; a session must
  * not be used from two threads at once.
@@ -19,6 +24,7 @@
 #define EXPERTPACK_MODEL_H
 
 #include "expertpack/expertpack.h"
+#include "expertpack/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,16 +46,34 @@ typedef enum ep_device_kind {
   EP_DEVICE_FORCE_32BIT = 0x7fffffff /**< Not a device: pins the enum to 32 bits. */
 } ep_device_kind;
 
-/** Options of ep_model_open(); fill with ep_model_options_init(). */
+/**
+ * @brief Called while ep_model_open() builds an Expert Pack.
+ * @param done_bytes  Expert payload bytes copied so far.
+ * @param total_bytes Expert payload bytes to copy.
+ * @param payload     ep_model_options::progress_payload.
+ */
+typedef void (*ep_model_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *payload);
+
+/** Options of ep_model_open(); fill with ep_model_options_init(). Fields are only appended. */
 typedef struct ep_model_options {
   size_t struct_size;          /**< Must be `sizeof(ep_model_options)`; set by the init function. */
   ep_device_kind device;       /**< Default: #EP_DEVICE_AUTO. */
   int32_t device_index;        /**< CUDA device ordinal. Default: 0. */
-  uint64_t cache_budget_bytes; /**< Expert cache budget in bytes; 0 = automatic. Default: 0. */
-  uint32_t staging_slots;      /**< Pinned staging slots for expert reads; 0 = automatic. Default: 0. */
+  uint64_t cache_budget_bytes; /**< Expert cache budget in bytes (whole slots of the largest expert; at least top_k of them,
+                                    else #EP_ERR_BUDGET); 0 = room for every expert. Default: 0. */
+  uint32_t staging_slots;      /**< Staging slots for expert reads; 0 = automatic. Default: 0. */
   uint32_t queue_depth;        /**< I/O queue depth; 0 = automatic. Default: 0. */
   uint32_t read_splits;        /**< Reads each expert object in this many parts; 0 = automatic. Default: 0. */
   int32_t direct_io;           /**< 1 = O_DIRECT reads, 0 = buffered, -1 = automatic. Default: -1. */
+  /* Appended after the first version: */
+  const char *pack_dir;        /**< Directory of packs built from sources (UTF-8); NULL = `$XDG_CACHE_HOME/expertpack`
+                                    (else `$HOME/.cache/expertpack`). Default: NULL. */
+  int32_t pack_build;          /**< 1 = build a missing pack and rebuild a stale one; 0 = never (#EP_ERR_NOT_FOUND /
+                                    #EP_ERR_STALE instead). Default: 1. */
+  int32_t resident_experts;    /**< 1 = no pack: read every routed expert from the source into memory at open (the
+                                    reference path); 0 = serve them from the pack through the cache. Default: 0. */
+  ep_model_progress_fn progress; /**< NULL, or called while a pack is built. Default: NULL. */
+  void *progress_payload;      /**< Passed to @c progress unchanged. Default: NULL. */
 } ep_model_options;
 
 /**
@@ -61,12 +85,18 @@ EP_API void ep_model_options_init(ep_model_options *options);
 /**
  * @brief Opens a model and loads its weights.
  * @param[out] out_model Receives the handle on success, NULL on failure.
- * @param path    A .gguf file, or a directory (or .safetensors file) with config.json beside it (UTF-8).
+ * @param path    A .gguf file (first shard of a set), a directory (or .safetensors file) with config.json beside it,
+ *                or an Expert Pack (.epk) with its manifest (`PACK.json`, which names the source) (UTF-8).
  * @param options NULL for the defaults, or filled by ep_model_options_init().
  * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, bad option value); #EP_ERR_STRUCT_SIZE;
- *         #EP_ERR_NOT_FOUND; #EP_ERR_IO; #EP_ERR_FORMAT (malformed file, or missing / unmapped /
- *         unexpected tensors, all listed in ep_last_error()); #EP_ERR_SHAPE (a tensor of the wrong
- *         shape); #EP_ERR_UNSUPPORTED (architecture, dtype or device); #EP_ERR_OUT_OF_MEMORY.
+ *         #EP_ERR_NOT_FOUND (no such file, a pack without its manifest or source, no pack while
+ *         pack_build is 0); #EP_ERR_STALE (the source changed since the pack was built, and the
+ *         pack was given explicitly or pack_build is 0); #EP_ERR_BUDGET (cache budget below
+ *         top_k experts); #EP_ERR_BUSY (another process is building the same pack); #EP_ERR_IO;
+ *         #EP_ERR_FORMAT (malformed file, or missing / unmapped / unexpected tensors, all listed
+ *         in ep_last_error(); a pack that does not fit the model); #EP_ERR_SHAPE (a tensor of the
+ *         wrong shape); #EP_ERR_CORRUPT; #EP_ERR_UNSUPPORTED (architecture, dtype or device);
+ *         #EP_ERR_OUT_OF_MEMORY.
  */
 EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_model_options *options);
 
@@ -75,6 +105,23 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
  * @param model Handle from ep_model_open(); NULL is a no-op.
  */
 EP_API void ep_model_close(ep_model *model);
+
+/**
+ * @brief The Expert Pack a model serves its routed experts from.
+ * @param model Open model; NULL gives NULL.
+ * @return The pack's absolute path (valid while the model is open), or NULL when the model
+ *         holds its experts in memory (ep_model_options::resident_experts).
+ */
+EP_API const char *ep_model_pack_path(const ep_model *model);
+
+/**
+ * @brief Counters of the model's expert store (cache hits, misses, evictions, pack reads).
+ * @param[out] out_stats Filled up to its struct_size (ep_store_stats_init()); all zeros when the
+ *             model holds its experts in memory.
+ * @param model Open model.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument); #EP_ERR_STRUCT_SIZE.
+ */
+EP_API ep_status ep_model_store_stats(ep_store_stats *out_stats, const ep_model *model);
 
 /** What a model is, filled by ep_model_info(). */
 typedef struct ep_model_properties {

@@ -139,25 +139,27 @@ std::string read_text(const std::filesystem::path &p) {
 
 }  // namespace
 
-std::unique_ptr<DeepseekV4Model> DeepseekV4Model::open(const std::string &path, backend::Backend &be) {
+std::unique_ptr<DeepseekV4Model> DeepseekV4Model::open(const std::string &path, backend::Backend &be,
+                                                       const DeepseekV4LoadOptions &options) {
   namespace fs = std::filesystem;
   const fs::path p(path);
   if (p.extension() == ".gguf") {
     WeightCatalog cat = WeightCatalog::from_gguf(path);
     const DeepseekV4Config cfg = DeepseekV4Config::from_gguf(format::GgufSet::open(path));
-    return std::make_unique<DeepseekV4Model>(cfg, cat, be);
+    return std::make_unique<DeepseekV4Model>(cfg, cat, be, options);
   }
   const fs::path dir = fs::is_directory(p) ? p : p.parent_path();
   const fs::path config = dir / "config.json";
   if (!fs::exists(config)) fail(Status::not_found, "{}: no config.json beside the safetensors checkpoint", dir.string());
   const DeepseekV4Config cfg = DeepseekV4Config::from_hf_json(read_text(config), config.string());
   WeightCatalog cat = WeightCatalog::from_dsv4_safetensors(path);
-  return std::make_unique<DeepseekV4Model>(cfg, cat, be);
+  return std::make_unique<DeepseekV4Model>(cfg, cat, be, options);
 }
 
 DeepseekV4Model::~DeepseekV4Model() = default;
 
-DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, backend::Backend &be)
+DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, backend::Backend &be,
+                                 const DeepseekV4LoadOptions &options)
     : cfg_(c), be_(be), w_(std::make_unique<Weights>()) {
   if (be.device() != Device::cpu)
     fail(Status::unsupported, "DeepSeek-V4: the {} backend lacks the hyper-connection / sink-attention / compressor ops; "
@@ -231,7 +233,15 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
       for (const CatalogEntry *e : {ge, ue, de})
         if (!backend::is_supported_weight_type(e->type))
           fail(Status::unsupported, "{}: ggml type {} is not supported for experts", e->origin, static_cast<uint32_t>(e->type));
-      resident->add_layer(*ge, *ue, *de);
+      auto shape_of = [](const CatalogEntry &e) {
+        backend::SlotWeight w;
+        w.type = e.type;
+        w.ne0 = e.ne[0];
+        w.ne1 = e.ne[1];
+        return w;
+      };
+      expert_shapes_.push_back(ExpertShape{shape_of(*ge), shape_of(*ue), shape_of(*de)});
+      if (options.resident_experts) resident->add_layer(*ge, *ue, *de);
     } else {
       experts_ok = false;
     }
@@ -242,8 +252,10 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
   }
   for (int64_t il = c.n_layers; il < c.n_layers + c.n_mtp_layers; ++il) cat.skip_prefix(fmt::format("blk.{}.", il));
   cat.finish();
-  weight_bytes_ += resident->bytes();
-  experts_ = std::move(resident);
+  if (options.resident_experts) {
+    weight_bytes_ += resident->bytes();
+    experts_ = std::move(resident);
+  }
   log::info("{} loaded from {} ({} MiB in backend memory)", c.summary(), cat.source(), weight_bytes_ >> 20);
 }
 
@@ -440,8 +452,44 @@ void DeepseekV4Model::moe(int64_t il, const float *x, int64_t n, const int32_t *
   backend::Activation act;
   act.kind = backend::ActivationKind::swiglu;
   act.limit = c.swiglu_limit[static_cast<size_t>(il)];
-  const backend::ExpertSlots slots = experts_->acquire(il, ids.data(), K * n);
-  be_.moe(f32_view(x, {D, n}), ids_t, w_t, slots, experts_->layout(il), act, f32_view(out, {D, n}));
+  if (!experts_) fail(Status::internal, "DeepSeek-V4: no routed-expert provider (set_experts() was not called)");
+  // Tokens in chunks whose distinct experts fit one acquire (the CPU moe op is per token, so
+  // chunking does not change a bit of the result).
+  const int64_t max_unique = std::max<int64_t>(experts_->max_unique(), K);
+  std::vector<uint8_t> seen(static_cast<size_t>(E));
+  for (int64_t t0 = 0; t0 < n;) {
+    std::fill(seen.begin(), seen.end(), 0);
+    int64_t t1 = t0, distinct = 0;
+    while (t1 < n) {
+      int64_t add = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = ids[static_cast<size_t>(t1 * K + j)];
+        if (e >= 0 && e < E && !seen[static_cast<size_t>(e)]) {
+          bool dup = false;
+          for (int64_t i = 0; i < j; ++i) dup = dup || ids[static_cast<size_t>(t1 * K + i)] == e;
+          if (!dup) ++add;
+        }
+      }
+      if (t1 > t0 && distinct + add > max_unique) break;
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = ids[static_cast<size_t>(t1 * K + j)];
+        if (e >= 0 && e < E) seen[static_cast<size_t>(e)] = 1;
+      }
+      distinct += add;
+      ++t1;
+    }
+    const int64_t m = t1 - t0;
+    const backend::ExpertSlots slots = experts_->acquire(il, ids.data() + t0 * K, K * m);
+    try {
+      be_.moe(f32_view(x + t0 * D, {D, m}), Tensor::make(ids.data() + t0 * K, GgmlType::i32, Device::cpu, {K, m}),
+              f32_view(wts.data() + t0 * K, {K, m}), slots, experts_->layout(il), act, f32_view(out + t0 * D, {D, m}));
+    } catch (...) {
+      experts_->release(il);
+      throw;
+    }
+    experts_->release(il);
+    t0 = t1;
+  }
   backend::Activation sact = act;
   sact.limit = c.swiglu_limit_shared[static_cast<size_t>(il)];
   be_.ffn(f32_view(x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, sact, f32_view(shared.data(), {D, n}));

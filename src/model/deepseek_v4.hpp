@@ -44,13 +44,22 @@ struct DeepseekV4State {
   std::vector<LayerState> layers;
 };
 
+struct DeepseekV4LoadOptions {
+  /// true: read every routed expert from the source into backend memory (ResidentExperts);
+  /// false: only check their tensors (names, types, shapes: expert_shapes()) and leave the
+  /// experts to a provider installed with set_experts() (PackedExperts) before forward().
+  bool resident_experts = true;
+};
+
 class DeepseekV4Model {
  public:
   /// Opens a model: a .gguf file (first shard of a set), or a safetensors checkpoint (directory
   /// with config.json, or a .safetensors / index .json beside its config.json).
-  static std::unique_ptr<DeepseekV4Model> open(const std::string &path, backend::Backend &backend);
+  static std::unique_ptr<DeepseekV4Model> open(const std::string &path, backend::Backend &backend,
+                                               const DeepseekV4LoadOptions &options = {});
   /// Loads every weight from @p catalog (fail-closed) into backend memory.
-  DeepseekV4Model(const DeepseekV4Config &config, WeightCatalog &catalog, backend::Backend &backend);
+  DeepseekV4Model(const DeepseekV4Config &config, WeightCatalog &catalog, backend::Backend &backend,
+                  const DeepseekV4LoadOptions &options = {});
   ~DeepseekV4Model();
   DeepseekV4Model(const DeepseekV4Model &) = delete;
   DeepseekV4Model &operator=(const DeepseekV4Model &) = delete;
@@ -62,6 +71,9 @@ class DeepseekV4Model {
   void forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, float *logits);
   /// Replaces the routed-expert source (e.g. the ExpertStore); layouts must match.
   void set_experts(std::unique_ptr<ExpertProvider> experts) { experts_ = std::move(experts); }
+  ExpertProvider *experts() const { return experts_.get(); }
+  /// Per layer: the routed experts' types and shapes as the source file has them.
+  const std::vector<ExpertShape> &expert_shapes() const { return expert_shapes_; }
   /// Bytes of weights held in backend memory (dense + resident experts).
   uint64_t weight_bytes() const { return weight_bytes_; }
 
@@ -78,6 +90,7 @@ class DeepseekV4Model {
   backend::Backend &be_;
   std::unique_ptr<Weights> w_;
   std::unique_ptr<ExpertProvider> experts_;
+  std::vector<ExpertShape> expert_shapes_;
   uint64_t weight_bytes_ = 0;
 };
 

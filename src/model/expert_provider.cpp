@@ -1,7 +1,13 @@
 #include "model/expert_provider.hpp"
 
 #include "core/error.hpp"
+#include "format/pack_file.hpp"
+#include "io/file.hpp"
 #include "model/weight_catalog.hpp"
+#include "store/expert_store.hpp"
+#include "store/pack_layout.hpp"
+
+#include <algorithm>
 
 namespace ep::model {
 
@@ -56,5 +62,159 @@ backend::ExpertSlots ResidentExperts::acquire(int64_t layer, const int32_t *, in
   s.n_experts = static_cast<int32_t>(l.slots.size());
   return s;
 }
+
+}  // namespace ep::model
+
+// ---------------------------------------------------------------------------------------------
+// PackedExperts
+
+namespace ep::model {
+
+struct PackedExperts::Held {
+  bool active = false;
+  int64_t layer = -1;
+  store::Acquisition acq;
+};
+
+namespace {
+
+uint64_t slot_bytes_of(const store::PackLayout &pack) {
+  return io::align_up(pack.max_object_bytes(), io::kDirectAlignment);
+}
+
+}  // namespace
+
+uint64_t PackedExperts::min_cache_bytes(const std::string &pack_path, int64_t top_k) {
+  const auto pack = store::PackLayout::open(pack_path, false);
+  return slot_bytes_of(*pack) * static_cast<uint64_t>(std::min<int64_t>(top_k, pack->num_experts()));
+}
+
+PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<ExpertShape> &expected, int64_t top_k,
+                             const PackedExpertsOptions &options)
+    : held_(std::make_unique<Held>()) {
+  pack_ = store::PackLayout::open(pack_path, true);
+  const format::PackFile &pf = pack_->pack();
+  const int64_t n_layers = static_cast<int64_t>(expected.size());
+  if (pf.first_layer() != 0 || static_cast<int64_t>(pf.num_layers()) != n_layers)
+    fail(Status::format, "{}: the pack holds layers {}..{}, the model has MoE layers 0..{}", pack_path, pf.first_layer(),
+         static_cast<int64_t>(pf.first_layer()) + pf.num_layers() - 1, n_layers - 1);
+  if (top_k <= 0 || top_k > static_cast<int64_t>(pf.num_experts()))
+    fail(Status::format, "{}: top_k {} with {} experts per layer", pack_path, top_k, pf.num_experts());
+  // The pack's entries → the backend's layout; every expert of a layer must agree (one layout
+  // per layer) and match the model's source.
+  const format::Role roles[3] = {format::Role::gate, format::Role::up, format::Role::down};
+  for (uint32_t l = 0; l < pf.num_layers(); ++l) {
+    const ExpertShape &want = expected[l];
+    const backend::SlotWeight *want_w[3] = {&want.gate, &want.up, &want.down};
+    backend::ExpertLayout lay;
+    backend::SlotWeight *got_w[3] = {&lay.gate, &lay.up, &lay.down};
+    for (uint32_t e = 0; e < pf.num_experts(); ++e) {
+      for (int r = 0; r < 3; ++r) {
+        const format::RoleEntry &re = pf.entry(l, e, roles[r]);
+        backend::SlotWeight w;
+        w.offset = re.offset_in_object;
+        w.type = re.type;
+        w.ne0 = static_cast<int64_t>(re.ne[0]);
+        w.ne1 = static_cast<int64_t>(re.ne[1]);
+        const bool shape_ok = re.ne[2] == 1 && re.ne[3] == 1 && w.ne0 == want_w[r]->ne0 && w.ne1 == want_w[r]->ne1;
+        if (!shape_ok || w.type != want_w[r]->type)
+          fail(shape_ok ? Status::format : Status::shape,
+               "{}: layer {} expert {} {}: type {} ne [{}, {}, {}, {}] in the pack, the model's source has type {} ne [{}, {}] "
+               "(a pack of another model? rebuild it)",
+               pack_path, l, e, format::role_name(roles[r]), static_cast<uint32_t>(w.type), re.ne[0], re.ne[1], re.ne[2],
+               re.ne[3], static_cast<uint32_t>(want_w[r]->type), want_w[r]->ne0, want_w[r]->ne1);
+        const uint64_t row = format::ggml_row_bytes(w.type, static_cast<uint64_t>(w.ne0), pack_path);
+        if (re.nbytes != row * static_cast<uint64_t>(w.ne1))
+          fail(Status::format, "{}: layer {} expert {} {}: {} bytes, expected {}", pack_path, l, e,
+               format::role_name(roles[r]), re.nbytes, row * static_cast<uint64_t>(w.ne1));
+        if (e == 0) {
+          *got_w[r] = w;
+        } else if (w.offset != got_w[r]->offset) {
+          fail(Status::unsupported, "{}: layer {}: expert {} puts {} at offset {}, expert 0 at {} (one layout per layer needed)",
+               pack_path, l, e, format::role_name(roles[r]), w.offset, got_w[r]->offset);
+        }
+      }
+    }
+    layouts_.push_back(lay);
+  }
+  // How many tokens one acquire may cover: as many as the budget holds top_k experts for, up to
+  // every expert of the layer.
+  const uint32_t E = pf.num_experts(), K = static_cast<uint32_t>(top_k);
+  const uint64_t slot = slot_bytes_of(*pack_);
+  const uint64_t total = static_cast<uint64_t>(E) * pf.num_layers();
+  const uint64_t slots = std::min<uint64_t>(options.cache_bytes / slot, total);
+  const uint32_t all_tokens = (E + K - 1) / K;
+  const uint32_t tokens = static_cast<uint32_t>(std::clamp<uint64_t>(slots / K, 1, all_tokens));
+  max_unique_ = std::min<int64_t>(static_cast<int64_t>(K) * tokens, E);
+
+  store::StoreOptions so;
+  so.pack_path = pack_path;
+  so.layout = pack_;
+  so.cache_bytes = options.cache_bytes;
+  so.top_k = K;
+  so.tokens_per_acquire = tokens;
+  so.policy = options.policy;
+  so.stats_path = options.stats_path;
+  if (options.staging_slots) so.staging_slots = options.staging_slots;
+  if (options.queue_depth) so.reader.queue_depth = options.queue_depth;
+  if (options.read_splits) so.reader.read_splits = options.read_splits;
+  so.reader.direct = options.direct_io < 0 ? io::DirectMode::automatic
+                     : options.direct_io ? io::DirectMode::direct
+                                         : io::DirectMode::buffered;
+  store_ = std::make_unique<store::ExpertStore>(std::move(so), std::make_unique<store::HostDevice>());
+  table_.assign(E, nullptr);
+}
+
+PackedExperts::~PackedExperts() {
+  if (held_ && held_->active) {
+    try {
+      store_->release(held_->acq);
+    } catch (const std::exception &) {
+    }
+  }
+}
+
+const backend::ExpertLayout &PackedExperts::layout(int64_t layer) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layouts_.size())) fail(Status::invalid_argument, "experts: no layer {}", layer);
+  return layouts_[static_cast<size_t>(layer)];
+}
+
+backend::ExpertSlots PackedExperts::acquire(int64_t layer, const int32_t *ids, int64_t n) {
+  if (layer < 0 || layer >= static_cast<int64_t>(layouts_.size())) fail(Status::invalid_argument, "experts: no layer {}", layer);
+  if (held_->active)
+    fail(Status::internal, "experts: acquire of layer {} while layer {} is still held (release it first)", layer, held_->layer);
+  std::vector<uint32_t> unique;
+  unique.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= static_cast<int32_t>(table_.size()))
+      fail(Status::corrupt, "experts: layer {}: expert id {} outside 0..{}", layer, ids[i], table_.size() - 1);
+    unique.push_back(static_cast<uint32_t>(ids[i]));
+  }
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  if (static_cast<int64_t>(unique.size()) > max_unique_)
+    fail(Status::internal, "experts: layer {}: {} distinct experts in one acquire, at most {}", layer, unique.size(), max_unique_);
+  held_->acq = store_->acquire(static_cast<uint32_t>(layer), unique);
+  held_->active = true;
+  held_->layer = layer;
+  std::fill(table_.begin(), table_.end(), nullptr);
+  for (size_t i = 0; i < unique.size(); ++i) table_[unique[i]] = held_->acq.pointers[i];
+  backend::ExpertSlots s;
+  s.slot = table_.data();
+  s.n_experts = static_cast<int32_t>(table_.size());
+  return s;
+}
+
+void PackedExperts::release(int64_t layer) {
+  if (!held_->active || held_->layer != layer)
+    fail(Status::internal, "experts: release of layer {} without its acquire", layer);
+  held_->active = false;
+  std::fill(table_.begin(), table_.end(), nullptr);
+  store_->release(held_->acq);
+}
+
+store::StoreStats PackedExperts::stats() const { return store_->stats(); }
+uint32_t PackedExperts::num_slots() const { return store_->num_slots(); }
+uint64_t PackedExperts::slot_bytes() const { return store_->slot_bytes(); }
 
 }  // namespace ep::model

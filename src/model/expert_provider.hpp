@@ -1,14 +1,24 @@
 // Where the routed experts come from. The model asks for the experts a step selected and gets
-// the ExpertSlots table the backend's moe() op reads; the ExpertStore (src/store) will provide
-// this from the Expert Pack. For now ResidentExperts reads every expert's bytes from the source
-// file (GGUF or safetensors) into backend memory once, at load.
+// the ExpertSlots table the backend's moe() op reads, then releases them after the op.
+//  - PackedExperts: served by the ExpertStore (src/store) from an Expert Pack, through a
+//    bounded slot cache (host-memory device on the CPU backend).
+//  - ResidentExperts: every expert's bytes read from the source file (GGUF or safetensors)
+//    into backend memory once, at load (the reference path; no pack needed).
 #pragma once
 
 #include "backend/backend.hpp"
 
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <string>
 #include <vector>
+
+namespace ep::store {
+class ExpertStore;
+class PackLayout;
+struct StoreStats;
+}  // namespace ep::store
 
 namespace ep::model {
 
@@ -50,9 +60,14 @@ class ExpertProvider {
   virtual ~ExpertProvider() = default;
   /// Where gate / up / down sit inside each expert object of layer @p layer.
   virtual const backend::ExpertLayout &layout(int64_t layer) const = 0;
-  /// Makes experts ids[0..n) of layer @p layer resident and returns the slot table (valid until
-  /// the next acquire()).
+  /// Makes experts ids[0..n) of layer @p layer resident (ids may repeat) and returns the slot
+  /// table, valid until release(). At most max_unique() distinct ids per call.
   virtual backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) = 0;
+  /// Ends the last acquire() of @p layer (after the MoE op that read its slots).
+  virtual void release(int64_t /*layer*/) {}
+  /// The most distinct expert ids one acquire() may ask for (the model splits a step's tokens
+  /// into chunks that stay within it).
+  virtual int64_t max_unique() const { return std::numeric_limits<int64_t>::max(); }
 };
 
 /// Every expert of every layer resident in backend memory (read from the source at load).
@@ -75,6 +90,54 @@ class ResidentExperts final : public ExpertProvider {
   backend::Backend &be_;
   std::vector<Layer> layers_;
   uint64_t bytes_ = 0;
+};
+
+/// What the model expects of each layer's experts (from the source file's stacked tensors):
+/// types and shapes of gate / up / down; offsets are not used.
+struct ExpertShape {
+  backend::SlotWeight gate, up, down;
+};
+
+struct PackedExpertsOptions {
+  uint64_t cache_bytes = UINT64_MAX;  ///< slot budget (UINT64_MAX: every expert of the pack)
+  uint32_t staging_slots = 0;         ///< 0: the store's default
+  uint32_t queue_depth = 0;           ///< 0: the reader's default
+  uint32_t read_splits = 0;           ///< 0: the reader's default
+  int direct_io = -1;                 ///< 1 O_DIRECT, 0 buffered, -1 automatic
+  std::string policy = "decay";       ///< cache policy (store/expert_store.hpp)
+  std::string stats_path;             ///< JSON stats written at close ("" = none)
+};
+
+/// Routed experts served by the ExpertStore from an Expert Pack (host-memory device: the CPU
+/// backend reads slots directly). The pack's per-role entries (type, shape, offset inside the
+/// object) become the backend's ExpertLayout; they must match what the model's source says
+/// (fail-closed, Status::shape / Status::format). A step's tokens are acquired in chunks of at
+/// most max_unique() distinct experts, so a cache of only top_k slots still runs (evicting).
+class PackedExperts final : public ExpertProvider {
+ public:
+  /// @p expected: one entry per model layer; @p top_k: experts per token.
+  PackedExperts(const std::string &pack_path, const std::vector<ExpertShape> &expected, int64_t top_k,
+                const PackedExpertsOptions &options);
+  ~PackedExperts() override;
+  const backend::ExpertLayout &layout(int64_t layer) const override;
+  backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) override;
+  void release(int64_t layer) override;
+  int64_t max_unique() const override { return max_unique_; }
+
+  store::StoreStats stats() const;
+  uint32_t num_slots() const;
+  uint64_t slot_bytes() const;
+  /// The smallest cache budget the store accepts for this pack and top_k (top_k slots).
+  static uint64_t min_cache_bytes(const std::string &pack_path, int64_t top_k);
+
+ private:
+  struct Held;
+  std::shared_ptr<store::PackLayout> pack_;
+  std::unique_ptr<store::ExpertStore> store_;
+  std::vector<backend::ExpertLayout> layouts_;
+  std::vector<const void *> table_;
+  std::unique_ptr<Held> held_;
+  int64_t max_unique_ = 1;
 };
 
 }  // namespace ep::model

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 using ep::tokenizer::AddedToken;
@@ -276,7 +277,7 @@ TEST_CASE("errors name the file and the problem") {
 
 TEST_CASE("tiktoken rank files") {
   // Ranks: the 256 bytes, then "bc" 256, "ab" 257, "abc" 258.
-  const auto dir = std::filesystem::temp_directory_path() / "ep_tiktoken_test";
+  const auto dir = std::filesystem::temp_directory_path() / ("ep_tiktoken_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto path = (dir / "tiny.tiktoken").string();
   {
