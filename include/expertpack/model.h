@@ -60,7 +60,7 @@ typedef struct ep_model_options {
   ep_device_kind device;       /**< Default: #EP_DEVICE_AUTO. */
   int32_t device_index;        /**< CUDA device ordinal. Default: 0. */
   uint64_t cache_budget_bytes; /**< Expert cache budget in bytes (whole slots of the largest expert; at least top_k of them,
-                                    else #EP_ERR_BUDGET); 0 = room for every expert. Default: 0. */
+                                    else #EP_ERR_BUDGET); 0 = room for every expert, at most half the physical memory. Default: 0. */
   uint32_t staging_slots;      /**< Staging slots for expert reads; 0 = automatic. Default: 0. */
   uint32_t queue_depth;        /**< I/O queue depth; 0 = automatic. Default: 0. */
   uint32_t read_splits;        /**< Reads each expert object in this many parts; 0 = automatic. Default: 0. */

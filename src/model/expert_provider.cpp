@@ -7,6 +7,8 @@
 #include "store/expert_store.hpp"
 #include "store/pack_layout.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 namespace ep::model {
@@ -142,7 +144,15 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   const uint32_t E = pf.num_experts(), K = static_cast<uint32_t>(top_k);
   const uint64_t slot = slot_bytes_of(*pack_);
   const uint64_t total = static_cast<uint64_t>(E) * pf.num_layers();
-  const uint64_t slots = std::min<uint64_t>(options.cache_bytes / slot, total);
+  // "All of it" on the host device means at most half the physical memory (a full-size model's
+  // experts do not fit in RAM); an explicit budget is taken as given.
+  store::HostDevice::Options host;
+  if (options.cache_bytes == UINT64_MAX) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) host.free_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+  }
+  const uint64_t budget = std::min(options.cache_bytes, host.free_bytes);
+  const uint64_t slots = std::min<uint64_t>(budget / slot, total);
   const uint32_t all_tokens = (E + K - 1) / K;
   const uint32_t tokens = static_cast<uint32_t>(std::clamp<uint64_t>(slots / K, 1, all_tokens));
   max_unique_ = std::min<int64_t>(static_cast<int64_t>(K) * tokens, E);
@@ -161,7 +171,7 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   so.reader.direct = options.direct_io < 0 ? io::DirectMode::automatic
                      : options.direct_io ? io::DirectMode::direct
                                          : io::DirectMode::buffered;
-  store_ = std::make_unique<store::ExpertStore>(std::move(so), std::make_unique<store::HostDevice>());
+  store_ = std::make_unique<store::ExpertStore>(std::move(so), std::make_unique<store::HostDevice>(host));
   table_.assign(E, nullptr);
 }
 

@@ -99,7 +99,7 @@ struct ExpertShape {
 };
 
 struct PackedExpertsOptions {
-  uint64_t cache_bytes = UINT64_MAX;  ///< slot budget (UINT64_MAX: every expert of the pack)
+  uint64_t cache_bytes = UINT64_MAX;  ///< slot budget (UINT64_MAX: every expert, at most half the physical memory)
   uint32_t staging_slots = 0;         ///< 0: the store's default
   uint32_t queue_depth = 0;           ///< 0: the reader's default
   uint32_t read_splits = 0;           ///< 0: the reader's default
