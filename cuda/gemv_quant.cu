@@ -34,6 +34,19 @@ __device__ __forceinline__ uint4 load_stream(const uint4 *p) {
   return v;
 }
 
+// The 16 bytes at p, or only those below end (zeros after): a row's staged bytes start at a
+// 16-byte boundary at or before the row, so the row's last 16-byte chunk can reach up to 15
+// bytes past the last row's end, which is past the end of the weights' allocation.
+__device__ __forceinline__ uint4 load16_bounded(const uint4 *p, uintptr_t end) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  if (at + 16 <= end) return load_stream(p);
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  uint8_t *vb = reinterpret_cast<uint8_t *>(&v);
+  const uint8_t *pb = reinterpret_cast<const uint8_t *>(p);
+  for (uintptr_t j = 0; at + j < end; ++j) vb[j] = pb[j];
+  return v;
+}
+
 template <int T, int NTOK>
 __global__ void __launch_bounds__(kWarps * 32) gemv_generic_kernel(GemvArgs a) {
   using Tr = Traits<T>;
@@ -61,6 +74,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_generic_kernel(GemvArgs a) {
   for (int64_t b0 = 0; b0 < nblocks; b0 += kBlocksPerChunk) {
     const int nb = static_cast<int>(nblocks - b0 < kBlocksPerChunk ? nblocks - b0 : kBlocksPerChunk);
     int offs[kRows], n16[kRows];
+    uintptr_t ends[kRows];
     const uint4 *src16[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -69,6 +83,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_generic_kernel(GemvArgs a) {
       const uintptr_t end = reinterpret_cast<uintptr_t>(src) + static_cast<uintptr_t>(nb) * Tr::bytes;
       offs[r] = static_cast<int>(reinterpret_cast<uintptr_t>(src) - start);
       n16[r] = row0 + r < a.n ? static_cast<int>((end - start + 15) / 16) : 0;
+      ends[r] = end;
       src16[r] = reinterpret_cast<const uint4 *>(start);
     }
     uint4 buf[kRows][kLoadsPerLane];
@@ -77,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_generic_kernel(GemvArgs a) {
 #pragma unroll
       for (int i = 0; i < kLoadsPerLane; ++i) {
         const int idx = lane + 32 * i;
-        if (idx < n16[r]) buf[r][i] = load_stream(src16[r] + idx);
+        if (idx < n16[r]) buf[r][i] = load16_bounded(src16[r] + idx, ends[r]);
       }
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
@@ -349,8 +364,14 @@ __global__ void __launch_bounds__(kWarps * 32, LutOf<T>::min_blocks) gemv_pipe_k
       const uintptr_t start = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15);
       const uintptr_t end = reinterpret_cast<uintptr_t>(src) + static_cast<uintptr_t>(nb) * Tr::bytes;
       const int n16 = row0 + r < a.n ? static_cast<int>((end - start + 15) / 16) : 0;
-      for (int i = lane; i < n16; i += 32)
-        cp_async16(stage[warp][buf][r] + 16 * i, reinterpret_cast<const uint4 *>(start) + i);
+      for (int i = lane; i < n16; i += 32) {
+        const uint4 *chunk = reinterpret_cast<const uint4 *>(start) + i;
+        if (reinterpret_cast<uintptr_t>(chunk) + 16 <= end) {
+          cp_async16(stage[warp][buf][r] + 16 * i, chunk);
+        } else {  // the row's tail: never read past the end of the weights
+          *reinterpret_cast<uint4 *>(stage[warp][buf][r] + 16 * i) = load16_bounded(chunk, end);
+        }
+      }
     }
   };
 

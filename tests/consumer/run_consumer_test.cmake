@@ -26,6 +26,9 @@ file(GLOB pc_dir LIST_DIRECTORIES true ${prefix}/lib*/pkgconfig ${prefix}/lib/*/
 find_program(PKG_CONFIG pkg-config REQUIRED)
 # The distribution's own .pc files (libcrypto, ...) stay visible even where PKG_CONFIG_LIBDIR
 # was narrowed (the GPU machine's .devdeps/env.sh does that).
+# A sysroot (the GPU machine's env.sh sets one for its carried packages) would be prefixed to
+# the scratch prefix's -I path too.
+unset(ENV{PKG_CONFIG_SYSROOT_DIR})
 set(ENV{PKG_CONFIG_PATH} "${pc_dir}:$ENV{PKG_CONFIG_PATH}:/usr/lib/x86_64-linux-gnu/pkgconfig:/usr/lib/pkgconfig:/usr/share/pkgconfig")
 execute_process(COMMAND ${PKG_CONFIG} --cflags --libs expertpack OUTPUT_VARIABLE flags
                 RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)

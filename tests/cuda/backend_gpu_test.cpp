@@ -31,8 +31,11 @@ struct DevBuf {
   CudaBackend &be;
   void *p = nullptr;
   uint64_t bytes = 0;
+  // Poisoned on the backend's own stream: that stream is non-blocking, so a memset on the
+  // legacy default stream could land after the kernel under test and overwrite its output.
   DevBuf(CudaBackend &b, uint64_t n) : be(b), p(b.allocate(n)), bytes(n) {
-    EP_CUDA_CHECK(cudaMemset(p, 0xFF, n));
+    EP_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, n, b.stream()));
+    EP_CUDA_CHECK(cudaStreamSynchronize(b.stream()));
   }
   template <typename T>
   DevBuf(CudaBackend &b, const std::vector<T> &v) : DevBuf(b, v.size() * sizeof(T)) {
