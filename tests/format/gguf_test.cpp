@@ -2,7 +2,8 @@
 #include "format/gguf.hpp"
 #include "format/gguf_writer.hpp"
 #include "pack/synthetic.hpp"
-#include "pack/temp_dir.hpp"
+#include "support/expect_error.hpp"
+#include "support/temp_dir.hpp"
 #include "support/catch.hpp"
 
 #include <cstring>
@@ -12,24 +13,14 @@
 using namespace ep::format;
 using ep::test::TempDir;
 
+using ep::test::expect_error;
+
 namespace {
 
 std::shared_ptr<MemorySource> mem(const std::vector<uint8_t> &bytes) {
   return std::make_shared<MemorySource>(std::span<const uint8_t>(bytes.data(), bytes.size()), "mem.gguf");
 }
 
-// Expects ep::Error with @p status whose message contains @p needle.
-template <typename F>
-void expect_error(F &&f, ep::Status status, const std::string &needle) {
-  try {
-    f();
-    FAIL("no error; expected " << ep::status_name(status) << " containing '" << needle << "'");
-  } catch (const ep::Error &e) {
-    INFO(e.what());
-    CHECK(e.status() == status);
-    CHECK(std::string(e.what()).find(needle) != std::string::npos);
-  }
-}
 
 std::vector<std::pair<std::string, GgufValue>> kv_list() {
   return {

@@ -1,7 +1,8 @@
 #include "core/error.hpp"
 #include "format/safetensors.hpp"
 #include "pack/synthetic.hpp"
-#include "pack/temp_dir.hpp"
+#include "support/expect_error.hpp"
+#include "support/temp_dir.hpp"
 #include "support/catch.hpp"
 
 #include <cstring>
@@ -9,21 +10,10 @@
 #include <random>
 
 using namespace ep::format;
+using ep::test::expect_error;
 using ep::test::TempDir;
 
 namespace {
-
-template <typename F>
-void expect_error(F &&f, ep::Status status, const std::string &needle) {
-  try {
-    f();
-    FAIL("no error; expected " << ep::status_name(status) << " containing '" << needle << "'");
-  } catch (const ep::Error &e) {
-    INFO(e.what());
-    CHECK(e.status() == status);
-    CHECK(std::string(e.what()).find(needle) != std::string::npos);
-  }
-}
 
 std::vector<uint8_t> make_file(const std::string &json, size_t data_bytes) {
   std::vector<uint8_t> b(8 + json.size() + data_bytes, 0x5a);

@@ -9,7 +9,7 @@
 #include "pack/builder.hpp"
 #include "pack/manifest.hpp"
 #include "pack/synthetic.hpp"
-#include "pack/temp_dir.hpp"
+#include "support/temp_dir.hpp"
 #include "pack/validate.hpp"
 #include "support/catch.hpp"
 

@@ -5,7 +5,7 @@
 #include "format/pack_file.hpp"
 #include "pack/builder.hpp"
 #include "pack/synthetic.hpp"
-#include "pack/temp_dir.hpp"
+#include "support/temp_dir.hpp"
 #include "support/catch.hpp"
 
 #include <cerrno>

@@ -1,6 +1,6 @@
 // Runs the ep-pack executable: synth, build, validate (sampled and --full), inspect --json,
 // gguf-info, and the exit codes and one-line errors of a corrupt pack.
-#include "pack/temp_dir.hpp"
+#include "support/temp_dir.hpp"
 #include "support/catch.hpp"
 
 #include <array>
