@@ -3,6 +3,11 @@
 
 #include "backend/cpu_backend.hpp"
 #include "capi/guard.hpp"
+#include "capi/model_internal.hpp"
+#ifdef EP_HAVE_CUDA
+#include "cuda/cuda_backend.hpp"
+#include "cuda/device.hpp"
+#endif
 #include "model/deepseek_v4.hpp"
 #include "model/expert_provider.hpp"
 #include "model/model_source.hpp"
@@ -10,10 +15,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <string>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <vector>
 
@@ -22,6 +29,10 @@ struct ep_model {
   std::unique_ptr<ep::model::DeepseekV4Model> dsv4;
   ep::model::PackedExperts *packed = nullptr;  // owned by dsv4; null with resident experts
   std::string pack_path;
+  std::string source_path;  // the dense weights' (and the tokenizer's) file
+  /// Serialises forward passes, sampling and state allocation: sessions on several threads
+  /// share the backend and the expert store (see the thread-safety rule in model.h).
+  mutable std::mutex mutex;
 };
 
 struct ep_session {
@@ -29,14 +40,26 @@ struct ep_session {
   ep::model::DeepseekV4State state;
   std::vector<float> last_logits;  // logits after the last token (empty when the session is empty)
   uint64_t sample_counter = 0;
+  std::vector<int32_t> tokens;     // every token appended, in order
 };
 
 namespace {
 // The first published sizes: fields are only appended after these.
 constexpr size_t kModelOptionsV1 = offsetof(ep_model_options, pack_dir);
 constexpr size_t kModelPropertiesV1 = sizeof(ep_model_properties);
-constexpr size_t kGenerateOptionsV1 = sizeof(ep_generate_options);
-constexpr size_t kGenerateStatsV1 = sizeof(ep_generate_stats);
+// ep_generate_options v1 ended with stop_token; its sizeof (padding included) covers the
+// offset min_p now has, so a v1 struct_size copies only the v1 fields.
+struct GenerateOptionsV1 {
+  size_t struct_size;
+  uint32_t max_new_tokens;
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  uint64_t seed;
+  int32_t stop_token;
+};
+constexpr size_t kGenerateOptionsV1 = sizeof(GenerateOptionsV1);
+constexpr size_t kGenerateStatsV1 = offsetof(ep_generate_stats, stop_reason);
 
 void check_tokens(const ep_session &s, const int32_t *tokens, size_t n, const char *fn) {
   const int64_t vocab = s.model->dsv4->config().vocab;
@@ -51,14 +74,177 @@ void append(ep_session &s, const int32_t *tokens, size_t n, std::vector<float> *
   std::vector<float> local;
   std::vector<float> &rows = all ? *all : local;
   rows.resize(n * vocab);
-  s.model->dsv4->forward(tokens, static_cast<int64_t>(n), s.state, rows.data());
+  {
+    std::lock_guard<std::mutex> lock(s.model->mutex);
+    s.model->dsv4->forward(tokens, static_cast<int64_t>(n), s.state, rows.data());
+  }
   s.last_logits.assign(rows.end() - static_cast<std::ptrdiff_t>(vocab), rows.end());
+  s.tokens.insert(s.tokens.end(), tokens, tokens + n);
+}
+
+/// The device ep_model_open() runs on: true for CUDA. AUTO takes the GPU when one exists;
+/// CUDA without one is EP_ERR_NO_DEVICE.
+bool choose_cuda(ep_device_kind kind, int32_t index, const char *fn) {
+  std::string why = "this build has no CUDA backend (EP_WITH_CUDA=OFF)";
+  int count = 0;
+#ifdef EP_HAVE_CUDA
+  if (kind != EP_DEVICE_CPU) count = ep::cuda::device_count(&why);
+#endif
+  switch (kind) {
+    case EP_DEVICE_CPU:
+      return false;
+    case EP_DEVICE_AUTO:
+      return count > index;
+    case EP_DEVICE_CUDA:
+      if (count == 0) ep::fail(ep::Status::no_device, "{}: EP_DEVICE_CUDA: no CUDA device ({})", fn, why);
+      if (index >= count) ep::fail(ep::Status::no_device, "{}: EP_DEVICE_CUDA: device {} of {}", fn, index, count);
+      return true;
+    default:
+      ep::fail(ep::Status::invalid_argument, "{}: device {} is not an ep_device_kind", fn, static_cast<int>(kind));
+  }
+}
+
+/// Draws the next token from host logits on the model's backend (uploaded when it is a GPU).
+int32_t sample_logits(ep::backend::Backend &be, const std::vector<float> &logits, const ep::backend::SamplingParams &sp,
+                      uint64_t counter) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  if (be.device() == ep::backend::Device::cpu)
+    return be.sample(ep::backend::Tensor::make(logits.data(), ep::backend::GgmlType::f32, be.device(), {n}), sp, counter);
+  ep::model::DeviceBuffer buf(be, logits.size() * sizeof(float));
+  be.upload(buf.get(), logits.data(), logits.size() * sizeof(float));
+  return be.sample(ep::backend::Tensor::make(buf.get(), ep::backend::GgmlType::f32, be.device(), {n}), sp, counter);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 }  // namespace
+
+namespace ep::capi {
+
+ep_generate_options read_generate_options(const ep_generate_options *options, bool allow_stop_strings, const char *fn) {
+  ep_generate_options opts;
+  ep_generate_options_init(&opts);
+  if (options) {
+    check_struct_size(options->struct_size, kGenerateOptionsV1, sizeof(ep_generate_options), "ep_generate_options");
+    const size_t n = options->struct_size <= kGenerateOptionsV1 ? offsetof(ep_generate_options, min_p)
+                                                                : std::min(options->struct_size, sizeof(ep_generate_options));
+    std::memcpy(&opts, options, n);
+    opts.struct_size = sizeof(ep_generate_options);
+  }
+  if (opts.top_k < 0 || !(opts.top_p > 0.0f && opts.top_p <= 1.0f))
+    ep::fail(ep::Status::invalid_argument, "{}: top_k {} / top_p {} out of range", fn, opts.top_k, opts.top_p);
+  if (!(opts.min_p >= 0.0f && opts.min_p <= 1.0f))
+    ep::fail(ep::Status::invalid_argument, "{}: min_p {} out of range (expected 0..1)", fn, opts.min_p);
+  if (!(opts.repetition_penalty > 0.0f) || !std::isfinite(opts.repetition_penalty))
+    ep::fail(ep::Status::invalid_argument, "{}: repetition_penalty {} (expected > 0; 1 = off)", fn, opts.repetition_penalty);
+  if (!(opts.temperature == opts.temperature))
+    ep::fail(ep::Status::invalid_argument, "{}: temperature is NaN", fn);
+  if (opts.n_stop_tokens && !opts.stop_tokens)
+    ep::fail(ep::Status::invalid_argument, "{}: n_stop_tokens {} with stop_tokens NULL", fn, opts.n_stop_tokens);
+  if (opts.n_stop_strings && !opts.stop_strings)
+    ep::fail(ep::Status::invalid_argument, "{}: n_stop_strings {} with stop_strings NULL", fn, opts.n_stop_strings);
+  if (opts.n_stop_strings && !allow_stop_strings)
+    ep::fail(ep::Status::invalid_argument, "{}: stop_strings need a tokenizer: use ep_generate_text() or ep_generate_chat()", fn);
+  for (size_t i = 0; i < opts.n_stop_strings; ++i)
+    if (!opts.stop_strings[i] || !*opts.stop_strings[i])
+      ep::fail(ep::Status::invalid_argument, "{}: stop_strings[{}] is NULL or empty", fn, i);
+  if (opts.ignore_eos < 0 || opts.ignore_eos > 1)
+    ep::fail(ep::Status::invalid_argument, "{}: ignore_eos {} (expected 0 or 1)", fn, opts.ignore_eos);
+  return opts;
+}
+
+void generate(ep_session &session, std::span<const int32_t> prompt, const ep_generate_options &opts, const TokenHook &hook,
+              ep_generate_stats &st, const char *fn) {
+  if (prompt.empty() && session.last_logits.empty())
+    ep::fail(ep::Status::invalid_argument, "{}: empty prompt on an empty session", fn);
+  check_tokens(session, prompt.data(), prompt.size(), fn);
+  for (size_t i = 0; i < opts.n_stop_tokens; ++i)
+    if (opts.stop_tokens[i] < 0)
+      ep::fail(ep::Status::invalid_argument, "{}: stop_tokens[{}] is {}", fn, i, opts.stop_tokens[i]);
+  st.stop_reason = EP_STOP_LENGTH;
+  auto t0 = std::chrono::steady_clock::now();
+  if (!prompt.empty()) append(session, prompt.data(), prompt.size(), nullptr);
+  st.prompt_tokens = static_cast<uint32_t>(prompt.size());
+  st.prefill_seconds = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  ep::backend::SamplingParams sp;
+  sp.temperature = opts.temperature;
+  sp.top_k = opts.top_k;
+  sp.top_p = opts.top_p;
+  sp.seed = opts.seed;
+  sp.min_p = opts.min_p;
+  sp.repetition_penalty = opts.repetition_penalty;
+  ep::backend::Backend &be = *session.model->backend;
+  bool cancelled = false;
+  auto finish = [&] {
+    st.decode_seconds = seconds_since(t0);
+    st.prefill_tokens_per_second = st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0;
+    st.decode_tokens_per_second = st.decode_seconds > 0 ? st.generated_tokens / st.decode_seconds : 0.0;
+    st.session_tokens = session.tokens.size();
+  };
+  for (uint32_t i = 0; i < opts.max_new_tokens; ++i) {
+    if (opts.repetition_penalty != 1.0f) {
+      const size_t n = session.tokens.size();
+      const size_t w = opts.repetition_window && opts.repetition_window < n ? opts.repetition_window : n;
+      sp.penalty_tokens = std::span<const int32_t>(session.tokens.data() + (n - w), w);
+    }
+    int32_t tok;
+    {
+      std::lock_guard<std::mutex> lock(session.model->mutex);
+      tok = sample_logits(be, session.last_logits, sp, session.sample_counter++);
+    }
+    append(session, &tok, 1, nullptr);
+    ++st.generated_tokens;
+    ep_stop_reason reason = EP_STOP_LENGTH;
+    const int h = hook ? hook(tok, i, reason) : 0;
+    if (h < 0) {
+      st.stop_reason = EP_STOP_CANCELLED;
+      cancelled = true;
+      break;
+    }
+    if (h > 0) {
+      st.stop_reason = reason;
+      break;
+    }
+    bool stop = tok == opts.stop_token;
+    for (size_t k = 0; k < opts.n_stop_tokens && !stop; ++k) stop = tok == opts.stop_tokens[k];
+    if (stop) {
+      st.stop_reason = EP_STOP_TOKEN;
+      break;
+    }
+  }
+  finish();
+  if (cancelled) ep::fail(ep::Status::cancelled, "{}: the callback stopped generation after {} tokens", fn, st.generated_tokens);
+}
+
+void check_generate_stats(const ep_generate_stats *out) {
+  if (out) check_struct_size(out->struct_size, kGenerateStatsV1, sizeof(ep_generate_stats), "ep_generate_stats");
+}
+
+void write_generate_stats(ep_generate_stats *out, const ep_generate_stats &stats) {
+  if (!out) return;
+  ep_generate_stats st = stats;
+  st.struct_size = out->struct_size;
+  std::memcpy(out, &st, std::min(out->struct_size, sizeof(st)));
+}
+
+const std::string &model_source_path(const ep_model &model) { return model.source_path; }
+int64_t model_vocab_size(const ep_model &model) { return model.dsv4->config().vocab; }
+const ep_model &session_model(const ep_session &session) { return *session.model; }
+std::span<const int32_t> session_tokens(const ep_session &session) { return session.tokens; }
+
+void session_reset(ep_session &session) {
+  {
+    std::lock_guard<std::mutex> lock(session.model->mutex);
+    session.state = session.model->dsv4->new_state();
+  }
+  session.last_logits.clear();
+  session.sample_counter = 0;
+  session.tokens.clear();
+}
+
+}  // namespace ep::capi
 
 extern "C" {
 
@@ -86,26 +272,28 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
     if (opts.direct_io < -1 || opts.direct_io > 1)
       ep::fail(ep::Status::invalid_argument, "{}: direct_io {} (expected -1, 0 or 1)", fn, opts.direct_io);
     if (opts.device_index < 0) ep::fail(ep::Status::invalid_argument, "{}: device_index {}", fn, opts.device_index);
-    switch (opts.device) {
-      case EP_DEVICE_AUTO:
-      case EP_DEVICE_CPU:
-        break;
-      case EP_DEVICE_CUDA:
-        ep::fail(ep::Status::unsupported, "{}: DeepSeek-V4 does not run on the CUDA backend yet (missing ops: "
-                                          "hyper-connections, sink attention, compressors); use EP_DEVICE_CPU", fn);
-      default:
-        ep::fail(ep::Status::invalid_argument, "{}: device {} is not an ep_device_kind", fn, static_cast<int>(opts.device));
-    }
+    [[maybe_unused]] const bool use_cuda = choose_cuda(opts.device, opts.device_index, fn);
     if (opts.pack_build < 0 || opts.pack_build > 1)
       ep::fail(ep::Status::invalid_argument, "{}: pack_build {} (expected 0 or 1)", fn, opts.pack_build);
     if (opts.resident_experts < 0 || opts.resident_experts > 1)
       ep::fail(ep::Status::invalid_argument, "{}: resident_experts {} (expected 0 or 1)", fn, opts.resident_experts);
     auto m = std::make_unique<ep_model>();
-    m->backend = std::make_unique<ep::backend::CpuBackend>();
+    int cuda_device = -1;
+    void *cuda_stream = nullptr;
+#ifdef EP_HAVE_CUDA
+    if (use_cuda) {
+      auto cuda = std::make_unique<ep::cuda::CudaBackend>(opts.device_index);
+      cuda_device = opts.device_index;
+      cuda_stream = cuda->stream();
+      m->backend = std::move(cuda);
+    }
+#endif
+    if (!m->backend) m->backend = std::make_unique<ep::backend::CpuBackend>();
     if (opts.resident_experts) {
       if (ep::model::is_pack_file(path))
         ep::fail(ep::Status::invalid_argument, "{}: {} is an Expert Pack; resident_experts needs the source", fn, path);
       m->dsv4 = ep::model::DeepseekV4Model::open(path, *m->backend);
+      m->source_path = path;
     } else {
       ep::model::PackPlacement place;
       if (opts.pack_dir) place.pack_dir = opts.pack_dir;
@@ -125,11 +313,14 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
       po.queue_depth = opts.queue_depth;
       po.read_splits = opts.read_splits;
       po.direct_io = opts.direct_io;
+      po.cuda_device = cuda_device;
+      po.cuda_stream = cuda_stream;
       auto packed = std::make_unique<ep::model::PackedExperts>(rm.pack, m->dsv4->expert_shapes(),
                                                                m->dsv4->config().n_experts_used, po);
       m->packed = packed.get();
       m->dsv4->set_experts(std::move(packed));
       m->pack_path = rm.pack;
+      m->source_path = rm.source;
     }
     *out_model = m.release();
   });
@@ -150,7 +341,9 @@ EP_API ep_status ep_model_store_stats(ep_store_stats *out_stats, const ep_model 
     ep_store_stats s;
     ep_store_stats_init(&s);
     if (model->packed) {
+      std::unique_lock<std::mutex> lock(model->mutex);
       const ep::store::StoreStats t = model->packed->stats();
+      lock.unlock();
       s.acquires = t.acquires;
       s.pack_reads = t.pack_reads;
       s.pack_read_bytes = t.pack_read_bytes;
@@ -204,19 +397,22 @@ EP_API ep_status ep_session_open(ep_session **out_session, ep_model *model) {
     ep::capi::require_arg(model, fn, "model");
     auto s = std::make_unique<ep_session>();
     s->model = model;
+    std::lock_guard<std::mutex> lock(model->mutex);
     s->state = model->dsv4->new_state();
     *out_session = s.release();
   });
 }
 
-EP_API void ep_session_close(ep_session *session) { delete session; }
+EP_API void ep_session_close(ep_session *session) {
+  if (!session) return;
+  std::lock_guard<std::mutex> lock(session->model->mutex);  // the state may hold backend memory
+  delete session;
+}
 
 EP_API ep_status ep_session_reset(ep_session *session) {
   return ep::capi::guard(__func__, [&](const char *fn) {
     ep::capi::require_arg(session, fn, "session");
-    session->state = session->model->dsv4->new_state();
-    session->last_logits.clear();
-    session->sample_counter = 0;
+    ep::capi::session_reset(*session);
   });
 }
 
@@ -235,6 +431,8 @@ EP_API void ep_generate_options_init(ep_generate_options *options) {
   options->max_new_tokens = 16;
   options->top_p = 1.0f;
   options->stop_token = -1;
+  options->repetition_penalty = 1.0f;
+  options->repetition_window = 64;
 }
 
 EP_API void ep_generate_stats_init(ep_generate_stats *stats) {
@@ -247,53 +445,20 @@ EP_API ep_status ep_generate(ep_generate_stats *out_stats, ep_session *session, 
                              const ep_generate_options *options, ep_token_fn callback, void *payload) {
   return ep::capi::guard(__func__, [&](const char *fn) {
     ep::capi::require_arg(session, fn, "session");
-    if (out_stats)
-      ep::capi::check_struct_size(out_stats->struct_size, kGenerateStatsV1, sizeof(ep_generate_stats), "ep_generate_stats");
-    ep_generate_options opts;
-    ep_generate_options_init(&opts);
-    if (options) {
-      ep::capi::check_struct_size(options->struct_size, kGenerateOptionsV1, sizeof(ep_generate_options),
-                                  "ep_generate_options");
-      std::memcpy(&opts, options, std::min(options->struct_size, sizeof(ep_generate_options)));
-      opts.struct_size = sizeof(ep_generate_options);
-    }
+    ep::capi::check_generate_stats(out_stats);
+    const ep_generate_options opts = ep::capi::read_generate_options(options, false, fn);
     if (n_prompt) ep::capi::require_arg(prompt, fn, "prompt");
-    if (!n_prompt && session->last_logits.empty())
-      ep::fail(ep::Status::invalid_argument, "{}: empty prompt on an empty session", fn);
-    if (opts.top_k < 0 || !(opts.top_p > 0.0f && opts.top_p <= 1.0f))
-      ep::fail(ep::Status::invalid_argument, "{}: top_k {} / top_p {} out of range", fn, opts.top_k, opts.top_p);
-    check_tokens(*session, prompt, n_prompt, fn);
     ep_generate_stats st{};
-    auto t0 = std::chrono::steady_clock::now();
-    if (n_prompt) append(*session, prompt, n_prompt, nullptr);
-    st.prompt_tokens = static_cast<uint32_t>(n_prompt);
-    st.prefill_seconds = seconds_since(t0);
-    t0 = std::chrono::steady_clock::now();
-    ep::backend::SamplingParams sp;
-    sp.temperature = opts.temperature;
-    sp.top_k = opts.top_k;
-    sp.top_p = opts.top_p;
-    sp.seed = opts.seed;
-    ep::backend::Backend &be = *session->model->backend;
-    bool cancelled = false;
-    for (uint32_t i = 0; i < opts.max_new_tokens; ++i) {
-      const ep::backend::Tensor row = ep::backend::Tensor::make(session->last_logits.data(), ep::backend::GgmlType::f32,
-                                                                be.device(), {static_cast<int64_t>(session->last_logits.size())});
-      const int32_t tok = be.sample(row, sp, session->sample_counter++);
-      append(*session, &tok, 1, nullptr);
-      ++st.generated_tokens;
-      if (callback && callback(tok, i, payload) != 0) {
-        cancelled = true;
-        break;
-      }
-      if (tok == opts.stop_token) break;
+    const ep::capi::TokenHook hook = [&](int32_t tok, uint32_t i, ep_stop_reason &) {
+      return callback && callback(tok, i, payload) != 0 ? -1 : 0;
+    };
+    try {
+      ep::capi::generate(*session, std::span<const int32_t>(prompt, n_prompt), opts, hook, st, fn);
+    } catch (...) {
+      ep::capi::write_generate_stats(out_stats, st);
+      throw;
     }
-    st.decode_seconds = seconds_since(t0);
-    if (out_stats) {
-      st.struct_size = out_stats->struct_size;
-      std::memcpy(out_stats, &st, std::min(out_stats->struct_size, sizeof(st)));
-    }
-    if (cancelled) ep::fail(ep::Status::cancelled, "{}: the callback stopped generation after {} tokens", fn, st.generated_tokens);
+    ep::capi::write_generate_stats(out_stats, st);
   });
 }
 

@@ -28,7 +28,9 @@ uint32_t type_id(GgmlType t) { return static_cast<uint32_t>(t); }
 enum : unsigned {
   kWsTables = 0, kWsXBf16 = 1, kWsWBf16 = 2, kWsGate = 3, kWsUp = 4, kWsOut = 5,
   // 6, 7: Backend::ffn
-  kWsGather = 8, kWsSample = 9, kWsToken = 10, kWsPairs = 11, kWsCount = 12,
+  kWsGather = 8, kWsSample = 9, kWsToken = 10, kWsPairs = 11,
+  // 12: attention_sinks split partials (cuda_dsv4.cpp)
+  kWsCount = 13,
 };
 constexpr uint64_t kDequantChunkBytes = uint64_t{64} << 20;  // bf16 weight rows per cuBLAS call
 
@@ -365,13 +367,29 @@ int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams 
   backend::check_f32(logits, "sample", "logits", Device::cuda);
   const int64_t n = logits.ne[0];
   if (logits.n_rows() != 1 || n <= 0) fail(Status::shape, "sample: expected one row of logits, got [{}, {}]", n, logits.n_rows());
-  auto *scratch = static_cast<float *>(workspace(kWsSample, static_cast<uint64_t>(n) * 4));
+  // kWsSample: n floats of probabilities, then (with a repetition penalty) n floats of penalized
+  // logits and the distinct penalized ids.
+  const std::vector<int32_t> ids =
+      p.repetition_penalty != 1.0f ? backend::penalty_ids(p.penalty_tokens, n) : std::vector<int32_t>{};
+  const uint64_t n_bytes = static_cast<uint64_t>(n) * 4;
+  auto *scratch = static_cast<float *>(workspace(kWsSample, ids.empty() ? n_bytes : 2 * n_bytes + ids.size() * 4));
   auto *out = static_cast<int32_t *>(workspace(kWsToken, 4));
-  launch_sample(logits.as<float>(), n, p.temperature, p.top_k, p.top_p, backend::sample_uniform(p.seed, counter), scratch,
-                out, impl_->stream);
+  const float *z = logits.as<float>();
+  if (!ids.empty()) {
+    float *copy = scratch + n;
+    auto *dev_ids = reinterpret_cast<int32_t *>(copy + n);
+    EP_CUDA_CHECK(cudaMemcpyAsync(copy, z, n_bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+    upload(dev_ids, ids.data(), ids.size() * 4);
+    launch_repetition_penalty(copy, dev_ids, static_cast<int32_t>(ids.size()), p.repetition_penalty, impl_->stream);
+    z = copy;
+  }
+  launch_sample(z, n, p.temperature, p.top_k, p.top_p, p.min_p, backend::sample_uniform(p.seed, counter), scratch, out,
+                impl_->stream);
   int32_t token = -1;
   download(&token, out, 4);
-  if (token < 0) fail(Status::internal, "sample: no token kept (temperature {}, top_k {}, top_p {})", p.temperature, p.top_k, p.top_p);
+  if (token < 0)
+    fail(Status::internal, "sample: no token kept (temperature {}, top_k {}, top_p {}, min_p {})", p.temperature, p.top_k,
+         p.top_p, p.min_p);
   return token;
 }
 

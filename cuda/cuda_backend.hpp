@@ -45,6 +45,25 @@ class CudaBackend final : public backend::Backend {
            const backend::Tensor &y) override;
   int32_t sample(const backend::Tensor &logits, const backend::SamplingParams &params, uint64_t counter) override;
 
+  void mul(const backend::Tensor &a, const backend::Tensor &b, const backend::Tensor &y) override;
+  void scale(const backend::Tensor &x, float s, const backend::Tensor &y) override;
+  void copy(const backend::Tensor &src, const backend::Tensor &dst) override;
+  void copy_2d(void *dst, uint64_t dst_pitch_bytes, const void *src, uint64_t src_pitch_bytes, uint64_t row_bytes,
+               uint64_t rows) override;
+  void hc_weights(const backend::Tensor &mix, const backend::Tensor &scale, const backend::Tensor &base, float eps,
+                  int32_t sinkhorn_iters, const backend::Tensor &pre, const backend::Tensor *post,
+                  const backend::Tensor *comb) override;
+  void hc_collapse(const backend::Tensor &x, const backend::Tensor &pre, const backend::Tensor &y) override;
+  void hc_expand(const backend::Tensor &x, const backend::Tensor &f, const backend::Tensor &post,
+                 const backend::Tensor &comb, const backend::Tensor &y) override;
+  void attention_sinks(const backend::Tensor &q, const backend::Tensor &kv, const backend::Tensor &visible,
+                       const backend::Tensor &sinks, float scale, const backend::Tensor &out) override;
+  void pool_windows(const backend::Tensor &kv, const backend::Tensor &gate, const backend::Tensor &out) override;
+  void indexer_scores(const backend::Tensor &q, const backend::Tensor &w, const backend::Tensor &keys,
+                      const backend::Tensor &visible, float scale, const backend::Tensor &scores) override;
+  void set_visible(const backend::Tensor &indices, const backend::Tensor &values, int64_t offset,
+                   const backend::Tensor &mask) override;
+
   /// y[N, T] = W · x through the dequantize-to-bf16 + cuBLAS path regardless of T (benchmarks).
   void matmul_gemm(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y);
 

@@ -9,10 +9,19 @@
 
 namespace ep::cuda {
 
+/// GEMV kernels (cuda/gemv_quant.cu). automatic: the fastest for the type (EP_GEMV_KERNEL =
+/// generic|pipe|mma|mma-s6|mma-k2|mma-k4 overrides it); mma* run mxfp4, q2_K and q3_K with k a
+/// multiple of 256 on tensor cores (other types and shapes fall back to the type's default kernel);
+/// the mma variants differ in ring depth and in how many warps split k.
+enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, mma_s6, mma_k2, mma_k4 };
+
 /// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =
 /// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of
 /// type `type`), x_m = x + (x_rows ? x_rows[m] : m)·k and y_m = y + m·n·n_tok.
 /// w_ptrs and x_rows are device arrays. x must be 16-byte aligned; n_tok <= kGemvMaxTokens.
+/// Accumulation is f32; the mma kernel carries x as two f16 halves (~22 bits, scaled per token
+/// by a power of two, any f32 range), within 5e-5 of the largest output of an f64 reference in
+/// tests/cuda/gemv_gpu_test.cpp.
 struct GemvArgs {
   const void *const *w_ptrs = nullptr;  ///< device array [n_mat], or null: every matrix is `w`
   const void *w = nullptr;
@@ -23,9 +32,15 @@ struct GemvArgs {
   int64_t n = 0;
   int32_t n_tok = 1;
   int32_t n_mat = 1;
+  GemvKernel kernel = GemvKernel::automatic;
 };
 inline constexpr int32_t kGemvMaxTokens = 8;
 void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream);
+/// The kernel launch_gemv runs for this type and these arguments.
+GemvKernel gemv_kernel_for(uint32_t type, const GemvArgs &args);
+const char *gemv_kernel_name(GemvKernel kernel);
+/// Parses a gemv_kernel_name(); false for an unknown name.
+bool parse_gemv_kernel(const char *name, GemvKernel &out);
 
 /// Dequantizes `rows` rows of k values (row stride = row bytes) to f32 (dst_f32) or bf16
 /// (dst_bf16; exactly one of them non-null), bit-exact with ggml for f32 output.
@@ -80,9 +95,12 @@ void launch_gather_rows(const float *x, const int32_t *rows, int64_t d, int64_t 
 /// out[rows[i]·d ..] = src[i·d ..].
 void launch_scatter_rows(const float *src, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
 
-/// Sampling on the device (semantics of backend::SamplingParams); `scratch` holds n floats.
-/// Writes the token to *out (device).
-void launch_sample(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p, double u,
+/// Sampling on the device (semantics of backend::SamplingParams, after the repetition
+/// penalty); `scratch` holds n floats. Writes the token to *out (device).
+void launch_sample(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p, float min_p, double u,
                    float *scratch, int32_t *out, cudaStream_t stream);
+/// The repetition penalty on a device copy of the logits: z[ids[j]] / penalty when positive,
+/// × penalty otherwise; ids (device) are distinct and inside the row.
+void launch_repetition_penalty(float *z, const int32_t *ids, int32_t n_ids, float penalty, cudaStream_t stream);
 
 }  // namespace ep::cuda

@@ -1,7 +1,8 @@
 // Sampling on the device, one block: greedy (first maximum), or temperature + top-k (k-th
 // largest found by a bitwise search over order-preserving float keys, ties at the k-th value
 // kept) + top-p (the largest probability cut whose kept mass reaches top_p, found the same way)
-// + a draw in vocabulary order with the host's seeded uniform u. Sums in double, like the CPU
+// + min-p (relative to the most likely token) + a draw in vocabulary order with the host's
+// seeded uniform u. The repetition penalty runs first, on a copy of the logits. Sums in double, like the CPU
 // reference, so both backends pick the same token.
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
@@ -20,8 +21,17 @@ __device__ __forceinline__ float key_float(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+/// z[ids[j]] of the copy: / penalty when positive, × penalty otherwise (ids distinct, in range).
+__global__ void repetition_penalty_kernel(float *__restrict__ z, const int32_t *__restrict__ ids, int32_t n_ids,
+                                          float penalty) {
+  const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= n_ids) return;
+  const float v = z[ids[j]];
+  z[ids[j]] = v > 0.0f ? v / penalty : v * penalty;
+}
+
 __global__ void sample_kernel(const float *__restrict__ logits, int64_t n, float temperature, int32_t top_k, float top_p,
-                              double u, float *__restrict__ p, int32_t *out) {
+                              float min_p, double u, float *__restrict__ p, int32_t *out) {
   __shared__ double scan[kThreads];
   const int tid = threadIdx.x;
   if (temperature <= 0.0f || top_k == 1) {
@@ -74,6 +84,11 @@ __global__ void sample_kernel(const float *__restrict__ logits, int64_t n, float
       if (p[i] < cutf) p[i] = 0.0f;
     __syncthreads();
   }
+  if (min_p > 0.0f) {  // relative to the most likely token, whose p is expf(0) = 1
+    for (int64_t i = tid; i < n; i += kThreads)
+      if (p[i] < min_p) p[i] = 0.0f;
+    __syncthreads();
+  }
   // draw in vocabulary order: contiguous chunks per thread, exclusive scan of chunk sums
   const int64_t chunk = (n + kThreads - 1) / kThreads;
   const int64_t begin = tid * chunk, end = begin + chunk < n ? begin + chunk : n;
@@ -113,9 +128,15 @@ __global__ void sample_kernel(const float *__restrict__ logits, int64_t n, float
 
 }  // namespace
 
-void launch_sample(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p, double u, float *scratch,
-                   int32_t *out, cudaStream_t stream) {
-  sample_kernel<<<1, kThreads, 0, stream>>>(logits, n, temperature, top_k, top_p, u, scratch, out);
+void launch_repetition_penalty(float *z, const int32_t *ids, int32_t n_ids, float penalty, cudaStream_t stream) {
+  if (n_ids <= 0) return;
+  repetition_penalty_kernel<<<(n_ids + 255) / 256, 256, 0, stream>>>(z, ids, n_ids, penalty);
+  EP_CUDA_CHECK_LAUNCH("repetition_penalty_kernel");
+}
+
+void launch_sample(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p, float min_p, double u,
+                   float *scratch, int32_t *out, cudaStream_t stream) {
+  sample_kernel<<<1, kThreads, 0, stream>>>(logits, n, temperature, top_k, top_p, min_p, u, scratch, out);
   EP_CUDA_CHECK_LAUNCH("sample_kernel");
 }
 

@@ -46,7 +46,7 @@ class CudaStoreDevice final : public StoreDevice {
     if (compute_) cudaStreamSynchronize(compute_);
     for (auto *list : {&ready_, &last_use_, &copied_, &table_done_})
       for (cudaEvent_t e : *list) cudaEventDestroy(e);
-    if (staging_) cudaFreeHost(staging_);
+    if (staging_raw_) cudaFreeHost(staging_raw_);
     if (host_tables_) cudaFreeHost(host_tables_);
     if (slots_) cudaFree(slots_);
     if (device_tables_) cudaFree(device_tables_);
@@ -67,10 +67,11 @@ class CudaStoreDevice final : public StoreDevice {
     shape_ = shape;
     EP_CUDA_CHECK(cudaSetDevice(device_));
     void *p = nullptr;
-    EP_CUDA_CHECK(cudaHostAlloc(&p, shape.staging_slots * shape.staging_slot_bytes, cudaHostAllocPortable));
-    staging_ = static_cast<std::byte *>(p);
-    if (reinterpret_cast<uintptr_t>(staging_) % 4096 != 0)
-      fail(Status::internal, "cudaHostAlloc returned {} which is not 4096-aligned", p);
+    // Small pinned allocations come from a pool and need not be page-aligned: allocate one page
+    // more and align (O_DIRECT reads need 4096-aligned buffers).
+    EP_CUDA_CHECK(cudaHostAlloc(&p, shape.staging_slots * shape.staging_slot_bytes + kStagingAlign, cudaHostAllocPortable));
+    staging_raw_ = p;
+    staging_ = static_cast<std::byte *>(p) + (kStagingAlign - reinterpret_cast<uintptr_t>(p) % kStagingAlign) % kStagingAlign;
     EP_CUDA_CHECK(cudaMalloc(&p, shape.num_slots * shape.slot_bytes));
     slots_ = static_cast<std::byte *>(p);
     const size_t table_bytes = static_cast<size_t>(shape.tables) * shape.table_entries * sizeof(void *);
@@ -140,6 +141,8 @@ class CudaStoreDevice final : public StoreDevice {
   DeviceShape shape_;
   cudaStream_t transfer_ = nullptr, compute_ = nullptr;
   bool own_compute_ = false;
+  static constexpr uintptr_t kStagingAlign = 4096;
+  void *staging_raw_ = nullptr;  // what cudaHostAlloc returned; staging_ is it rounded up to 4096
   std::byte *staging_ = nullptr, *slots_ = nullptr;
   const void **host_tables_ = nullptr, **device_tables_ = nullptr;
   std::vector<cudaEvent_t> ready_, last_use_, copied_, table_done_;

@@ -235,5 +235,6 @@ EP_API ep_status ep_cuda_device_count(int32_t *out_count);
 #include "expertpack/pack.h"
 #include "expertpack/model.h"
 #include "expertpack/store.h"
+#include "expertpack/text.h"
 
 #endif /* EXPERTPACK_H */

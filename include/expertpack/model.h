@@ -13,12 +13,15 @@
  * (size, mtime) match, and rebuilt when the source changed (or #EP_ERR_STALE when building is
  * disabled, or when the pack was given explicitly). Dense weights always come from the source.
  *
- * Current limits (stated, not hidden): the model runs on the CPU backend only (the GPU backend
- * lacks DeepSeek-V4's hyper-connection, sink-attention and compressor ops); the expert cache
- * lives in host memory.
+ * Devices: the CPU reference backend, or a CUDA GPU (dense weights in VRAM in their file types,
+ * the expert cache's slots in VRAM, filled through pinned staging); #EP_DEVICE_AUTO takes the
+ * GPU when there is one.
  *
- * Thread safety: an ::ep_model may be shared by sessions on one thread at a time; a session must
- * not be used from two threads at once.
+ * Thread safety: an ::ep_model may be shared by any number of sessions used from any number of
+ * threads at once: the model serialises its forward passes (one at a time per model; sessions
+ * on different models run in parallel), and the results do not depend on how calls interleave
+ * (the same tokens as running the sessions one after another). A session must not be used from
+ * two threads at once.
  */
 #ifndef EXPERTPACK_MODEL_H
 #define EXPERTPACK_MODEL_H
@@ -40,9 +43,9 @@ typedef struct ep_session ep_session;
 
 /** Where a model computes. Pinned to 32 bits. */
 typedef enum ep_device_kind {
-  EP_DEVICE_AUTO = 0,  /**< The best available device that supports the model (today: the CPU). */
+  EP_DEVICE_AUTO = 0,  /**< CUDA device ep_model_options::device_index when it exists, else the CPU. */
   EP_DEVICE_CPU = 1,   /**< The CPU reference backend. */
-  EP_DEVICE_CUDA = 2,  /**< A CUDA GPU (not yet supported for DeepSeek-V4: #EP_ERR_UNSUPPORTED). */
+  EP_DEVICE_CUDA = 2,  /**< A CUDA GPU (#EP_ERR_NO_DEVICE when there is none, or in a build without CUDA). */
   EP_DEVICE_FORCE_32BIT = 0x7fffffff /**< Not a device: pins the enum to 32 bits. */
 } ep_device_kind;
 
@@ -60,7 +63,8 @@ typedef struct ep_model_options {
   ep_device_kind device;       /**< Default: #EP_DEVICE_AUTO. */
   int32_t device_index;        /**< CUDA device ordinal. Default: 0. */
   uint64_t cache_budget_bytes; /**< Expert cache budget in bytes (whole slots of the largest expert; at least top_k of them,
-                                    else #EP_ERR_BUDGET); 0 = room for every expert, at most half the physical memory. Default: 0. */
+                                    else #EP_ERR_BUDGET); 0 = room for every expert, at most half the physical memory (CUDA: the free GPU memory less
+                                    2 GiB). Default: 0. */
   uint32_t staging_slots;      /**< Staging slots for expert reads; 0 = automatic. Default: 0. */
   uint32_t queue_depth;        /**< I/O queue depth; 0 = automatic. Default: 0. */
   uint32_t read_splits;        /**< Reads each expert object in this many parts; 0 = automatic. Default: 0. */
@@ -95,8 +99,8 @@ EP_API void ep_model_options_init(ep_model_options *options);
  *         top_k experts); #EP_ERR_BUSY (another process is building the same pack); #EP_ERR_IO;
  *         #EP_ERR_FORMAT (malformed file, or missing / unmapped / unexpected tensors, all listed
  *         in ep_last_error(); a pack that does not fit the model); #EP_ERR_SHAPE (a tensor of the
- *         wrong shape); #EP_ERR_CORRUPT; #EP_ERR_UNSUPPORTED (architecture, dtype or device);
- *         #EP_ERR_OUT_OF_MEMORY.
+ *         wrong shape); #EP_ERR_CORRUPT; #EP_ERR_UNSUPPORTED (architecture or dtype);
+ *         #EP_ERR_NO_DEVICE (#EP_DEVICE_CUDA without a GPU); #EP_ERR_CUDA; #EP_ERR_OUT_OF_MEMORY.
  */
 EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_model_options *options);
 
@@ -193,6 +197,17 @@ typedef struct ep_generate_options {
   float top_p;              /**< Nucleus probability (1 = all). Default: 1. */
   uint64_t seed;            /**< Seed of the sampler (deterministic per seed). Default: 0. */
   int32_t stop_token;       /**< Stop after emitting this token; -1 = never. Default: -1. */
+  /* Appended after the first version: */
+  float min_p;              /**< Drop tokens whose probability is below min_p × the most likely one's (after top_k/top_p); 0 = off. Default: 0. */
+  float repetition_penalty; /**< Divide positive logits (multiply negative ones) of tokens seen in the last
+                                 repetition_window tokens of the session by this (> 0); 1 = off. Default: 1. */
+  uint32_t repetition_window; /**< Tokens of the session (prompt and generated) the penalty looks back over; 0 = all. Default: 64. */
+  const int32_t *stop_tokens; /**< NULL, or n_stop_tokens more token ids to stop after (the stop token is emitted). Default: NULL. */
+  size_t n_stop_tokens;     /**< Entries of stop_tokens. Default: 0. */
+  const char *const *stop_strings; /**< NULL, or n_stop_strings UTF-8 strings that end text generation (ep_generate_text(),
+                                        ep_generate_chat(); ep_generate() refuses them). Default: NULL. */
+  size_t n_stop_strings;    /**< Entries of stop_strings. Default: 0. */
+  int32_t ignore_eos;       /**< Text generation: 1 = do not stop at the tokenizer's EOS / end-of-turn tokens. Default: 0. */
 } ep_generate_options;
 
 /**
@@ -201,6 +216,15 @@ typedef struct ep_generate_options {
  */
 EP_API void ep_generate_options_init(ep_generate_options *options);
 
+/** Why a generation call stopped. Pinned to 32 bits. */
+typedef enum ep_stop_reason {
+  EP_STOP_LENGTH = 0,    /**< max_new_tokens were generated. */
+  EP_STOP_TOKEN = 1,     /**< A stop token (or, for text generation, EOS / end of turn) was generated. */
+  EP_STOP_STRING = 2,    /**< A stop string appeared in the generated text. */
+  EP_STOP_CANCELLED = 3, /**< The callback asked to stop. */
+  EP_STOP_REASON_FORCE_32BIT = 0x7fffffff /**< Not a reason: pins the enum to 32 bits. */
+} ep_stop_reason;
+
 /** Statistics of one ep_generate() call, filled up to its struct_size. */
 typedef struct ep_generate_stats {
   size_t struct_size;          /**< Set by the caller to `sizeof(ep_generate_stats)` (or use ep_generate_stats_init()). */
@@ -208,6 +232,12 @@ typedef struct ep_generate_stats {
   uint32_t generated_tokens;   /**< Tokens generated (including a stop token, and the token the callback stopped at). */
   double prefill_seconds;      /**< Wall time of the prompt pass. */
   double decode_seconds;       /**< Wall time of the generation steps. */
+  /* Appended after the first version: */
+  ep_stop_reason stop_reason;  /**< Why generation stopped. */
+  uint32_t reused_tokens;      /**< ep_generate_chat(): prompt tokens already in the session (not processed again). */
+  double prefill_tokens_per_second; /**< prompt_tokens / prefill_seconds (0 when nothing was processed). */
+  double decode_tokens_per_second;  /**< generated_tokens / decode_seconds (0 when nothing was generated). */
+  uint64_t session_tokens;     /**< Tokens the session holds afterwards. */
 } ep_generate_stats;
 
 /**
@@ -225,8 +255,10 @@ EP_API void ep_generate_stats_init(ep_generate_stats *stats);
  * @param options  NULL for the defaults, or filled by ep_generate_options_init().
  * @param callback NULL, or called with every generated token (it may stop the generation).
  * @param payload  Passed to @p callback unchanged.
+ * Stops after max_new_tokens, or after emitting stop_token or one of stop_tokens.
  * @return #EP_OK; #EP_ERR_CANCELLED (the callback stopped it); #EP_ERR_INVALID_ARGUMENT (NULL
- *         argument, empty sequence, token id outside the vocabulary); #EP_ERR_STRUCT_SIZE.
+ *         argument, empty sequence, token id outside the vocabulary, stop_strings given, bad
+ *         sampling value); #EP_ERR_STRUCT_SIZE.
  */
 EP_API ep_status ep_generate(ep_generate_stats *out_stats, ep_session *session, const int32_t *prompt, size_t n_prompt,
                              const ep_generate_options *options, ep_token_fn callback, void *payload);

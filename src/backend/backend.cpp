@@ -2,7 +2,9 @@
 
 #include "core/error.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 namespace ep::backend {
 
@@ -88,6 +90,24 @@ double sample_uniform(uint64_t seed, uint64_t counter) noexcept {
   return static_cast<double>(r >> 11) * 0x1.0p-53;
 }
 
+std::vector<int32_t> penalty_ids(std::span<const int32_t> tokens, int64_t n_vocab) {
+  std::vector<int32_t> ids;
+  ids.reserve(tokens.size());
+  for (int32_t t : tokens)
+    if (t >= 0 && t < n_vocab) ids.push_back(t);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+void apply_repetition_penalty(float *z, int64_t n_vocab, const SamplingParams &p) {
+  if (p.repetition_penalty == 1.0f || p.penalty_tokens.empty()) return;
+  for (int32_t t : penalty_ids(p.penalty_tokens, n_vocab)) {
+    float &v = z[t];
+    v = v > 0.0f ? v / p.repetition_penalty : v * p.repetition_penalty;
+  }
+}
+
 void Backend::ffn(const Tensor &x, const Tensor &w_gate, const Tensor &w_up, const Tensor &w_down,
                   const Activation &act, const Tensor &y) {
   const int64_t n_ff = w_gate.ne[1];
@@ -144,6 +164,27 @@ void check_i32(const Tensor &t, const char *op, const char *what, Device device)
   check_common(t, op, what, device);
 }
 
+void check_i8(const Tensor &t, const char *op, const char *what, Device device) {
+  if (t.type != GgmlType::i8)
+    fail(Status::unsupported, "{}: {} must be i8, found type id {}", op, what, static_cast<uint32_t>(t.type));
+  check_common(t, op, what, device);
+}
+
+void check_copy_2d(const void *dst, uint64_t dst_pitch, const void *src, uint64_t src_pitch, uint64_t row_bytes,
+                   uint64_t rows) {
+  if (rows == 0 || row_bytes == 0) return;
+  if (dst == nullptr || src == nullptr || dst_pitch < row_bytes || src_pitch < row_bytes)
+    fail(Status::invalid_argument, "copy_2d: {} rows of {} bytes with pitches dst {} / src {} (null pointer or pitch "
+         "below the row size)", rows, row_bytes, dst_pitch, src_pitch);
+}
+
+void check_copy(const Tensor &src, const Tensor &dst, Device device) {
+  check_common(src, "copy", "src", device);
+  check_common(dst, "copy", "dst", device);
+  if (src.n_bytes() != dst.n_bytes())
+    fail(Status::shape, "copy: src has {} bytes, dst {}", src.n_bytes(), dst.n_bytes());
+}
+
 void check_same_shape(const Tensor &a, const Tensor &b, const char *op) {
   for (int i = 0; i < 4; ++i) {
     if (a.ne[i] != b.ne[i])
@@ -179,6 +220,116 @@ void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
     fail(Status::shape, "moe: expert_ids have {} tokens, x has {}", expert_ids.n_rows(), x.n_rows());
   for (const SlotWeight *sw : {&l.gate, &l.up, &l.down})
     (void)format::ggml_row_bytes(sw->type, static_cast<uint64_t>(sw->ne0), "moe expert weight");
+}
+
+namespace {
+constexpr int64_t kHcMax = 16;
+struct Named {
+  const Tensor *t;
+  const char *what;
+};
+void check_all_f32(std::initializer_list<Named> tensors, const char *op, Device device) {
+  for (const Named &n : tensors) check_f32(*n.t, op, n.what, device);
+}
+int64_t tokens_of(const Tensor &t, int first_token_dim) {
+  int64_t n = 1;
+  for (int i = first_token_dim; i < 4; ++i) n *= t.ne[i];
+  return n;
+}
+}  // namespace
+
+int64_t check_hc_weights(const Tensor &mix, const Tensor &scale, const Tensor &base, const Tensor &pre,
+                         const Tensor *post, const Tensor *comb, Device device) {
+  const char *op = "hc_weights";
+  check_all_f32({{&mix, "mix"}, {&scale, "scale"}, {&base, "base"}, {&pre, "pre"}}, op, device);
+  if ((post == nullptr) != (comb == nullptr)) fail(Status::invalid_argument, "{}: give both post and comb or neither", op);
+  const int64_t hc = pre.ne[0], n_tok = pre.n_rows();
+  if (hc <= 0 || hc > kHcMax) fail(Status::unsupported, "{}: {} streams, supported 1..{}", op, hc, kHcMax);
+  const int64_t m = post ? (2 + hc) * hc : hc;
+  if (mix.ne[0] != m || mix.n_rows() != n_tok || base.n_elems() != m || scale.n_elems() != (post ? 3 : 1))
+    fail(Status::shape, "{}: mix [{}, {}], base [{}] and scale [{}] do not fit {} streams x {} tokens "
+         "(expected mix [{}, {}], base [{}], scale [{}])", op, mix.ne[0], mix.n_rows(), base.n_elems(),
+         scale.n_elems(), hc, n_tok, m, n_tok, m, post ? 3 : 1);
+  if (post) {
+    check_f32(*post, op, "post", device);
+    check_f32(*comb, op, "comb", device);
+    if (post->ne[0] != hc || post->n_rows() != n_tok || comb->ne[0] != hc * hc || comb->n_rows() != n_tok)
+      fail(Status::shape, "{}: post [{}, {}] / comb [{}, {}] do not fit {} streams x {} tokens", op, post->ne[0],
+           post->n_rows(), comb->ne[0], comb->n_rows(), hc, n_tok);
+  }
+  return hc;
+}
+
+int64_t check_hc_collapse(const Tensor &x, const Tensor &pre, const Tensor &y, Device device) {
+  const char *op = "hc_collapse";
+  check_all_f32({{&x, "x"}, {&pre, "pre"}, {&y, "y"}}, op, device);
+  const int64_t hc = pre.ne[0], n_tok = pre.n_rows();
+  if (hc <= 0 || hc > kHcMax) fail(Status::unsupported, "{}: {} streams, supported 1..{}", op, hc, kHcMax);
+  if (x.ne[0] != y.ne[0] || x.ne[1] != hc || tokens_of(x, 2) != n_tok || y.n_rows() != n_tok)
+    fail(Status::shape, "{}: x [{}, {}, {}], pre [{}, {}] and y [{}, {}] do not fit (expected x [D, hc, T], "
+         "pre [hc, T], y [D, T])", op, x.ne[0], x.ne[1], tokens_of(x, 2), hc, n_tok, y.ne[0], y.n_rows());
+  return hc;
+}
+
+int64_t check_hc_expand(const Tensor &x, const Tensor &f, const Tensor &post, const Tensor &comb, const Tensor &y,
+                        Device device) {
+  const char *op = "hc_expand";
+  check_all_f32({{&x, "x"}, {&f, "f"}, {&post, "post"}, {&comb, "comb"}, {&y, "y"}}, op, device);
+  check_same_shape(x, y, op);
+  const int64_t hc = post.ne[0], n_tok = post.n_rows();
+  if (hc <= 0 || hc > kHcMax) fail(Status::unsupported, "{}: {} streams, supported 1..{}", op, hc, kHcMax);
+  if (x.ne[0] != f.ne[0] || x.ne[1] != hc || tokens_of(x, 2) != n_tok || f.n_rows() != n_tok ||
+      comb.ne[0] != hc * hc || comb.n_rows() != n_tok)
+    fail(Status::shape, "{}: x [{}, {}, {}], f [{}, {}], post [{}, {}], comb [{}, {}] do not fit (expected x [D, hc, T], "
+         "f [D, T], post [hc, T], comb [hc*hc, T])", op, x.ne[0], x.ne[1], tokens_of(x, 2), f.ne[0], f.n_rows(), hc,
+         n_tok, comb.ne[0], comb.n_rows());
+  return hc;
+}
+
+void check_attention_sinks(const Tensor &q, const Tensor &kv, const Tensor &visible, const Tensor &sinks,
+                           const Tensor &out, Device device) {
+  const char *op = "attention_sinks";
+  check_all_f32({{&q, "q"}, {&kv, "kv"}, {&sinks, "sinks"}, {&out, "out"}}, op, device);
+  check_i8(visible, op, "visible", device);
+  check_same_shape(q, out, op);
+  const int64_t hd = q.ne[0], n_heads = q.ne[1], n_tok = tokens_of(q, 2), n_kv = kv.n_rows();
+  if (kv.ne[0] != hd || visible.ne[0] != n_kv || visible.n_rows() != n_tok || sinks.n_elems() != n_heads)
+    fail(Status::shape, "{}: q [{}, {}, {}], kv [{}, {}], visible [{}, {}], sinks [{}] do not fit (expected "
+         "q [hd, H, T], kv [hd, n_kv], visible [n_kv, T], sinks [H])", op, hd, n_heads, n_tok, kv.ne[0], n_kv,
+         visible.ne[0], visible.n_rows(), sinks.n_elems());
+}
+
+void check_pool_windows(const Tensor &kv, const Tensor &gate, const Tensor &out, Device device) {
+  const char *op = "pool_windows";
+  check_all_f32({{&kv, "kv"}, {&gate, "gate"}, {&out, "out"}}, op, device);
+  check_same_shape(kv, gate, op);
+  if (kv.ne[3] != 1 || out.ne[0] != kv.ne[0] || out.n_rows() != kv.ne[2] || kv.ne[1] <= 0)
+    fail(Status::shape, "{}: kv [{}, {}, {}, {}] and out [{}, {}] do not fit (expected kv [d, n_slots >= 1, n_win], "
+         "out [d, n_win])", op, kv.ne[0], kv.ne[1], kv.ne[2], kv.ne[3], out.ne[0], out.n_rows());
+}
+
+void check_indexer_scores(const Tensor &q, const Tensor &w, const Tensor &keys, const Tensor &visible,
+                          const Tensor &scores, Device device) {
+  const char *op = "indexer_scores";
+  check_all_f32({{&q, "q"}, {&w, "w"}, {&keys, "keys"}, {&scores, "scores"}}, op, device);
+  check_i8(visible, op, "visible", device);
+  const int64_t dim = q.ne[0], n_heads = q.ne[1], n_tok = tokens_of(q, 2), n = keys.n_rows();
+  if (w.ne[0] != n_heads || w.n_rows() != n_tok || keys.ne[0] != dim || visible.ne[0] != n ||
+      visible.n_rows() != n_tok || scores.ne[0] != n || scores.n_rows() != n_tok)
+    fail(Status::shape, "{}: q [{}, {}, {}], w [{}, {}], keys [{}, {}], visible [{}, {}], scores [{}, {}] do not fit "
+         "(expected q [dim, H, T], w [H, T], keys [dim, n], visible and scores [n, T])", op, dim, n_heads, n_tok,
+         w.ne[0], w.n_rows(), keys.ne[0], n, visible.ne[0], visible.n_rows(), scores.ne[0], scores.n_rows());
+}
+
+void check_set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask, Device device) {
+  const char *op = "set_visible";
+  check_i32(indices, op, "indices", device);
+  check_f32(values, op, "values", device);
+  check_i8(mask, op, "mask", device);
+  check_same_shape(indices, values, op);
+  if (indices.n_rows() != mask.n_rows() || offset < 0 || offset > mask.ne[0])
+    fail(Status::shape, "{}: indices [{}, {}] with offset {} do not fit mask [{}, {}]", op, indices.ne[0],
+         indices.n_rows(), offset, mask.ne[0], mask.n_rows());
 }
 
 std::vector<const uint8_t *> resolve_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots) {

@@ -11,6 +11,7 @@
 #include "backend/tensor.hpp"
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -79,16 +80,29 @@ struct ExpertSlots {
   int32_t n_experts = 0;
 };
 
-/// Sampling: greedy when temperature <= 0 or top_k == 1. Otherwise logits/temperature,
-/// keep the top_k largest (0 = all; ties at the k-th value are kept), then the smallest set of
-/// most probable tokens whose probability reaches top_p (1 = all), and draw from the kept
-/// tokens in vocabulary order with u = sample_uniform(seed, counter).
+/// Sampling. First the repetition penalty: the logit z of each distinct token in
+/// penalty_tokens becomes z / repetition_penalty when z > 0, else z · repetition_penalty (HF /
+/// llama.cpp; 1 = off; ids outside the row are ignored). Then greedy (first maximum) when
+/// temperature <= 0 or top_k == 1. Otherwise logits/temperature, keep the top_k largest (0 =
+/// all; ties at the k-th value are kept), then the smallest set of most probable tokens whose
+/// probability reaches top_p (1 = all), then drop tokens whose probability is below min_p × the
+/// largest (0 = off), and draw from the kept tokens in vocabulary order with
+/// u = sample_uniform(seed, counter).
 struct SamplingParams {
   float temperature = 0.0f;
   int32_t top_k = 0;
   float top_p = 1.0f;
   uint64_t seed = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  /// Tokens the penalty applies to (duplicates count once); host memory, valid during sample().
+  std::span<const int32_t> penalty_tokens;
 };
+
+/// The distinct ids of @p tokens inside [0, n_vocab), ascending (what the penalty touches).
+std::vector<int32_t> penalty_ids(std::span<const int32_t> tokens, int64_t n_vocab);
+/// Applies the repetition penalty of @p p to @p z (n_vocab floats) in place.
+void apply_repetition_penalty(float *z, int64_t n_vocab, const SamplingParams &p);
 
 /// The seeded uniform in [0, 1) used for draw @p counter (splitmix64; same on every backend).
 double sample_uniform(uint64_t seed, uint64_t counter) noexcept;
@@ -127,7 +141,9 @@ class Backend {
   /// Row-wise softmax; y may alias x.
   virtual void softmax(const Tensor &x, const Tensor &y) = 0;
   /// Per row: the k largest values, descending (ties: lower index first); indices i32 [k, rows],
-  /// values f32 [k, rows].
+  /// values f32 [k, rows]. 1 <= k <= ne0. −inf is an ordinary value (it sorts last, so with k
+  /// above the count of finite values the pick ends in −inf entries, lowest index first); NaN
+  /// inputs are not supported.
   virtual void top_k(const Tensor &x, int32_t k, const Tensor &indices, const Tensor &values) = 0;
   /// y = act(gate, up) elementwise (all f32, same shape).
   virtual void glu(const Tensor &gate, const Tensor &up, const Activation &act, const Tensor &y) = 0;
@@ -147,6 +163,69 @@ class Backend {
   /// Draws one token from logits f32 [V] (one row); synchronises.
   virtual int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) = 0;
 
+  // ---- elementwise ops and device copies ----
+  // (DeepSeek-V4 ops, issue #6. Signatures are stable; changes are noted here.)
+  /// y = a · b elementwise (all f32, same shape); y may alias a or b.
+  virtual void mul(const Tensor &a, const Tensor &b, const Tensor &y) = 0;
+  /// y = s · x elementwise (f32, same shape); y may alias x.
+  virtual void scale(const Tensor &x, float s, const Tensor &y) = 0;
+  /// dst = src, bytes as they are: both contiguous on the backend's device, any types, the same
+  /// n_bytes(). Ordered on the stream like the ops.
+  virtual void copy(const Tensor &src, const Tensor &dst) = 0;
+  /// Strided copy on the backend's device (a gather of rows / a slice of columns):
+  /// for r < rows: dst + r·dst_pitch_bytes ← row_bytes bytes at src + r·src_pitch_bytes.
+  /// Pitches are >= row_bytes; source and destination must not overlap.
+  virtual void copy_2d(void *dst, uint64_t dst_pitch_bytes, const void *src, uint64_t src_pitch_bytes,
+                       uint64_t row_bytes, uint64_t rows) = 0;
+
+  // ---- DeepSeek-V4 ops (docs/models/deepseek-v4.md) ----
+  // Masks are i8 (nonzero = visible), [n_keys, T]: row t says which keys token t may see.
+  /// Manifold-constrained hyper-connection weights, per token t (hc = pre.ne[0]), from the mix
+  /// logits m = mix[:, t]:
+  ///   pre_i  = σ(m_i·scale[0] + base_i) + eps
+  ///   post_i = 2σ(m_{hc+i}·scale[1] + base_{hc+i})
+  ///   comb   = Sinkhorn(softmax_row(m_{2hc..}·scale[2] + base_{2hc..}) + eps): one column
+  ///            normalisation, then (sinkhorn_iters − 1) × (row, column), each dividing by
+  ///            (sum + eps); sinkhorn_iters < 1 counts as 1. comb[:, t] is row-major [hc][hc]
+  ///            (comb[i·hc + j]).
+  /// mix f32 [(2+hc)·hc, T], scale f32 [3], base f32 [(2+hc)·hc], pre/post f32 [hc, T],
+  /// comb f32 [hc·hc, T]. With post and comb both null only pre is computed, and mix is
+  /// [hc, T], scale [1] and base [hc] (the output head's collapse). hc <= 16.
+  virtual void hc_weights(const Tensor &mix, const Tensor &scale, const Tensor &base, float eps,
+                          int32_t sinkhorn_iters, const Tensor &pre, const Tensor *post, const Tensor *comb) = 0;
+  /// Collapse of the hc streams: y[:, t] = Σ_j pre[j, t] · x[:, j, t] (j ascending).
+  /// x f32 [D, hc, T], pre f32 [hc, T], y f32 [D, T].
+  virtual void hc_collapse(const Tensor &x, const Tensor &pre, const Tensor &y) = 0;
+  /// Expansion into the hc streams: y[:, k, t] = post[k, t]·f[:, t] + Σ_j comb[j·hc + k, t]·x[:, j, t]
+  /// (comb applied transposed). x, y f32 [D, hc, T] (y may alias x: in place), f f32 [D, T],
+  /// post f32 [hc, T], comb f32 [hc·hc, T]. hc <= 16.
+  virtual void hc_expand(const Tensor &x, const Tensor &f, const Tensor &post, const Tensor &comb,
+                         const Tensor &y) = 0;
+  /// Multi-head attention against one shared K=V head with a per-head sink logit:
+  /// out[:, h, t] = Σ_j p_j·kv[:, j] with p = softmax([scale·q[:, h, t]·kv[:, j] for visible j]
+  /// ++ [sinks[h]]) without the sink's share. q, out f32 [hd, H, T] (out may alias q);
+  /// kv f32 [hd, n_kv]; visible i8 [n_kv, T]; sinks f32 [H] (finite). A token that sees no key
+  /// gets 0. CUDA: hd <= 512.
+  virtual void attention_sinks(const Tensor &q, const Tensor &kv, const Tensor &visible, const Tensor &sinks,
+                               float scale, const Tensor &out) = 0;
+  /// Softmax-gated pooling over slots, per channel and window:
+  /// out[c, w] = Σ_s softmax_s(gate[c, s, w]) · kv[c, s, w]. kv, gate f32 [d, n_slots, n_win];
+  /// out f32 [d, n_win]. Slots whose gate is −inf get weight 0; a (c, w) whose gates are all
+  /// −inf gives 0.
+  virtual void pool_windows(const Tensor &kv, const Tensor &gate, const Tensor &out) = 0;
+  /// Lightning-indexer scores: scores[s, t] = Σ_h w[h, t] · max(q[:, h, t]·keys[:, s], 0) · scale
+  /// where visible[s, t], −inf elsewhere. q f32 [dim, H, T]; w f32 [H, T]; keys f32 [dim, n];
+  /// visible i8 [n, T]; scores f32 [n, T]. top_k on the scores orders −inf last (ties by
+  /// index), so with k > the visible count the tail of the pick has value −inf: pass the
+  /// values to set_visible, which skips those.
+  virtual void indexer_scores(const Tensor &q, const Tensor &w, const Tensor &keys, const Tensor &visible,
+                              float scale, const Tensor &scores) = 0;
+  /// Marks picked keys visible: mask[offset + indices[j, t], t] = 1 for every j with
+  /// values[j, t] > −inf; other mask entries are left as they are. indices i32 [k, T], values
+  /// f32 [k, T] (top_k's outputs), mask i8 [n, T]. An index outside [0, n − offset) with a
+  /// finite value is an error on the CPU (Status::corrupt) and ignored on CUDA.
+  virtual void set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask) = 0;
+
  protected:
   /// Scratch memory on the device, one growing buffer per @p slot (0..7); valid until the next
   /// call with the same slot.
@@ -160,6 +239,24 @@ void check_weight_type(GgmlType type, const char *op);
 void check_f32(const Tensor &t, const char *op, const char *what, Device device);
 void check_i32(const Tensor &t, const char *op, const char *what, Device device);
 void check_same_shape(const Tensor &a, const Tensor &b, const char *op);
+void check_i8(const Tensor &t, const char *op, const char *what, Device device);
+/// Shape checks of the DeepSeek-V4 ops (the same on every backend); they return hc where the
+/// op has hyper-connection streams.
+int64_t check_hc_weights(const Tensor &mix, const Tensor &scale, const Tensor &base, const Tensor &pre,
+                         const Tensor *post, const Tensor *comb, Device device);
+int64_t check_hc_collapse(const Tensor &x, const Tensor &pre, const Tensor &y, Device device);
+int64_t check_hc_expand(const Tensor &x, const Tensor &f, const Tensor &post, const Tensor &comb, const Tensor &y,
+                        Device device);
+void check_attention_sinks(const Tensor &q, const Tensor &kv, const Tensor &visible, const Tensor &sinks,
+                           const Tensor &out, Device device);
+void check_pool_windows(const Tensor &kv, const Tensor &gate, const Tensor &out, Device device);
+void check_indexer_scores(const Tensor &q, const Tensor &w, const Tensor &keys, const Tensor &visible,
+                          const Tensor &scores, Device device);
+void check_set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask, Device device);
+void check_copy(const Tensor &src, const Tensor &dst, Device device);
+/// copy_2d's arguments: non-null pointers and pitches >= row_bytes (nothing to check when empty).
+void check_copy_2d(const void *dst, uint64_t dst_pitch_bytes, const void *src, uint64_t src_pitch_bytes,
+                   uint64_t row_bytes, uint64_t rows);
 void check_matmul(const Tensor &w, const Tensor &x, const Tensor &y, Device device);
 void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
                const ExpertLayout &layout, const Tensor &y, Device device);

@@ -287,6 +287,12 @@ int32_t CpuBackend::sample(const Tensor &logits, const SamplingParams &p, uint64
   const int64_t n = logits.ne[0];
   if (logits.n_rows() != 1 || n <= 0) fail(Status::shape, "sample: expected one row of logits, got [{}, {}]", n, logits.n_rows());
   const float *z0 = logits.as<float>();
+  std::vector<float> penalized;
+  if (p.repetition_penalty != 1.0f && !p.penalty_tokens.empty()) {
+    penalized.assign(z0, z0 + n);
+    apply_repetition_penalty(penalized.data(), n, p);
+    z0 = penalized.data();
+  }
   if (p.temperature <= 0.0f || p.top_k == 1) {
     return static_cast<int32_t>(std::max_element(z0, z0 + n) - z0);  // first maximum
   }
@@ -324,6 +330,10 @@ int32_t CpuBackend::sample(const Tensor &logits, const SamplingParams &p, uint64
     for (float &v : prob)
       if (v < cut) v = 0.0f;
   }
+  if (p.min_p > 0.0f) {  // relative to the most likely token, whose prob is exp(0) = 1
+    for (float &v : prob)
+      if (v < p.min_p) v = 0.0f;
+  }
   double total = 0.0;
   for (float v : prob) total += v;
   const double target = sample_uniform(p.seed, counter) * total;
@@ -335,7 +345,9 @@ int32_t CpuBackend::sample(const Tensor &logits, const SamplingParams &p, uint64
     last = static_cast<int32_t>(i);
     if (cum > target) return last;
   }
-  if (last < 0) fail(Status::internal, "sample: no token kept (temperature {}, top_k {}, top_p {})", p.temperature, p.top_k, p.top_p);
+  if (last < 0)
+    fail(Status::internal, "sample: no token kept (temperature {}, top_k {}, top_p {}, min_p {})", p.temperature, p.top_k, p.top_p,
+         p.min_p);
   return last;
 }
 

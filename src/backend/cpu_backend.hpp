@@ -35,6 +35,22 @@ class CpuBackend final : public Backend {
            const ExpertLayout &layout, const Activation &act, const Tensor &y) override;
   int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) override;
 
+  void mul(const Tensor &a, const Tensor &b, const Tensor &y) override;
+  void scale(const Tensor &x, float s, const Tensor &y) override;
+  void copy(const Tensor &src, const Tensor &dst) override;
+  void copy_2d(void *dst, uint64_t dst_pitch_bytes, const void *src, uint64_t src_pitch_bytes, uint64_t row_bytes,
+               uint64_t rows) override;
+  void hc_weights(const Tensor &mix, const Tensor &scale, const Tensor &base, float eps, int32_t sinkhorn_iters,
+                  const Tensor &pre, const Tensor *post, const Tensor *comb) override;
+  void hc_collapse(const Tensor &x, const Tensor &pre, const Tensor &y) override;
+  void hc_expand(const Tensor &x, const Tensor &f, const Tensor &post, const Tensor &comb, const Tensor &y) override;
+  void attention_sinks(const Tensor &q, const Tensor &kv, const Tensor &visible, const Tensor &sinks, float scale,
+                       const Tensor &out) override;
+  void pool_windows(const Tensor &kv, const Tensor &gate, const Tensor &out) override;
+  void indexer_scores(const Tensor &q, const Tensor &w, const Tensor &keys, const Tensor &visible, float scale,
+                      const Tensor &scores) override;
+  void set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask) override;
+
  protected:
   void *workspace(unsigned slot, uint64_t bytes) override;
 

@@ -42,4 +42,19 @@ int64_t FaultInjector::on_read_result(uint64_t offset, uint64_t bytes, int64_t r
   return result;
 }
 
+void FaultInjector::on_read_data(uint64_t offset, void *dst, int64_t result) {
+  (void)offset;
+  if (plan_.stale_probability <= 0.0 || result <= 0) return;
+  double draw;
+  uint64_t at;
+  {
+    std::lock_guard lock(mutex_);
+    draw = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+    at = std::uniform_int_distribution<uint64_t>(0, static_cast<uint64_t>(result) - 1)(rng_);
+  }
+  if (draw >= plan_.stale_probability) return;
+  injected_stale_.fetch_add(1);
+  static_cast<unsigned char *>(dst)[at] ^= 0x5a;
+}
+
 }  // namespace ep::io

@@ -24,6 +24,14 @@ class IoSeam {
     (void)bytes;
     return result;
   }
+  /// Called after on_read_result() when the result it returned is a byte count > 0, with the
+  /// bytes the read delivered ([@p dst, @p dst + @p result) for file offset @p offset). May
+  /// change them: tests use it to return wrong ("stale") bytes. Same threading as above.
+  virtual void on_read_data(uint64_t offset, void *dst, int64_t result) {
+    (void)offset;
+    (void)dst;
+    (void)result;
+  }
 };
 
 /// A seeded fault injector for tests.
@@ -33,6 +41,7 @@ struct FaultPlan {
   double short_probability = 0.0;   ///< a read returns fewer bytes than it read
   double eagain_probability = 0.0;  ///< a read returns -EAGAIN
   double eintr_probability = 0.0;   ///< a read returns -EINTR
+  double stale_probability = 0.0;   ///< a successful read delivers one wrong byte (silent corruption)
   uint64_t latency_ns = 0;          ///< added to every read
   int uring_setup_errno = 0;        ///< e.g. EPERM (seccomp) or ENOSYS (old kernel)
   /// Reads overlapping [bad_offset, bad_offset + bad_bytes) always fail with -EIO.
@@ -45,17 +54,19 @@ class FaultInjector final : public IoSeam {
   explicit FaultInjector(const FaultPlan &plan) : plan_(plan), rng_(plan.seed) {}
   int uring_setup_error() override { return plan_.uring_setup_errno; }
   int64_t on_read_result(uint64_t offset, uint64_t bytes, int64_t result) override;
+  void on_read_data(uint64_t offset, void *dst, int64_t result) override;
 
   uint64_t injected_eio() const { return injected_eio_.load(); }
   uint64_t injected_short() const { return injected_short_.load(); }
   uint64_t injected_retry() const { return injected_retry_.load(); }
+  uint64_t injected_stale() const { return injected_stale_.load(); }
   uint64_t calls() const { return calls_.load(); }
 
  private:
   FaultPlan plan_;
   std::mutex mutex_;
   std::mt19937_64 rng_;
-  std::atomic<uint64_t> injected_eio_{0}, injected_short_{0}, injected_retry_{0}, calls_{0};
+  std::atomic<uint64_t> injected_eio_{0}, injected_short_{0}, injected_retry_{0}, injected_stale_{0}, calls_{0};
 };
 
 }  // namespace ep::io

@@ -4,7 +4,6 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "format/gguf.hpp"
-#include "model/dsv4_ops.hpp"
 #include "model/weight_catalog.hpp"
 
 #include <algorithm>
@@ -24,31 +23,65 @@ struct DeepseekV4Model::Weights {
   std::vector<DeviceBuffer> bufs;
   struct Hc {
     Tensor fn;
-    std::vector<float> base, scale;
+    Tensor base, scale;  // f32 [(2+hc)·hc], f32 [3]
   };
   struct Comp {
     Tensor kv, gate, norm;
-    std::vector<float> ape;  // [ratio][c·d]
+    Tensor ape;  // f32 [c·d, ratio]
   };
   struct Layer {
     Hc hc_attn, hc_ffn;
     Tensor attn_norm, ffn_norm, q_a, q_a_norm, q_b, kv, kv_norm, o_a, o_b;
-    std::vector<float> sinks;
+    Tensor sinks;  // f32 [H]
     Comp comp, idx_comp;
     Tensor idx_proj, idx_q_b;
     Tensor gate_inp, tid2eid, bias;
     Tensor sh_gate, sh_up, sh_down;
   };
   Tensor token_embd, output, output_norm, output_hc_fn;
-  std::vector<float> output_hc_base, output_hc_scale;
+  Tensor output_hc_base, output_hc_scale;  // f32 [hc], f32 [1]
   std::vector<Layer> layers;
 };
 
-namespace {
+/// Backend memory for activations, reused call after call: get() hands out a free buffer of at
+/// least the size asked for (the smallest that fits, else a new one); reset() frees them all.
+/// Ops are ordered on the backend's stream, so a buffer reused after reset() is never written
+/// while an earlier op still reads it.
+struct DeepseekV4Model::Scratch {
+  explicit Scratch(backend::Backend &be) : be_(be) {}
+  void *get(uint64_t bytes) {
+    bytes = std::max<uint64_t>(bytes, 16);
+    size_t best = bufs_.size();
+    for (size_t i = 0; i < bufs_.size(); ++i)
+      if (!used_[i] && bufs_[i].bytes() >= bytes && (best == bufs_.size() || bufs_[i].bytes() < bufs_[best].bytes())) best = i;
+    if (best == bufs_.size()) {
+      bufs_.emplace_back(be_, (bytes + 255) / 256 * 256);
+      used_.push_back(0);
+    }
+    used_[best] = 1;
+    return bufs_[best].get();
+  }
+  float *f32(int64_t n) { return static_cast<float *>(get(static_cast<uint64_t>(n) * 4)); }
+  int32_t *i32(int64_t n) { return static_cast<int32_t *>(get(static_cast<uint64_t>(n) * 4)); }
+  int8_t *i8(int64_t n) { return static_cast<int8_t *>(get(static_cast<uint64_t>(n))); }
+  void reset() { std::fill(used_.begin(), used_.end(), 0); }
 
-Tensor f32_view(const float *p, std::initializer_list<int64_t> shape) {
-  return Tensor::make(p, GgmlType::f32, Device::cpu, shape);
-}
+ private:
+  backend::Backend &be_;
+  std::vector<DeviceBuffer> bufs_;
+  std::vector<char> used_;
+};
+
+/// What every layer of one forward() shares: the tokens and positions, on the host and in
+/// backend memory.
+struct DeepseekV4Model::Step {
+  int64_t n = 0;
+  const int32_t *tokens = nullptr;  // host
+  const int32_t *pos = nullptr;     // host
+  Tensor tokens_dev, pos_dev;       // i32 [n]
+};
+
+namespace {
 
 std::vector<float> to_f32(const CatalogEntry &e, const std::vector<uint8_t> &raw) {
   int64_t n = 1;
@@ -73,14 +106,25 @@ class Loader {
     bytes_ += n_bytes;
     return t;
   }
-  /// A matmul / embedding weight {ne0, ne1}, kept in its file type.
-  Tensor matrix(const std::string &name, int64_t ne0, int64_t ne1) {
+  /// A matmul / embedding weight {ne0, ne1}, kept in its file type. Off the CPU, f32 / f16 /
+  /// bf16 rows whose length is not a multiple of 32 (the CUDA GEMV and dequantize kernels need
+  /// one; only tiny test models have such rows) are zero-padded to the next multiple when
+  /// @p may_pad: the tensor's ne0 is then the padded length, and DeepseekV4Model::mm pads x.
+  Tensor matrix(const std::string &name, int64_t ne0, int64_t ne1, bool may_pad = true) {
     const CatalogEntry *e = cat_.take(name, {ne0, ne1});
     if (!e) return {};
     if (!backend::is_supported_weight_type(e->type))
       fail(Status::unsupported, "{}: ggml type {} is not supported for weights", e->origin, static_cast<uint32_t>(e->type));
     const std::vector<uint8_t> raw = e->read();
-    return upload(raw.data(), e->type, {ne0, ne1}, raw.size());
+    const uint64_t es = e->type == GgmlType::f32 ? 4 : e->type == GgmlType::f16 || e->type == GgmlType::bf16 ? 2 : 0;
+    if (!may_pad || be_.device() == Device::cpu || ne0 % 32 == 0 || es == 0)
+      return upload(raw.data(), e->type, {ne0, ne1}, raw.size());
+    const int64_t padded = (ne0 + 31) / 32 * 32;
+    std::vector<uint8_t> rows(static_cast<size_t>(padded * ne1) * es, 0);
+    for (int64_t r = 0; r < ne1; ++r)
+      std::memcpy(rows.data() + static_cast<uint64_t>(r * padded) * es, raw.data() + static_cast<uint64_t>(r * ne0) * es,
+                  static_cast<size_t>(ne0) * es);
+    return upload(rows.data(), e->type, {padded, ne1}, rows.size());
   }
   /// A vector used by backend ops (norm weights, router bias), converted to f32.
   Tensor vec(const std::string &name, int64_t n) {
@@ -89,17 +133,26 @@ class Loader {
     const std::vector<float> v = to_f32(*e, e->read());
     return upload(v.data(), GgmlType::f32, {n}, v.size() * 4);
   }
-  /// Values read on the host (hc base/scale, sinks, position biases), converted to f32.
-  std::vector<float> host(const std::string &name, std::vector<int64_t> ne) {
+  /// Small f32 parameters (hc base/scale, sinks, position biases) converted to f32, uploaded as
+  /// one flat vector of all their values.
+  Tensor params(const std::string &name, std::vector<int64_t> ne) {
     const CatalogEntry *e = cat_.take(name, ne);
     if (!e) return {};
-    return to_f32(*e, e->read());
+    const std::vector<float> v = to_f32(*e, e->read());
+    return upload(v.data(), GgmlType::f32, {static_cast<int64_t>(v.size())}, v.size() * 4);
   }
-  Tensor i32(const std::string &name, int64_t ne0, int64_t ne1) {
+  /// An i32 table whose entries must lie in [0, limit) (checked before upload).
+  Tensor i32(const std::string &name, int64_t ne0, int64_t ne1, int64_t limit) {
     const CatalogEntry *e = cat_.take(name, {ne0, ne1});
     if (!e) return {};
     if (e->type != GgmlType::i32) fail(Status::format, "{}: type {}, expected i32", e->origin, static_cast<uint32_t>(e->type));
     const std::vector<uint8_t> raw = e->read();
+    for (size_t i = 0; i + 4 <= raw.size(); i += 4) {
+      int32_t v;
+      std::memcpy(&v, raw.data() + i, 4);
+      if (v < 0 || v >= limit)
+        fail(Status::corrupt, "{}: entry {} is {}, outside 0..{}", e->origin, i / 4, v, limit - 1);
+    }
     return upload(raw.data(), GgmlType::i32, {ne0, ne1}, raw.size());
   }
   const CatalogEntry *entry(const std::string &name, std::vector<int64_t> ne) { return cat_.take(name, std::move(ne)); }
@@ -160,21 +213,19 @@ DeepseekV4Model::~DeepseekV4Model() = default;
 
 DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, backend::Backend &be,
                                  const DeepseekV4LoadOptions &options)
-    : cfg_(c), be_(be), w_(std::make_unique<Weights>()) {
-  if (be.device() != Device::cpu)
-    fail(Status::unsupported, "DeepSeek-V4: the {} backend lacks the hyper-connection / sink-attention / compressor ops; "
-                              "only the CPU backend runs this model for now", backend::device_name(be.device()));
+    : cfg_(c), be_(be), w_(std::make_unique<Weights>()), fwd_scratch_(std::make_unique<Scratch>(be)),
+      site_scratch_(std::make_unique<Scratch>(be)) {
   c.validate(cat.source());
   Loader ld(cat, be, w_->bufs, weight_bytes_);
   const int64_t D = c.hidden, V = c.vocab, H = c.n_heads, hd = c.head_dim, R = c.q_lora_rank, G = c.o_groups,
                 O = c.o_lora_rank, E = c.n_experts, F = c.moe_ff, hc = c.hc_mult, M = c.hc_mix(), IH = c.index_n_heads,
                 I = c.index_head_dim, K = c.n_experts_used, FS = c.moe_ff * c.n_shared_experts;
-  w_->token_embd = ld.matrix("token_embd.weight", D, V);
+  w_->token_embd = ld.matrix("token_embd.weight", D, V, false);
   w_->output = ld.matrix("output.weight", D, V);
   w_->output_norm = ld.vec("output_norm.weight", D);
   w_->output_hc_fn = ld.matrix("output_hc_fn.weight", hc * D, hc);
-  w_->output_hc_base = ld.host("output_hc_base.weight", {hc});
-  w_->output_hc_scale = ld.host("output_hc_scale.weight", {1});
+  w_->output_hc_base = ld.params("output_hc_base.weight", {hc});
+  w_->output_hc_scale = ld.params("output_hc_scale.weight", {1});
   auto resident = std::make_unique<ResidentExperts>(be);
   bool experts_ok = true;
   for (int64_t il = 0; il < c.n_layers; ++il) {
@@ -184,8 +235,8 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
       Weights::Hc &h = site ? L.hc_ffn : L.hc_attn;
       const std::string s = site ? "hc_ffn_" : "hc_attn_";
       h.fn = ld.matrix(b + s + "fn.weight", hc * D, M);
-      h.base = ld.host(b + s + "base.weight", {M});
-      h.scale = ld.host(b + s + "scale.weight", {3});
+      h.base = ld.params(b + s + "base.weight", {M});
+      h.scale = ld.params(b + s + "scale.weight", {3});
     }
     L.attn_norm = ld.vec(b + "attn_norm.weight", D);
     L.ffn_norm = ld.vec(b + "ffn_norm.weight", D);
@@ -196,33 +247,27 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
     L.kv_norm = ld.vec(b + "attn_kv_a_norm.weight", hd);
     L.o_a = ld.matrix(b + "attn_output_a.weight", H * hd / G, G * O);
     L.o_b = ld.matrix(b + "attn_output_b.weight", G * O, D);
-    L.sinks = ld.host(b + "attn_sinks.weight", {H});
+    L.sinks = ld.params(b + "attn_sinks.weight", {H});
     const AttnKind kind = c.attn_kind[static_cast<size_t>(il)];
     const int64_t ratio = c.compress_ratio[static_cast<size_t>(il)];
     if (kind != AttnKind::sliding) {
       const int64_t cw = kind == AttnKind::csa ? 2 : 1;
       L.comp.kv = ld.matrix(b + "attn_compressor_kv.weight", D, cw * hd);
       L.comp.gate = ld.matrix(b + "attn_compressor_gate.weight", D, cw * hd);
-      L.comp.ape = ld.host(b + "attn_compressor_ape.weight", {cw * hd, ratio});
+      L.comp.ape = ld.params(b + "attn_compressor_ape.weight", {cw * hd, ratio});
       L.comp.norm = ld.vec(b + "attn_compressor_norm.weight", hd);
       if (kind == AttnKind::csa) {
         L.idx_proj = ld.matrix(b + "indexer.proj.weight", D, IH);
         L.idx_q_b = ld.matrix(b + "indexer.attn_q_b.weight", R, IH * I);
         L.idx_comp.kv = ld.matrix(b + "indexer_compressor_kv.weight", D, 2 * I);
         L.idx_comp.gate = ld.matrix(b + "indexer_compressor_gate.weight", D, 2 * I);
-        L.idx_comp.ape = ld.host(b + "indexer_compressor_ape.weight", {2 * I, ratio});
+        L.idx_comp.ape = ld.params(b + "indexer_compressor_ape.weight", {2 * I, ratio});
         L.idx_comp.norm = ld.vec(b + "indexer_compressor_norm.weight", I);
       }
     }
     L.gate_inp = ld.matrix(b + "ffn_gate_inp.weight", D, E);
     if (il < c.n_hash_layers) {
-      L.tid2eid = ld.i32(b + "ffn_gate_tid2eid.weight", K, V);
-      if (L.tid2eid.data) {
-        const int32_t *ids = L.tid2eid.as<int32_t>();  // CPU backend: device memory is host memory
-        for (int64_t i = 0; i < K * V; ++i)
-          if (ids[i] < 0 || ids[i] >= E)
-            fail(Status::corrupt, "{}: {}ffn_gate_tid2eid.weight entry {} is expert {}, outside 0..{}", cat.source(), b, i, ids[i], E - 1);
-      }
+      L.tid2eid = ld.i32(b + "ffn_gate_tid2eid.weight", K, V, E);
     } else {
       L.bias = ld.vec(b + "exp_probs_b.bias", E);
     }
@@ -245,9 +290,9 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
     } else {
       experts_ok = false;
     }
-    L.sh_gate = ld.matrix(b + "ffn_gate_shexp.weight", D, FS);
-    L.sh_up = ld.matrix(b + "ffn_up_shexp.weight", D, FS);
-    L.sh_down = ld.matrix(b + "ffn_down_shexp.weight", FS, D);
+    L.sh_gate = ld.matrix(b + "ffn_gate_shexp.weight", D, FS, false);  // used by be_.ffn as they are
+    L.sh_up = ld.matrix(b + "ffn_up_shexp.weight", D, FS, false);
+    L.sh_down = ld.matrix(b + "ffn_down_shexp.weight", FS, D, false);
     w_->layers.push_back(std::move(L));
   }
   for (int64_t il = c.n_layers; il < c.n_layers + c.n_mtp_layers; ++il) cat.skip_prefix(fmt::format("blk.{}.", il));
@@ -265,196 +310,255 @@ DeepseekV4State DeepseekV4Model::new_state() const {
   return s;
 }
 
-void DeepseekV4Model::compress(int64_t il, bool indexer, const float *x, int64_t n, CompressorState &st) {
+namespace {
+
+/// An f32 / i32 / i8 view of backend memory.
+Tensor dev_f32(Device d, const float *p, std::initializer_list<int64_t> shape) { return Tensor::make(p, GgmlType::f32, d, shape); }
+Tensor dev_i32(Device d, const int32_t *p, std::initializer_list<int64_t> shape) { return Tensor::make(p, GgmlType::i32, d, shape); }
+Tensor dev_i8(Device d, const int8_t *p, std::initializer_list<int64_t> shape) { return Tensor::make(p, GgmlType::i8, d, shape); }
+
+/// dst[0..n) = src[0..n) floats, both in backend memory.
+void copy_f32(backend::Backend &be, float *dst, const float *src, int64_t n) {
+  if (n > 0) be.copy(dev_f32(be.device(), src, {n}), dev_f32(be.device(), dst, {n}));
+}
+
+/// Makes @p buf hold at least @p n floats (new memory, contents not kept).
+float *ensure(backend::Backend &be, DeviceBuffer &buf, int64_t n) {
+  const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(n, 1)) * 4;
+  if (buf.bytes() < bytes) buf = DeviceBuffer(be, bytes);
+  return static_cast<float *>(buf.get());
+}
+
+}  // namespace
+
+void DeepseekV4Model::mm(const Tensor &w, const float *x, int64_t k, int64_t n, float *y) {
+  const Device dv = be_.device();
+  const int64_t kp = w.ne[0];
+  if (kp == k) {
+    be_.matmul(w, dev_f32(dv, x, {k, n}), dev_f32(dv, y, {w.ne[1], n}));
+    return;
+  }
+  float *xp = site_scratch_->f32(kp * n);
+  be_.fill_zero(xp, static_cast<uint64_t>(kp * n) * 4);
+  be_.copy_2d(xp, static_cast<uint64_t>(kp) * 4, x, static_cast<uint64_t>(k) * 4, static_cast<uint64_t>(k) * 4, static_cast<uint64_t>(n));
+  be_.matmul(w, dev_f32(dv, xp, {kp, n}), dev_f32(dv, y, {w.ne[1], n}));
+}
+
+void DeepseekV4Model::compress(int64_t il, bool indexer, const float *x, const Step &s, CompressorState &st) {
   const DeepseekV4Config &c = cfg_;
+  const Device dv = be_.device();
+  Scratch &sc = *site_scratch_;
   const Weights::Comp &W = indexer ? w_->layers[static_cast<size_t>(il)].idx_comp : w_->layers[static_cast<size_t>(il)].comp;
   const bool overlap = c.attn_kind[static_cast<size_t>(il)] == AttnKind::csa;
   const int64_t d = indexer ? c.index_head_dim : c.head_dim, cw = overlap ? 2 : 1, width = cw * d;
-  const int64_t m = c.compress_ratio[static_cast<size_t>(il)], D = c.hidden;
-  std::vector<float> kv(static_cast<size_t>(width * n)), gate(static_cast<size_t>(width * n));
-  be_.matmul(W.kv, f32_view(x, {D, n}), f32_view(kv.data(), {width, n}));
-  be_.matmul(W.gate, f32_view(x, {D, n}), f32_view(gate.data(), {width, n}));
-  st.buf_kv.insert(st.buf_kv.end(), kv.begin(), kv.end());
-  st.buf_gate.insert(st.buf_gate.end(), gate.begin(), gate.end());
-  st.buf_rows += n;
-  const backend::RopeParams rp = rope_params(c, true, d, false);
-  std::vector<float> pooled(static_cast<size_t>(d)), normed(static_cast<size_t>(d));
-  std::vector<const float *> kvp, gp;
-  int64_t used = 0;
-  while (st.buf_rows - used >= m) {
-    float *wkv = st.buf_kv.data() + used * width;
-    float *wg = st.buf_gate.data() + used * width;
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t ch = 0; ch < width; ++ch) wg[r * width + ch] += W.ape[static_cast<size_t>(r * width + ch)];
-    kvp.clear();
-    gp.clear();
-    if (overlap) {
-      if (st.has_overlap)
-        for (int64_t r = 0; r < m; ++r) {
-          kvp.push_back(st.overlap_kv.data() + r * d);
-          gp.push_back(st.overlap_gate.data() + r * d);
-        }
-      for (int64_t r = 0; r < m; ++r) {
-        kvp.push_back(wkv + r * width + d);
-        gp.push_back(wg + r * width + d);
-      }
-    } else {
-      for (int64_t r = 0; r < m; ++r) {
-        kvp.push_back(wkv + r * width);
-        gp.push_back(wg + r * width);
-      }
+  const int64_t m = c.compress_ratio[static_cast<size_t>(il)], D = c.hidden, n = s.n;
+  // The pending rows of earlier calls, then this call's projections: [rows][width].
+  const int64_t rows = st.buf_rows + n;
+  float *kv = sc.f32(width * rows), *gate = sc.f32(width * rows);
+  copy_f32(be_, kv, static_cast<const float *>(st.buf_kv.get()), st.buf_rows * width);
+  copy_f32(be_, gate, static_cast<const float *>(st.buf_gate.get()), st.buf_rows * width);
+  mm(W.kv, x, D, n, kv + st.buf_rows * width);
+  mm(W.gate, x, D, n, gate + st.buf_rows * width);
+  const int64_t n_win = rows / m;
+  if (n_win > 0) {
+    // The position bias on every closed window's gates.
+    const Tensor ape = dev_f32(dv, W.ape.as<float>(), {width, m});
+    for (int64_t w = 0; w < n_win; ++w) {
+      const Tensor g = dev_f32(dv, gate + w * m * width, {width, m});
+      be_.add(g, ape, g);
     }
-    dsv4::pool_window(kvp.data(), gp.data(), static_cast<int64_t>(kvp.size()), d, pooled.data());
+    // The pooled slots per window, [d][slots][n_win]: HCA's window rows are that already; CSA
+    // takes the previous window's first half then this window's second half (the first window
+    // ever has no previous one: its slots get gate −inf, weight 0).
+    const int64_t slots = overlap ? 2 * m : m;
+    const float *pk = kv, *pg = gate;
     if (overlap) {
-      st.overlap_kv.resize(static_cast<size_t>(m * d));
-      st.overlap_gate.resize(static_cast<size_t>(m * d));
-      for (int64_t r = 0; r < m; ++r) {
-        std::memcpy(st.overlap_kv.data() + r * d, wkv + r * width, static_cast<size_t>(d) * 4);
-        std::memcpy(st.overlap_gate.data() + r * d, wg + r * width, static_cast<size_t>(d) * 4);
+      float *gk = sc.f32(d * slots * n_win), *gg = sc.f32(d * slots * n_win);
+      const uint64_t row = static_cast<uint64_t>(d) * 4, pitch = static_cast<uint64_t>(width) * 4;
+      for (int64_t w = 0; w < n_win; ++w) {
+        float *dk = gk + w * slots * d, *dg = gg + w * slots * d;
+        if (w > 0) {
+          be_.copy_2d(dk, row, kv + (w - 1) * m * width, pitch, row, static_cast<uint64_t>(m));
+          be_.copy_2d(dg, row, gate + (w - 1) * m * width, pitch, row, static_cast<uint64_t>(m));
+        } else if (st.has_overlap) {
+          copy_f32(be_, dk, static_cast<const float *>(st.overlap_kv.get()), m * d);
+          copy_f32(be_, dg, static_cast<const float *>(st.overlap_gate.get()), m * d);
+        } else {
+          const std::vector<float> neg_inf(static_cast<size_t>(m * d), -INFINITY);
+          be_.fill_zero(dk, static_cast<uint64_t>(m * d) * 4);
+          be_.upload(dg, neg_inf.data(), static_cast<uint64_t>(m * d) * 4);
+        }
+        be_.copy_2d(dk + m * d, row, kv + w * m * width + d, pitch, row, static_cast<uint64_t>(m));
+        be_.copy_2d(dg + m * d, row, gate + w * m * width + d, pitch, row, static_cast<uint64_t>(m));
       }
+      pk = gk;
+      pg = gg;
+      // The last closed window's first half is the next window's overlap.
+      float *ok = ensure(be_, st.overlap_kv, m * d), *og = ensure(be_, st.overlap_gate, m * d);
+      be_.copy_2d(ok, row, kv + (n_win - 1) * m * width, pitch, row, static_cast<uint64_t>(m));
+      be_.copy_2d(og, row, gate + (n_win - 1) * m * width, pitch, row, static_cast<uint64_t>(m));
       st.has_overlap = true;
     }
-    be_.rms_norm(f32_view(pooled.data(), {d, 1}), &W.norm, c.rms_eps, f32_view(normed.data(), {d, 1}));
-    const int32_t pos = static_cast<int32_t>(st.n_entries * m);
-    be_.rope(f32_view(normed.data(), {d, 1, 1}), Tensor::make(&pos, GgmlType::i32, Device::cpu, {1}), rp,
-             f32_view(normed.data(), {d, 1, 1}));
-    st.entries.insert(st.entries.end(), normed.begin(), normed.end());
-    ++st.n_entries;
-    used += m;
+    float *pooled = sc.f32(d * n_win);
+    be_.pool_windows(dev_f32(dv, pk, {d, slots, n_win}), dev_f32(dv, pg, {d, slots, n_win}), dev_f32(dv, pooled, {d, n_win}));
+    // Norm and RoPE at each window's first position, appended to the entries.
+    if (st.n_entries + n_win > st.entries_capacity) {
+      const int64_t cap = std::max<int64_t>({st.n_entries + n_win, 2 * st.entries_capacity, 16});
+      DeviceBuffer grown(be_, static_cast<uint64_t>(cap * d) * 4);
+      copy_f32(be_, static_cast<float *>(grown.get()), static_cast<const float *>(st.entries.get()), st.n_entries * d);
+      st.entries = std::move(grown);
+      st.entries_capacity = cap;
+    }
+    float *dst = static_cast<float *>(st.entries.get()) + st.n_entries * d;
+    be_.rms_norm(dev_f32(dv, pooled, {d, n_win}), &W.norm, c.rms_eps, dev_f32(dv, dst, {d, n_win}));
+    std::vector<int32_t> pos(static_cast<size_t>(n_win));
+    for (int64_t w = 0; w < n_win; ++w) pos[static_cast<size_t>(w)] = static_cast<int32_t>((st.n_entries + w) * m);
+    int32_t *pos_d = sc.i32(n_win);
+    be_.upload(pos_d, pos.data(), pos.size() * 4);
+    const Tensor e = dev_f32(dv, dst, {d, 1, n_win});
+    be_.rope(e, dev_i32(dv, pos_d, {n_win}), rope_params(c, true, d, false), e);
+    st.n_entries += n_win;
   }
-  if (used) {
-    st.buf_kv.erase(st.buf_kv.begin(), st.buf_kv.begin() + used * width);
-    st.buf_gate.erase(st.buf_gate.begin(), st.buf_gate.begin() + used * width);
-    st.buf_rows -= used;
+  // Rows of the unfinished window wait for the next call.
+  st.buf_rows = rows - n_win * m;
+  if (st.buf_rows > 0) {
+    copy_f32(be_, ensure(be_, st.buf_kv, m * width), kv + n_win * m * width, st.buf_rows * width);
+    copy_f32(be_, ensure(be_, st.buf_gate, m * width), gate + n_win * m * width, st.buf_rows * width);
   }
 }
 
-void DeepseekV4Model::attention(int64_t il, const float *x, int64_t n, const int32_t *pos, LayerState &st, float *out) {
+void DeepseekV4Model::attention(int64_t il, const float *x, const Step &s, LayerState &st, float *out) {
   const DeepseekV4Config &c = cfg_;
+  const Device dv = be_.device();
+  Scratch &sc = *site_scratch_;
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
-  const int64_t D = c.hidden, H = c.n_heads, hd = c.head_dim, R = c.q_lora_rank, G = c.o_groups, O = c.o_lora_rank;
+  const int64_t D = c.hidden, H = c.n_heads, hd = c.head_dim, R = c.q_lora_rank, G = c.o_groups, O = c.o_lora_rank, n = s.n;
   const AttnKind kind = c.attn_kind[static_cast<size_t>(il)];
   const int64_t ratio = c.compress_ratio[static_cast<size_t>(il)];
   const bool compressed = kind != AttnKind::sliding;
   const backend::RopeParams rp = rope_params(c, compressed, hd, false);
-  const Tensor positions = Tensor::make(pos, GgmlType::i32, Device::cpu, {n});
   // query: low-rank, weighted norm, per-head unweighted norm, RoPE
-  std::vector<float> qa(static_cast<size_t>(R * n)), qr(static_cast<size_t>(R * n)), q(static_cast<size_t>(H * hd * n));
-  be_.matmul(L.q_a, f32_view(x, {D, n}), f32_view(qa.data(), {R, n}));
-  be_.rms_norm(f32_view(qa.data(), {R, n}), &L.q_a_norm, c.rms_eps, f32_view(qr.data(), {R, n}));
-  be_.matmul(L.q_b, f32_view(qr.data(), {R, n}), f32_view(q.data(), {H * hd, n}));
-  be_.rms_norm(f32_view(q.data(), {hd, H * n}), nullptr, c.rms_eps, f32_view(q.data(), {hd, H * n}));
-  be_.rope(f32_view(q.data(), {hd, H, n}), positions, rp, f32_view(q.data(), {hd, H, n}));
-  // the shared K=V head
-  std::vector<float> kv0(static_cast<size_t>(hd * n)), kv(static_cast<size_t>(hd * n));
-  be_.matmul(L.kv, f32_view(x, {D, n}), f32_view(kv0.data(), {hd, n}));
-  be_.rms_norm(f32_view(kv0.data(), {hd, n}), &L.kv_norm, c.rms_eps, f32_view(kv.data(), {hd, n}));
-  be_.rope(f32_view(kv.data(), {hd, 1, n}), positions, rp, f32_view(kv.data(), {hd, 1, n}));
-  // raw keys: the kept window, then this call's rows
-  const int64_t n_win = static_cast<int64_t>(st.window_pos.size());
-  std::vector<float> keys(st.window);
-  keys.insert(keys.end(), kv.begin(), kv.end());
+  float *qa = sc.f32(R * n), *qr = sc.f32(R * n), *q = sc.f32(H * hd * n);
+  mm(L.q_a, x, D, n, qa);
+  be_.rms_norm(dev_f32(dv, qa, {R, n}), &L.q_a_norm, c.rms_eps, dev_f32(dv, qr, {R, n}));
+  mm(L.q_b, qr, R, n, q);
+  be_.rms_norm(dev_f32(dv, q, {hd, H * n}), nullptr, c.rms_eps, dev_f32(dv, q, {hd, H * n}));
+  be_.rope(dev_f32(dv, q, {hd, H, n}), s.pos_dev, rp, dev_f32(dv, q, {hd, H, n}));
+  // compressed entries first (the keys buffer needs their count)
+  if (compressed) compress(il, false, x, s, st.comp);
+  const int64_t n_comp = compressed ? st.comp.n_entries : 0;
+  // keys: the kept window rows, this call's rows, the compressed entries
+  const int64_t n_win = static_cast<int64_t>(st.window_pos.size()), n_raw = n_win + n, n_keys = n_raw + n_comp;
+  float *keys = sc.f32(hd * n_keys);
+  copy_f32(be_, keys, static_cast<const float *>(st.window.get()), n_win * hd);
+  float *kv0 = sc.f32(hd * n), *kv = keys + n_win * hd;
+  mm(L.kv, x, D, n, kv0);
+  be_.rms_norm(dev_f32(dv, kv0, {hd, n}), &L.kv_norm, c.rms_eps, dev_f32(dv, kv, {hd, n}));
+  be_.rope(dev_f32(dv, kv, {hd, 1, n}), s.pos_dev, rp, dev_f32(dv, kv, {hd, 1, n}));
+  copy_f32(be_, keys + n_raw * hd, static_cast<const float *>(st.comp.entries.get()), n_comp * hd);
+  // Visibility [n_keys][n]: the window by position; compressed entry w once w < (P+1)/ratio
+  // (HCA: all of those; CSA: the indexer's top index_topk of them, marked on the device).
   std::vector<int32_t> key_pos(st.window_pos);
-  key_pos.insert(key_pos.end(), pos, pos + n);
-  const int64_t n_raw = n_win + n;
-  // compressed entries (and the indexer's selection for CSA)
-  int64_t n_comp = 0;
-  std::vector<uint8_t> selected;  // [n][n_comp] for CSA
-  if (compressed) {
-    compress(il, false, x, n, st.comp);
-    n_comp = st.comp.n_entries;
-    keys.insert(keys.end(), st.comp.entries.begin(), st.comp.entries.end());
-    if (kind == AttnKind::csa) {
-      compress(il, true, x, n, st.index);
-      if (st.index.n_entries != n_comp)
-        fail(Status::internal, "layer {}: indexer has {} entries, compressor {}", il, st.index.n_entries, n_comp);
-      const int64_t IH = c.index_n_heads, I = c.index_head_dim;
-      std::vector<float> qi(static_cast<size_t>(IH * I * n)), wts(static_cast<size_t>(IH * n));
-      be_.matmul(L.idx_q_b, f32_view(qr.data(), {R, n}), f32_view(qi.data(), {IH * I, n}));
-      be_.rope(f32_view(qi.data(), {I, IH, n}), positions, rope_params(c, true, I, false), f32_view(qi.data(), {I, IH, n}));
-      be_.matmul(L.idx_proj, f32_view(x, {D, n}), f32_view(wts.data(), {IH, n}));
-      const float wscale = 1.0f / std::sqrt(static_cast<float>(IH));
-      for (float &v : wts) v *= wscale;
-      selected.assign(static_cast<size_t>(n * n_comp), 0);
-      std::vector<float> scores(static_cast<size_t>(n_comp));
-      std::vector<int32_t> top(static_cast<size_t>(n_comp));
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t valid = std::min<int64_t>((pos[t] + 1) / ratio, n_comp);
-        if (valid <= 0) continue;
-        uint8_t *sel = selected.data() + t * n_comp;
-        if (valid <= c.index_topk) {
-          std::fill(sel, sel + valid, 1);
-          continue;
-        }
-        dsv4::indexer_scores(qi.data() + t * IH * I, wts.data() + t * IH, I, IH, st.index.entries.data(), valid,
-                             1.0f / std::sqrt(static_cast<float>(I)), scores.data());
-        dsv4::top_k(scores.data(), valid, c.index_topk, top.data());
-        for (int64_t j = 0; j < c.index_topk; ++j) sel[top[static_cast<size_t>(j)]] = 1;
-      }
-    }
-  }
-  const int64_t n_keys = n_raw + n_comp;
-  std::vector<uint8_t> visible(static_cast<size_t>(n * n_keys), 0);
+  key_pos.insert(key_pos.end(), s.pos, s.pos + n);
+  std::vector<int8_t> vis(static_cast<size_t>(n * n_keys), 0);
+  std::vector<int64_t> valid(static_cast<size_t>(n), 0);
+  bool need_index = false;
   for (int64_t t = 0; t < n; ++t) {
-    uint8_t *vis = visible.data() + t * n_keys;
-    const int64_t P = pos[t];
-    for (int64_t j = 0; j < n_raw; ++j) vis[j] = key_pos[static_cast<size_t>(j)] <= P && key_pos[static_cast<size_t>(j)] > P - c.sliding_window;
-    if (n_comp) {
-      const int64_t valid = std::min<int64_t>((P + 1) / ratio, n_comp);
-      for (int64_t e = 0; e < valid; ++e)
-        vis[n_raw + e] = kind == AttnKind::csa ? selected[static_cast<size_t>(t * n_comp + e)] : 1;
+    int8_t *v = vis.data() + t * n_keys;
+    const int64_t P = s.pos[t];
+    for (int64_t j = 0; j < n_raw; ++j) v[j] = key_pos[static_cast<size_t>(j)] <= P && key_pos[static_cast<size_t>(j)] > P - c.sliding_window;
+    if (!n_comp) continue;
+    valid[static_cast<size_t>(t)] = std::min<int64_t>((P + 1) / ratio, n_comp);
+    if (kind == AttnKind::csa && valid[static_cast<size_t>(t)] > c.index_topk)
+      need_index = true;
+    else
+      for (int64_t e = 0; e < valid[static_cast<size_t>(t)]; ++e) v[n_raw + e] = 1;
+  }
+  int8_t *vis_d = sc.i8(n * n_keys);
+  be_.upload(vis_d, vis.data(), vis.size());
+  const Tensor vis_t = dev_i8(dv, vis_d, {n_keys, n});
+  if (kind == AttnKind::csa) {
+    compress(il, true, x, s, st.index);
+    if (st.index.n_entries != n_comp)
+      fail(Status::internal, "layer {}: indexer has {} entries, compressor {}", il, st.index.n_entries, n_comp);
+    if (need_index) {
+      // score[e, t] = Σ_h w_h·ReLU(q_h·k_e)·I^-½ over the entries token t may see, top index_topk
+      const int64_t IH = c.index_n_heads, I = c.index_head_dim, k = std::min<int64_t>(c.index_topk, n_comp);
+      float *qi = sc.f32(IH * I * n), *wts = sc.f32(IH * n), *scores = sc.f32(n_comp * n), *top_v = sc.f32(k * n);
+      int32_t *top_i = sc.i32(k * n);
+      mm(L.idx_q_b, qr, R, n, qi);
+      be_.rope(dev_f32(dv, qi, {I, IH, n}), s.pos_dev, rope_params(c, true, I, false), dev_f32(dv, qi, {I, IH, n}));
+      mm(L.idx_proj, x, D, n, wts);
+      be_.scale(dev_f32(dv, wts, {IH, n}), 1.0f / std::sqrt(static_cast<float>(IH)), dev_f32(dv, wts, {IH, n}));
+      std::vector<int8_t> ivis(static_cast<size_t>(n * n_comp), 0);
+      for (int64_t t = 0; t < n; ++t)
+        if (valid[static_cast<size_t>(t)] > c.index_topk)  // the others already see all of theirs
+          std::fill_n(ivis.data() + t * n_comp, valid[static_cast<size_t>(t)], int8_t{1});
+      int8_t *ivis_d = sc.i8(n * n_comp);
+      be_.upload(ivis_d, ivis.data(), ivis.size());
+      be_.indexer_scores(dev_f32(dv, qi, {I, IH, n}), dev_f32(dv, wts, {IH, n}),
+                         dev_f32(dv, static_cast<const float *>(st.index.entries.get()), {I, n_comp}),
+                         dev_i8(dv, ivis_d, {n_comp, n}), 1.0f / std::sqrt(static_cast<float>(I)),
+                         dev_f32(dv, scores, {n_comp, n}));
+      be_.top_k(dev_f32(dv, scores, {n_comp, n}), static_cast<int32_t>(k), dev_i32(dv, top_i, {k, n}), dev_f32(dv, top_v, {k, n}));
+      be_.set_visible(dev_i32(dv, top_i, {k, n}), dev_f32(dv, top_v, {k, n}), n_raw, vis_t);
     }
   }
-  std::vector<float> att(static_cast<size_t>(hd * H * n));
-  dsv4::attention_sinks(q.data(), hd, H, n, keys.data(), n_keys, visible.data(), L.sinks.data(),
-                        1.0f / std::sqrt(static_cast<float>(hd)), att.data());
+  float *att = sc.f32(hd * H * n);
+  be_.attention_sinks(dev_f32(dv, q, {hd, H, n}), dev_f32(dv, keys, {hd, n_keys}), vis_t, L.sinks,
+                      1.0f / std::sqrt(static_cast<float>(hd)), dev_f32(dv, att, {hd, H, n}));
   // inverse RoPE at the query positions, then the grouped low-rank output
-  be_.rope(f32_view(att.data(), {hd, H, n}), positions, rope_params(c, compressed, hd, true), f32_view(att.data(), {hd, H, n}));
-  const int64_t gin = H * hd / G;
-  std::vector<float> xg(static_cast<size_t>(gin * n)), yg(static_cast<size_t>(O * n)), oa(static_cast<size_t>(G * O * n));
+  be_.rope(dev_f32(dv, att, {hd, H, n}), s.pos_dev, rope_params(c, compressed, hd, true), dev_f32(dv, att, {hd, H, n}));
+  // (o_a's rows may be zero-padded to gin_p values: see Loader::matrix)
+  const int64_t gin = H * hd / G, gin_p = L.o_a.ne[0];
+  float *xg = sc.f32(gin_p * n), *yg = sc.f32(O * n), *oa = sc.f32(G * O * n);
+  if (gin_p != gin) be_.fill_zero(xg, static_cast<uint64_t>(gin_p * n) * 4);
   const uint64_t oa_row = L.o_a.row_bytes();
   for (int64_t g = 0; g < G; ++g) {
-    for (int64_t t = 0; t < n; ++t) std::memcpy(xg.data() + t * gin, att.data() + t * H * hd + g * gin, static_cast<size_t>(gin) * 4);
-    const Tensor wg = Tensor::make(static_cast<const uint8_t *>(L.o_a.data) + static_cast<uint64_t>(g * O) * oa_row, L.o_a.type,
-                                   be_.device(), {gin, O});
-    be_.matmul(wg, f32_view(xg.data(), {gin, n}), f32_view(yg.data(), {O, n}));
-    for (int64_t t = 0; t < n; ++t) std::memcpy(oa.data() + t * G * O + g * O, yg.data() + t * O, static_cast<size_t>(O) * 4);
+    be_.copy_2d(xg, static_cast<uint64_t>(gin_p) * 4, att + g * gin, static_cast<uint64_t>(H * hd) * 4, static_cast<uint64_t>(gin) * 4,
+                static_cast<uint64_t>(n));
+    const Tensor wg = Tensor::make(static_cast<const uint8_t *>(L.o_a.data) + static_cast<uint64_t>(g * O) * oa_row, L.o_a.type, dv, {gin_p, O});
+    be_.matmul(wg, dev_f32(dv, xg, {gin_p, n}), dev_f32(dv, yg, {O, n}));
+    be_.copy_2d(oa + g * O, static_cast<uint64_t>(G * O) * 4, yg, static_cast<uint64_t>(O) * 4, static_cast<uint64_t>(O) * 4,
+                static_cast<uint64_t>(n));
   }
-  be_.matmul(L.o_b, f32_view(oa.data(), {G * O, n}), f32_view(out, {D, n}));
+  mm(L.o_b, oa, G * O, n, out);
   // keep the last W − 1 raw rows for the next call
   const int64_t keep = std::min<int64_t>(n_raw, std::max<int64_t>(c.sliding_window - 1, 0));
-  st.window.assign(keys.begin() + (n_raw - keep) * hd, keys.begin() + n_raw * hd);
+  if (keep > 0) copy_f32(be_, ensure(be_, st.window, std::max<int64_t>(c.sliding_window - 1, 1) * hd), keys + (n_raw - keep) * hd, keep * hd);
   st.window_pos.assign(key_pos.begin() + (n_raw - keep), key_pos.begin() + n_raw);
 }
 
-void DeepseekV4Model::moe(int64_t il, const float *x, int64_t n, const int32_t *tokens, float *out) {
+void DeepseekV4Model::moe(int64_t il, const float *x, const Step &s, float *out) {
   const DeepseekV4Config &c = cfg_;
+  const Device dv = be_.device();
+  Scratch &sc = *site_scratch_;
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
-  const int64_t D = c.hidden, E = c.n_experts, K = c.n_experts_used;
-  std::vector<float> logits(static_cast<size_t>(E * n)), wts(static_cast<size_t>(K * n)), shared(static_cast<size_t>(D * n));
-  std::vector<int32_t> ids(static_cast<size_t>(K * n));
-  be_.matmul(L.gate_inp, f32_view(x, {D, n}), f32_view(logits.data(), {E, n}));
+  const int64_t D = c.hidden, E = c.n_experts, K = c.n_experts_used, n = s.n;
+  float *logits = sc.f32(E * n), *wts = sc.f32(K * n), *shared = sc.f32(D * n);
+  int32_t *ids_d = sc.i32(K * n);
+  mm(L.gate_inp, x, D, n, logits);
   backend::RouterParams rp;
   rp.scoring = backend::Scoring::sqrt_softplus;
   rp.k = static_cast<int32_t>(K);
   rp.renormalize = c.norm_topk;
   rp.scale = c.routed_scale;
-  const Tensor tok = Tensor::make(tokens, GgmlType::i32, Device::cpu, {n});
   if (L.tid2eid.data) {
     rp.hash_table = &L.tid2eid;
-    rp.token_ids = &tok;
+    rp.token_ids = &s.tokens_dev;
   } else {
     rp.bias = &L.bias;
   }
-  const Tensor ids_t = Tensor::make(ids.data(), GgmlType::i32, Device::cpu, {K, n});
-  const Tensor w_t = f32_view(wts.data(), {K, n});
-  be_.route(f32_view(logits.data(), {E, n}), rp, ids_t, w_t);
+  be_.route(dev_f32(dv, logits, {E, n}), rp, dev_i32(dv, ids_d, {K, n}), dev_f32(dv, wts, {K, n}));
   backend::Activation act;
   act.kind = backend::ActivationKind::swiglu;
   act.limit = c.swiglu_limit[static_cast<size_t>(il)];
   if (!experts_) fail(Status::internal, "DeepSeek-V4: no routed-expert provider (set_experts() was not called)");
-  // Tokens in chunks whose distinct experts fit one acquire (the CPU moe op is per token, so
-  // chunking does not change a bit of the result).
+  // The expert ids go to the host: the provider makes those experts resident.
+  std::vector<int32_t> ids(static_cast<size_t>(K * n));
+  be_.download(ids.data(), ids_d, ids.size() * 4);
+  // Tokens in chunks whose distinct experts fit one acquire (the moe op is per token on the CPU,
+  // so chunking does not change a bit of its result).
   const int64_t max_unique = std::max<int64_t>(experts_->max_unique(), K);
   std::vector<uint8_t> seen(static_cast<size_t>(E));
   for (int64_t t0 = 0; t0 < n;) {
@@ -481,8 +585,8 @@ void DeepseekV4Model::moe(int64_t il, const float *x, int64_t n, const int32_t *
     const int64_t m = t1 - t0;
     const backend::ExpertSlots slots = experts_->acquire(il, ids.data() + t0 * K, K * m);
     try {
-      be_.moe(f32_view(x + t0 * D, {D, m}), Tensor::make(ids.data() + t0 * K, GgmlType::i32, Device::cpu, {K, m}),
-              f32_view(wts.data() + t0 * K, {K, m}), slots, experts_->layout(il), act, f32_view(out + t0 * D, {D, m}));
+      be_.moe(dev_f32(dv, x + t0 * D, {D, m}), dev_i32(dv, ids_d + t0 * K, {K, m}), dev_f32(dv, wts + t0 * K, {K, m}), slots,
+              experts_->layout(il), act, dev_f32(dv, out + t0 * D, {D, m}));
     } catch (...) {
       experts_->release(il);
       throw;
@@ -492,33 +596,33 @@ void DeepseekV4Model::moe(int64_t il, const float *x, int64_t n, const int32_t *
   }
   backend::Activation sact = act;
   sact.limit = c.swiglu_limit_shared[static_cast<size_t>(il)];
-  be_.ffn(f32_view(x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, sact, f32_view(shared.data(), {D, n}));
-  be_.add(f32_view(out, {D, n}), f32_view(shared.data(), {D, n}), f32_view(out, {D, n}));
+  be_.ffn(dev_f32(dv, x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, sact, dev_f32(dv, shared, {D, n}));
+  be_.add(dev_f32(dv, out, {D, n}), dev_f32(dv, shared, {D, n}), dev_f32(dv, out, {D, n}));
 }
 
-void DeepseekV4Model::hc_site(int64_t il, bool ffn, std::vector<float> &h, int64_t n, const int32_t *pos,
-                              const int32_t *tokens, DeepseekV4State &state) {
+void DeepseekV4Model::hc_site(int64_t il, bool ffn, float *h, const Step &s, DeepseekV4State &state) {
   const DeepseekV4Config &c = cfg_;
+  const Device dv = be_.device();
+  Scratch &sc = *site_scratch_;
+  sc.reset();
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
   const Weights::Hc &W = ffn ? L.hc_ffn : L.hc_attn;
-  const int64_t D = c.hidden, hc = c.hc_mult, M = c.hc_mix();
-  std::vector<float> flat(static_cast<size_t>(hc * D * n)), mix(static_cast<size_t>(M * n));
-  be_.rms_norm(f32_view(h.data(), {hc * D, n}), nullptr, c.rms_eps, f32_view(flat.data(), {hc * D, n}));
-  be_.matmul(W.fn, f32_view(flat.data(), {hc * D, n}), f32_view(mix.data(), {M, n}));
-  std::vector<float> pre(static_cast<size_t>(hc * n)), post(static_cast<size_t>(hc * n)), comb(static_cast<size_t>(hc * hc * n));
-  std::vector<float> col(static_cast<size_t>(D * n)), xin(static_cast<size_t>(D * n)), y(static_cast<size_t>(D * n));
-  for (int64_t t = 0; t < n; ++t) {
-    dsv4::hc_weights(mix.data() + t * M, hc, W.scale.data(), W.base.data(), c.hc_eps, c.hc_sinkhorn_iters, pre.data() + t * hc,
-                     post.data() + t * hc, comb.data() + t * hc * hc);
-    dsv4::hc_collapse(h.data() + t * hc * D, pre.data() + t * hc, hc, D, col.data() + t * D);
-  }
-  be_.rms_norm(f32_view(col.data(), {D, n}), ffn ? &L.ffn_norm : &L.attn_norm, c.rms_eps, f32_view(xin.data(), {D, n}));
+  const int64_t D = c.hidden, hc = c.hc_mult, M = c.hc_mix(), n = s.n;
+  float *flat = sc.f32(hc * D * n), *mix = sc.f32(M * n), *pre = sc.f32(hc * n), *post = sc.f32(hc * n),
+        *comb = sc.f32(hc * hc * n), *col = sc.f32(D * n), *xin = sc.f32(D * n), *y = sc.f32(D * n);
+  be_.rms_norm(dev_f32(dv, h, {hc * D, n}), nullptr, c.rms_eps, dev_f32(dv, flat, {hc * D, n}));
+  mm(W.fn, flat, hc * D, n, mix);
+  const Tensor post_t = dev_f32(dv, post, {hc, n}), comb_t = dev_f32(dv, comb, {hc * hc, n});
+  be_.hc_weights(dev_f32(dv, mix, {M, n}), W.scale, W.base, c.hc_eps, static_cast<int32_t>(c.hc_sinkhorn_iters),
+                 dev_f32(dv, pre, {hc, n}), &post_t, &comb_t);
+  be_.hc_collapse(dev_f32(dv, h, {D, hc, n}), dev_f32(dv, pre, {hc, n}), dev_f32(dv, col, {D, n}));
+  be_.rms_norm(dev_f32(dv, col, {D, n}), ffn ? &L.ffn_norm : &L.attn_norm, c.rms_eps, dev_f32(dv, xin, {D, n}));
   if (ffn)
-    moe(il, xin.data(), n, tokens, y.data());
+    moe(il, xin, s, y);
   else
-    attention(il, xin.data(), n, pos, state.layers[static_cast<size_t>(il)], y.data());
-  for (int64_t t = 0; t < n; ++t)
-    dsv4::hc_expand(h.data() + t * hc * D, y.data() + t * D, post.data() + t * hc, comb.data() + t * hc * hc, hc, D);
+    attention(il, xin, s, state.layers[static_cast<size_t>(il)], y);
+  const Tensor streams = dev_f32(dv, h, {D, hc, n});
+  be_.hc_expand(streams, dev_f32(dv, y, {D, n}), post_t, comb_t, streams);
 }
 
 void DeepseekV4Model::forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, float *logits) {
@@ -530,33 +634,46 @@ void DeepseekV4Model::forward(const int32_t *tokens, int64_t n, DeepseekV4State 
     if (tokens[t] < 0 || tokens[t] >= c.vocab)
       fail(Status::invalid_argument, "DeepSeek-V4 forward: token {} at {} is outside 0..{}", tokens[t], t, c.vocab - 1);
   if (state.n_past + n > INT32_MAX) fail(Status::invalid_argument, "DeepSeek-V4 forward: position overflow");
+  const Device dv = be_.device();
   const int64_t D = c.hidden, hc = c.hc_mult, V = c.vocab;
+  Scratch &fs = *fwd_scratch_;
+  fs.reset();
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(state.n_past + t);
-  std::vector<float> emb(static_cast<size_t>(D * n)), h(static_cast<size_t>(hc * D * n));
-  be_.embed(w_->token_embd, Tensor::make(tokens, GgmlType::i32, Device::cpu, {n}), f32_view(emb.data(), {D, n}));
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < hc; ++j) std::memcpy(h.data() + (t * hc + j) * D, emb.data() + t * D, static_cast<size_t>(D) * 4);
+  Step s;
+  s.n = n;
+  s.tokens = tokens;
+  s.pos = pos.data();
+  int32_t *tok_d = fs.i32(n), *pos_d = fs.i32(n);
+  be_.upload(tok_d, tokens, static_cast<uint64_t>(n) * 4);
+  be_.upload(pos_d, pos.data(), static_cast<uint64_t>(n) * 4);
+  s.tokens_dev = dev_i32(dv, tok_d, {n});
+  s.pos_dev = dev_i32(dv, pos_d, {n});
+  // the embedding, copied into each of the hc streams: h [D, hc, n]
+  float *emb = fs.f32(D * n), *h = fs.f32(hc * D * n);
+  be_.embed(w_->token_embd, s.tokens_dev, dev_f32(dv, emb, {D, n}));
+  for (int64_t j = 0; j < hc; ++j)
+    be_.copy_2d(h + j * D, static_cast<uint64_t>(hc * D) * 4, emb, static_cast<uint64_t>(D) * 4, static_cast<uint64_t>(D) * 4,
+                static_cast<uint64_t>(n));
   for (int64_t il = 0; il < c.n_layers; ++il) {
-    hc_site(il, false, h, n, pos.data(), tokens, state);
-    hc_site(il, true, h, n, pos.data(), tokens, state);
+    hc_site(il, false, h, s, state);
+    hc_site(il, true, h, s, state);
   }
   state.n_past += n;
   if (!logits) return;
-  // final hyper-connection head, norm, lm_head
-  std::vector<float> flat(static_cast<size_t>(hc * D * n)), mix(static_cast<size_t>(hc * n)), col(static_cast<size_t>(D * n)),
-      normed(static_cast<size_t>(D * n));
-  be_.rms_norm(f32_view(h.data(), {hc * D, n}), nullptr, c.rms_eps, f32_view(flat.data(), {hc * D, n}));
-  be_.matmul(w_->output_hc_fn, f32_view(flat.data(), {hc * D, n}), f32_view(mix.data(), {hc, n}));
-  std::vector<float> pre(static_cast<size_t>(hc));
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t j = 0; j < hc; ++j)
-      pre[static_cast<size_t>(j)] =
-          1.0f / (1.0f + std::exp(-(mix[static_cast<size_t>(t * hc + j)] * w_->output_hc_scale[0] + w_->output_hc_base[static_cast<size_t>(j)]))) + c.hc_eps;
-    dsv4::hc_collapse(h.data() + t * hc * D, pre.data(), hc, D, col.data() + t * D);
-  }
-  be_.rms_norm(f32_view(col.data(), {D, n}), &w_->output_norm, c.rms_eps, f32_view(normed.data(), {D, n}));
-  be_.matmul(w_->output, f32_view(normed.data(), {D, n}), f32_view(logits, {V, n}));
+  // final hyper-connection head (pre weights only), norm, lm_head
+  Scratch &sc = *site_scratch_;
+  sc.reset();
+  float *flat = sc.f32(hc * D * n), *mix = sc.f32(hc * n), *pre = sc.f32(hc * n), *col = sc.f32(D * n), *normed = sc.f32(D * n),
+        *out = sc.f32(V * n);
+  be_.rms_norm(dev_f32(dv, h, {hc * D, n}), nullptr, c.rms_eps, dev_f32(dv, flat, {hc * D, n}));
+  mm(w_->output_hc_fn, flat, hc * D, n, mix);
+  be_.hc_weights(dev_f32(dv, mix, {hc, n}), w_->output_hc_scale, w_->output_hc_base, c.hc_eps, 0, dev_f32(dv, pre, {hc, n}),
+                 nullptr, nullptr);
+  be_.hc_collapse(dev_f32(dv, h, {D, hc, n}), dev_f32(dv, pre, {hc, n}), dev_f32(dv, col, {D, n}));
+  be_.rms_norm(dev_f32(dv, col, {D, n}), &w_->output_norm, c.rms_eps, dev_f32(dv, normed, {D, n}));
+  mm(w_->output, normed, D, n, out);
+  be_.download(logits, out, static_cast<uint64_t>(V * n) * 4);
 }
 
 }  // namespace ep::model

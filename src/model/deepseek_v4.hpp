@@ -5,8 +5,10 @@
 // heavily compressed (HCA) KV; MoE with hash-routed first layers, sqrt-softplus scores plus the
 // correction bias, clamped SwiGLU and a shared expert; the final hyper-connection head.
 //
-// The ops the Backend has are used through it; the DeepSeek-specific ones run as CPU reference
-// code (dsv4_ops.hpp), so this first version needs a CPU backend (Status::unsupported otherwise).
+// Every op goes through the Backend (CPU or CUDA); activations and the decode state (K=V window,
+// compressor rows and entries, CSA overlap) live in backend memory. The host only sees what it
+// must: the routed expert ids (for the provider's acquire), the indexer's top-k ids (to build the
+// attention's visibility mask) and the logits.
 #pragma once
 
 #include "backend/backend.hpp"
@@ -22,23 +24,25 @@ namespace ep::model {
 
 class WeightCatalog;
 
-/// Running state of one compressor (attention or indexer) of one layer.
+/// Running state of one compressor (attention or indexer) of one layer; rows in backend memory.
 struct CompressorState {
-  std::vector<float> buf_kv, buf_gate;  ///< projected rows not yet in a closed window (width c·d each)
-  int64_t buf_rows = 0;
+  DeviceBuffer buf_kv, buf_gate;        ///< [ratio][c·d]: projected rows not yet in a closed window
+  int64_t buf_rows = 0;                 ///< how many of them are in use
   int64_t n_entries = 0;                ///< closed windows so far
-  std::vector<float> entries;           ///< [n_entries][d], normed and RoPE'd
+  DeviceBuffer entries;                 ///< [capacity][d]: the first n_entries rows, normed and RoPE'd
+  int64_t entries_capacity = 0;
   bool has_overlap = false;             ///< CSA: the last closed window's first-half rows
-  std::vector<float> overlap_kv, overlap_gate;  ///< [ratio][d] (gate includes the position bias)
+  DeviceBuffer overlap_kv, overlap_gate;  ///< [ratio][d] (gate includes the position bias)
 };
 
 struct LayerState {
-  std::vector<float> window;       ///< the last (W − 1) K=V rows, [rows][head_dim]
-  std::vector<int32_t> window_pos; ///< their positions
+  DeviceBuffer window;             ///< [W − 1][head_dim]: the last K=V rows (window_pos.size() in use)
+  std::vector<int32_t> window_pos; ///< their positions (host: positions are known on the host)
   CompressorState comp, index;
 };
 
 /// Decode state: prefill, then decode token by token, equals recomputing the whole sequence.
+/// Holds backend memory of the model that made it: it must not outlive that model.
 struct DeepseekV4State {
   int64_t n_past = 0;
   std::vector<LayerState> layers;
@@ -80,11 +84,14 @@ class DeepseekV4Model {
   struct Weights;
 
  private:
-  void attention(int64_t il, const float *x, int64_t n, const int32_t *pos, LayerState &st, float *out);
-  void compress(int64_t il, bool indexer, const float *x, int64_t n, CompressorState &st);
-  void moe(int64_t il, const float *x, int64_t n, const int32_t *tokens, float *out);
-  void hc_site(int64_t il, bool ffn, std::vector<float> &h, int64_t n, const int32_t *pos, const int32_t *tokens,
-               DeepseekV4State &state);
+  struct Scratch;
+  struct Step;
+  void attention(int64_t il, const float *x, const Step &step, LayerState &st, float *out);
+  void compress(int64_t il, bool indexer, const float *x, const Step &step, CompressorState &st);
+  void moe(int64_t il, const float *x, const Step &step, float *out);
+  void hc_site(int64_t il, bool ffn, float *h, const Step &step, DeepseekV4State &state);
+  /// y[w.ne1, n] = w · x[k, n]; zero-pads x when w's rows were padded past k (Loader::matrix).
+  void mm(const backend::Tensor &w, const float *x, int64_t k, int64_t n, float *y);
 
   DeepseekV4Config cfg_;
   backend::Backend &be_;
@@ -92,6 +99,8 @@ class DeepseekV4Model {
   std::unique_ptr<ExpertProvider> experts_;
   std::vector<ExpertShape> expert_shapes_;
   uint64_t weight_bytes_ = 0;
+  std::unique_ptr<Scratch> fwd_scratch_;   ///< activations that live for one forward()
+  std::unique_ptr<Scratch> site_scratch_;  ///< activations of one attention / FFN site
 };
 
 }  // namespace ep::model

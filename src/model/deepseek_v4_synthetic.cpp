@@ -3,11 +3,15 @@
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "format/gguf_writer.hpp"
+#include "tokenizer/gguf_vocab.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 namespace ep::model {
 
@@ -59,7 +63,7 @@ struct Rand {
   }
 };
 
-enum class Kind { matrix, norm, small, sinks, scale3, tid2eid, experts };
+enum class Kind { matrix, norm, small, sinks, scale3, tid2eid, experts, router_bias };
 
 struct TensorSpec {
   std::string name;
@@ -116,6 +120,17 @@ void make_block(GgmlType type, float std, Rand &r, uint8_t *out, uint32_t block_
 }
 
 }  // namespace
+
+std::vector<uint32_t> dsv4_synthetic_expert_ranks(const Dsv4SyntheticSpec &s, int64_t layer) {
+  const auto E = static_cast<uint32_t>(s.n_experts);
+  std::vector<uint32_t> order(E);
+  std::iota(order.begin(), order.end(), 0u);
+  Rand r(s.seed, 0x5A1Full, static_cast<uint64_t>(layer));
+  for (uint32_t i = E; i > 1; --i) std::swap(order[i - 1], order[static_cast<uint32_t>(r.next() % i)]);
+  std::vector<uint32_t> rank(E);
+  for (uint32_t i = 0; i < E; ++i) rank[order[i]] = i;
+  return rank;
+}
 
 void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &path,
                                const std::function<void(uint64_t, uint64_t)> &progress) {
@@ -174,6 +189,8 @@ void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &pa
     f32(b + "ffn_gate_inp.weight", {D, E}, Kind::small, static_cast<float>(2.0 / std::sqrt(static_cast<double>(D))));
     if (il < s.n_hash_layers)
       ts.push_back({b + "ffn_gate_tid2eid.weight", GgmlType::i32, {K, V}, Kind::tid2eid, 0.0f});
+    else if (s.router_zipf >= 0)
+      f32(b + "exp_probs_b.bias", {E}, Kind::router_bias, static_cast<float>(il));  // std carries the layer
     else
       f32(b + "exp_probs_b.bias", {E}, Kind::small, 0.3f);
     ts.push_back({b + "ffn_gate_exps.weight", s.expert_gate_up, {D, F, E}, Kind::experts, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))});
@@ -234,10 +251,15 @@ void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &pa
   w.add(a + "hyper_connection.epsilon", GgufValue::make_f32(s.hc_eps));
   w.add(a + "hash_layer_count", u32(s.n_hash_layers));
   w.add(a + "expert_gating_func", u32(4));
+  if (s.chat_tokenizer) tokenizer::add_gguf_vocab_keys(w, tokenizer::synthetic_chat_vocab(s.vocab));
   for (const TensorSpec &t : ts) w.add_tensor(t.name, t.type, t.ne);
 
   const uint64_t seed = s.seed;
-  auto fill = [&](size_t ti, uint64_t offset, std::span<uint8_t> out) {
+  // router_zipf >= 0: per-layer expert ranks, hash-layer sampling weights.
+  std::vector<std::vector<uint32_t>> ranks;
+  if (s.router_zipf >= 0)
+    for (int64_t il = 0; il < n_layers; ++il) ranks.push_back(dsv4_synthetic_expert_ranks(s, il));
+  auto fill_range = [&](size_t ti, uint64_t offset, std::span<uint8_t> out) {
     const TensorSpec &t = ts[ti];
     const auto info = format::require_ggml_type(static_cast<uint32_t>(t.type), t.name);
     uint32_t bb = info.block_bytes;
@@ -248,7 +270,32 @@ void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &pa
     while (done < out.size()) {
       const uint64_t bi = pos / bb, within = pos % bb;
       Rand r(seed, ti, bi);
-      if (t.kind == Kind::tid2eid) {
+      if (t.kind == Kind::tid2eid && s.router_zipf >= 0) {
+        // blk.<il>.ffn_gate_tid2eid: K distinct experts, weight 1 / (1 + rank)^S each.
+        const auto il = static_cast<size_t>(std::stoul(t.name.substr(4)));
+        std::vector<double> wt(static_cast<size_t>(E));
+        for (uint64_t e = 0; e < E; ++e) wt[e] = std::pow(1.0 + ranks[il][e], -s.router_zipf);
+        for (uint64_t j = 0; j < K; ++j) {
+          double total = 0;
+          for (double x : wt) total += x;
+          double u = r.uniform() * total;
+          uint64_t e = 0;
+          while (e + 1 < E && (wt[e] == 0 || u >= wt[e])) {
+            u -= wt[e];
+            ++e;
+          }
+          while (wt[e] == 0) e = (e + 1) % E;  // rounding at the end of the range
+          const auto id = static_cast<int32_t>(e);
+          std::memcpy(block.data() + 4 * j, &id, 4);
+          wt[e] = 0;
+        }
+      } else if (t.kind == Kind::router_bias) {
+        const auto il = static_cast<size_t>(t.std);
+        const uint64_t e = bi % E;
+        const float v = static_cast<float>(-s.router_zipf * Dsv4SyntheticSpec::kRouterZipfBiasScale *
+                                           std::log(1.0 + static_cast<double>(ranks[il][e])));
+        std::memcpy(block.data(), &v, 4);
+      } else if (t.kind == Kind::tid2eid) {
         std::vector<int32_t> perm(static_cast<size_t>(E));
         std::iota(perm.begin(), perm.end(), 0);
         for (uint64_t j = 0; j < K; ++j) {
@@ -270,6 +317,32 @@ void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &pa
       done += n;
       pos += n;
     }
+  };
+  // The bytes are a pure function of (tensor, position): large chunks are filled by several
+  // threads (any split gives the same file), so writing runs near the disk's speed.
+  const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 32u);
+  auto fill = [&](size_t ti, uint64_t offset, std::span<uint8_t> out) {
+    constexpr size_t kMinPart = 256u << 10;
+    const size_t parts = std::min<size_t>(n_threads, out.size() / kMinPart);
+    if (parts <= 1) return fill_range(ti, offset, out);
+    const size_t step = (out.size() + parts - 1) / parts;
+    std::vector<std::thread> pool;
+    std::exception_ptr error;
+    std::mutex error_mutex;
+    for (size_t p = 0; p < parts; ++p) {
+      const size_t lo = p * step, hi = std::min(out.size(), lo + step);
+      if (lo >= hi) break;
+      pool.emplace_back([&, lo, hi] {
+        try {
+          fill_range(ti, offset + lo, out.subspan(lo, hi - lo));
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(error_mutex);
+          if (!error) error = std::current_exception();
+        }
+      });
+    }
+    for (auto &th : pool) th.join();
+    if (error) std::rethrow_exception(error);
   };
   w.write(path, 1, fill, progress ? format::GgufProgress(progress) : format::GgufProgress{});
 }

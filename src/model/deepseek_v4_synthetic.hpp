@@ -49,11 +49,24 @@ struct Dsv4SyntheticSpec {
   format::GgmlType expert_down = format::GgmlType::mxfp4;
   /// Type of the dense matrices (rows that do not divide into its blocks fall back to f16).
   format::GgmlType dense = format::GgmlType::f16;
+  /// Also write a tokenizer (tokenizer.ggml.*): tokenizer::synthetic_chat_vocab(vocab), a
+  /// byte-level vocabulary with DeepSeek-V4's chat markers; needs vocab >= 262.
+  bool chat_tokenizer = false;
+  /// Routing shape (ep-synth --zipf). < 0: random router biases and uniform hash tables (the
+  /// default). >= 0: each layer ranks its experts by a seeded permutation; the router's
+  /// correction bias of the expert of rank r (0-based) is -router_zipf * kRouterZipfBiasScale *
+  /// ln(1 + r), and hash layers (ffn_gate_tid2eid) draw each token's experts with weights
+  /// 1 / (1 + r)^router_zipf. 0 = uniform (zero biases), larger = more skewed popularity.
+  double router_zipf = -1.0;
+  static constexpr double kRouterZipfBiasScale = 0.25;
 
   /// DeepSeek-V4-Flash dimensions (hidden 4096, 64 heads × 512, 256 experts × 2048, vocab
   /// 129280, ...) with @p n_layers layers following the real compress-ratio pattern.
   static Dsv4SyntheticSpec flash_shaped(int64_t n_layers);
 };
+
+/// The expert ranks of layer @p layer under router_zipf >= 0: rank[e] (0 = most popular).
+std::vector<uint32_t> dsv4_synthetic_expert_ranks(const Dsv4SyntheticSpec &spec, int64_t layer);
 
 /// Writes the model to @p path; @p progress (optional) gets (bytes done, bytes total).
 void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &spec, const std::string &path,

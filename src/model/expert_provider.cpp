@@ -5,6 +5,7 @@
 #include "io/file.hpp"
 #include "model/weight_catalog.hpp"
 #include "store/expert_store.hpp"
+#include "store/device.hpp"
 #include "store/pack_layout.hpp"
 
 #include <unistd.h>
@@ -145,13 +146,23 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   const uint64_t slot = slot_bytes_of(*pack_);
   const uint64_t total = static_cast<uint64_t>(E) * pf.num_layers();
   // "All of it" on the host device means at most half the physical memory (a full-size model's
-  // experts do not fit in RAM); an explicit budget is taken as given.
-  store::HostDevice::Options host;
-  if (options.cache_bytes == UINT64_MAX) {
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0) host.free_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+  // experts do not fit in RAM); on a GPU, its free memory less a reserve for activations. An
+  // explicit budget is taken as given.
+  std::unique_ptr<store::StoreDevice> device;
+  uint64_t reserve = 0;
+  if (options.cuda_device >= 0) {
+    device = store::make_cuda_device(options.cuda_device, options.cuda_stream);
+    reserve = options.cache_bytes == UINT64_MAX ? options.cuda_reserve_bytes : 0;
+  } else {
+    store::HostDevice::Options host;
+    if (options.cache_bytes == UINT64_MAX) {
+      const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+      if (pages > 0 && page > 0) host.free_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+    }
+    device = std::make_unique<store::HostDevice>(host);
   }
-  const uint64_t budget = std::min(options.cache_bytes, host.free_bytes);
+  const uint64_t free = device->free_bytes();
+  const uint64_t budget = std::min(options.cache_bytes, free > reserve ? free - reserve : 0);
   const uint64_t slots = std::min<uint64_t>(budget / slot, total);
   const uint32_t all_tokens = (E + K - 1) / K;
   const uint32_t tokens = static_cast<uint32_t>(std::clamp<uint64_t>(slots / K, 1, all_tokens));
@@ -161,6 +172,7 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   so.pack_path = pack_path;
   so.layout = pack_;
   so.cache_bytes = options.cache_bytes;
+  so.reserve_bytes = reserve;
   so.top_k = K;
   so.tokens_per_acquire = tokens;
   so.policy = options.policy;
@@ -171,7 +183,7 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   so.reader.direct = options.direct_io < 0 ? io::DirectMode::automatic
                      : options.direct_io ? io::DirectMode::direct
                                          : io::DirectMode::buffered;
-  store_ = std::make_unique<store::ExpertStore>(std::move(so), std::make_unique<store::HostDevice>(host));
+  store_ = std::make_unique<store::ExpertStore>(std::move(so), std::move(device));
   table_.assign(E, nullptr);
 }
 

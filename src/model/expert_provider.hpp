@@ -106,10 +106,17 @@ struct PackedExpertsOptions {
   int direct_io = -1;                 ///< 1 O_DIRECT, 0 buffered, -1 automatic
   std::string policy = "decay";       ///< cache policy (store/expert_store.hpp)
   std::string stats_path;             ///< JSON stats written at close ("" = none)
+  /// >= 0: the slots live in the memory of this CUDA device (store::make_cuda_device: pinned
+  /// staging, VRAM slots, a transfer stream) and are ordered on @p cuda_stream, which must be
+  /// the compute backend's stream; -1: host-memory slots (the CPU backend).
+  int cuda_device = -1;
+  void *cuda_stream = nullptr;  ///< a cudaStream_t (the CudaBackend's), with cuda_device >= 0
+  /// CUDA: device memory left free for activations and workspaces when the budget is "all of it".
+  uint64_t cuda_reserve_bytes = uint64_t{2} << 30;
 };
 
-/// Routed experts served by the ExpertStore from an Expert Pack (host-memory device: the CPU
-/// backend reads slots directly). The pack's per-role entries (type, shape, offset inside the
+/// Routed experts served by the ExpertStore from an Expert Pack: host-memory slots for the CPU
+/// backend, VRAM slots (the store's CUDA device, on the backend's stream) for the CUDA backend. The pack's per-role entries (type, shape, offset inside the
 /// object) become the backend's ExpertLayout; they must match what the model's source says
 /// (fail-closed, Status::shape / Status::format). A step's tokens are acquired in chunks of at
 /// most max_unique() distinct experts, so a cache of only top_k slots still runs (evicting).

@@ -221,6 +221,23 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
   const std::string dir = out.parent_path().string();
   const std::string base = out.filename().string();
   BuildLock lock(out.string() + ".lock");
+  // Temporaries of builders that died (killed, power loss) before renaming: every builder takes
+  // the lock before creating its temporaries, so under the lock no live builder owns any.
+  {
+    std::error_code ec;
+    uint64_t removed = 0, removed_bytes = 0;
+    const std::string pack_prefix = "." + base + ".tmp-", manifest_prefix = "." + base + ".json.tmp-";
+    for (const auto &e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(pack_prefix, 0) != 0 && name.rfind(manifest_prefix, 0) != 0) continue;
+      const uint64_t bytes = e.is_regular_file(ec) ? e.file_size(ec) : 0;
+      if (fs::remove(e.path(), ec)) {
+        ++removed;
+        removed_bytes += bytes;
+      }
+    }
+    if (removed) log::warn("{}: removed {} temporary file(s) ({} bytes) left by an interrupted build", out.string(), removed, removed_bytes);
+  }
 
   for (const SourceFile &f : plan.files)
     if (fs::absolute(f.path).lexically_normal() == out)

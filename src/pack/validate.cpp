@@ -1,13 +1,49 @@
 #include "pack/validate.hpp"
 
 #include "core/error.hpp"
+#include "format/byte_source.hpp"
 #include "format/hash.hpp"
 
 #include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <filesystem>
 #include <fmt/format.h>
 
 namespace ep::pack {
+
+namespace {
+
+/// Re-hashes every source slice the pack was built from: a source replaced after packing with
+/// its size and mtime kept (cp -p, rsync -t) passes check_sources() but not this.
+void check_source_slices(const format::PackFile &pack) {
+  std::map<std::string, std::unique_ptr<format::FileSource>> files;
+  std::vector<uint8_t> buffer;
+  for (const format::RoleEntry &e : pack.entries()) {
+    auto &f = files[std::string(e.source_file)];
+    if (!f) f = std::make_unique<format::FileSource>(std::string(e.source_file));
+    if (e.source_offset > f->size() || e.nbytes > f->size() - e.source_offset)
+      fail(Status::stale, "{}: source slice changed: {} is {} bytes, the slice of {} lies at {} ({} bytes)", pack.path(),
+           f->name(), f->size(), e.source_tensor, e.source_offset, e.nbytes);
+    format::Sha256Hasher sha;
+    constexpr uint64_t kChunk = 8u << 20;
+    for (uint64_t done = 0; done < e.nbytes;) {
+      const size_t n = static_cast<size_t>(std::min(kChunk, e.nbytes - done));
+      buffer.resize(n);
+      f->read(e.source_offset + done, buffer.data(), n);
+      sha.update(buffer.data(), n);
+      done += n;
+    }
+    const format::Sha256 got = sha.finish();
+    if (std::memcmp(got.data(), e.source_sha256.data(), 32) != 0)
+      fail(Status::stale, "{}: source slice changed: {} tensor {} at offset {} ({} bytes) no longer hashes to the "
+           "pack's source_sha256 (the source was replaced after packing: rebuild the pack)",
+           pack.path(), f->name(), e.source_tensor, e.source_offset, e.nbytes);
+  }
+}
+
+}  // namespace
 
 ValidateReport validate_pack(const std::string &pack_path, const ValidateOptions &options) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -25,6 +61,7 @@ ValidateReport validate_pack(const std::string &pack_path, const ValidateOptions
   }
   const auto objects = options.full ? std::vector<std::pair<uint32_t, uint32_t>>{} : pack->sample_objects();
   pack->verify_payloads(objects);
+  if (options.full && report.sources_checked) check_source_slices(*pack);
   if (options.full) {
     report.objects_hashed = static_cast<uint64_t>(pack->num_layers()) * pack->num_experts();
     for (const auto &e : pack->entries()) report.bytes_hashed += e.nbytes;

@@ -12,7 +12,8 @@ namespace ep::pack {
 
 struct ValidateOptions {
   bool full = false;           ///< hash every payload (otherwise a deterministic sample)
-  bool check_sources = true;   ///< stat every source named by the manifest
+  bool check_sources = true;   ///< stat every source named by the manifest (with full: also re-hash
+                               ///< every source slice against the index's source_sha256)
   bool require_manifest = false;
 };
 

@@ -222,6 +222,7 @@ void ExpertStore::load_misses(std::vector<Miss> &misses) {
   for (uint32_t s = staging; s-- > 0;) free_staging.push_back(s);
   std::size_t next = 0, in_flight = 0;
   std::string first_error;
+  Status first_status = Status::io;
   std::vector<std::size_t> failed;
   std::byte *base = device_->staging_base();
   auto submit = [&](uint32_t st) {
@@ -250,7 +251,18 @@ void ExpertStore::load_misses(std::vector<Miss> &misses) {
       const auto idx = static_cast<std::size_t>(c.tag & 0xffffffffu);
       const auto st = static_cast<uint32_t>(c.tag >> 32);
       const Miss &m = misses[idx];
-      if (c.ok) {
+      std::string bad;
+      if (c.ok && options_.verify_payloads)
+        bad = options_.layout->check_object(cache::key_layer(m.key), m.expert,
+                                            base + static_cast<uint64_t>(st) * staging_slot_bytes_);
+      if (c.ok && !bad.empty()) {
+        if (first_error.empty()) {
+          first_error = fmt::format("ExpertStore: layer {} expert {} read from {} (object at offset {}, {} bytes) is corrupt: {}",
+                                    cache::key_layer(m.key), m.expert, options_.pack_path, m.offset, m.bytes, bad);
+          first_status = Status::corrupt;
+        }
+        failed.push_back(idx);
+      } else if (c.ok) {
         // Per-expert completion: this expert's copy starts now, while other reads continue.
         device_->copy_to_slot(m.slot, st, m.bytes);
         totals_.h2d_bytes += m.bytes;
@@ -269,7 +281,7 @@ void ExpertStore::load_misses(std::vector<Miss> &misses) {
   if (!first_error.empty()) {
     for (std::size_t idx : failed) cache_->remove(misses[idx].key);
     for (std::size_t idx = next; idx < misses.size(); ++idx) cache_->remove(misses[idx].key);
-    throw Error(Status::io, first_error);
+    throw Error(first_status, first_error);
   }
 }
 

@@ -56,6 +56,11 @@ struct StoreOptions {
   std::string stats_path;             ///< JSON stats file ("" = none)
   uint32_t stats_every = 0;           ///< write it every N acquires (0 = only on flush_stats())
   bool record_trace = false;          ///< keep (layer, ids) of every acquire
+  /// Check every object read against the layout's hashes (ExpertLayout::check_object; a
+  /// PackLayout checks XXH3 per role) before it is copied to its slot: wrong bytes from the
+  /// disk or a pack changed after open fail the acquire with EP_ERR_CORRUPT instead of being
+  /// computed with. Costs one XXH3 pass over the read bytes in host memory.
+  bool verify_payloads = true;
 };
 
 struct SlotRef {
@@ -81,8 +86,9 @@ class ExpertStore {
   ExpertStore &operator=(const ExpertStore &) = delete;
 
   /// See the file comment. Throws EP_ERR_INVALID_ARGUMENT for a bad layer/id/count,
-  /// EP_ERR_BUDGET when every slot is protected, EP_ERR_IO when a read fails (the message
-  /// names the pack, layer, expert and offset).
+  /// EP_ERR_BUDGET when every slot is protected, EP_ERR_IO when a read fails, EP_ERR_CORRUPT
+  /// when the bytes read do not match the pack's hashes (the message names the pack, layer,
+  /// expert and offset). A failed acquire pins nothing and leaves no half-loaded slot.
   Acquisition acquire(uint32_t layer, std::span<const uint32_t> ids);
   /// Records last_use and unpins. Throws EP_ERR_INVALID_ARGUMENT for an unknown ticket.
   void release(const Acquisition &acquisition);

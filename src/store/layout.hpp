@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,15 @@ class ExpertLayout {
   /// The largest object; the default scans every object.
   virtual uint64_t max_object_bytes() const;
   virtual uint32_t alignment() const { return 4096; }
+  /// Checks object (layer, expert) as read (@p data, object_bytes() bytes) against what the
+  /// layout knows of it: "" when it is right or there is nothing to check it against (the
+  /// default), else what is wrong (PackLayout: the role whose XXH3 differs from the index).
+  virtual std::string check_object(uint32_t layer, uint32_t expert, const std::byte *data) const {
+    (void)layer;
+    (void)expert;
+    (void)data;
+    return {};
+  }
 };
 
 /// offset = data_start + (layer * num_experts + expert) * stride — the Expert Pack v1 rule.

@@ -1,7 +1,10 @@
 #include "store/pack_layout.hpp"
 
 #include "core/error.hpp"
+#include "format/hash.hpp"
 #include "format/pack_file.hpp"
+
+#include <fmt/format.h>
 
 namespace ep::store {
 
@@ -24,5 +27,16 @@ uint64_t PackLayout::object_offset(uint32_t layer, uint32_t expert) const { retu
 uint64_t PackLayout::object_bytes(uint32_t layer, uint32_t expert) const { return pack_->object_bytes(layer, expert); }
 uint64_t PackLayout::max_object_bytes() const { return pack_->max_object_bytes(); }
 uint32_t PackLayout::alignment() const { return static_cast<uint32_t>(pack_->alignment()); }
+
+std::string PackLayout::check_object(uint32_t layer, uint32_t expert, const std::byte *data) const {
+  for (uint32_t r = 0; r < format::kPackNumRoles; ++r) {
+    const format::RoleEntry &e = pack_->entry(layer, expert, static_cast<format::Role>(r));
+    const uint64_t got = format::xxh3_64(data + e.offset_in_object, static_cast<size_t>(e.nbytes));
+    if (got != e.xxh3)
+      return fmt::format("payload hash mismatch: {} at offset {} ({} bytes) hashes to {:016x}, the index says {:016x}",
+                         format::role_name(e.role), e.file_offset, e.nbytes, got, e.xxh3);
+  }
+  return {};
+}
 
 }  // namespace ep::store

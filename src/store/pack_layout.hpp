@@ -24,6 +24,8 @@ class PackLayout final : public ExpertLayout {
   uint64_t object_bytes(uint32_t layer, uint32_t expert) const override;
   uint64_t max_object_bytes() const override;
   uint32_t alignment() const override;
+  /// Each role's payload against its XXH3 in the pack index.
+  std::string check_object(uint32_t layer, uint32_t expert, const std::byte *data) const override;
   const format::PackFile &pack() const { return *pack_; }
 
  private:

@@ -1,7 +1,9 @@
 // Tokenizer from a GGUF file's tokenizer.ggml.* metadata (llama.cpp "gpt2" BPE vocabularies).
 #include "core/error.hpp"
 #include "format/gguf.hpp"
+#include "format/gguf_writer.hpp"
 #include "tokenizer/gguf_vocab.hpp"
+#include "tokenizer/utf8.hpp"
 
 #include <cstring>
 
@@ -60,6 +62,48 @@ GgufVocab gguf_vocab_from_file(const format::GgufFile &file) {
 Tokenizer Tokenizer::from_gguf_file(const std::string &path) {
   const format::GgufFile file = format::GgufFile::open(path);
   return from_gguf_vocab(gguf_vocab_from_file(file), path);
+}
+
+void add_gguf_vocab_keys(format::GgufWriter &w, const GgufVocab &v) {
+  using format::GgufType;
+  using format::GgufValue;
+  std::vector<GgufValue> tokens, merges, types;
+  for (const std::string &t : v.tokens) tokens.push_back(GgufValue::make_string(t));
+  for (const std::string &m : v.merges) merges.push_back(GgufValue::make_string(m));
+  for (int32_t t : v.token_types) types.push_back(GgufValue::make_i32(t));
+  w.add("tokenizer.ggml.model", GgufValue::make_string("gpt2"));
+  w.add("tokenizer.ggml.pre", GgufValue::make_string(v.pre));
+  w.add("tokenizer.ggml.tokens", GgufValue::make_array(GgufType::string, tokens));
+  if (!merges.empty()) w.add("tokenizer.ggml.merges", GgufValue::make_array(GgufType::string, merges));
+  if (!types.empty()) w.add("tokenizer.ggml.token_type", GgufValue::make_array(GgufType::i32, types));
+  if (v.bos_id) w.add("tokenizer.ggml.bos_token_id", GgufValue::make_u32(static_cast<uint32_t>(*v.bos_id)));
+  if (v.eos_id) w.add("tokenizer.ggml.eos_token_id", GgufValue::make_u32(static_cast<uint32_t>(*v.eos_id)));
+  w.add("tokenizer.ggml.add_bos_token", GgufValue::make_bool(v.add_bos));
+  w.add("tokenizer.ggml.add_eos_token", GgufValue::make_bool(v.add_eos));
+}
+
+GgufVocab synthetic_chat_vocab(int64_t vocab_size) {
+  if (vocab_size < kSyntheticChatVocabMin)
+    fail(Status::invalid_argument, "synthetic chat vocabulary: {} ids asked, at least {} needed", vocab_size, kSyntheticChatVocabMin);
+  constexpr int32_t kControl = 3, kUserDefined = 4, kUnused = 5, kNormal = 1;
+  GgufVocab v;
+  auto add = [&](std::string t, int32_t type) {
+    v.tokens.push_back(std::move(t));
+    v.token_types.push_back(type);
+  };
+  add("<｜begin▁of▁sentence｜>", kControl);
+  add("<｜end▁of▁sentence｜>", kControl);
+  for (int b = 0; b < 256; ++b) add(bytes_to_byte_level(std::string(1, static_cast<char>(b))), kNormal);
+  add("<｜User｜>", kControl);
+  add("<｜Assistant｜>", kControl);
+  add("<think>", kUserDefined);
+  add("</think>", kUserDefined);
+  for (int64_t i = static_cast<int64_t>(v.tokens.size()); i < vocab_size; ++i) add("[PAD" + std::to_string(i) + "]", kUnused);
+  v.pre = "deepseek-v3";
+  v.bos_id = 0;
+  v.eos_id = 1;
+  v.add_bos = true;
+  return v;
 }
 
 }  // namespace ep::tokenizer

@@ -5,6 +5,7 @@
 
 namespace ep::format {
 class GgufFile;
+class GgufWriter;
 }
 
 namespace ep::tokenizer {
@@ -13,5 +14,17 @@ namespace ep::tokenizer {
 /// add_bos_token,add_eos_token} from a parsed GGUF. Throws Status::not_found when tokens or
 /// model are missing and Status::unsupported unless the model is "gpt2".
 GgufVocab gguf_vocab_from_file(const format::GgufFile &file);
+
+/// Adds a vocabulary's tokenizer.ggml.* keys (model "gpt2") to a GGUF being written.
+void add_gguf_vocab_keys(format::GgufWriter &writer, const GgufVocab &vocab);
+
+/// A small byte-level chat vocabulary for synthetic models, @p vocab_size ids (>= 262):
+/// 0 `<｜begin▁of▁sentence｜>` (BOS, control), 1 `<｜end▁of▁sentence｜>` (EOS, control),
+/// 2..257 the 256 bytes (byte-level strings, no merges), 258 `<｜User｜>`, 259 `<｜Assistant｜>`
+/// (control), 260 `<think>`, 261 `</think>` (user-defined: they stay in decoded text), and
+/// `[PAD{i}]` holes (unused) up to @p vocab_size. Pre-tokenizer "deepseek-v3", add_bos true: it
+/// renders and tokenizes DeepSeek-V4 chats like the real tokenizer, one token per byte.
+GgufVocab synthetic_chat_vocab(int64_t vocab_size);
+inline constexpr int64_t kSyntheticChatVocabMin = 262;
 
 }  // namespace ep::tokenizer

@@ -20,11 +20,23 @@
 #include <mutex>
 #include <shared_mutex>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 namespace ep::tokenizer {
 
 using json = nlohmann::json;
+
+/// A token id read from JSON: an integer in [0, 2^24]; anything else (a float, a string, a huge
+/// or negative number) is Status::format naming the file and the field.
+static int32_t json_token_id(const json &v, const std::string &origin, const char *what) {
+  constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+  const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(kMaxTokenId)
+                  : v.is_number_integer() ? v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMaxTokenId
+                                          : false;
+  if (!ok) fail(Status::format, "{}: {} {} is not an integer in 0..{}", origin, what, v.dump(), kMaxTokenId);
+  return static_cast<int32_t>(v.get<int64_t>());
+}
 
 const char *const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
@@ -585,7 +597,7 @@ void parse_post_processor(const json &j, const std::string &origin, std::vector<
       if (!specials.contains(name)) {
         fail(Status::format, "{}: post_processor template names special token '{}' not in special_tokens", origin, name);
       }
-      for (const json &id : specials[name].at("ids")) (seen_a ? suffix : prefix).push_back(id.get<int32_t>());
+      for (const json &id : specials[name].at("ids")) (seen_a ? suffix : prefix).push_back(json_token_id(id, origin, "post_processor id"));
     }
   }
 }
@@ -669,7 +681,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::strin
     m->spelling_to_id.reserve(vocab.size() * 2);
     std::string bytes;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const int32_t id = it.value().get<int32_t>();
+      const int32_t id = json_token_id(it.value(), origin, "vocab id");
       const std::string &spelling = it.key();
       if (!byte_level_to_bytes(spelling, bytes)) bytes = spelling;
       m->set_id(id, bytes, 1);
@@ -717,7 +729,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::strin
 
     for (const json &a : j.value("added_tokens", json::array())) {
       AddedToken t;
-      t.id = a.at("id").get<int32_t>();
+      t.id = json_token_id(a.at("id"), origin, "added_tokens id");
       t.content = a.at("content").get<std::string>();
       t.special = a.value("special", false);
       t.lstrip = a.value("lstrip", false);
@@ -816,6 +828,7 @@ Tokenizer Tokenizer::from_tiktoken_file(const std::string &path, const std::stri
                                         std::vector<AddedToken> specials) {
   const std::string text = read_file(path);
   std::vector<std::string> ranks;
+  std::vector<std::tuple<int64_t, size_t, std::string>> entries;  // rank, line, bytes
   size_t line_no = 0;
   size_t pos = 0;
   std::string bytes;
@@ -838,11 +851,23 @@ Tokenizer Tokenizer::from_tiktoken_file(const std::string &path, const std::stri
     if (!base64_decode(line.substr(0, sp), bytes) || bytes.empty()) {
       fail(Status::format, "{}: line {}: bad base64 token '{}'", path, line_no, line.substr(0, sp));
     }
-    if (static_cast<size_t>(rank) >= ranks.size()) ranks.resize(static_cast<size_t>(rank) + 1);
-    if (!ranks[rank].empty()) fail(Status::format, "{}: line {}: rank {} appears twice", path, line_no, rank);
-    ranks[rank] = bytes;
+    entries.emplace_back(rank, line_no, bytes);
   }
-  if (ranks.empty()) fail(Status::format, "{}: no ranks in tiktoken file", path);
+  if (entries.empty()) fail(Status::format, "{}: no ranks in tiktoken file", path);
+  // Rank files are dense (rank = line index, give or take a few gaps): a rank far beyond the
+  // number of entries is a damaged file, not a reason to allocate a huge table.
+  int64_t max_rank = 0;
+  for (const auto &[rank, line, b] : entries) max_rank = std::max(max_rank, rank);
+  const int64_t limit = 2 * static_cast<int64_t>(entries.size()) + 65536;
+  if (max_rank >= limit) {
+    fail(Status::format, "{}: rank {} but only {} entries: ranks must be dense (below {})", path, max_rank,
+         entries.size(), limit);
+  }
+  ranks.resize(static_cast<size_t>(max_rank) + 1);
+  for (auto &[rank, line, b] : entries) {
+    if (!ranks[rank].empty()) fail(Status::format, "{}: line {}: rank {} appears twice", path, line, rank);
+    ranks[rank] = std::move(b);
+  }
   return from_tiktoken_ranks(std::move(ranks), pattern, std::move(specials), path);
 }
 

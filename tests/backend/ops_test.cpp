@@ -3,6 +3,7 @@
 #include "backend/cpu_backend.hpp"
 #include "backend/dequant.hpp"
 #include "core/status.hpp"
+#include "host_tensors.hpp"
 #include "random_weights.hpp"
 #include "support/catch.hpp"
 
@@ -16,19 +17,7 @@
 using namespace ep::backend;
 using ep::format::GgmlType;
 
-namespace {
-
-Tensor f32(std::vector<float> &v, std::initializer_list<int64_t> shape) {
-  return Tensor::make(v.data(), GgmlType::f32, Device::cpu, shape);
-}
-Tensor i32(std::vector<int32_t> &v, std::initializer_list<int64_t> shape) {
-  return Tensor::make(v.data(), GgmlType::i32, Device::cpu, shape);
-}
-bool close(double got, double want, double rel, double abs_tol = 1e-6) {
-  return std::isfinite(got) && std::fabs(got - want) <= abs_tol + rel * std::fabs(want);
-}
-
-}  // namespace
+using namespace ep::test::host;
 
 TEST_CASE("matmul of every weight type equals dequantize-then-f32 matmul", "[ops]") {
   CpuBackend be;

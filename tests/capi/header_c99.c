@@ -24,6 +24,18 @@ int main(void) {
     if (ep_pack_open(&pack, "/nonexistent/none.epk", &pack_options) != EP_ERR_NOT_FOUND || pack != NULL) return 1;
     ep_pack_close(NULL);
   }
+  {
+    ep_tokenizer *tok = NULL;
+    ep_chat_options chat;
+    ep_generate_options gen;
+    size_t n = 1;
+    ep_chat_options_init(&chat);
+    ep_generate_options_init(&gen);
+    if (chat.thinking != -1 || chat.add_generation_prompt != 1 || gen.repetition_penalty != 1.0f) return 1;
+    if (ep_tokenizer_open(&tok, "/nonexistent/tokenizer.json") != EP_ERR_NOT_FOUND || tok != NULL) return 1;
+    if (ep_tokenize(NULL, 0, &n, NULL, "a", 1, 0) != EP_ERR_INVALID_ARGUMENT) return 1;
+    ep_tokenizer_close(NULL);
+  }
   printf("C99 consumer: expertpack %s, %d CUDA device(s)\n", ep_version_string(), (int)devices);
   return 0;
 }

@@ -299,6 +299,7 @@ TEST_CASE("deepseek_v4 pack: C API open through the pack, cache options, stats",
 
   ep_model_options ro;
   ep_model_options_init(&ro);
+  ro.device = EP_DEVICE_CPU;  // the exact reference (tests/cuda covers CUDA)
   CHECK(ro.pack_build == 1);
   CHECK(ro.resident_experts == 0);
   CHECK(ro.pack_dir == nullptr);
@@ -318,6 +319,7 @@ TEST_CASE("deepseek_v4 pack: C API open through the pack, cache options, stats",
 
   ep_model_options o;
   ep_model_options_init(&o);
+  o.device = EP_DEVICE_CPU;  // the exact reference (tests/cuda covers CUDA)
   o.pack_dir = packs.c_str();
   int progress = 0;
   o.progress = count_progress;
@@ -380,6 +382,7 @@ TEST_CASE("deepseek_v4 pack: C API open through the pack, cache options, stats",
   ::setenv("XDG_CACHE_HOME", (dir / "xdg").string().c_str(), 1);
   ep_model_options old;
   ep_model_options_init(&old);
+  old.device = EP_DEVICE_CPU;  // the exact reference (tests/cuda covers CUDA)
   old.struct_size = offsetof(ep_model_options, pack_dir);
   REQUIRE(ep_model_open(&m, g.gguf.c_str(), &old) == EP_OK);
   REQUIRE(ep_model_pack_path(m) != nullptr);

@@ -36,7 +36,10 @@ struct Fixture {
     const std::string raw = slurp(base + ".logits.f32");
     logits.resize(raw.size() / 4);
     std::memcpy(logits.data(), raw.data(), raw.size());
-    REQUIRE(ep_model_open(&model, gguf.c_str(), nullptr) == EP_OK);
+    ep_model_options o;
+    ep_model_options_init(&o);
+    o.device = EP_DEVICE_CPU;  // the exact reference; the CUDA backend is tested in tests/cuda
+    REQUIRE(ep_model_open(&model, gguf.c_str(), &o) == EP_OK);
   }
   ~Fixture() { ep_model_close(model); }
 };
@@ -187,8 +190,20 @@ TEST_CASE("model C API: argument and struct-size checks", "[model][capi]") {
   CHECK(ep_model_open(&m, gguf.c_str(), &o) == EP_ERR_STRUCT_SIZE);
   ep_model_options_init(&o);
   o.device = EP_DEVICE_CUDA;
-  CHECK(ep_model_open(&m, gguf.c_str(), &o) == EP_ERR_UNSUPPORTED);
-  CHECK(std::string(ep_last_error()).find("CUDA") != std::string::npos);
+  int32_t n_gpus = 0;
+  REQUIRE(ep_cuda_device_count(&n_gpus) == EP_OK);
+  if (n_gpus == 0) {
+    CHECK(ep_model_open(&m, gguf.c_str(), &o) == EP_ERR_NO_DEVICE);
+    CHECK(std::string(ep_last_error()).find("CUDA") != std::string::npos);
+  } else {
+    REQUIRE(ep_model_open(&m, gguf.c_str(), &o) == EP_OK);
+    ep_model_close(m);
+    o.device_index = n_gpus;  // one past the last
+    CHECK(ep_model_open(&m, gguf.c_str(), &o) == EP_ERR_NO_DEVICE);
+  }
+  ep_model_options_init(&o);
+  o.device = static_cast<ep_device_kind>(7);
+  CHECK(ep_model_open(&m, gguf.c_str(), &o) == EP_ERR_INVALID_ARGUMENT);
   ep_model_options_init(&o);
   o.direct_io = 3;
   CHECK(ep_model_open(&m, gguf.c_str(), &o) == EP_ERR_INVALID_ARGUMENT);

@@ -271,6 +271,15 @@ TEST_CASE("errors name the file and the problem") {
     const std::string msg = error_of([&] { tiny().encode("ab\xFF"); }, ep::Status::invalid_argument);
     CHECK(msg.find("byte offset 2") != std::string::npos);
   }
+  // Ids that are not integers in 0..2^24 (found by tokenizer_fuzz: a float id was converted with
+  // undefined behaviour).
+  for (const json &bad : {json(3.3e29), json(1.5), json(-1), json("7"), json(int64_t{1} << 40)}) {
+    json j = tiny_json();
+    j["model"]["vocab"]["a"] = bad;
+    const std::string msg = error_of([&] { Tokenizer::from_json_text(j.dump(), "ids.json"); }, ep::Status::format);
+    CHECK(msg.find("ids.json") != std::string::npos);
+    CHECK(msg.find("vocab id") != std::string::npos);
+  }
   error_of([&] { Tokenizer::from_json_text("{not json", "x.json"); }, ep::Status::format);
   error_of([&] { Tokenizer::from_file("/nonexistent/tokenizer.json"); }, ep::Status::not_found);
 }
@@ -317,6 +326,13 @@ TEST_CASE("tiktoken rank files") {
   const std::string msg = error_of([&] { Tokenizer::from_tiktoken_file((dir / "bad.tiktoken").string(), "x"); },
                                    ep::Status::format);
   CHECK(msg.find("line 1") != std::string::npos);
+  {  // a lone huge rank is a damaged file, not a 16M-entry table (found by tokenizer_fuzz)
+    std::ofstream f(dir / "sparse.tiktoken");
+    f << "YQ== 13666666\n";
+  }
+  const std::string sparse = error_of(
+      [&] { Tokenizer::from_tiktoken_file((dir / "sparse.tiktoken").string(), "x"); }, ep::Status::format);
+  CHECK(sparse.find("dense") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

@@ -35,6 +35,10 @@ PackSource pack_from_args(const Args &args);
 /// DeepSeek-V4-Flash's routed expert: gate+up+down FP4 with UE8M0 scales (3 x 4456448 B).
 inline constexpr uint64_t kDefaultObjectBytes = 13369344;
 
+/// The disk's raw random-read bandwidth (GB/s) over @p src's objects: @p depth O_DIRECT reads of
+/// @p block bytes in flight for @p seconds (io_uring with fixed file and buffer, else pread threads).
+double raw_loop_gbps(const PackSource &src, uint64_t block, uint32_t depth, double seconds);
+
 /// Runs a shell command and returns its stdout (empty on failure); @p rc gets the exit status.
 std::string run_command(const std::string &command, int &rc);
 

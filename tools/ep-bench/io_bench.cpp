@@ -70,9 +70,11 @@ bool fio_gbps(const PackSource &src, uint64_t block, uint32_t depth, double seco
   }
 }
 
+}  // namespace
+
 // The own raw loop (no fio): io_uring with a registered file and buffer, `depth` whole-object
 // O_DIRECT reads in flight — the same kernel features fio uses with --fixedbufs
-// --registerfiles. Without liburing: `depth` threads of O_DIRECT pread.
+// --registerfiles. Without liburing: `depth` threads of O_DIRECT pread. (Also used by ep-bench e2e.)
 double raw_loop_gbps(const PackSource &src, uint64_t block, uint32_t depth, double seconds) {
   const Objects objects{src.layout.get()};
   bool direct = false;
@@ -136,6 +138,8 @@ double raw_loop_gbps(const PackSource &src, uint64_t block, uint32_t depth, doub
   total = bytes.load();
   return static_cast<double>(total) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
 }
+
+namespace {
 
 struct EngineResult {
   double gbps = 0;

@@ -1,7 +1,7 @@
 // ep-bench: expert-delivery benchmarks.
 //   ep-bench io  --pack PACK | --create-size 20G   [--json]
 //   ep-bench h2d [--object-bytes N | --pack PACK]  [--json]
-// Kernel benchmarks are a separate tool (ep-bench-kernels); `ep-bench kernels` points there.
+//   ep-bench kernels [--kernels auto,mma,...] [--types q2_K,...] [--batch 8] [--json]   (CUDA builds)
 #include "bench_common.hpp"
 
 #include "core/error.hpp"
@@ -13,6 +13,8 @@
 namespace ep::bench {
 int cmd_io(const Args &args);
 int cmd_h2d(const Args &args);
+int cmd_kernels(const Args &args);
+int cmd_e2e(const Args &args);
 }  // namespace ep::bench
 
 namespace {
@@ -24,8 +26,15 @@ constexpr const char *kUsage =
     "       raw O_DIRECT read bandwidth at the object size (fio, else a pread loop) vs the engine's reader\n"
     "  h2d  [--object-bytes N | --pack PACK | --create-size SIZE] [--slots 64] [--staging 16] [--bytes 16G] [--json]\n"
     "       the store's staging -> VRAM copy path vs plain pinned cudaMemcpyAsync\n"
-    "  kernels   (a separate tool: ep-bench-kernels)\n"
-    "--json prints one JSON object with raw_gbps, engine_gbps and ratio.\n";
+    "  kernels [--kernels auto|generic|pipe|mma|mma-s6|mma-k2|mma-k4,...] [--types mxfp4,q2_K,...] [--batch 8]\n"
+    "       [--gemv-tokens 1] [--pool-mib 1024] [--passes 10] [--tokens 512] [--no-gemm] [--json]\n"
+    "       HBM copy bandwidth, decode GEMV per type/shape/kernel as a fraction of it, prefill GEMM vs cuBLAS\n"
+    "  e2e  --model PATH [--tokenizer tokenizer.json|.gguf] [--workload bench/workload/seed-10.jsonl] [--max-new N]\n"
+    "       [--requests N] [--device auto|cpu|cuda] [--cache-mib N] [--staging-mib N | --staging-slots N] [--ignore-eos]\n"
+    "       [--io-seconds 5] [--io-depth 32] [--pack-dir DIR] [--json FILE] [--json-stdout] [--open-only]\n"
+    "       the workload one request at a time (temperature 0) through the C API: per dataset prefill/decode tok/s,\n"
+    "       cache hit rate, SSD bytes per token; the I/O bound from the disk's raw bandwidth measured in the same run\n"
+    "--json prints one JSON object (io, h2d: raw_gbps, engine_gbps and ratio).\n";
 
 }  // namespace
 
@@ -38,9 +47,14 @@ int main(int argc, char **argv) {
   try {
     if (cmd == "io") return ep::bench::cmd_io(ep::bench::parse_args(argc, argv, 2, {"json", "no-fio"}));
     if (cmd == "h2d") return ep::bench::cmd_h2d(ep::bench::parse_args(argc, argv, 2, {"json"}));
+    if (cmd == "e2e") return ep::bench::cmd_e2e(ep::bench::parse_args(argc, argv, 2, {"ignore-eos", "json-stdout", "open-only"}));
     if (cmd == "kernels") {
-      std::fprintf(stderr, "ep-bench: kernel benchmarks are the separate tool ep-bench-kernels\n");
+#ifdef EP_HAVE_CUDA
+      return ep::bench::cmd_kernels(ep::bench::parse_args(argc, argv, 2, {"json", "no-gemm"}));
+#else
+      std::fprintf(stderr, "ep-bench kernels: this build has no CUDA backend (EP_WITH_CUDA=OFF)\n");
       return 2;
+#endif
     }
     std::fprintf(stderr, "ep-bench: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;

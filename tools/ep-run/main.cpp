@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,7 +23,7 @@ const char *kUsage =
     "usage: ep-run --model PATH --tokens 1,2,3 [-n N] [--temp T] [--top-k-sample K] [--top-p P] [--seed S]\n"
     "              [--stop ID] [--cache-mib MIB] [--score] [--dump-topk FILE [--top-k K]] [--stats]\n"
     "              [--pack-dir DIR] [--no-pack-build] [--resident-experts] [--staging-slots N]\n"
-    "              [--queue-depth N] [--read-splits N] [--direct-io 0|1]\n"
+    "              [--queue-depth N] [--read-splits N] [--direct-io 0|1] [--device auto|cpu|cuda]\n"
     "\n"
     "  --model PATH   a .gguf file (first shard), a directory with config.json + safetensors, or an\n"
     "                 Expert Pack (.epk) with its manifest. A source's routed experts are served from\n"
@@ -31,8 +33,9 @@ const char *kUsage =
     "                 ~/.cache/expertpack)\n"
     "  --no-pack-build  never build: a missing or stale pack is an error\n"
     "  --resident-experts  no pack: read every expert from the source into memory\n"
+    "  --device D     auto (default: the GPU when there is one), cpu, or cuda (an error without a GPU)\n"
     "  --cache-mib MIB  expert cache budget, fractions allowed (default: every expert, at most half\n"
-    "                 the physical memory)\n"
+    "                 the physical memory; on CUDA at most the free GPU memory less 2 GiB)\n"
     "  --tokens LIST  prompt token ids, comma-separated\n"
     "  -n N           tokens to generate (default 16); streamed to stdout, one id per line\n"
     "  --temp T       sampling temperature (default 0 = greedy)\n"
@@ -42,11 +45,48 @@ const char *kUsage =
     "                 selected = the generated token); --score: step i holds the logits that\n"
     "                 predict token i+1 of the given sequence (selected = their top-1 id)\n"
     "  --top-k K      entries per step in the dump (default 10)\n"
+    "  --dump-logits F  --score: write every row of logits to F (raw little-endian f32 [tokens][vocab])\n"
     "  --stats        timing, token counts and expert-cache counters on stderr\n"
     "  --synthetic PATH [--synthetic-seed N] [--synthetic-experts TYPE]\n"
     "                 first write a small seeded synthetic DeepSeek-V4 GGUF to PATH (unless it\n"
     "                 exists) and use it as the model (without --tokens: only write it);\n"
-    "                 TYPE: mxfp4 (default), q2_K, q4_K, q8_0, iq2_xxs\n";
+    "                 TYPE: mxfp4 (default), q2_K, q4_K, q8_0, iq2_xxs. The model carries a small\n"
+    "  --synthetic-flash-layers N  the synthetic model in DeepSeek-V4-Flash's full width (hidden\n"
+    "                 4096, 256 experts x 2048, vocab 129280) with N layers (~3.5 GB per layer)\n"
+    "  --synthetic-down TYPE  the synthetic experts' down projection type (default: TYPE)\n"
+    "                 byte-level tokenizer with DeepSeek-V4's chat markers (for --prompt)\n"
+    "\n"
+    "text (instead of --tokens; the model's tokenizer, or --tokenizer PATH):\n"
+    "  --prompt TEXT  generate text after TEXT, streamed to stdout as it is decoded\n"
+    "  --chat         treat --prompt as a user message and apply the chat template\n"
+    "  --system TEXT  a system message (with --chat)\n"
+    "  --thinking 0|1 chat thinking off/on (default: the template's)\n"
+    "  --stop-string S  stop when S appears (repeatable); --min-p P; --repeat-penalty R [--repeat-window N]\n"
+    "  --ignore-eos   do not stop at EOS / end of turn\n";
+
+/// --prompt: text generation through the tokenizer, streamed as UTF-8 pieces.
+struct TextArgs {
+  std::string prompt, system, tokenizer;
+  bool chat = false;
+  int thinking = -1;
+  std::vector<std::string> stop_strings;
+};
+
+int on_text(const char *piece, size_t length, void *) {
+  std::fwrite(piece, 1, length, stdout);
+  std::fflush(stdout);
+  return 0;
+}
+
+const char *stop_reason_name(ep_stop_reason r) {
+  switch (r) {
+    case EP_STOP_LENGTH: return "max tokens";
+    case EP_STOP_TOKEN: return "stop token";
+    case EP_STOP_STRING: return "stop string";
+    case EP_STOP_CANCELLED: return "cancelled";
+    default: return "?";
+  }
+}
 
 [[noreturn]] void die(const std::string &msg) {
   std::fprintf(stderr, "ep-run: %s\n", msg.c_str());
@@ -114,16 +154,18 @@ int on_token(int32_t token, uint32_t, void *payload) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  std::string model_path, tokens_arg, dump_path, pack_dir;
+  std::string model_path, tokens_arg, dump_path, dump_logits_path, pack_dir;
   int progress_state = -1;
   ep_generate_options gen;
   ep_generate_options_init(&gen);
   ep_model_options mopt;
   ep_model_options_init(&mopt);
   bool score = false, stats = false;
-  std::string synthetic_path, synthetic_type = "mxfp4";
+  std::string synthetic_path, synthetic_type = "mxfp4", synthetic_down;
+  int64_t synthetic_flash_layers = 0;
   uint64_t synthetic_seed = 1;
   uint32_t dump_k = 10;
+  TextArgs text;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -152,12 +194,31 @@ int main(int argc, char **argv) {
     else if (a == "--direct-io") mopt.direct_io = std::stoi(next());
     else if (a == "--score") score = true;
     else if (a == "--dump-topk") dump_path = next();
+    else if (a == "--dump-logits") dump_logits_path = next();
     else if (a == "--top-k") dump_k = static_cast<uint32_t>(std::stoul(next()));
     else if (a == "--stats") stats = true;
     else if (a == "--synthetic") synthetic_path = next();
     else if (a == "--synthetic-seed") synthetic_seed = std::stoull(next());
     else if (a == "--synthetic-experts") synthetic_type = next();
-    else if (a == "--prompt") die("--prompt needs the tokenizer integration, which is not done yet; use --tokens");
+    else if (a == "--synthetic-down") synthetic_down = next();
+    else if (a == "--synthetic-flash-layers") synthetic_flash_layers = std::stoll(next());
+    else if (a == "--device") {
+      const std::string d = next();
+      if (d == "auto") mopt.device = EP_DEVICE_AUTO;
+      else if (d == "cpu") mopt.device = EP_DEVICE_CPU;
+      else if (d == "cuda") mopt.device = EP_DEVICE_CUDA;
+      else die("--device must be auto, cpu or cuda");
+    }
+    else if (a == "--prompt") text.prompt = next();
+    else if (a == "--chat") text.chat = true;
+    else if (a == "--system") text.system = next();
+    else if (a == "--tokenizer") text.tokenizer = next();
+    else if (a == "--thinking") text.thinking = std::stoi(next());
+    else if (a == "--stop-string") text.stop_strings.push_back(next());
+    else if (a == "--min-p") gen.min_p = std::stof(next());
+    else if (a == "--repeat-penalty") gen.repetition_penalty = std::stof(next());
+    else if (a == "--repeat-window") gen.repetition_window = static_cast<uint32_t>(std::stoul(next()));
+    else if (a == "--ignore-eos") gen.ignore_eos = 1;
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -170,11 +231,24 @@ int main(int argc, char **argv) {
       const auto type = ep::format::ggml_type_by_name(synthetic_type);
       if (!type) die("unknown --synthetic-experts type " + synthetic_type);
       ep::model::Dsv4SyntheticSpec spec;
+      if (synthetic_flash_layers > 0) spec = ep::model::Dsv4SyntheticSpec::flash_shaped(synthetic_flash_layers);
       spec.seed = synthetic_seed;
+      spec.chat_tokenizer = true;
+      spec.vocab = std::max<int64_t>(spec.vocab, 262);
       spec.expert_gate_up = spec.expert_down = type->type;
-      if (type->block_elems == 256) spec.hidden = spec.moe_ff = 256;
+      if (!synthetic_down.empty()) {
+        const auto down = ep::format::ggml_type_by_name(synthetic_down);
+        if (!down) die("unknown --synthetic-down type " + synthetic_down);
+        spec.expert_down = down->type;
+      }
+      if (type->block_elems == 256 && synthetic_flash_layers == 0) spec.hidden = spec.moe_ff = 256;
+      int written_pct = -1;
       try {
-        ep::model::write_dsv4_synthetic_gguf(spec, synthetic_path);
+        ep::model::write_dsv4_synthetic_gguf(spec, synthetic_path, [&](uint64_t done, uint64_t total) {
+          const int pct = total ? static_cast<int>(done * 100 / total) : 100;
+          if (synthetic_flash_layers > 0 && pct / 10 != written_pct / 10) std::fprintf(stderr, "ep-run: writing %d %%\n", pct);
+          written_pct = pct;
+        });
       } catch (const std::exception &e) {
         die(std::string("writing the synthetic model: ") + e.what());
       }
@@ -182,11 +256,16 @@ int main(int argc, char **argv) {
                    static_cast<unsigned long long>(synthetic_seed), synthetic_type.c_str());
     }
     model_path = synthetic_path;
-    if (tokens_arg.empty()) return 0;  // only write the model
+    if (tokens_arg.empty() && text.prompt.empty()) return 0;  // only write the model
   }
-  if (model_path.empty() || tokens_arg.empty()) die(std::string("--model and --tokens are required\n") + kUsage);
-  const std::vector<int32_t> prompt = parse_tokens(tokens_arg);
-  if (prompt.empty()) die("--tokens is empty");
+  const bool text_mode = !text.prompt.empty();
+  if (text_mode && !tokens_arg.empty()) die("--prompt and --tokens exclude each other");
+  if (!dump_logits_path.empty() && !score) die("--dump-logits needs --score");
+  if (text_mode && (score || !dump_path.empty())) die("--prompt generates text; --score and --dump-topk take --tokens");
+  if (model_path.empty() || (tokens_arg.empty() && !text_mode))
+    die(std::string("--model and --tokens (or --prompt) are required\n") + kUsage);
+  const std::vector<int32_t> prompt = text_mode ? std::vector<int32_t>{} : parse_tokens(tokens_arg);
+  if (prompt.empty() && !text_mode) die("--tokens is empty");
 
   if (!pack_dir.empty()) mopt.pack_dir = pack_dir.c_str();
   mopt.progress = on_progress;
@@ -203,8 +282,53 @@ int main(int argc, char **argv) {
   if (dump_k == 0 || dump_k > props.vocab_size) die("--top-k must be in 1.." + std::to_string(props.vocab_size));
   ep_session *session = nullptr;
   check(ep_session_open(&session, model), "open session");
+  if (text_mode) {
+    ep_tokenizer *tok = nullptr;
+    if (text.tokenizer.empty())
+      check(ep_tokenizer_open_model(&tok, model), "open the model's tokenizer");
+    else
+      check(ep_tokenizer_open(&tok, text.tokenizer.c_str()), "open tokenizer");
+    std::vector<const char *> stops;
+    for (const std::string &s : text.stop_strings) stops.push_back(s.c_str());
+    gen.stop_strings = stops.data();
+    gen.n_stop_strings = stops.size();
+    ep_generate_stats st;
+    ep_generate_stats_init(&st);
+    if (text.chat) {
+      std::vector<ep_chat_message> msgs;
+      if (!text.system.empty()) msgs.push_back({"system", text.system.c_str(), nullptr});
+      msgs.push_back({"user", text.prompt.c_str(), nullptr});
+      ep_chat_options co;
+      ep_chat_options_init(&co);
+      co.thinking = text.thinking;
+      check(ep_generate_chat(&st, session, tok, msgs.data(), msgs.size(), &co, &gen, on_text, nullptr), "generate");
+    } else {
+      check(ep_generate_text(&st, session, tok, text.prompt.c_str(), &gen, on_text, nullptr), "generate");
+    }
+    std::printf("\n");
+    if (stats) {
+      std::fprintf(stderr, "ep-run: %u prompt tokens in %.3f s (%.1f tok/s), %u generated in %.3f s (%.2f tok/s), stop: %s\n",
+                   st.prompt_tokens, st.prefill_seconds, st.prefill_tokens_per_second, st.generated_tokens, st.decode_seconds,
+                   st.decode_tokens_per_second, stop_reason_name(st.stop_reason));
+      print_store_stats(model);
+    }
+    ep_tokenizer_close(tok);
+    ep_session_close(session);
+    ep_model_close(model);
+    return 0;
+  }
 
   nlohmann::json steps = nlohmann::json::array();
+  // Steps of the dump from each row's top dump_k (ids, logits).
+  auto push_steps = [&](const std::vector<int32_t> &ids, const std::vector<float> &logits, size_t rows, size_t first_row,
+                        const std::vector<int32_t> *selected) {
+    for (size_t r = first_row; r < rows; ++r) {
+      nlohmann::json topk = nlohmann::json::array();
+      for (uint32_t j = 0; j < dump_k; ++j) topk.push_back({ids[r * dump_k + j], logits[r * dump_k + j]});
+      const int32_t sel = selected ? (*selected)[r - first_row] : ids[r * dump_k];
+      steps.push_back({{"pos", r}, {"selected", sel}, {"topk", topk}});
+    }
+  };
   auto add_steps = [&](const std::vector<int32_t> &seq, size_t first_row, const std::vector<int32_t> *selected) {
     std::vector<int32_t> ids(seq.size() * dump_k);
     std::vector<float> logits(seq.size() * dump_k);
@@ -212,20 +336,39 @@ int main(int argc, char **argv) {
     check(ep_session_open(&scorer, model), "open scoring session");
     check(ep_score(scorer, seq.data(), seq.size(), dump_k, ids.data(), logits.data()), "score");
     ep_session_close(scorer);
-    for (size_t r = first_row; r < seq.size(); ++r) {
-      nlohmann::json topk = nlohmann::json::array();
-      for (uint32_t j = 0; j < dump_k; ++j) topk.push_back({ids[r * dump_k + j], logits[r * dump_k + j]});
-      const int32_t sel = selected ? (*selected)[r - first_row] : ids[r * dump_k];
-      steps.push_back({{"pos", r}, {"selected", sel}, {"topk", topk}});
-    }
+    push_steps(ids, logits, seq.size(), first_row, selected);
   };
 
   if (score) {
-    std::vector<float> dummy(props.vocab_size * prompt.size());
-    check(ep_score(session, prompt.data(), prompt.size(), 0, nullptr, dummy.data()), "score");
-    if (!dump_path.empty()) add_steps(prompt, 0, nullptr);
+    // One teacher-forced pass; the dumps are taken from its logits.
+    const size_t V = props.vocab_size;
+    std::vector<float> all(V * prompt.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    check(ep_score(session, prompt.data(), prompt.size(), 0, nullptr, all.data()), "score");
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!dump_logits_path.empty()) {
+      std::ofstream f(dump_logits_path, std::ios::binary);
+      if (!f.write(reinterpret_cast<const char *>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float))))
+        die("cannot write " + dump_logits_path);
+    }
+    if (!dump_path.empty()) {
+      std::vector<int32_t> ids(prompt.size() * dump_k), order(V);
+      std::vector<float> top(prompt.size() * dump_k);
+      for (size_t r = 0; r < prompt.size(); ++r) {
+        const float *row = all.data() + r * V;
+        for (size_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
+        std::partial_sort(order.begin(), order.begin() + dump_k, order.end(),
+                          [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        for (uint32_t j = 0; j < dump_k; ++j) {
+          ids[r * dump_k + j] = order[j];
+          top[r * dump_k + j] = row[order[j]];
+        }
+      }
+      push_steps(ids, top, prompt.size(), 0, nullptr);
+    }
     if (stats) {
-      std::fprintf(stderr, "ep-run: scored %zu tokens\n", prompt.size());
+      std::fprintf(stderr, "ep-run: scored %zu tokens in %.3f s (%.1f tok/s)\n", prompt.size(), secs,
+                   secs > 0 ? static_cast<double>(prompt.size()) / secs : 0.0);
       print_store_stats(model);
     }
   } else {

@@ -1,9 +1,11 @@
-// ep-bench-kernels — measures, in one run on one GPU: the HBM device-to-device copy bandwidth
-// (read + write bytes), the cuBLAS bf16 GEMM rate per shape, and per weight type and expert
-// shape the decode GEMV bandwidth (weight bytes read / time, several experts per launch) as a
-// fraction of the copy bandwidth, and the prefill GEMM rate (512 tokens, dequantize + cuBLAS)
+// ep-bench kernels — measures, in one run on one GPU: the HBM device-to-device copy bandwidth
+// (read + write bytes), the cuBLAS bf16 GEMM rate per shape, and per weight type, expert shape
+// and GEMV kernel the decode GEMV bandwidth (weight bytes read / time, several experts per
+// launch) as a fraction of the copy bandwidth, and the prefill GEMM rate (dequantize + cuBLAS)
 // as a fraction of the cuBLAS bf16 rate. Weights are cycled through a pool much larger than L2
-// so that HBM is measured. To become `ep-bench kernels`.
+// so that HBM is measured.
+#include "bench_common.hpp"
+
 #include "backend/tensor.hpp"
 #include "core/error.hpp"
 #include "cuda/check.hpp"
@@ -15,11 +17,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+namespace ep::bench {
 namespace {
 
 using ep::backend::Device;
@@ -28,17 +33,57 @@ using ep::format::GgmlType;
 
 struct Options {
   bool json = false;
-  int batch = 8;           // experts per GEMV launch
+  bool gemm = true;          // prefill GEMM and cuBLAS references
+  int batch = 8;             // experts per GEMV launch
+  int gemv_tokens = 1;       // tokens per GEMV launch
+  int passes = 10;           // timed passes over the weight pool
   uint64_t pool_mib = 1024;  // weight bytes cycled per type and shape
   int64_t prefill_tokens = 512;
+  std::vector<GgmlType> types;
+  std::vector<ep::cuda::GemvKernel> kernels;
 };
 
-void usage() {
-  std::fprintf(stderr,
-               "usage: ep-bench-kernels [--json] [--batch N] [--pool-mib N] [--tokens N]\n"
-               "  --batch N     experts per decode GEMV launch (default 8)\n"
-               "  --pool-mib N  MiB of distinct weights cycled per type and shape (default 1024)\n"
-               "  --tokens N    prefill tokens for the GEMM rate (default 512)\n");
+std::vector<std::string> split_list(const std::string &s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+const std::vector<GgmlType> &bench_types() {
+  static const std::vector<GgmlType> all = {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::q4_k,
+                                            GgmlType::q5_k,  GgmlType::q6_k, GgmlType::q8_0, GgmlType::iq2_xxs};
+  return all;
+}
+
+Options options_from(const Args &args) {
+  Options o;
+  o.json = args.has("json");
+  o.gemm = !args.has("no-gemm");
+  o.batch = std::max(1, static_cast<int>(args.number("batch", 8)));
+  o.gemv_tokens = std::clamp(static_cast<int>(args.number("gemv-tokens", 1)), 1, ep::cuda::kGemvMaxTokens);
+  o.pool_mib = static_cast<uint64_t>(args.number("pool-mib", 1024));
+  o.passes = std::max(1, static_cast<int>(args.number("passes", 10)));
+  o.prefill_tokens = std::max<int64_t>(1, static_cast<int64_t>(args.number("tokens", 512)));
+  for (const auto &name : split_list(args.get("types", ""))) {
+    bool found = false;
+    for (GgmlType t : bench_types()) {
+      if (name == ep::format::ggml_type_info(static_cast<uint32_t>(t))->name) {
+        o.types.push_back(t);
+        found = true;
+      }
+    }
+    if (!found) ep::fail(ep::Status::invalid_argument, "--types: unknown or unsupported type '{}'", name);
+  }
+  if (o.types.empty()) o.types = bench_types();
+  for (const auto &name : split_list(args.get("kernels", "auto"))) {
+    ep::cuda::GemvKernel k{};
+    if (!ep::cuda::parse_gemv_kernel(name.c_str(), k))
+      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|mma-s6|mma-k2|mma-k4)", name);
+    o.kernels.push_back(k);
+  }
+  return o;
 }
 
 struct Events {
@@ -111,12 +156,17 @@ struct Shape {
   const char *what;
 };
 
+struct GemvResult {
+  std::string kernel;
+  double gbps, batch1_gbps;
+};
 struct Result {
   std::string type;
   Shape shape;
   uint64_t matrix_bytes;
   int pool_matrices;
-  double gemv_gbps, gemv_batch1_gbps, gemm_tflops, cublas_tflops;
+  std::vector<GemvResult> gemv;  // one per distinct kernel asked for
+  double gemm_tflops, cublas_tflops;
 };
 
 Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const Options &o, double cublas_tflops) {
@@ -154,8 +204,10 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
   for (int m = 0; m < pool; ++m) ptrs[m] = static_cast<uint8_t *>(weights.p) + m * mat_stride;
   DeviceMem dptrs(ptrs.size() * sizeof(void *));
   EP_CUDA_CHECK(cudaMemcpy(dptrs.p, ptrs.data(), ptrs.size() * sizeof(void *), cudaMemcpyHostToDevice));
-  const int64_t xt = std::max<int64_t>(o.batch, o.prefill_tokens);
-  DeviceMem x(static_cast<uint64_t>(s.k * xt) * 4), y(static_cast<uint64_t>(s.n * xt) * 4);
+  // x: matrix m of a launch reads rows m .. m + gemv_tokens − 1; y: n per matrix and token
+  const int64_t xt = std::max<int64_t>(o.batch + o.gemv_tokens, o.prefill_tokens);
+  const int64_t yt_rows = std::max<int64_t>(xt, static_cast<int64_t>(o.batch) * o.gemv_tokens);
+  DeviceMem x(static_cast<uint64_t>(s.k * xt) * 4), y(static_cast<uint64_t>(s.n * yt_rows) * 4);
   {
     std::vector<float> hx(static_cast<size_t>(s.k * xt));
     std::mt19937 rng(5);
@@ -163,13 +215,15 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
     for (auto &v : hx) v = d(rng);
     EP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
   }
-  auto gemv_gbps = [&](int batch) {
+  auto gemv_gbps = [&](int batch, ep::cuda::GemvKernel kernel) {
     ep::cuda::GemvArgs a;
     a.x = static_cast<float *>(x.p);
     a.y = static_cast<float *>(y.p);
     a.k = s.k;
     a.n = s.n;
     a.n_mat = batch;
+    a.n_tok = o.gemv_tokens;
+    a.kernel = kernel;
     const auto *table = static_cast<const void *const *>(dptrs.p);
     const int launches_per_pass = pool / batch;
     for (int i = 0; i < launches_per_pass; ++i) {  // warm-up pass
@@ -177,7 +231,7 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
       ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
     }
     Events ev;
-    const int passes = 10;
+    const int passes = o.passes;
     EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
     for (int p = 0; p < passes; ++p)
       for (int i = 0; i < launches_per_pass; ++i) {
@@ -188,10 +242,33 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
     const double bytes = static_cast<double>(mat_bytes) * batch * launches_per_pass * passes;
     return bytes / (ev.ms() * 1e6);
   };
-  Result r{std::string(info.name), s, mat_bytes, pool, 0, 0, 0, cublas_tflops};
-  r.gemv_gbps = gemv_gbps(o.batch);
-  r.gemv_batch1_gbps = gemv_gbps(1);
-  {  // prefill GEMM through the backend (dequantize rows to bf16 + cuBLAS)
+  Result r{std::string(info.name), s, mat_bytes, pool, {}, 0, cublas_tflops};
+  for (ep::cuda::GemvKernel want : o.kernels) {
+    auto resolved = [&](int batch) {  // the kernel launch_gemv runs for this batch
+      ep::cuda::GemvArgs probe;
+      probe.k = s.k;
+      probe.n = s.n;
+      probe.n_mat = batch;
+      probe.n_tok = o.gemv_tokens;
+      probe.kernel = want;
+      return std::string(ep::cuda::gemv_kernel_name(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(type), probe)));
+    };
+    std::string name = resolved(o.batch);
+    if (want == ep::cuda::GemvKernel::automatic) {  // "auto:<kernel at --batch>[/<kernel at batch 1>]"
+      const std::string one = resolved(1);
+      std::string label = "auto:";
+      label += name;
+      if (one != name) {
+        label += '/';
+        label += one;
+      }
+      name = label;
+    } else if (std::any_of(r.gemv.begin(), r.gemv.end(), [&](const GemvResult &g) { return g.kernel == name; })) {
+      continue;  // an mma kernel asked for a type it does not run falls back to one measured already
+    }
+    r.gemv.push_back({name, gemv_gbps(o.batch, want), gemv_gbps(1, want)});
+  }
+  if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to bf16 + cuBLAS)
     const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});
     const Tensor yt = Tensor::make(y.p, GgmlType::f32, Device::cuda, {s.n, o.prefill_tokens});
     auto run = [&](int m) { be.matmul_gemm(Tensor::make(ptrs[m % pool], type, Device::cuda, {s.k, s.n}), xt_t, yt); };
@@ -221,90 +298,73 @@ int run(const Options &o) {
                           {2048, 4096, "DeepSeek-V4 expert down"},
                           {3584, 3072, "Kimi-K3 latent expert gate/up"},
                           {3072, 3584, "Kimi-K3 latent expert down"}};
-  std::vector<double> cublas(4);
-  for (int i = 0; i < 4; ++i) cublas[i] = cublas_bf16_tflops(h, stream, shapes[i].k, shapes[i].n, o.prefill_tokens);
-  const double cublas_big = cublas_bf16_tflops(h, stream, 8192, 8192, 8192);
-  const GgmlType types[] = {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::q4_k,
-                            GgmlType::q5_k,  GgmlType::q6_k, GgmlType::q8_0, GgmlType::iq2_xxs};
+  std::vector<double> cublas(4, 0.0);
+  double cublas_big = 0;
+  if (o.gemm) {
+    for (int i = 0; i < 4; ++i) cublas[i] = cublas_bf16_tflops(h, stream, shapes[i].k, shapes[i].n, o.prefill_tokens);
+    cublas_big = cublas_bf16_tflops(h, stream, 8192, 8192, 8192);
+  }
   std::vector<Result> results;
-  for (GgmlType t : types)
+  for (GgmlType t : o.types)
     for (int i = 0; i < 4; ++i) results.push_back(bench_one(be, t, shapes[i], o, cublas[i]));
   cublasDestroy(h);
+  const double hbm_after = hbm_copy_gbps(stream);  // the copy reference again, after the kernels
 
   if (o.json) {
     nlohmann::json j;
     j["device"] = device;
     j["hbm_copy_gbps"] = hbm;
+    j["hbm_copy_gbps_after"] = hbm_after;
     j["gemv_batch"] = o.batch;
+    j["gemv_tokens"] = o.gemv_tokens;
     j["prefill_tokens"] = o.prefill_tokens;
     j["cublas_bf16_tflops_8192"] = cublas_big;
     for (const auto &r : results) {
-      j["results"].push_back({{"type", r.type},
-                              {"k", r.shape.k},
-                              {"n", r.shape.n},
-                              {"matrix_bytes", r.matrix_bytes},
-                              {"pool_matrices", r.pool_matrices},
-                              {"gemv_gbps", r.gemv_gbps},
-                              {"gemv_fraction_of_hbm", r.gemv_gbps / hbm},
-                              {"gemv_batch1_gbps", r.gemv_batch1_gbps},
-                              {"gemv_batch1_fraction_of_hbm", r.gemv_batch1_gbps / hbm},
-                              {"gemm_tflops", r.gemm_tflops},
-                              {"cublas_bf16_tflops", r.cublas_tflops},
-                              {"gemm_fraction_of_cublas", r.gemm_tflops / r.cublas_tflops}});
+      for (const auto &g : r.gemv) {
+        nlohmann::json e = {{"type", r.type},
+                            {"k", r.shape.k},
+                            {"n", r.shape.n},
+                            {"kernel", g.kernel},
+                            {"matrix_bytes", r.matrix_bytes},
+                            {"pool_matrices", r.pool_matrices},
+                            {"gemv_gbps", g.gbps},
+                            {"gemv_fraction_of_hbm", g.gbps / hbm},
+                            {"gemv_batch1_gbps", g.batch1_gbps},
+                            {"gemv_batch1_fraction_of_hbm", g.batch1_gbps / hbm}};
+        if (o.gemm) {
+          e["gemm_tflops"] = r.gemm_tflops;
+          e["cublas_bf16_tflops"] = r.cublas_tflops;
+          e["gemm_fraction_of_cublas"] = r.gemm_tflops / r.cublas_tflops;
+        }
+        j["results"].push_back(e);
+      }
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   fmt::print("{}\n", device);
-  fmt::print("HBM device-to-device copy: {:.0f} GB/s (read + write)\n", hbm);
-  fmt::print("cuBLAS bf16 GEMM 8192^3: {:.1f} TFLOP/s\n", cublas_big);
-  for (int i = 0; i < 4; ++i)
-    fmt::print("cuBLAS bf16 GEMM {}x{} x {} tokens ({}): {:.1f} TFLOP/s\n", shapes[i].k, shapes[i].n, o.prefill_tokens,
-               shapes[i].what, cublas[i]);
-  fmt::print("\ndecode GEMV: {} experts per launch (and 1); prefill GEMM: {} tokens, dequantize to bf16 + cuBLAS\n", o.batch,
-             o.prefill_tokens);
-  fmt::print("{:<8} {:>11} {:>9} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8}\n", "type", "K x N", "MiB/mat", "GEMV GB/s", "of HBM",
-             "batch1", "of HBM", "GEMM TF/s", "of cuBLAS");
+  fmt::print("HBM device-to-device copy: {:.0f} GB/s (read + write; {:.0f} GB/s again after the kernels)\n", hbm, hbm_after);
+  if (o.gemm) {
+    fmt::print("cuBLAS bf16 GEMM 8192^3: {:.1f} TFLOP/s\n", cublas_big);
+    for (int i = 0; i < 4; ++i)
+      fmt::print("cuBLAS bf16 GEMM {}x{} x {} tokens ({}): {:.1f} TFLOP/s\n", shapes[i].k, shapes[i].n, o.prefill_tokens,
+                 shapes[i].what, cublas[i]);
+  }
+  fmt::print("\ndecode GEMV: {} experts per launch (and 1), {} token(s); prefill GEMM: {} tokens, dequantize to bf16 + cuBLAS\n",
+             o.batch, o.gemv_tokens, o.prefill_tokens);
+  fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8}\n", "type", "K x N", "MiB/mat", "kernel",
+             "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS");
   for (const auto &r : results)
-    fmt::print("{:<8} {:>11} {:>9.2f} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f}\n", r.type,
-               fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), r.gemv_gbps,
-               r.gemv_gbps / hbm, r.gemv_batch1_gbps, r.gemv_batch1_gbps / hbm, r.gemm_tflops, r.gemm_tflops / r.cublas_tflops);
+    for (const auto &g : r.gemv)
+      fmt::print("{:<8} {:>11} {:>9.2f} {:<18} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f}\n", r.type,
+                 fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), g.kernel,
+                 g.gbps, g.gbps / hbm, g.batch1_gbps, g.batch1_gbps / hbm, r.gemm_tflops,
+                 o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0);
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char **argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        usage();
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--json") {
-      o.json = true;
-    } else if (a == "--batch") {
-      o.batch = std::max(1, std::stoi(next()));
-    } else if (a == "--pool-mib") {
-      o.pool_mib = std::stoull(next());
-    } else if (a == "--tokens") {
-      o.prefill_tokens = std::max<int64_t>(1, std::stoll(next()));
-    } else if (a == "-h" || a == "--help") {
-      usage();
-      return 0;
-    } else {
-      usage();
-      return 2;
-    }
-  }
-  try {
-    return run(o);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "ep-bench-kernels: %s\n", e.what());
-    return 1;
-  }
-}
+int cmd_kernels(const Args &args) { return run(options_from(args)); }
+
+}  // namespace ep::bench

@@ -1,0 +1,230 @@
+// Test runner of the C# binding (no test framework needed: mono's mcs + mono). Prints one line
+// per test and the counts; exits 1 on any failure. Environment as the other bindings' tests
+// (set by scripts/test-bindings): EP_TEST_MODEL, EP_TEST_PROMPT, EP_TEST_SEED, EP_TEST_TEMP,
+// EP_TEST_EXPECTED, EP_TEST_DIR.
+using System;
+using System.Collections.Generic;
+using System.IO;
+using System.Linq;
+using ExpertPack;
+
+static class Tests
+{
+    static int passed, failed;
+
+    static string Env(string name)
+    {
+        var v = Environment.GetEnvironmentVariable(name);
+        if (string.IsNullOrEmpty(v)) throw new Exception(name + " is not set: run scripts/test-bindings");
+        return v;
+    }
+
+    static int[] Ids(string s) { return s.Split(',').Where(x => x.Trim() != "").Select(x => int.Parse(x.Trim())).ToArray(); }
+
+    static void Require(bool cond, string what) { if (!cond) throw new Exception("check failed: " + what); }
+
+    static int skipped;
+
+    /// <summary>A test that may be skipped: it returns the reason, or null when it ran.</summary>
+    static void RunText(string name, Func<string> test)
+    {
+        try
+        {
+            var reason = test();
+            if (reason == null) { passed++; Console.WriteLine("PASS " + name); }
+            else { skipped++; Console.WriteLine("SKIP " + name + ": " + reason); }
+        }
+        catch (EntryPointNotFoundException) { skipped++; Console.WriteLine("SKIP " + name + ": the library has no text API"); }
+        catch (Exception e) { failed++; Console.WriteLine("FAIL " + name + ": " + e); }
+    }
+
+    static void Run(string name, Action test)
+    {
+        try { test(); passed++; Console.WriteLine("PASS " + name); }
+        catch (Exception e) { failed++; Console.WriteLine("FAIL " + name + ": " + e); }
+    }
+
+    static string ModelPath { get { return Env("EP_TEST_MODEL"); } }
+    static int[] Prompt { get { return Ids(Env("EP_TEST_PROMPT")); } }
+    static int[] Expected { get { return Ids(Env("EP_TEST_EXPECTED")); } }
+    static GenerateOptions Options(uint n)
+    {
+        return new GenerateOptions
+        {
+            MaxNewTokens = n, Seed = ulong.Parse(Env("EP_TEST_SEED")),
+            Temperature = float.Parse(Env("EP_TEST_TEMP"), System.Globalization.CultureInfo.InvariantCulture),
+        };
+    }
+
+    static int Main()
+    {
+        Run("version_and_status", () =>
+        {
+            var v = Library.Version.Split('.').Select(uint.Parse).ToArray();
+            Require(Library.VersionNumber == v[0] * 10000 + v[1] * 100 + v[2], "version number");
+            Require(Library.StatusName(Status.NotFound) == "EP_ERR_NOT_FOUND", "status name");
+            Require(Library.CudaDeviceCount() >= 0, "cuda count");
+        });
+
+        Run("stream_8_tokens_matches_the_c_api", () =>
+        {
+            using (var model = new Model(ModelPath))
+            using (var s = model.NewSession())
+            {
+                var info = model.Info();
+                Require(info.Architecture == "deepseek4" && info.VocabSize > 0, "model info");
+                Require(model.PackPath.EndsWith(".epk"), "pack path " + model.PackPath);
+                var streamed = new List<int>();
+                var indices = new List<uint>();
+                var g = s.Generate(Prompt, Options(8), (tok, idx) => { streamed.Add(tok); indices.Add(idx); return true; });
+                Require(g.Tokens.SequenceEqual(Expected), "tokens " + string.Join(",", g.Tokens) + " vs C API " + string.Join(",", Expected));
+                Require(streamed.SequenceEqual(Expected), "streamed tokens");
+                Require(indices.SequenceEqual(Enumerable.Range(0, 8).Select(i => (uint)i)), "indices");
+                Require(!g.Cancelled && g.Stats.GeneratedTokens == 8 && g.Stats.PromptTokens == Prompt.Length, "stats");
+                Require(s.Length == (ulong)(Prompt.Length + 8), "session length");
+                var st = model.StoreStats();
+                Require(st.Acquires > 0 && st.CacheHits + st.CacheMisses > 0, "store stats");
+            }
+        });
+
+        Run("callback_cancels_and_exceptions_propagate", () =>
+        {
+            using (var model = new Model(ModelPath))
+            using (var s = model.NewSession())
+            {
+                var g = s.Generate(Prompt, Options(8), (tok, idx) => idx < 2);
+                Require(g.Cancelled && g.Tokens.SequenceEqual(Expected.Take(3)), "cancel after 3 tokens");
+                Require(s.Length == (ulong)(Prompt.Length + 3), "length after cancel");
+                s.Reset();
+                bool thrown = false;
+                try { s.Generate(Prompt, Options(4), (tok, idx) => { throw new InvalidOperationException("from callback"); }); }
+                catch (InvalidOperationException) { thrown = true; }
+                Require(thrown, "callback exception rethrown");
+            }
+        });
+
+        Run("score_agrees_with_greedy", () =>
+        {
+            using (var model = new Model(ModelPath))
+            {
+                int greedy;
+                using (var s = model.NewSession()) greedy = s.Generate(Prompt, new GenerateOptions { MaxNewTokens = 1 }).Tokens[0];
+                using (var s = model.NewSession())
+                {
+                    var sc = s.Score(Prompt, 3);
+                    int last = sc.Rows - 1;
+                    Require(sc.Ids[last * 3] == greedy, "top-1 of the last row is the greedy token");
+                    Require(sc.Logits[last * 3] >= sc.Logits[last * 3 + 1], "descending");
+                }
+                using (var s = model.NewSession())
+                {
+                    var full = s.Score(Prompt.Take(2).ToArray());
+                    Require(full.Width == model.Info().VocabSize && full.Logits.Length == 2 * full.Width, "full logits");
+                }
+            }
+        });
+
+        Run("missing_model_throws_not_found_naming_the_file", () =>
+        {
+            var missing = Path.Combine(Env("EP_TEST_DIR"), "no-such-model.gguf");
+            try
+            {
+                new Model(missing, new ModelOptions { PackBuild = false });
+                throw new Exception("no exception");
+            }
+            catch (ExpertPackException e)
+            {
+                Require(e.Status == Status.NotFound, "status " + e.Status);
+                Require(e.NativeMessage.Contains("no-such-model.gguf"), "message names the file: " + e.NativeMessage);
+                Require(e.Message.StartsWith("EP_ERR_NOT_FOUND: "), "message " + e.Message);
+            }
+        });
+
+        Run("bad_token_and_disposed_handles", () =>
+        {
+            var model = new Model(ModelPath);
+            var s = model.NewSession();
+            try { s.Generate(new[] { 100000000 }); throw new Exception("no exception"); }
+            catch (ExpertPackException e) { Require(e.Status == Status.InvalidArgument, "status " + e.Status); }
+            model.Dispose();              // the session still holds the model
+            Require(s.Length == 0, "session usable after its model was disposed");
+            s.Dispose();                  // closes the session, then the model
+            bool threw = false;
+            try { var n = s.Length; } catch (ObjectDisposedException) { threw = true; }
+            Require(threw, "use after dispose throws ObjectDisposedException");
+        });
+
+        Run("pack_info", () =>
+        {
+            using (var p = new Pack(ModelPath, Validation.Full))
+            {
+                var info = p.Info();
+                Require(info.FormatVersion == 1 && info.NumLayers > 0, "pack info");
+                var o = p.Object(0, 0);
+                Require(o.Offset == info.DataStart && o.Offset % info.Alignment == 0, "object 0,0");
+                try { p.Object(info.NumLayers, 0); throw new Exception("no exception"); }
+                catch (ExpertPackException e) { Require(e.Status == Status.InvalidArgument, "status"); }
+            }
+        });
+
+        Run("log_callback", () =>
+        {
+            var seen = new List<string>();
+            Library.SetLogCallback((level, msg) => { lock (seen) seen.Add(msg); }, LogLevel.Info);
+            using (new Model(ModelPath)) { }
+            Library.SetLogCallback(null, LogLevel.Warn);
+            lock (seen) Require(seen.Count > 0, "no log message at INFO while opening a model");
+        });
+
+        // The text API: EP_TEST_TOKENIZER (a tokenizer.json) when the script found one; a library
+        // without the text API skips these (EntryPointNotFoundException).
+        var tokPath = Environment.GetEnvironmentVariable("EP_TEST_TOKENIZER");
+        RunText("tokenizer_round_trip_and_chat", () =>
+        {
+            if (string.IsNullOrEmpty(tokPath)) return "EP_TEST_TOKENIZER is not set";
+            using (var tok = new Tokenizer(tokPath))
+            {
+                var text = "Hello, world! Grüße — 你好";
+                var ids = tok.Encode(text);
+                Require(ids.Length > 0 && tok.Decode(ids) == text, "round trip");
+                var r = tok.RenderChat(new[] { new ChatMessage("system", "Be brief."), new ChatMessage("user", "Hi there") },
+                                       new ChatOptions { Template = ChatTemplate.DeepseekV4 });
+                Require(r.Contains("Be brief.") && r.Contains("Hi there"), "rendered chat: " + r);
+            }
+            try { new Tokenizer(Path.Combine(Env("EP_TEST_DIR"), "no-such-tokenizer.json")); throw new Exception("no exception"); }
+            catch (ExpertPackException e) { Require(e.Status == Status.NotFound && e.NativeMessage.Contains("no-such-tokenizer.json"), e.Message); }
+            return null;
+        });
+        RunText("generate_text_streams_pieces", () =>
+        {
+            using (var model = new Model(ModelPath))
+            {
+                Tokenizer tok;
+                try { tok = model.Tokenizer(); }
+                catch (ExpertPackException e) when (e.Status == Status.NotFound) { return "the synthetic model has no tokenizer: " + e.NativeMessage; }
+                using (tok)
+                using (var s = model.NewSession())
+                {
+                    var o = Options(8);
+                    o.IgnoreEos = true;
+                    var sb = new System.Text.StringBuilder();
+                    var g = s.GenerateText(tok, "Hello", o, piece => { sb.Append(piece); return true; });
+                    Require(sb.ToString() == g.Text && g.Stats.GeneratedTokens == 8 && g.Stats.SessionTokens == s.Length, "text generation");
+                    // The C API's text (ep-run --prompt Hello, and --chat --prompt Hi) for the same options.
+                    var textFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_TEXT_FILE");
+                    if (!string.IsNullOrEmpty(textFile))
+                        Require(g.Text == File.ReadAllText(textFile, System.Text.Encoding.UTF8), "text vs C API: " + g.Text);
+                    s.Reset();
+                    var c = s.GenerateChat(tok, new[] { new ChatMessage("user", "Hi") }, null, o);
+                    var chatFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_CHAT_FILE");
+                    if (!string.IsNullOrEmpty(chatFile))
+                        Require(c.Text == File.ReadAllText(chatFile, System.Text.Encoding.UTF8), "chat vs C API: " + c.Text);
+                }
+            }
+            return null;
+        });
+
+        Console.WriteLine(string.Format("csharp: {0} passed, {1} failed, {2} skipped", passed, failed, skipped));
+        return failed == 0 ? 0 : 1;
+    }
+}

@@ -1,0 +1,3 @@
+module expertpack
+
+go 1.19

@@ -1,0 +1,949 @@
+"""Python bindings of libexpertpack (ctypes, no compiled extension).
+
+The shared library is found, in order, at ``$EXPERTPACK_LIB`` (a file path), in
+``$EXPERTPACK_LIB_DIR``, next to this package, then by the system loader (``libexpertpack.so.0``).
+
+Errors raise :class:`ExpertPackError` (a subclass per status, e.g. :class:`NotFoundError`),
+carrying ``status`` (the C ``ep_status`` value) and ``message`` (``ep_last_error()``).
+Handles are freed deterministically with ``close()`` or a ``with`` block; the garbage collector
+frees what was forgotten.
+
+    with expertpack.Model("model.epk") as model, model.session() as session:
+        result = session.generate([1, 2, 3], max_new_tokens=8, temperature=0.8, seed=7,
+                                  on_token=lambda token, index: print(token))
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+import threading
+import weakref
+from ctypes import (CFUNCTYPE, POINTER, Structure, byref, c_char, c_char_p, c_double, c_float, c_int, c_int32,
+                    c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+__all__ = [
+    "Status", "LogLevel", "Device", "Validation", "ExpertPackError", "Model", "Session", "Pack",
+    "GenerateResult", "GenerateStats", "StoreStats", "ModelInfo", "PackInfo", "PackObject", "version",
+    "version_number", "status_str", "last_error", "build_features", "cuda_device_count", "set_log_level",
+    "set_log_callback", "read_store_stats", "library_path", "Tokenizer", "TokenizerInfo", "TextResult",
+    "StopReason", "ChatTemplate", "HAVE_TEXT",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Library loading
+# ---------------------------------------------------------------------------------------------
+def _find_library() -> str:
+    explicit = os.environ.get("EXPERTPACK_LIB")
+    if explicit:
+        return explicit
+    names = ("libexpertpack.so", "libexpertpack.so.0", "libexpertpack.dylib", "expertpack.dll")
+    dirs = []
+    if os.environ.get("EXPERTPACK_LIB_DIR"):
+        dirs.append(os.environ["EXPERTPACK_LIB_DIR"])
+    dirs.append(os.path.dirname(os.path.abspath(__file__)))
+    for d in dirs:
+        for n in names:
+            p = os.path.join(d, n)
+            if os.path.exists(p):
+                return p
+    return "libexpertpack.so.0"
+
+
+_lib = ctypes.CDLL(_find_library())
+
+
+def library_path() -> str:
+    """The path (or name) the shared library was loaded from."""
+    return _lib._name
+
+
+# ---------------------------------------------------------------------------------------------
+# Enums
+# ---------------------------------------------------------------------------------------------
+class Status(enum.IntEnum):
+    OK = 0
+    INVALID_ARGUMENT = -1
+    OUT_OF_MEMORY = -2
+    IO = -3
+    NOT_FOUND = -4
+    FORMAT = -5
+    CORRUPT = -6
+    UNSUPPORTED = -7
+    VERSION = -8
+    STRUCT_SIZE = -9
+    SHAPE = -10
+    CUDA = -11
+    NO_DEVICE = -12
+    BUDGET = -13
+    CANCELLED = -14
+    BUSY = -15
+    STALE = -16
+    INTERNAL = -17
+
+
+class LogLevel(enum.IntEnum):
+    TRACE = 0
+    DEBUG = 1
+    INFO = 2
+    WARN = 3
+    ERROR = 4
+    OFF = 5
+
+
+class Device(enum.IntEnum):
+    AUTO = 0
+    CPU = 1
+    CUDA = 2
+
+
+class Validation(enum.IntEnum):
+    STRUCTURE = 0
+    SAMPLED = 1
+    FULL = 2
+
+
+FEATURE_CUDA = 1
+FEATURE_IO_URING = 2
+
+
+# ---------------------------------------------------------------------------------------------
+# C structs (layouts of include/expertpack/*.h; tests/capi pins them on the C side)
+# ---------------------------------------------------------------------------------------------
+_LOG_FN = CFUNCTYPE(None, c_int32, c_char_p, c_void_p)
+_TOKEN_FN = CFUNCTYPE(c_int, c_int32, c_uint32, c_void_p)
+_PROGRESS_FN = CFUNCTYPE(None, c_uint64, c_uint64, c_void_p)
+
+
+class _LogOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("min_level", c_int32), ("callback", _LOG_FN), ("payload", c_void_p)]
+
+
+class _ModelOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("device", c_int32), ("device_index", c_int32),
+                ("cache_budget_bytes", c_uint64), ("staging_slots", c_uint32), ("queue_depth", c_uint32),
+                ("read_splits", c_uint32), ("direct_io", c_int32), ("pack_dir", c_char_p), ("pack_build", c_int32),
+                ("resident_experts", c_int32), ("progress", _PROGRESS_FN), ("progress_payload", c_void_p)]
+
+
+class _ModelProperties(Structure):
+    _fields_ = [("struct_size", c_size_t), ("architecture", c_char * 32), ("vocab_size", c_uint32),
+                ("num_layers", c_uint32), ("hidden_size", c_uint32), ("num_experts", c_uint32),
+                ("experts_per_token", c_uint32), ("weight_bytes", c_uint64)]
+
+
+class _GenerateOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("max_new_tokens", c_uint32), ("temperature", c_float), ("top_k", c_int32),
+                ("top_p", c_float), ("seed", c_uint64), ("stop_token", c_int32),
+                # appended after the first version:
+                ("min_p", c_float), ("repetition_penalty", c_float), ("repetition_window", c_uint32),
+                ("stop_tokens", POINTER(c_int32)), ("n_stop_tokens", c_size_t), ("stop_strings", POINTER(c_char_p)),
+                ("n_stop_strings", c_size_t), ("ignore_eos", c_int32)]
+
+
+class _GenerateStats(Structure):
+    _fields_ = [("struct_size", c_size_t), ("prompt_tokens", c_uint32), ("generated_tokens", c_uint32),
+                ("prefill_seconds", c_double), ("decode_seconds", c_double),
+                # appended after the first version:
+                ("stop_reason", c_int32), ("reused_tokens", c_uint32), ("prefill_tokens_per_second", c_double),
+                ("decode_tokens_per_second", c_double), ("session_tokens", c_uint64)]
+
+
+class _TokenizerProperties(Structure):
+    _fields_ = [("struct_size", c_size_t), ("vocab_size", c_uint32), ("bos_id", c_int32), ("eos_id", c_int32),
+                ("end_of_turn_id", c_int32), ("chat_template", c_int32)]
+
+
+class _ChatMessage(Structure):
+    _fields_ = [("role", c_char_p), ("content", c_char_p), ("reasoning_content", c_char_p)]
+
+
+class _ChatOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("chat_template", c_int32), ("thinking", c_int32),
+                ("add_generation_prompt", c_int32)]
+
+
+_TEXT_FN = CFUNCTYPE(c_int, POINTER(c_char), c_size_t, c_void_p)
+
+
+_STORE_FIELDS = ["acquires", "pack_reads", "pack_read_bytes", "pack_read_ns", "cache_hits", "cache_misses",
+                 "cache_evictions", "resident_experts", "resident_bytes", "h2d_bytes", "io_errors", "fallback_count",
+                 "cache_slots", "slot_bytes"]
+
+
+class _StoreStats(Structure):
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _STORE_FIELDS]
+
+
+class _PackOpenOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("validation", c_int32)]
+
+
+class _PackProperties(Structure):
+    _fields_ = [("struct_size", c_size_t), ("format_version", c_uint32), ("num_layers", c_uint32),
+                ("num_experts", c_uint32), ("num_roles", c_uint32), ("top_k", c_uint32), ("first_layer", c_uint32),
+                ("alignment", c_uint64), ("data_start", c_uint64), ("object_stride", c_uint64),
+                ("max_object_bytes", c_uint64), ("file_size", c_uint64), ("source_files_sha256", c_uint8 * 32),
+                ("model_identity_sha256", c_uint8 * 32), ("config_sha256", c_uint8 * 32)]
+
+
+class _PackObjectInfo(Structure):
+    _fields_ = [("offset", c_uint64), ("bytes", c_uint64), ("role_offset", c_uint64 * 3), ("role_bytes", c_uint64 * 3),
+                ("role_ggml_type", c_uint32 * 3), ("reserved", c_uint32)]
+
+
+def _fn(name, restype, *argtypes, optional=False):
+    try:
+        f = getattr(_lib, name)
+    except AttributeError:
+        if optional:
+            return None  # a library built before this function existed
+        raise
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+_ep_status_str = _fn("ep_status_str", c_char_p, c_int32)
+_ep_last_error = _fn("ep_last_error", c_char_p)
+_ep_version_number = _fn("ep_version_number", c_uint32)
+_ep_version_string = _fn("ep_version_string", c_char_p)
+_ep_log_options_init = _fn("ep_log_options_init", None, c_void_p)
+_ep_log_configure = _fn("ep_log_configure", c_int32, POINTER(_LogOptions))
+_ep_set_log_level = _fn("ep_set_log_level", c_int32, c_int32)
+_ep_set_log_callback = _fn("ep_set_log_callback", None, _LOG_FN, c_void_p)
+_ep_build_features = _fn("ep_build_features", c_uint32)
+_ep_cuda_device_count = _fn("ep_cuda_device_count", c_int32, POINTER(c_int32))
+_ep_model_options_init = _fn("ep_model_options_init", None, c_void_p)
+_ep_model_open = _fn("ep_model_open", c_int32, POINTER(c_void_p), c_char_p, POINTER(_ModelOptions))
+_ep_model_close = _fn("ep_model_close", None, c_void_p)
+_ep_model_pack_path = _fn("ep_model_pack_path", c_char_p, c_void_p)
+_ep_model_store_stats = _fn("ep_model_store_stats", c_int32, POINTER(_StoreStats), c_void_p)
+_ep_model_info = _fn("ep_model_info", c_int32, POINTER(_ModelProperties), c_void_p)
+_ep_session_open = _fn("ep_session_open", c_int32, POINTER(c_void_p), c_void_p)
+_ep_session_close = _fn("ep_session_close", None, c_void_p)
+_ep_session_reset = _fn("ep_session_reset", c_int32, c_void_p)
+_ep_session_length = _fn("ep_session_length", c_int32, POINTER(c_uint64), c_void_p)
+_ep_generate_options_init = _fn("ep_generate_options_init", None, c_void_p)
+_ep_generate = _fn("ep_generate", c_int32, POINTER(_GenerateStats), c_void_p, POINTER(c_int32), c_size_t,
+                   POINTER(_GenerateOptions), _TOKEN_FN, c_void_p)
+_ep_score = _fn("ep_score", c_int32, c_void_p, POINTER(c_int32), c_size_t, c_uint32, POINTER(c_int32),
+                POINTER(c_float))
+_ep_store_stats_read_file = _fn("ep_store_stats_read_file", c_int32, POINTER(_StoreStats), c_char_p)
+_ep_pack_open_options_init = _fn("ep_pack_open_options_init", None, c_void_p)
+_ep_pack_open = _fn("ep_pack_open", c_int32, POINTER(c_void_p), c_char_p, POINTER(_PackOpenOptions))
+_ep_pack_info = _fn("ep_pack_info", c_int32, POINTER(_PackProperties), c_void_p)
+_ep_pack_object = _fn("ep_pack_object", c_int32, POINTER(_PackObjectInfo), c_void_p, c_uint32, c_uint32)
+_ep_pack_close = _fn("ep_pack_close", None, c_void_p)
+_ep_generate_stats_init = _fn("ep_generate_stats_init", None, c_void_p)
+# text.h
+_ep_tokenizer_open = _fn("ep_tokenizer_open", c_int32, POINTER(c_void_p), c_char_p, optional=True)
+_ep_tokenizer_open_model = _fn("ep_tokenizer_open_model", c_int32, POINTER(c_void_p), c_void_p, optional=True)
+_ep_tokenizer_close = _fn("ep_tokenizer_close", None, c_void_p, optional=True)
+_ep_tokenizer_properties_init = _fn("ep_tokenizer_properties_init", None, c_void_p, optional=True)
+_ep_tokenizer_info = _fn("ep_tokenizer_info", c_int32, POINTER(_TokenizerProperties), c_void_p, optional=True)
+_ep_tokenizer_token_id = _fn("ep_tokenizer_token_id", c_int32, POINTER(c_int32), c_void_p, c_char_p, optional=True)
+_ep_tokenize = _fn("ep_tokenize", c_int32, POINTER(c_int32), c_size_t, POINTER(c_size_t), c_void_p, c_char_p,
+                   c_size_t, c_uint32, optional=True)
+_ep_detokenize = _fn("ep_detokenize", c_int32, c_char_p, c_size_t, POINTER(c_size_t), c_void_p, POINTER(c_int32),
+                     c_size_t, c_uint32, optional=True)
+_ep_chat_options_init = _fn("ep_chat_options_init", None, c_void_p, optional=True)
+_ep_chat_render = _fn("ep_chat_render", c_int32, c_char_p, c_size_t, POINTER(c_size_t), c_void_p,
+                      POINTER(_ChatMessage), c_size_t, POINTER(_ChatOptions), optional=True)
+_ep_generate_text = _fn("ep_generate_text", c_int32, POINTER(_GenerateStats), c_void_p, c_void_p, c_char_p,
+                        POINTER(_GenerateOptions), _TEXT_FN, c_void_p, optional=True)
+_ep_generate_chat = _fn("ep_generate_chat", c_int32, POINTER(_GenerateStats), c_void_p, c_void_p,
+                        POINTER(_ChatMessage), c_size_t, POINTER(_ChatOptions), POINTER(_GenerateOptions), _TEXT_FN,
+                        c_void_p, optional=True)
+HAVE_TEXT = _ep_generate_chat is not None
+"""True when the loaded library has the text API (text.h: tokenizers, chat, text generation)."""
+
+
+def _defaults(struct_type, init_fn):
+    """Fills a struct with the library's defaults. init() writes the *library's* sizeof, which may be
+    larger or smaller than the layout known here (fields are appended), so it writes into a big
+    buffer first; struct_size becomes the smaller of the two sizes, which both sides understand
+    (fields past it keep their defaults). ``s._lib_size`` is the library's own size."""
+    buf = ctypes.create_string_buffer(max(1024, ctypes.sizeof(struct_type)))
+    init_fn(buf)
+    lib_size = c_size_t.from_buffer(buf).value
+    s = struct_type.from_buffer_copy(buf.raw[:ctypes.sizeof(struct_type)])
+    s.struct_size = min(lib_size, ctypes.sizeof(struct_type))
+    return s
+
+
+def _fits(s, field_name) -> bool:
+    """Whether the negotiated struct_size of ``s`` covers ``field_name``."""
+    f = getattr(type(s), field_name)
+    return f.offset + f.size <= s.struct_size
+
+
+def _out_struct(struct_type):
+    s = struct_type()
+    s.struct_size = ctypes.sizeof(struct_type)
+    return s
+
+
+def _path(p) -> bytes:
+    return os.fsencode(p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+class ExpertPackError(Exception):
+    """A failed libexpertpack call: ``status`` (:class:`Status` or int) and ``message``."""
+
+    def __init__(self, status: int, message: str, function: str = ""):
+        try:
+            status = Status(status)
+        except ValueError:
+            pass
+        self.status = status
+        self.message = message
+        self.function = function
+        super().__init__(f"{status_str(int(status))}: {message}" if message else status_str(int(status)))
+
+
+class InvalidArgumentError(ExpertPackError, ValueError): pass
+class OutOfMemoryError(ExpertPackError, MemoryError): pass
+class IOError_(ExpertPackError, OSError): pass
+class NotFoundError(ExpertPackError, FileNotFoundError): pass
+class FormatError(ExpertPackError): pass
+class CorruptError(ExpertPackError): pass
+class UnsupportedError(ExpertPackError): pass
+class VersionError(ExpertPackError): pass
+class StructSizeError(ExpertPackError): pass
+class ShapeError(ExpertPackError): pass
+class CudaError(ExpertPackError): pass
+class NoDeviceError(ExpertPackError): pass
+class BudgetError(ExpertPackError): pass
+class CancelledError(ExpertPackError): pass
+class BusyError(ExpertPackError): pass
+class StaleError(ExpertPackError): pass
+class InternalError(ExpertPackError): pass
+
+
+_ERROR_CLASSES = {
+    Status.INVALID_ARGUMENT: InvalidArgumentError, Status.OUT_OF_MEMORY: OutOfMemoryError, Status.IO: IOError_,
+    Status.NOT_FOUND: NotFoundError, Status.FORMAT: FormatError, Status.CORRUPT: CorruptError,
+    Status.UNSUPPORTED: UnsupportedError, Status.VERSION: VersionError, Status.STRUCT_SIZE: StructSizeError,
+    Status.SHAPE: ShapeError, Status.CUDA: CudaError, Status.NO_DEVICE: NoDeviceError, Status.BUDGET: BudgetError,
+    Status.CANCELLED: CancelledError, Status.BUSY: BusyError, Status.STALE: StaleError,
+    Status.INTERNAL: InternalError,
+}
+__all__ += [c.__name__ for c in _ERROR_CLASSES.values()]
+
+
+def _check(status: int, function: str) -> None:
+    if status == 0:
+        return
+    message = (_ep_last_error() or b"").decode("utf-8", "replace")
+    cls = _ERROR_CLASSES.get(status, ExpertPackError)
+    raise cls(status, message, function)
+
+
+# ---------------------------------------------------------------------------------------------
+# Core
+# ---------------------------------------------------------------------------------------------
+def version() -> str:
+    """The loaded library's version, e.g. "0.1.0"."""
+    return _ep_version_string().decode()
+
+
+def version_number() -> int:
+    """``major * 10000 + minor * 100 + patch`` of the loaded library."""
+    return int(_ep_version_number())
+
+
+def status_str(status: int) -> str:
+    """The C name of a status code ("EP_ERR_NOT_FOUND"...)."""
+    return _ep_status_str(int(status)).decode()
+
+
+def last_error() -> str:
+    """``ep_last_error()`` of the calling thread."""
+    return (_ep_last_error() or b"").decode("utf-8", "replace")
+
+
+def build_features() -> int:
+    """Bitwise OR of FEATURE_CUDA / FEATURE_IO_URING."""
+    return int(_ep_build_features())
+
+
+def cuda_device_count() -> int:
+    n = c_int32(0)
+    _check(_ep_cuda_device_count(byref(n)), "ep_cuda_device_count")
+    return n.value
+
+
+def set_log_level(level: LogLevel) -> None:
+    _check(_ep_set_log_level(int(level)), "ep_set_log_level")
+
+
+_log_lock = threading.Lock()
+_log_keepalive = None  # the ctypes callback object the library holds; replaced only after reconfiguring
+
+
+def set_log_callback(callback: Optional[Callable[[LogLevel, str], None]],
+                     min_level: Optional[LogLevel] = None) -> None:
+    """Routes the library's log to ``callback(level, message)`` (None: back to stderr). The callback
+    may run on library threads; exceptions in it are swallowed (a log sink cannot fail)."""
+    global _log_keepalive
+    with _log_lock:
+        if callback is None:
+            c_cb = _LOG_FN()
+        else:
+            def trampoline(level, message, _payload, _cb=callback):
+                try:
+                    try:
+                        lvl = LogLevel(level)
+                    except ValueError:
+                        lvl = level
+                    _cb(lvl, (message or b"").decode("utf-8", "replace"))
+                except BaseException:  # noqa: BLE001 - a sink must not raise into C
+                    pass
+            c_cb = _LOG_FN(trampoline)
+        if min_level is None:
+            _ep_set_log_callback(c_cb, None)  # keeps the current level
+        else:
+            opts = _defaults(_LogOptions, _ep_log_options_init)
+            opts.min_level = int(min_level)
+            opts.callback = c_cb
+            _check(_ep_log_configure(byref(opts)), "ep_log_configure")
+        _log_keepalive = c_cb  # the old one stays referenced until here, after the library dropped it
+
+
+# ---------------------------------------------------------------------------------------------
+# Stats and info records
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class StoreStats:
+    """Counters of an expert store (``ep_store_stats``)."""
+    acquires: int = 0
+    pack_reads: int = 0
+    pack_read_bytes: int = 0
+    pack_read_ns: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    resident_experts: int = 0
+    resident_bytes: int = 0
+    h2d_bytes: int = 0
+    io_errors: int = 0
+    fallback_count: int = 0
+    cache_slots: int = 0
+    slot_bytes: int = 0
+
+    @classmethod
+    def _from_c(cls, s: _StoreStats) -> "StoreStats":
+        return cls(**{n: int(getattr(s, n)) for n in _STORE_FIELDS})
+
+
+def read_store_stats(path) -> StoreStats:
+    """Reads a statistics JSON file written by an expert store (``ep_store_stats_read_file``)."""
+    s = _out_struct(_StoreStats)
+    _check(_ep_store_stats_read_file(byref(s), _path(path)), "ep_store_stats_read_file")
+    return StoreStats._from_c(s)
+
+
+@dataclass
+class ModelInfo:
+    architecture: str
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    num_experts: int
+    experts_per_token: int
+    weight_bytes: int
+
+
+class StopReason(enum.IntEnum):
+    LENGTH = 0
+    TOKEN = 1
+    STRING = 2
+    CANCELLED = 3
+
+
+class ChatTemplate(enum.IntEnum):
+    AUTO = 0
+    DEEPSEEK_V4 = 1
+    KIMI_K3 = 2
+    NONE = 3
+
+
+@dataclass
+class GenerateStats:
+    """``ep_generate_stats``. The fields after decode_seconds stay None with a library older than them."""
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    stop_reason: Optional[StopReason] = None
+    reused_tokens: Optional[int] = None
+    prefill_tokens_per_second: Optional[float] = None
+    decode_tokens_per_second: Optional[float] = None
+    session_tokens: Optional[int] = None
+
+    @classmethod
+    def _from_c(cls, st: _GenerateStats) -> "GenerateStats":
+        r = cls(st.prompt_tokens, st.generated_tokens, st.prefill_seconds, st.decode_seconds)
+        if _fits(st, "session_tokens"):
+            try:
+                r.stop_reason = StopReason(st.stop_reason)
+            except ValueError:
+                r.stop_reason = st.stop_reason
+            r.reused_tokens = st.reused_tokens
+            r.prefill_tokens_per_second = st.prefill_tokens_per_second
+            r.decode_tokens_per_second = st.decode_tokens_per_second
+            r.session_tokens = st.session_tokens
+        return r
+
+
+@dataclass
+class GenerateResult:
+    """What :meth:`Session.generate` produced. ``cancelled`` is True when ``on_token`` stopped it
+    (the token it stopped at is included, and is in the session)."""
+    tokens: List[int] = field(default_factory=list)
+    stats: GenerateStats = field(default_factory=GenerateStats)
+    cancelled: bool = False
+
+
+@dataclass
+class TextResult:
+    """What :meth:`Session.generate_text` / :meth:`Session.generate_chat` produced: the streamed
+    text joined, the statistics, and whether ``on_text`` stopped it."""
+    text: str = ""
+    stats: GenerateStats = field(default_factory=GenerateStats)
+    cancelled: bool = False
+
+
+@dataclass
+class TokenizerInfo:
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    end_of_turn_id: int
+    chat_template: ChatTemplate
+
+
+@dataclass
+class PackInfo:
+    format_version: int
+    num_layers: int
+    num_experts: int
+    num_roles: int
+    top_k: int
+    first_layer: int
+    alignment: int
+    data_start: int
+    object_stride: int
+    max_object_bytes: int
+    file_size: int
+    source_files_sha256: bytes
+    model_identity_sha256: bytes
+    config_sha256: bytes
+
+
+@dataclass
+class PackObject:
+    offset: int
+    bytes: int
+    role_offset: List[int]
+    role_bytes: List[int]
+    role_ggml_type: List[int]
+
+
+# ---------------------------------------------------------------------------------------------
+# Handles
+# ---------------------------------------------------------------------------------------------
+class _Handle:
+    _close_fn = None
+
+    def __init__(self):
+        self._h = c_void_p()
+
+    @property
+    def closed(self) -> bool:
+        return not self._h
+
+    def _ptr(self):
+        if not self._h:
+            raise ValueError(f"{type(self).__name__} is closed")
+        return self._h
+
+    def close(self) -> None:
+        """Frees the handle now; further use raises ValueError. Idempotent."""
+        h, self._h = self._h, c_void_p()
+        if h:
+            type(self)._close_fn(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class Model(_Handle):
+    """An open model (``ep_model_open``). Keyword options are the fields of ``ep_model_options``:
+    device, device_index, cache_budget_bytes, staging_slots, queue_depth, read_splits, direct_io,
+    pack_dir, pack_build, resident_experts, and progress (``callable(done_bytes, total_bytes)``)."""
+    _close_fn = staticmethod(_ep_model_close)
+
+    def __init__(self, path, *, device: Device = Device.AUTO, device_index: int = 0, cache_budget_bytes: int = 0,
+                 staging_slots: int = 0, queue_depth: int = 0, read_splits: int = 0, direct_io: Optional[bool] = None,
+                 pack_dir=None, pack_build: bool = True, resident_experts: bool = False,
+                 progress: Optional[Callable[[int, int], None]] = None):
+        super().__init__()
+        self._sessions = weakref.WeakSet()
+        opts = _defaults(_ModelOptions, _ep_model_options_init)
+        opts.device = int(device)
+        opts.device_index = device_index
+        opts.cache_budget_bytes = cache_budget_bytes
+        opts.staging_slots = staging_slots
+        opts.queue_depth = queue_depth
+        opts.read_splits = read_splits
+        opts.direct_io = -1 if direct_io is None else int(bool(direct_io))
+        pack_dir_b = _path(pack_dir) if pack_dir is not None else None
+        opts.pack_dir = pack_dir_b
+        opts.pack_build = int(bool(pack_build))
+        opts.resident_experts = int(bool(resident_experts))
+        errors = []
+        if progress is not None:
+            def on_progress(done, total, _payload):
+                if errors:
+                    return
+                try:
+                    progress(int(done), int(total))
+                except BaseException as e:  # noqa: BLE001 - re-raised after the call
+                    errors.append(e)
+            c_progress = _PROGRESS_FN(on_progress)
+            opts.progress = c_progress
+        _check(_ep_model_open(byref(self._h), _path(path), byref(opts)), "ep_model_open")
+        if errors:
+            self.close()
+            raise errors[0]
+
+    def close(self) -> None:
+        """Closes the model, and first every session still open on it."""
+        for s in list(self._sessions):
+            s.close()
+        super().close()
+
+    @property
+    def pack_path(self) -> Optional[str]:
+        p = _ep_model_pack_path(self._ptr())
+        return os.fsdecode(p) if p else None
+
+    def info(self) -> ModelInfo:
+        p = _out_struct(_ModelProperties)
+        _check(_ep_model_info(byref(p), self._ptr()), "ep_model_info")
+        return ModelInfo(p.architecture.decode(), p.vocab_size, p.num_layers, p.hidden_size, p.num_experts,
+                         p.experts_per_token, p.weight_bytes)
+
+    def store_stats(self) -> StoreStats:
+        s = _out_struct(_StoreStats)
+        _check(_ep_model_store_stats(byref(s), self._ptr()), "ep_model_store_stats")
+        return StoreStats._from_c(s)
+
+    def session(self) -> "Session":
+        """A new, empty sequence on this model."""
+        return Session(self)
+
+    def tokenizer(self) -> "Tokenizer":
+        """The model's own tokenizer (``ep_tokenizer_open_model``); it may outlive the model."""
+        return Tokenizer(_model=self)
+
+
+def _int_array(values: Sequence[int]):
+    arr = (c_int32 * len(values))(*values)
+    return arr
+
+
+_GEN_DEFAULTS_V1 = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_token")
+
+
+def _generate_options(options: dict):
+    """An ep_generate_options from keyword options; returns it and the buffers it points into."""
+    opts = _defaults(_GenerateOptions, _ep_generate_options_init)
+    keep = []
+    for name, value in options.items():
+        if name == "stop_tokens":
+            arr = _int_array(list(value or ()))
+            keep.append(arr)
+            value, name2 = arr, "n_stop_tokens"
+            if not _fits(opts, name2) and len(arr):
+                raise UnsupportedError(Status.UNSUPPORTED, "stop_tokens: the loaded library is older than it")
+            if _fits(opts, name2):
+                opts.stop_tokens = arr
+                opts.n_stop_tokens = len(arr)
+            continue
+        if name == "stop_strings":
+            strs = [x.encode("utf-8") for x in (value or ())]
+            arr = (c_char_p * len(strs))(*strs)
+            keep += [strs, arr]
+            if not _fits(opts, "n_stop_strings"):
+                if strs:
+                    raise UnsupportedError(Status.UNSUPPORTED, "stop_strings: the loaded library is older than it")
+                continue
+            opts.stop_strings = arr
+            opts.n_stop_strings = len(strs)
+            continue
+        if name not in dict(_GenerateOptions._fields_) or name == "struct_size" or name.startswith("n_"):
+            raise TypeError(f"unknown generate option {name!r}")
+        if name == "ignore_eos":
+            value = int(bool(value))
+        if not _fits(opts, name):
+            if name not in _GEN_DEFAULTS_V1 and value != getattr(opts, name):
+                raise UnsupportedError(Status.UNSUPPORTED, f"{name}: the loaded library is older than this option")
+            continue
+        setattr(opts, name, value)
+    return opts, keep
+
+
+def _chat_messages(messages):
+    keep = []
+    arr = (_ChatMessage * len(messages))()
+    for i, m in enumerate(messages):
+        if isinstance(m, dict):
+            role, content, reasoning = m["role"], m.get("content"), m.get("reasoning_content")
+        else:
+            role, content = m[0], m[1]
+            reasoning = m[2] if len(m) > 2 else None
+        fields = [x.encode("utf-8") if x is not None else None for x in (role, content, reasoning)]
+        keep.append(fields)
+        arr[i].role, arr[i].content, arr[i].reasoning_content = fields
+    return arr, keep
+
+
+def _chat_options(template, thinking, add_generation_prompt):
+    if _ep_chat_options_init is None:
+        raise UnsupportedError(Status.UNSUPPORTED, "chat: the loaded library has no text API")
+    o = _defaults(_ChatOptions, _ep_chat_options_init)
+    o.chat_template = int(template)
+    o.thinking = -1 if thinking is None else int(bool(thinking))
+    o.add_generation_prompt = int(bool(add_generation_prompt))
+    return o
+
+
+class Tokenizer(_Handle):
+    """A tokenizer (``ep_tokenizer_open``): a .gguf, a tokenizer.json (or its folder), or a tiktoken
+    file. :meth:`Model.tokenizer` opens a model's own. Needs the text API (:data:`HAVE_TEXT`)."""
+    _close_fn = staticmethod(lambda h: _ep_tokenizer_close(h))
+
+    def __init__(self, path=None, *, _model: Optional["Model"] = None):
+        super().__init__()
+        if _ep_tokenizer_open is None:
+            raise UnsupportedError(Status.UNSUPPORTED, "ep_tokenizer_open: the loaded library has no text API")
+        if _model is not None:
+            _check(_ep_tokenizer_open_model(byref(self._h), _model._ptr()), "ep_tokenizer_open_model")
+        else:
+            _check(_ep_tokenizer_open(byref(self._h), _path(path)), "ep_tokenizer_open")
+
+    def info(self) -> TokenizerInfo:
+        p = _defaults(_TokenizerProperties, _ep_tokenizer_properties_init)
+        _check(_ep_tokenizer_info(byref(p), self._ptr()), "ep_tokenizer_info")
+        try:
+            tmpl = ChatTemplate(p.chat_template)
+        except ValueError:
+            tmpl = p.chat_template
+        return TokenizerInfo(p.vocab_size, p.bos_id, p.eos_id, p.end_of_turn_id, tmpl)
+
+    def token_id(self, token: str) -> int:
+        out = c_int32(0)
+        _check(_ep_tokenizer_token_id(byref(out), self._ptr(), token.encode("utf-8")), "ep_tokenizer_token_id")
+        return out.value
+
+    def encode(self, text: str, *, add_special: bool = False, special_as_text: bool = False) -> List[int]:
+        data = text.encode("utf-8")
+        flags = (1 if add_special else 0) | (2 if special_as_text else 0)
+        count = c_size_t(0)
+        _check(_ep_tokenize(None, 0, byref(count), self._ptr(), data, len(data), flags), "ep_tokenize")
+        while True:
+            cap = count.value
+            buf = (c_int32 * max(cap, 1))()
+            _check(_ep_tokenize(buf, cap, byref(count), self._ptr(), data, len(data), flags), "ep_tokenize")
+            if count.value <= cap:
+                return list(buf[:count.value])
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        arr = _int_array(list(ids))
+        flags = 1 if skip_special else 0
+        length = c_size_t(0)
+        _check(_ep_detokenize(None, 0, byref(length), self._ptr(), arr, len(arr), flags), "ep_detokenize")
+        while True:
+            cap = length.value + 1
+            buf = ctypes.create_string_buffer(cap)
+            _check(_ep_detokenize(buf, cap, byref(length), self._ptr(), arr, len(arr), flags), "ep_detokenize")
+            if length.value < cap:
+                return buf.raw[:length.value].decode("utf-8", "replace")
+
+    def render_chat(self, messages, *, template: ChatTemplate = ChatTemplate.AUTO, thinking: Optional[bool] = None,
+                    add_generation_prompt: bool = True) -> str:
+        """The conversation rendered with a chat template (``ep_chat_render``)."""
+        c_msgs, keep = _chat_messages(messages)
+        opts = _chat_options(template, thinking, add_generation_prompt)
+        length = c_size_t(0)
+        _check(_ep_chat_render(None, 0, byref(length), self._ptr(), c_msgs, len(messages), byref(opts)),
+               "ep_chat_render")
+        while True:
+            cap = length.value + 1
+            buf = ctypes.create_string_buffer(cap)
+            _check(_ep_chat_render(buf, cap, byref(length), self._ptr(), c_msgs, len(messages), byref(opts)),
+                   "ep_chat_render")
+            if length.value < cap:
+                return buf.raw[:length.value].decode("utf-8", "replace")
+
+
+class Session(_Handle):
+    """One sequence's decode state (``ep_session``). Closed with the model at the latest."""
+    _close_fn = staticmethod(_ep_session_close)
+
+    def __init__(self, model: Model):
+        super().__init__()
+        _check(_ep_session_open(byref(self._h), model._ptr()), "ep_session_open")
+        self.model = model  # keeps the model alive as long as the session
+        model._sessions.add(self)
+
+    def reset(self) -> None:
+        _check(_ep_session_reset(self._ptr()), "ep_session_reset")
+
+    def __len__(self) -> int:
+        n = c_uint64(0)
+        _check(_ep_session_length(byref(n), self._ptr()), "ep_session_length")
+        return int(n.value)
+
+    def generate(self, prompt: Sequence[int] = (), *, on_token: Optional[Callable[[int, int], object]] = None,
+                 **options) -> GenerateResult:
+        """Appends ``prompt`` and generates tokens after it (``ep_generate``).
+
+        ``options`` are the fields of ``ep_generate_options``: max_new_tokens (16), temperature (0:
+        greedy), top_k, top_p, seed, stop_token, min_p, repetition_penalty, repetition_window,
+        stop_tokens (a list), ignore_eos. ``on_token(token, index)`` is called as each token is
+        produced; returning a true value (e.g. ``True``) stops the generation
+        (``result.cancelled``). An exception raised by it also stops the generation and is
+        re-raised here."""
+        opts, keep = _generate_options(options)
+        stats = _defaults(_GenerateStats, _ep_generate_stats_init)
+        result = GenerateResult()
+        errors = []
+
+        def on_c_token(token, index, _payload):
+            result.tokens.append(int(token))
+            if on_token is None:
+                return 0
+            try:
+                return 1 if on_token(int(token), int(index)) else 0
+            except BaseException as e:  # noqa: BLE001 - re-raised after the call
+                errors.append(e)
+                return 1
+
+        c_cb = _TOKEN_FN(on_c_token)
+        arr = _int_array(list(prompt))
+        st = _ep_generate(byref(stats), self._ptr(), arr if len(arr) else None, len(arr), byref(opts), c_cb, None)
+        del keep
+        if errors:
+            raise errors[0]
+        if st == Status.CANCELLED:
+            result.cancelled = True
+        else:
+            _check(st, "ep_generate")
+        result.stats = GenerateStats._from_c(stats)
+        return result
+
+    def _text_call(self, fn_name, call, on_text) -> TextResult:
+        if not HAVE_TEXT:
+            raise UnsupportedError(Status.UNSUPPORTED, f"{fn_name}: the loaded library has no text API", fn_name)
+        stats = _defaults(_GenerateStats, _ep_generate_stats_init)
+        pieces: List[str] = []
+        errors = []
+
+        def on_c_text(piece, length, _payload):
+            text = ctypes.string_at(piece, length).decode("utf-8", "replace")
+            pieces.append(text)
+            if on_text is None:
+                return 0
+            try:
+                return 1 if on_text(text) else 0
+            except BaseException as e:  # noqa: BLE001 - re-raised after the call
+                errors.append(e)
+                return 1
+
+        st = call(byref(stats), _TEXT_FN(on_c_text))
+        if errors:
+            raise errors[0]
+        result = TextResult("".join(pieces), GenerateStats._from_c(stats), st == Status.CANCELLED)
+        if not result.cancelled:
+            _check(st, fn_name)
+        return result
+
+    def generate_text(self, tokenizer: "Tokenizer", prompt: str, *, on_text: Optional[Callable[[str], object]] = None,
+                      **options) -> TextResult:
+        """Appends a text prompt and generates text (``ep_generate_text``). ``on_text(piece)`` gets
+        each piece of complete UTF-8; a true return value stops. ``options`` as :meth:`generate`,
+        plus stop_strings (a list of str)."""
+        opts, keep = _generate_options(options)
+        p = prompt.encode("utf-8")
+        return self._text_call("ep_generate_text", lambda stats, cb: _ep_generate_text(
+            stats, self._ptr(), tokenizer._ptr(), p, byref(opts), cb, None), on_text)
+
+    def generate_chat(self, tokenizer: "Tokenizer", messages, *, template: ChatTemplate = ChatTemplate.AUTO,
+                      thinking: Optional[bool] = None, on_text: Optional[Callable[[str], object]] = None,
+                      **options) -> TextResult:
+        """Renders the conversation with its chat template and generates the assistant's answer
+        (``ep_generate_chat``). ``messages``: dicts with role, content and optionally
+        reasoning_content (or (role, content) pairs). Keep using the same session for the next
+        turn: the common prefix is reused."""
+        opts, keep = _generate_options(options)
+        c_msgs, keep_msgs = _chat_messages(messages)
+        chat = _chat_options(template, thinking, True)
+        return self._text_call("ep_generate_chat", lambda stats, cb: _ep_generate_chat(
+            stats, self._ptr(), tokenizer._ptr(), c_msgs, len(messages), byref(chat), byref(opts), cb, None), on_text)
+
+    def score(self, tokens: Sequence[int], top_k: int = 0):
+        """Teacher-forced scoring (``ep_score``). ``top_k`` 0: a list of full logit rows (one list of
+        vocab_size floats per token); otherwise a list of ``(ids, logits)`` pairs, k each, descending."""
+        n = len(tokens)
+        arr = _int_array(list(tokens))
+        if top_k:
+            ids = (c_int32 * (n * top_k))()
+            logits = (c_float * (n * top_k))()
+            _check(_ep_score(self._ptr(), arr, n, top_k, ids, logits), "ep_score")
+            return [(list(ids[i * top_k:(i + 1) * top_k]), list(logits[i * top_k:(i + 1) * top_k])) for i in range(n)]
+        vocab = self.model.info().vocab_size
+        logits = (c_float * (n * vocab))()
+        _check(_ep_score(self._ptr(), arr, n, 0, None, logits), "ep_score")
+        return [list(logits[i * vocab:(i + 1) * vocab]) for i in range(n)]
+
+
+class Pack(_Handle):
+    """An open, validated Expert Pack (``ep_pack_open``), read-only."""
+    _close_fn = staticmethod(_ep_pack_close)
+
+    def __init__(self, path, validation: Validation = Validation.SAMPLED):
+        super().__init__()
+        opts = _defaults(_PackOpenOptions, _ep_pack_open_options_init)
+        opts.validation = int(validation)
+        _check(_ep_pack_open(byref(self._h), _path(path), byref(opts)), "ep_pack_open")
+
+    def info(self) -> PackInfo:
+        p = _out_struct(_PackProperties)
+        _check(_ep_pack_info(byref(p), self._ptr()), "ep_pack_info")
+        return PackInfo(p.format_version, p.num_layers, p.num_experts, p.num_roles, p.top_k, p.first_layer,
+                        p.alignment, p.data_start, p.object_stride, p.max_object_bytes, p.file_size,
+                        bytes(p.source_files_sha256), bytes(p.model_identity_sha256), bytes(p.config_sha256))
+
+    def object(self, layer: int, expert: int) -> PackObject:
+        o = _PackObjectInfo()
+        _check(_ep_pack_object(byref(o), self._ptr(), layer, expert), "ep_pack_object")
+        return PackObject(o.offset, o.bytes, list(o.role_offset), list(o.role_bytes), list(o.role_ggml_type))

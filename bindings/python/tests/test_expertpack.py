@@ -1,0 +1,245 @@
+"""Tests of the Python binding against the small synthetic model that scripts/test-bindings makes.
+
+Environment (set by scripts/test-bindings): EP_TEST_MODEL (an Expert Pack of the synthetic model),
+EP_TEST_PROMPT, EP_TEST_SEED, EP_TEST_TEMP, EP_TEST_EXPECTED (the 8 ids ep-run generated for
+them through the C API), EP_TEST_DIR (a scratch folder)."""
+import os
+import sys
+import threading
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import expertpack as ep  # noqa: E402
+
+
+def env(name):
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"{name} is not set: run scripts/test-bindings")
+    return value
+
+
+def ids(text):
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+class CoreTest(unittest.TestCase):
+    def test_version(self):
+        self.assertEqual(ep.version_number() // 10000, 0)
+        major, minor, patch = (int(x) for x in ep.version().split("."))
+        self.assertEqual(ep.version_number(), major * 10000 + minor * 100 + patch)
+
+    def test_status_strings(self):
+        self.assertEqual(ep.status_str(ep.Status.NOT_FOUND), "EP_ERR_NOT_FOUND")
+        self.assertEqual(ep.status_str(0), "EP_OK")
+
+    def test_cuda_count(self):
+        self.assertGreaterEqual(ep.cuda_device_count(), 0)
+
+    def test_log_callback(self):
+        seen = []
+        lock = threading.Lock()
+
+        def sink(level, message):
+            with lock:
+                seen.append((level, message))
+        ep.set_log_callback(sink, ep.LogLevel.INFO)
+        try:
+            with ep.Model(env("EP_TEST_MODEL")):
+                pass
+        finally:
+            ep.set_log_callback(None, ep.LogLevel.WARN)
+        self.assertTrue(seen, "no log message at INFO while opening a model")
+        self.assertTrue(all(isinstance(m, str) and m for _, m in seen))
+
+
+class ModelTest(unittest.TestCase):
+    def setUp(self):
+        self.model = ep.Model(env("EP_TEST_MODEL"), cache_budget_bytes=0)
+        self.prompt = ids(env("EP_TEST_PROMPT"))
+        self.seed = int(env("EP_TEST_SEED"))
+        self.temp = float(env("EP_TEST_TEMP"))
+        self.expected = ids(env("EP_TEST_EXPECTED"))
+
+    def tearDown(self):
+        self.model.close()
+
+    def test_info(self):
+        info = self.model.info()
+        self.assertEqual(info.architecture, "deepseek4")
+        self.assertGreater(info.vocab_size, 0)
+        self.assertTrue(self.model.pack_path.endswith(".epk"))
+
+    def test_stream_matches_c_api(self):
+        streamed = []
+        with self.model.session() as s:
+            r = s.generate(self.prompt, max_new_tokens=8, temperature=self.temp, seed=self.seed,
+                           on_token=lambda tok, i: streamed.append((i, tok)))
+            self.assertEqual(len(s), len(self.prompt) + 8)
+        self.assertEqual(r.tokens, self.expected)
+        self.assertEqual([t for _, t in streamed], self.expected)
+        self.assertEqual([i for i, _ in streamed], list(range(8)))
+        self.assertFalse(r.cancelled)
+        self.assertEqual(r.stats.prompt_tokens, len(self.prompt))
+        self.assertEqual(r.stats.generated_tokens, 8)
+        st = self.model.store_stats()
+        self.assertGreater(st.acquires, 0)
+        self.assertEqual(st.cache_hits + st.cache_misses > 0, True)
+
+    def test_cancel(self):
+        with self.model.session() as s:
+            r = s.generate(self.prompt, max_new_tokens=8, temperature=self.temp, seed=self.seed,
+                           on_token=lambda tok, i: i == 2)
+            self.assertTrue(r.cancelled)
+            self.assertEqual(r.tokens, self.expected[:3])
+            self.assertEqual(len(s), len(self.prompt) + 3)
+
+    def test_callback_exception_propagates(self):
+        def boom(tok, i):
+            raise KeyError("from callback")
+        with self.model.session() as s:
+            with self.assertRaises(KeyError):
+                s.generate(self.prompt, max_new_tokens=4, on_token=boom)
+
+    def test_score_agrees_with_greedy(self):
+        with self.model.session() as s:
+            greedy = s.generate(self.prompt, max_new_tokens=1, temperature=0).tokens[0]
+        with self.model.session() as s:
+            rows = s.score(self.prompt, top_k=3)
+        self.assertEqual(len(rows), len(self.prompt))
+        top_ids, top_logits = rows[-1]
+        self.assertEqual(top_ids[0], greedy)
+        self.assertGreaterEqual(top_logits[0], top_logits[1])
+        with self.model.session() as s:
+            full = s.score(self.prompt[:2], top_k=0)
+        self.assertEqual(len(full[0]), self.model.info().vocab_size)
+
+    def test_bad_token_raises(self):
+        with self.model.session() as s:
+            with self.assertRaises(ep.InvalidArgumentError) as cm:
+                s.generate([10 ** 8], max_new_tokens=1)
+            self.assertEqual(cm.exception.status, ep.Status.INVALID_ARGUMENT)
+
+    def test_sessions_on_threads_share_a_model(self):
+        results = [None] * 3
+
+        def work(i):
+            with self.model.session() as s:
+                results[i] = s.generate(self.prompt, max_new_tokens=8, temperature=self.temp, seed=self.seed).tokens
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(results, [self.expected] * 3)
+
+    def test_close_is_deterministic(self):
+        s = self.model.session()
+        self.model.close()
+        self.assertTrue(s.closed)
+        with self.assertRaises(ValueError):
+            len(s)
+
+
+class ErrorTest(unittest.TestCase):
+    def test_missing_model(self):
+        missing = os.path.join(env("EP_TEST_DIR"), "no-such-model.gguf")
+        with self.assertRaises(ep.ExpertPackError) as cm:
+            ep.Model(missing, pack_build=False)
+        e = cm.exception
+        self.assertEqual(e.status, ep.Status.NOT_FOUND)
+        self.assertIsInstance(e, ep.NotFoundError)
+        self.assertIsInstance(e, FileNotFoundError)
+        self.assertIn("no-such-model.gguf", e.message)
+        self.assertIn("no-such-model.gguf", ep.last_error())
+
+    def test_missing_stats_file(self):
+        with self.assertRaises(ep.ExpertPackError) as cm:
+            ep.read_store_stats(os.path.join(env("EP_TEST_DIR"), "nope.json"))
+        self.assertIn(cm.exception.status, (ep.Status.NOT_FOUND, ep.Status.IO))
+
+
+class PackTest(unittest.TestCase):
+    def test_pack_info(self):
+        with ep.Pack(env("EP_TEST_MODEL"), ep.Validation.FULL) as p:
+            info = p.info()
+            self.assertEqual(info.format_version, 1)
+            self.assertGreater(info.num_layers, 0)
+            o = p.object(0, 0)
+            self.assertEqual(o.offset, info.data_start)
+            self.assertEqual(o.offset % info.alignment, 0)
+            with self.assertRaises(ep.InvalidArgumentError):
+                p.object(info.num_layers, 0)
+
+
+@unittest.skipUnless(ep.HAVE_TEXT, "the library has no text API")
+class TextTest(unittest.TestCase):
+    """The text API. The tokenizer comes from EP_TEST_TOKENIZER (a tokenizer.json; the script sets
+    it when ../shared has the DeepSeek tokenizer); generation needs the model's own tokenizer."""
+
+    def tokenizer(self):
+        path = os.environ.get("EP_TEST_TOKENIZER")
+        if not path:
+            self.skipTest("EP_TEST_TOKENIZER is not set")
+        return ep.Tokenizer(path)
+
+    def test_encode_decode_round_trip(self):
+        with self.tokenizer() as tok:
+            text = "Hello, world! Grüße — 你好"
+            ids = tok.encode(text)
+            self.assertTrue(ids)
+            self.assertEqual(tok.decode(ids), text)
+            info = tok.info()
+            self.assertGreater(info.vocab_size, 1000)
+            with_bos = tok.encode(text, add_special=True)
+            if info.bos_id >= 0:
+                self.assertEqual(with_bos[0], info.bos_id)
+
+    def test_render_chat(self):
+        with self.tokenizer() as tok:
+            msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+            text = tok.render_chat(msgs, template=ep.ChatTemplate.DEEPSEEK_V4)
+            self.assertIn("Be brief.", text)
+            self.assertIn("Hi there", text)
+            with self.assertRaises(ep.ExpertPackError):
+                tok.render_chat([{"role": "nobody", "content": "x"}], template=ep.ChatTemplate.DEEPSEEK_V4)
+
+    def test_missing_tokenizer(self):
+        with self.assertRaises(ep.NotFoundError) as cm:
+            ep.Tokenizer(os.path.join(env("EP_TEST_DIR"), "no-such-tokenizer.json"))
+        self.assertIn("no-such-tokenizer.json", cm.exception.message)
+
+    def test_generate_text_and_chat(self):
+        with ep.Model(env("EP_TEST_MODEL")) as model:
+            try:
+                tok = model.tokenizer()
+            except ep.NotFoundError as e:
+                self.skipTest(f"the synthetic model has no tokenizer: {e}")
+            with tok, model.session() as s:
+                pieces = []
+                r = s.generate_text(tok, "Hello", max_new_tokens=8, temperature=float(env("EP_TEST_TEMP")),
+                                    seed=int(env("EP_TEST_SEED")), ignore_eos=True, on_text=pieces.append)
+                self.assertEqual("".join(pieces), r.text)
+                self.assertFalse(r.cancelled)
+                self.assertEqual(r.stats.generated_tokens, 8)
+                self.assertEqual(r.stats.session_tokens, len(s))
+                expected_text = os.environ.get("EP_TEST_EXPECTED_TEXT_FILE")
+                if expected_text:  # the C API's text (ep-run --prompt Hello) for the same options
+                    with open(expected_text, "rb") as f:
+                        self.assertEqual(r.text, f.read().decode("utf-8"))
+                s.reset()
+                msgs = [{"role": "user", "content": "Hi"}]
+                r1 = s.generate_chat(tok, msgs, max_new_tokens=8, temperature=float(env("EP_TEST_TEMP")),
+                                     seed=int(env("EP_TEST_SEED")), ignore_eos=True)
+                expected_chat = os.environ.get("EP_TEST_EXPECTED_CHAT_FILE")
+                if expected_chat:  # ep-run --chat --prompt Hi
+                    with open(expected_chat, "rb") as f:
+                        self.assertEqual(r1.text, f.read().decode("utf-8"))
+                msgs += [{"role": "assistant", "content": r1.text}, {"role": "user", "content": "More"}]
+                r2 = s.generate_chat(tok, msgs, max_new_tokens=4, ignore_eos=True,
+                                     on_text=lambda piece: True)  # stop at the first piece
+                self.assertTrue(r2.cancelled or r2.text == "")
+
+
+if __name__ == "__main__":
+    unittest.main()

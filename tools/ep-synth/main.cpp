@@ -1,0 +1,330 @@
+// ep-synth: writes a seeded synthetic DeepSeek-V4 GGUF (llama.cpp `deepseek4` names, keys,
+// shapes and quant types) with any layer count, streaming to disk, and reports the routing
+// distribution its router produces (per-layer expert-frequency entropy and top-10% share).
+//
+//   ep-synth --out model.gguf [--preset flash|tiny] [--layers N | --disk-budget SIZE]
+//            [--experts mxfp4|iq2_xxs|q2_K|q4_K] [--down-experts TYPE] [--seed N] [--zipf S]
+//            [--route-samples N] [--no-write] [--json FILE]
+#include "core/error.hpp"
+#include "format/ggml_type.hpp"
+#include "format/gguf.hpp"
+#include "model/deepseek_v4_synthetic.hpp"
+#include "store/synthetic_pack.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ep::model::Dsv4SyntheticSpec;
+
+constexpr const char *kUsage =
+    "usage: ep-synth --out PATH [options]\n"
+    "  --preset flash|tiny    flash: DeepSeek-V4-Flash dimensions (hidden 4096, 256 experts x 2048, top-6,\n"
+    "                         vocab 129280, q8_0 dense); tiny: a small runnable model for tests. Default: flash\n"
+    "  --layers N             transformer blocks (default: flash 4, tiny 4)\n"
+    "  --disk-budget SIZE     instead of --layers: the most layers whose GGUF plus its Expert Pack (a second\n"
+    "                         copy of the routed experts) fit in SIZE (e.g. 200G); prints the estimate\n"
+    "  --experts TYPE         routed expert type: mxfp4 (default), iq2_xxs, q2_K, q4_K (any ggml block type)\n"
+    "  --down-experts TYPE    type of ffn_down_exps (default: same as --experts)\n"
+    "  --seed N               default 1\n"
+    "  --zipf S               shape expert popularity: per-layer router correction biases\n"
+    "                         -S*0.25*ln(1+rank) and Zipf(S)-weighted hash tables; 0 = uniform.\n"
+    "                         Without --zipf: random biases (the library's default synthetic model)\n"
+    "  --route-samples N      random hidden states per layer for the routing report (default 512, 0 = off)\n"
+    "  --no-write             only print the size estimate (and nothing else)\n"
+    "  --json FILE            write the size, write speed and routing report as JSON\n";
+
+struct Args {
+  std::map<std::string, std::string> opt;
+  bool has(const std::string &k) const { return opt.count(k) != 0; }
+  std::string get(const std::string &k, const std::string &d) const { return has(k) ? opt.at(k) : d; }
+};
+
+ep::format::GgmlType type_arg(const std::string &name) {
+  const auto info = ep::format::ggml_type_by_name(name);
+  if (!info || !info->quantized) ep::fail(ep::Status::invalid_argument, "--experts: '{}' is not a ggml block type", name);
+  return info->type;
+}
+
+Dsv4SyntheticSpec tiny_spec(int64_t layers) {
+  Dsv4SyntheticSpec s;
+  s.vocab = 512;
+  s.hidden = 256;
+  s.n_experts = 32;
+  s.n_experts_used = 4;
+  s.moe_ff = 256;  // a multiple of 256: K-quant experts work too
+  s.n_hash_layers = std::min<int64_t>(1, layers);
+  s.chat_tokenizer = true;
+  s.compress_ratios.clear();
+  for (int64_t il = 0; il < layers; ++il) s.compress_ratios.push_back(il == 0 ? 0 : (il % 2 == 1 ? 4 : 16));
+  return s;
+}
+
+uint64_t type_bytes(ep::format::GgmlType t, uint64_t elems) {
+  const auto info = ep::format::require_ggml_type(static_cast<uint32_t>(t), "ep-synth");
+  return elems / info.block_elems * info.block_bytes;
+}
+
+/// Routed expert bytes of one layer (gate + up + down of every expert).
+uint64_t expert_layer_bytes(const Dsv4SyntheticSpec &s) {
+  const auto D = static_cast<uint64_t>(s.hidden), F = static_cast<uint64_t>(s.moe_ff), E = static_cast<uint64_t>(s.n_experts);
+  return E * (2 * type_bytes(s.expert_gate_up, D * F) + type_bytes(s.expert_down, F * D));
+}
+
+/// Rough dense bytes of one layer (q8_0-sized attention, hyper-connection and shared expert matrices).
+uint64_t dense_layer_bytes(const Dsv4SyntheticSpec &s) {
+  const double D = static_cast<double>(s.hidden), H = static_cast<double>(s.n_heads), hd = static_cast<double>(s.head_dim),
+               R = static_cast<double>(s.q_lora_rank), G = static_cast<double>(s.o_groups), O = static_cast<double>(s.o_lora_rank),
+               F = static_cast<double>(s.moe_ff), hc = static_cast<double>(s.hc_mult), IH = static_cast<double>(s.index_n_heads),
+               I = static_cast<double>(s.index_head_dim);
+  const double elems = 2 * hc * D * (2 + hc) * hc + D * R + R * H * hd + D * hd + H * hd * O + G * O * D + 4 * D * hd +
+                       R * IH * I + 4 * D * I + 3 * D * F + D * static_cast<double>(s.n_experts) * 4.0 / 1.0625;
+  return static_cast<uint64_t>(elems * 1.0625);
+}
+
+uint64_t estimate_file_bytes(const Dsv4SyntheticSpec &s) {
+  const auto layers = static_cast<uint64_t>(s.compress_ratios.size());
+  const uint64_t embed = 2 * static_cast<uint64_t>(static_cast<double>(s.vocab) * static_cast<double>(s.hidden) *
+                                                   (s.dense == ep::format::GgmlType::f16 ? 2.0 : 1.0625));
+  return embed + layers * (expert_layer_bytes(s) + dense_layer_bytes(s));
+}
+
+struct LayerRouting {
+  int64_t layer = 0;
+  bool hash = false;
+  double entropy_norm = 0;  ///< H(freq) / log(E): 1 = uniform
+  double top10_share = 0;   ///< share of picks that go to the most popular 10% of experts
+};
+
+LayerRouting summarize(int64_t layer, bool hash, const std::vector<double> &count) {
+  LayerRouting r;
+  r.layer = layer;
+  r.hash = hash;
+  double total = 0;
+  for (double c : count) total += c;
+  if (total <= 0) return r;
+  double h = 0;
+  for (double c : count)
+    if (c > 0) h -= c / total * std::log(c / total);
+  r.entropy_norm = h / std::log(static_cast<double>(count.size()));
+  std::vector<double> sorted = count;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  const size_t top = std::max<size_t>(1, (count.size() + 9) / 10);
+  double s = 0;
+  for (size_t i = 0; i < top; ++i) s += sorted[i];
+  r.top10_share = s / total;
+  return r;
+}
+
+std::vector<float> read_f32(const ep::format::GgufFile &f, const std::string &name, size_t n) {
+  const auto *t = f.find_tensor(name);
+  if (!t || t->nbytes != n * 4) ep::fail(ep::Status::format, "{}: tensor {} missing or not {} f32 values", f.path(), name, n);
+  std::vector<float> v(n);
+  f.source().read(t->file_offset, v.data(), n * 4);
+  return v;
+}
+
+/// The routing distribution of the written file: hash layers count their whole tid2eid table
+/// (every token once); the other layers route @p samples random RMS-normalised hidden states
+/// through the file's router (sqrt(softplus(x·w)) + correction bias, top-k) — the model's
+/// selection rule on inputs without structure.
+std::vector<LayerRouting> routing_report(const std::string &path, const Dsv4SyntheticSpec &s, uint32_t samples) {
+  const auto f = ep::format::GgufFile::open(path);
+  const auto D = static_cast<size_t>(s.hidden), E = static_cast<size_t>(s.n_experts), K = static_cast<size_t>(s.n_experts_used),
+             V = static_cast<size_t>(s.vocab);
+  std::vector<LayerRouting> out;
+  std::mt19937_64 rng(s.seed * 7919 + 17);
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  for (int64_t il = 0; il < static_cast<int64_t>(s.compress_ratios.size()); ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    std::vector<double> count(E, 0.0);
+    const bool hash = il < s.n_hash_layers;
+    if (hash) {
+      const auto *t = f.find_tensor(b + "ffn_gate_tid2eid.weight");
+      if (!t) ep::fail(ep::Status::format, "{}: no {}ffn_gate_tid2eid.weight", path, b);
+      std::vector<int32_t> ids(K * V);
+      f.source().read(t->file_offset, ids.data(), ids.size() * 4);
+      for (int32_t id : ids)
+        if (id >= 0 && static_cast<size_t>(id) < E) count[static_cast<size_t>(id)] += 1;
+    } else {
+      const auto w = read_f32(f, b + "ffn_gate_inp.weight", D * E);
+      const auto bias = read_f32(f, b + "exp_probs_b.bias", E);
+      std::vector<float> x(D);
+      std::vector<std::pair<float, size_t>> score(E);
+      for (uint32_t n = 0; n < samples; ++n) {
+        double ss = 0;
+        for (auto &v : x) {
+          v = gauss(rng);
+          ss += static_cast<double>(v) * v;
+        }
+        const auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(D) + 1e-6));
+        for (size_t e = 0; e < E; ++e) {
+          const float *row = w.data() + e * D;
+          float z = 0;
+          for (size_t d = 0; d < D; ++d) z += row[d] * x[d];
+          z *= inv;
+          const float sp = z > 20 ? z : std::log1p(std::exp(z));
+          score[e] = {std::sqrt(sp) + bias[e], e};
+        }
+        std::partial_sort(score.begin(), score.begin() + static_cast<std::ptrdiff_t>(K), score.end(),
+                          [](const auto &a, const auto &c) { return a.first > c.first || (a.first == c.first && a.second < c.second); });
+        for (size_t k = 0; k < K; ++k) count[score[k].second] += 1;
+      }
+    }
+    out.push_back(summarize(il, hash, count));
+  }
+  return out;
+}
+
+int run(const Args &a) {
+  const std::string preset = a.get("preset", "flash");
+  if (preset != "flash" && preset != "tiny") ep::fail(ep::Status::invalid_argument, "--preset: flash or tiny, not '{}'", preset);
+  auto make = [&](int64_t layers) {
+    Dsv4SyntheticSpec s = preset == "flash" ? Dsv4SyntheticSpec::flash_shaped(layers) : tiny_spec(layers);
+    if (preset == "flash") s.chat_tokenizer = true;
+    s.seed = std::stoull(a.get("seed", "1"));
+    s.expert_gate_up = type_arg(a.get("experts", "mxfp4"));
+    s.expert_down = type_arg(a.get("down-experts", a.get("experts", "mxfp4")));
+    if (a.has("zipf")) {
+      s.router_zipf = std::stod(a.get("zipf", "0"));
+      if (!(s.router_zipf >= 0)) ep::fail(ep::Status::invalid_argument, "--zipf must be >= 0");
+    }
+    return s;
+  };
+  int64_t layers = std::stoll(a.get("layers", "4"));
+  if (a.has("disk-budget")) {
+    const uint64_t budget = ep::store::parse_size(a.get("disk-budget", "0"));
+    layers = 0;
+    for (int64_t n = 1; n <= 4096; ++n) {
+      const auto s = make(n);
+      const uint64_t need = estimate_file_bytes(s) + static_cast<uint64_t>(n) * expert_layer_bytes(s);
+      if (need > budget) break;
+      layers = n;
+    }
+    if (layers < 1) ep::fail(ep::Status::invalid_argument, "--disk-budget {}: not even one layer (and its pack) fits", a.get("disk-budget", ""));
+  }
+  if (layers < 1) ep::fail(ep::Status::invalid_argument, "--layers must be >= 1");
+  const Dsv4SyntheticSpec spec = make(layers);
+  const uint64_t est = estimate_file_bytes(spec);
+  std::fprintf(stderr, "ep-synth: %s-shaped, %lld layers, %lld experts x %lld (%s/%s), top-%lld, ~%.2f GiB GGUF + ~%.2f GiB pack\n",
+               preset.c_str(), static_cast<long long>(layers), static_cast<long long>(spec.n_experts),
+               static_cast<long long>(spec.moe_ff),
+               std::string(ep::format::require_ggml_type(static_cast<uint32_t>(spec.expert_gate_up), "").name).c_str(),
+               std::string(ep::format::require_ggml_type(static_cast<uint32_t>(spec.expert_down), "").name).c_str(),
+               static_cast<long long>(spec.n_experts_used), static_cast<double>(est) / (1ull << 30),
+               static_cast<double>(static_cast<uint64_t>(layers) * expert_layer_bytes(spec)) / (1ull << 30));
+  if (a.has("no-write")) {
+    std::printf("%lld\n", static_cast<long long>(layers));
+    return 0;
+  }
+  if (!a.has("out")) ep::fail(ep::Status::invalid_argument, "--out PATH is required");
+  const std::string out = a.get("out", "");
+
+  const auto t0 = Clock::now();
+  auto last = t0;
+  uint64_t total_bytes = 0;
+  ep::model::write_dsv4_synthetic_gguf(spec, out, [&](uint64_t done, uint64_t total) {
+    total_bytes = total;
+    const auto now = Clock::now();
+    if (now - last < std::chrono::seconds(2) && done < total) return;
+    last = now;
+    const double s = std::chrono::duration<double>(now - t0).count();
+    std::fprintf(stderr, "ep-synth: %.2f / %.2f GiB (%.0f%%), %.0f MB/s\n", static_cast<double>(done) / (1ull << 30),
+                 static_cast<double>(total) / (1ull << 30), total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
+                 s > 0 ? static_cast<double>(done) / s / 1e6 : 0.0);
+  });
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double mbps = secs > 0 ? static_cast<double>(total_bytes) / secs / 1e6 : 0;
+  std::printf("wrote %s: %.3f GiB in %.1f s, %.0f MB/s (including fsync-free page-cache writeback)\n", out.c_str(),
+              static_cast<double>(total_bytes) / (1ull << 30), secs, mbps);
+
+  nlohmann::ordered_json j;
+  j["path"] = out;
+  j["preset"] = preset;
+  j["layers"] = layers;
+  j["experts"] = spec.n_experts;
+  j["experts_per_token"] = spec.n_experts_used;
+  j["expert_type"] = std::string(ep::format::require_ggml_type(static_cast<uint32_t>(spec.expert_gate_up), "").name);
+  j["seed"] = spec.seed;
+  if (spec.router_zipf >= 0) j["zipf"] = spec.router_zipf;
+  else j["zipf"] = nullptr;
+  j["file_bytes"] = total_bytes;
+  j["write_seconds"] = secs;
+  j["write_mbps"] = mbps;
+
+  const auto samples = static_cast<uint32_t>(std::stoul(a.get("route-samples", "512")));
+  if (samples > 0) {
+    const auto rep = routing_report(out, spec, samples);
+    double he = 0, ht = 0;
+    std::printf("routing (hash layers: whole tid2eid table; others: %u random hidden states through the router)\n", samples);
+    std::printf("layer  kind    entropy/max  top-10%% share\n");
+    auto arr = nlohmann::ordered_json::array();
+    for (const auto &r : rep) {
+      std::printf("%5lld  %-6s  %11.4f  %13.4f\n", static_cast<long long>(r.layer), r.hash ? "hash" : "router", r.entropy_norm, r.top10_share);
+      he += r.entropy_norm;
+      ht += r.top10_share;
+      arr.push_back({{"layer", r.layer}, {"kind", r.hash ? "hash" : "router"}, {"entropy_norm", r.entropy_norm}, {"top10_share", r.top10_share}});
+    }
+    const auto n = static_cast<double>(rep.size());
+    std::printf("mean   all     %11.4f  %13.4f   (uniform: 1.0000 and %.4f)\n", he / n, ht / n,
+                static_cast<double>(std::max<int64_t>(1, (spec.n_experts + 9) / 10)) / static_cast<double>(spec.n_experts));
+    j["route_samples"] = samples;
+    j["routing"] = arr;
+    j["mean_entropy_norm"] = he / n;
+    j["mean_top10_share"] = ht / n;
+  }
+  if (a.has("json")) {
+    std::ofstream f(a.get("json", ""));
+    if (!f) ep::fail(ep::Status::io, "cannot write {}", a.get("json", ""));
+    f << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s == "--help" || s == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (s.rfind("--", 0) != 0) {
+      std::fprintf(stderr, "ep-synth: unexpected argument '%s'\n%s", s.c_str(), kUsage);
+      return 2;
+    }
+    s = s.substr(2);
+    if (s == "no-write") {
+      a.opt[s] = "1";
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "ep-synth: --%s needs a value\n", s.c_str());
+      return 2;
+    }
+    a.opt[s] = argv[++i];
+  }
+  try {
+    return run(a);
+  } catch (const ep::Error &e) {
+    std::fprintf(stderr, "ep-synth: %s: %s\n", ep::status_name(e.status()), e.what());
+    return 1;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "ep-synth: %s\n", e.what());
+    return 1;
+  }
+}
