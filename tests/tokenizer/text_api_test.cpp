@@ -173,7 +173,9 @@ TEST_CASE("text api: the synthetic model's tokenizer", "[text][capi]") {
   CHECK(std::string(ep_last_error()).find("UTF-8") != std::string::npos);
   CHECK(ep_tokenize(nullptr, 0, &n, tok.t, "a", 1, 0x80) == EP_ERR_INVALID_ARGUMENT);
   CHECK(ep_tokenize(nullptr, 0, nullptr, tok.t, "a", 1, 0) == EP_ERR_INVALID_ARGUMENT);
-  CHECK(ep_tokenizer_open(&tok.t, nullptr) == EP_ERR_INVALID_ARGUMENT);
+  ep_tokenizer *unused = reinterpret_cast<ep_tokenizer *>(&p);  // overwritten with NULL on error
+  CHECK(ep_tokenizer_open(&unused, nullptr) == EP_ERR_INVALID_ARGUMENT);
+  CHECK(unused == nullptr);
   ep_tokenizer *none = reinterpret_cast<ep_tokenizer *>(1);
   CHECK(ep_tokenizer_open(&none, (fixture().dir / "missing.json").c_str()) == EP_ERR_NOT_FOUND);
   CHECK(none == nullptr);
