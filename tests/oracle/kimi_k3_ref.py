@@ -34,6 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, HERE)
+import golden_check  # noqa: E402
 import ggml_py_quants as q  # noqa: E402
 import kimi_linear_gen as klg  # noqa: E402
 from ggml_py_gguf import GgufWriter, GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING  # noqa: E402
@@ -474,17 +475,7 @@ def check_kimi_linear(data_dir):
 
 
 def check_goldens(data_dir):
-    failed = False
-    for name in CONFIGS:
-        with open(os.path.join(data_dir, "kimi_k3", f"{name}.json")) as f:
-            meta = json.load(f)
-        c, g, tokens = generate(name, meta["seed"])
-        blob = gguf_bytes(c, g)
-        with open(os.path.join(data_dir, "kimi_k3", f"{name}.gguf"), "rb") as f:
-            ok = f.read() == blob and hashlib.sha256(blob).hexdigest() == meta["gguf_sha256"] and tokens == meta["tokens"]
-        print(f"{'ok' if ok else 'FAIL'} {name}: {len(blob)} bytes")
-        failed |= not ok
-    return 1 if failed else 0
+    return golden_check.check_reproducible(CONFIGS, generate, gguf_bytes, os.path.join(data_dir, "kimi_k3"))
 
 
 def main():
