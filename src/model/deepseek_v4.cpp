@@ -275,17 +275,7 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
     const CatalogEntry *ue = ld.entry(b + "ffn_up_exps.weight", {D, F, E});
     const CatalogEntry *de = ld.entry(b + "ffn_down_exps.weight", {F, D, E});
     if (ge && ue && de && experts_ok) {
-      for (const CatalogEntry *e : {ge, ue, de})
-        if (!backend::is_supported_weight_type(e->type))
-          fail(Status::unsupported, "{}: ggml type {} is not supported for experts", e->origin, static_cast<uint32_t>(e->type));
-      auto shape_of = [](const CatalogEntry &e) {
-        backend::SlotWeight w;
-        w.type = e.type;
-        w.ne0 = e.ne[0];
-        w.ne1 = e.ne[1];
-        return w;
-      };
-      expert_shapes_.push_back(ExpertShape{shape_of(*ge), shape_of(*ue), shape_of(*de)});
+      expert_shapes_.push_back(expert_shape_of(*ge, *ue, *de));
       if (options.resident_experts) resident->add_layer(*ge, *ue, *de);
     } else {
       experts_ok = false;

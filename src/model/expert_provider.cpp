@@ -14,6 +14,19 @@
 
 namespace ep::model {
 
+ExpertShape expert_shape_of(const CatalogEntry &gate, const CatalogEntry &up, const CatalogEntry &down) {
+  auto shape_of = [](const CatalogEntry &e) {
+    if (!backend::is_supported_weight_type(e.type))
+      fail(Status::unsupported, "{}: ggml type {} is not supported for experts", e.origin, static_cast<uint32_t>(e.type));
+    backend::SlotWeight w;
+    w.type = e.type;
+    w.ne0 = e.ne[0];
+    w.ne1 = e.ne[1];
+    return w;
+  };
+  return ExpertShape{shape_of(gate), shape_of(up), shape_of(down)};
+}
+
 void ResidentExperts::add_layer(const CatalogEntry &gate, const CatalogEntry &up, const CatalogEntry &down) {
   if (!gate.read_expert || !up.read_expert || !down.read_expert)
     fail(Status::internal, "experts of layer {}: the source cannot read single experts", layers_.size());

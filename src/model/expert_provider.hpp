@@ -97,6 +97,9 @@ class ResidentExperts final : public ExpertProvider {
 struct ExpertShape {
   backend::SlotWeight gate, up, down;
 };
+/// The shape of a layer's experts from its stacked gate / up / down tensors; Status::unsupported
+/// (naming the tensor) when a type is not one the backends multiply.
+ExpertShape expert_shape_of(const CatalogEntry &gate, const CatalogEntry &up, const CatalogEntry &down);
 
 struct PackedExpertsOptions {
   uint64_t cache_bytes = UINT64_MAX;  ///< slot budget (UINT64_MAX: every expert, at most half the physical memory)
