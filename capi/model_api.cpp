@@ -8,7 +8,8 @@
 #include "cuda/cuda_backend.hpp"
 #include "cuda/device.hpp"
 #endif
-#include "model/deepseek_v4.hpp"
+#include "core/log.hpp"
+#include "model/causal_lm.hpp"
 #include "model/expert_provider.hpp"
 #include "model/model_source.hpp"
 #include "store/stats.hpp"
@@ -26,8 +27,8 @@
 
 struct ep_model {
   std::unique_ptr<ep::backend::Backend> backend;
-  std::unique_ptr<ep::model::DeepseekV4Model> dsv4;
-  ep::model::PackedExperts *packed = nullptr;  // owned by dsv4; null with resident experts
+  std::unique_ptr<ep::model::CausalLm> lm;     // DeepSeek-V4 or Kimi (model/causal_lm.hpp)
+  ep::model::PackedExperts *packed = nullptr;  // owned by lm; null with resident experts
   std::string pack_path;
   std::string source_path;  // the dense weights' (and the tokenizer's) file
   /// Serialises forward passes, sampling and state allocation: sessions on several threads
@@ -37,7 +38,7 @@ struct ep_model {
 
 struct ep_session {
   ep_model *model = nullptr;
-  ep::model::DeepseekV4State state;
+  std::unique_ptr<ep::model::LmState> state;
   std::vector<float> last_logits;  // logits after the last token (empty when the session is empty)
   uint64_t sample_counter = 0;
   std::vector<int32_t> tokens;     // every token appended, in order
@@ -62,7 +63,7 @@ constexpr size_t kGenerateOptionsV1 = sizeof(GenerateOptionsV1);
 constexpr size_t kGenerateStatsV1 = offsetof(ep_generate_stats, stop_reason);
 
 void check_tokens(const ep_session &s, const int32_t *tokens, size_t n, const char *fn) {
-  const int64_t vocab = s.model->dsv4->config().vocab;
+  const int64_t vocab = s.model->lm->info().vocab;
   for (size_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= vocab)
       ep::fail(ep::Status::invalid_argument, "{}: token {} at index {} is outside 0..{}", fn, tokens[i], i, vocab - 1);
@@ -70,38 +71,47 @@ void check_tokens(const ep_session &s, const int32_t *tokens, size_t n, const ch
 
 /// Runs tokens through the session; keeps the last row of logits; returns all rows if asked.
 void append(ep_session &s, const int32_t *tokens, size_t n, std::vector<float> *all) {
-  const size_t vocab = static_cast<size_t>(s.model->dsv4->config().vocab);
+  const size_t vocab = static_cast<size_t>(s.model->lm->info().vocab);
   std::vector<float> local;
   std::vector<float> &rows = all ? *all : local;
   rows.resize(n * vocab);
   {
     std::lock_guard<std::mutex> lock(s.model->mutex);
-    s.model->dsv4->forward(tokens, static_cast<int64_t>(n), s.state, rows.data());
+    s.model->lm->forward(tokens, static_cast<int64_t>(n), *s.state, rows.data());
   }
   s.last_logits.assign(rows.end() - static_cast<std::ptrdiff_t>(vocab), rows.end());
   s.tokens.insert(s.tokens.end(), tokens, tokens + n);
 }
 
-/// The device ep_model_open() runs on: true for CUDA. AUTO takes the GPU when one exists;
-/// CUDA without one is EP_ERR_NO_DEVICE.
-bool choose_cuda(ep_device_kind kind, int32_t index, const char *fn) {
+void check_device_kind(ep_device_kind kind, const char *fn) {
+  if (kind != EP_DEVICE_AUTO && kind != EP_DEVICE_CPU && kind != EP_DEVICE_CUDA)
+    ep::fail(ep::Status::invalid_argument, "{}: device {} is not an ep_device_kind", fn, static_cast<int>(kind));
+}
+
+/// The device ep_model_open() runs a model of @p arch (from @p source) on: true for CUDA. AUTO
+/// takes the GPU when one exists and the architecture runs there (else the CPU, logged); CUDA is
+/// EP_ERR_UNSUPPORTED for an architecture without CUDA support and EP_ERR_NO_DEVICE without a GPU.
+bool choose_cuda(ep_device_kind kind, int32_t index, const std::string &arch, const std::string &source, const char *fn) {
+  check_device_kind(kind, fn);
+  if (kind == EP_DEVICE_CPU) return false;
+  const bool arch_cuda = ep::model::architecture_runs_on(arch, ep::backend::Device::cuda);
+  if (kind == EP_DEVICE_CUDA && !arch_cuda)
+    ep::fail(ep::Status::unsupported, "{}: EP_DEVICE_CUDA: {} is a {} model, which runs only on the CPU so far (use EP_DEVICE_CPU or EP_DEVICE_AUTO)",
+             fn, source, arch);
   std::string why = "this build has no CUDA backend (EP_WITH_CUDA=OFF)";
   int count = 0;
 #ifdef EP_HAVE_CUDA
-  if (kind != EP_DEVICE_CPU) count = ep::cuda::device_count(&why);
+  count = ep::cuda::device_count(&why);
 #endif
-  switch (kind) {
-    case EP_DEVICE_CPU:
-      return false;
-    case EP_DEVICE_AUTO:
-      return count > index;
-    case EP_DEVICE_CUDA:
-      if (count == 0) ep::fail(ep::Status::no_device, "{}: EP_DEVICE_CUDA: no CUDA device ({})", fn, why);
-      if (index >= count) ep::fail(ep::Status::no_device, "{}: EP_DEVICE_CUDA: device {} of {}", fn, index, count);
-      return true;
-    default:
-      ep::fail(ep::Status::invalid_argument, "{}: device {} is not an ep_device_kind", fn, static_cast<int>(kind));
+  if (kind == EP_DEVICE_AUTO) {
+    if (count > index && !arch_cuda)
+      ep::log::info("{}: {} is a {} model, which runs only on the CPU so far: using the CPU, not CUDA device {}", fn, source,
+                    arch, index);
+    return count > index && arch_cuda;
   }
+  if (count == 0) ep::fail(ep::Status::no_device, "{}: EP_DEVICE_CUDA: no CUDA device ({})", fn, why);
+  if (index >= count) ep::fail(ep::Status::no_device, "{}: EP_DEVICE_CUDA: device {} of {}", fn, index, count);
+  return true;
 }
 
 /// Draws the next token from host logits on the model's backend (uploaded when it is a GPU).
@@ -230,14 +240,15 @@ void write_generate_stats(ep_generate_stats *out, const ep_generate_stats &stats
 }
 
 const std::string &model_source_path(const ep_model &model) { return model.source_path; }
-int64_t model_vocab_size(const ep_model &model) { return model.dsv4->config().vocab; }
+int64_t model_vocab_size(const ep_model &model) { return model.lm->info().vocab; }
+const std::string &model_architecture(const ep_model &model) { return model.lm->info().architecture; }
 const ep_model &session_model(const ep_session &session) { return *session.model; }
 std::span<const int32_t> session_tokens(const ep_session &session) { return session.tokens; }
 
 void session_reset(ep_session &session) {
   {
     std::lock_guard<std::mutex> lock(session.model->mutex);
-    session.state = session.model->dsv4->new_state();
+    session.state = session.model->lm->new_state();
   }
   session.last_logits.clear();
   session.sample_counter = 0;
@@ -272,11 +283,34 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
     if (opts.direct_io < -1 || opts.direct_io > 1)
       ep::fail(ep::Status::invalid_argument, "{}: direct_io {} (expected -1, 0 or 1)", fn, opts.direct_io);
     if (opts.device_index < 0) ep::fail(ep::Status::invalid_argument, "{}: device_index {}", fn, opts.device_index);
-    [[maybe_unused]] const bool use_cuda = choose_cuda(opts.device, opts.device_index, fn);
+    check_device_kind(opts.device, fn);
     if (opts.pack_build < 0 || opts.pack_build > 1)
       ep::fail(ep::Status::invalid_argument, "{}: pack_build {} (expected 0 or 1)", fn, opts.pack_build);
     if (opts.resident_experts < 0 || opts.resident_experts > 1)
       ep::fail(ep::Status::invalid_argument, "{}: resident_experts {} (expected 0 or 1)", fn, opts.resident_experts);
+    if (opts.cpu_threads < 0 || opts.cpu_threads > 4096)
+      ep::fail(ep::Status::invalid_argument, "{}: cpu_threads {} (expected 0 .. 4096)", fn, opts.cpu_threads);
+    ep::model::PackPlacement place;
+    if (opts.pack_dir) place.pack_dir = opts.pack_dir;
+    place.build = opts.pack_build != 0;
+    if (opts.progress) {
+      const ep_model_progress_fn cb = opts.progress;
+      void *payload = opts.progress_payload;
+      place.progress = [cb, payload](uint64_t done, uint64_t total) { cb(done, total, payload); };
+    }
+    // The architecture decides the device and the model class; it is read before a pack is
+    // built (a pack given explicitly is checked first: its manifest names the source).
+    const bool given_pack = ep::model::is_pack_file(path);
+    if (opts.resident_experts && given_pack)
+      ep::fail(ep::Status::invalid_argument, "{}: {} is an Expert Pack; resident_experts needs the source", fn, path);
+    ep::model::ResolvedModel rm;
+    if (given_pack) rm = ep::model::resolve_model(path, place);
+    const std::string source = given_pack ? rm.source : std::string(path);
+    const std::string arch = ep::model::source_architecture(source);
+    if (!ep::model::architecture_known(arch))
+      ep::fail(ep::Status::unsupported, "{}: {}: architecture '{}' is not supported (supported: deepseek4, kimi-linear, kimi-k3)",
+               fn, source, arch);
+    [[maybe_unused]] const bool use_cuda = choose_cuda(opts.device, opts.device_index, arch, source, fn);
     auto m = std::make_unique<ep_model>();
     int cuda_device = -1;
     void *cuda_stream = nullptr;
@@ -288,25 +322,15 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
       m->backend = std::move(cuda);
     }
 #endif
-    if (!m->backend) m->backend = std::make_unique<ep::backend::CpuBackend>();
+    if (!m->backend) m->backend = std::make_unique<ep::backend::CpuBackend>(static_cast<unsigned>(opts.cpu_threads));
     if (opts.resident_experts) {
-      if (ep::model::is_pack_file(path))
-        ep::fail(ep::Status::invalid_argument, "{}: {} is an Expert Pack; resident_experts needs the source", fn, path);
-      m->dsv4 = ep::model::DeepseekV4Model::open(path, *m->backend);
-      m->source_path = path;
+      m->lm = ep::model::open_causal_lm(source, *m->backend);
+      m->source_path = source;
     } else {
-      ep::model::PackPlacement place;
-      if (opts.pack_dir) place.pack_dir = opts.pack_dir;
-      place.build = opts.pack_build != 0;
-      if (opts.progress) {
-        const ep_model_progress_fn cb = opts.progress;
-        void *payload = opts.progress_payload;
-        place.progress = [cb, payload](uint64_t done, uint64_t total) { cb(done, total, payload); };
-      }
-      const ep::model::ResolvedModel rm = ep::model::resolve_model(path, place);
-      ep::model::DeepseekV4LoadOptions lo;
+      if (!given_pack) rm = ep::model::resolve_model(path, place);
+      ep::model::CausalLmOptions lo;
       lo.resident_experts = false;
-      m->dsv4 = ep::model::DeepseekV4Model::open(rm.source, *m->backend, lo);
+      m->lm = ep::model::open_causal_lm(rm.source, *m->backend, lo);
       ep::model::PackedExpertsOptions po;
       po.cache_bytes = opts.cache_budget_bytes ? opts.cache_budget_bytes : UINT64_MAX;
       po.staging_slots = opts.staging_slots;
@@ -315,10 +339,11 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
       po.direct_io = opts.direct_io;
       po.cuda_device = cuda_device;
       po.cuda_stream = cuda_stream;
-      auto packed = std::make_unique<ep::model::PackedExperts>(rm.pack, m->dsv4->expert_shapes(),
-                                                               m->dsv4->config().n_experts_used, po);
+      po.first_layer = m->lm->first_expert_layer();
+      auto packed = std::make_unique<ep::model::PackedExperts>(rm.pack, m->lm->expert_shapes(),
+                                                               m->lm->info().n_experts_used, po);
       m->packed = packed.get();
-      m->dsv4->set_experts(std::move(packed));
+      m->lm->set_experts(std::move(packed));
       m->pack_path = rm.pack;
       m->source_path = rm.source;
     }
@@ -376,16 +401,16 @@ EP_API ep_status ep_model_info(ep_model_properties *out_properties, const ep_mod
     ep::capi::require_arg(model, fn, "model");
     ep::capi::check_struct_size(out_properties->struct_size, kModelPropertiesV1, sizeof(ep_model_properties),
                                 "ep_model_properties");
-    const ep::model::DeepseekV4Config &c = model->dsv4->config();
+    const ep::model::CausalLmInfo &c = model->lm->info();
     ep_model_properties p{};
     p.struct_size = out_properties->struct_size;
-    std::strncpy(p.architecture, "deepseek4", sizeof(p.architecture) - 1);
+    std::strncpy(p.architecture, c.architecture.c_str(), sizeof(p.architecture) - 1);
     p.vocab_size = static_cast<uint32_t>(c.vocab);
     p.num_layers = static_cast<uint32_t>(c.n_layers);
     p.hidden_size = static_cast<uint32_t>(c.hidden);
     p.num_experts = static_cast<uint32_t>(c.n_experts);
     p.experts_per_token = static_cast<uint32_t>(c.n_experts_used);
-    p.weight_bytes = model->dsv4->weight_bytes();
+    p.weight_bytes = model->lm->weight_bytes();
     std::memcpy(out_properties, &p, std::min(out_properties->struct_size, sizeof(p)));
   });
 }
@@ -398,7 +423,7 @@ EP_API ep_status ep_session_open(ep_session **out_session, ep_model *model) {
     auto s = std::make_unique<ep_session>();
     s->model = model;
     std::lock_guard<std::mutex> lock(model->mutex);
-    s->state = model->dsv4->new_state();
+    s->state = model->lm->new_state();
     *out_session = s.release();
   });
 }
@@ -420,7 +445,7 @@ EP_API ep_status ep_session_length(uint64_t *out_length, const ep_session *sessi
   return ep::capi::guard(__func__, [&](const char *fn) {
     ep::capi::require_arg(out_length, fn, "out_length");
     ep::capi::require_arg(session, fn, "session");
-    *out_length = static_cast<uint64_t>(session->state.n_past);
+    *out_length = static_cast<uint64_t>(session->state->n_past());
   });
 }
 
@@ -469,7 +494,7 @@ EP_API ep_status ep_score(ep_session *session, const int32_t *tokens, size_t n_t
     ep::capi::require_arg(tokens, fn, "tokens");
     ep::capi::require_arg(out_logits, fn, "out_logits");
     if (!n_tokens) ep::fail(ep::Status::invalid_argument, "{}: no tokens", fn);
-    const size_t vocab = static_cast<size_t>(session->model->dsv4->config().vocab);
+    const size_t vocab = static_cast<size_t>(session->model->lm->info().vocab);
     if (top_k > vocab) ep::fail(ep::Status::invalid_argument, "{}: top_k {} > vocabulary {}", fn, top_k, vocab);
     if (top_k) ep::capi::require_arg(out_ids, fn, "out_ids");
     check_tokens(*session, tokens, n_tokens, fn);

@@ -37,6 +37,8 @@ void check_generate_stats(const ep_generate_stats *out);
 const std::string &model_source_path(const ep_model &model);
 /// Logits per position.
 int64_t model_vocab_size(const ep_model &model);
+/// The model's GGUF architecture name ("deepseek4", "kimi-linear", "kimi-k3").
+const std::string &model_architecture(const ep_model &model);
 const ep_model &session_model(const ep_session &session);
 /// Every token the session holds, in order.
 std::span<const int32_t> session_tokens(const ep_session &session);

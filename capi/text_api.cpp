@@ -246,12 +246,28 @@ EP_API ep_status ep_tokenizer_open_model(ep_tokenizer **out_tokenizer, const ep_
     else
       path = tokenizer_file_in(fs::path(source).parent_path(), fn);
     if (path == source && is_gguf(source)) {
+      // A GGUF without tokenizer.ggml.*: the checkpoint's own tokenizer files beside it (e.g.
+      // Kimi-K3's tiktoken.model with tokenizer_config.json), else not found.
       const ep::format::GgufFile f = ep::format::GgufFile::open(source);
-      if (!f.find("tokenizer.ggml.tokens"))
-        ep::fail(ep::Status::not_found, "{}: the model's GGUF {} has no tokenizer (tokenizer.ggml.tokens); open one with ep_tokenizer_open()",
-                 fn, source);
+      if (!f.find("tokenizer.ggml.tokens")) {
+        try {
+          path = tokenizer_file_in(fs::path(source).parent_path(), fn);
+        } catch (const ep::Error &) {
+          ep::fail(ep::Status::not_found,
+                   "{}: the model's GGUF {} has no tokenizer (tokenizer.ggml.tokens) and its directory no tokenizer.json, "
+                   "tiktoken.model or tokenizer.model; open one with ep_tokenizer_open()",
+                   fn, source);
+        }
+      }
     }
-    *out_tokenizer = open_tokenizer(path, fn).release();
+    auto t = open_tokenizer(path, fn);
+    // No template text or markers: the model's architecture decides where it has one.
+    if (!t->chat) {
+      t->chat = ep::tokenizer::chat_template_by_name(ep::capi::model_architecture(*model));
+      if (t->chat)
+        if (const auto id = t->tok.token_to_id(ep::tokenizer::end_of_turn_token(*t->chat))) t->end_of_turn = *id;
+    }
+    *out_tokenizer = t.release();
   });
 }
 

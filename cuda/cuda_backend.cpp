@@ -7,6 +7,8 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 namespace ep::cuda {
@@ -42,6 +44,7 @@ struct CudaBackend::Impl {
   cublasHandle_t cublas = nullptr;
   std::vector<void *> ws = std::vector<void *>(kWsCount, nullptr);
   std::vector<uint64_t> ws_bytes = std::vector<uint64_t>(kWsCount, 0);
+  GemmMode gemm_mode = GemmMode::exact_f32;
 };
 
 CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
@@ -50,6 +53,8 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
   EP_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
   check_cublas(cublasCreate(&impl_->cublas), "cublasCreate");
   check_cublas(cublasSetStream(impl_->cublas, impl_->stream), "cublasSetStream");
+  if (const char *env = std::getenv("EP_CUDA_GEMM"); env && std::string_view(env) == "bf16")
+    impl_->gemm_mode = GemmMode::fast_bf16;
 }
 
 CudaBackend::~CudaBackend() {
@@ -101,22 +106,42 @@ void *CudaBackend::workspace(unsigned slot, uint64_t bytes) {
   return impl_->ws[slot];
 }
 
-void CudaBackend::matmul_gemm(const Tensor &w, const Tensor &x, const Tensor &y) {
+void CudaBackend::set_gemm_mode(GemmMode mode) noexcept { impl_->gemm_mode = mode; }
+GemmMode CudaBackend::gemm_mode() const noexcept { return impl_->gemm_mode; }
+
+void CudaBackend::matmul_gemm(const Tensor &w, const Tensor &x, const Tensor &y) { matmul_gemm(w, x, y, impl_->gemm_mode); }
+
+void CudaBackend::matmul_gemm(const Tensor &w, const Tensor &x, const Tensor &y, GemmMode mode) {
   backend::check_matmul(w, x, y, Device::cuda);
   const int64_t k = w.ne[0], n = w.ne[1], t = x.n_rows();
   const float one = 1.0f, zero = 0.0f;
-  if (w.type == GgmlType::f32) {
-    check_cublas(cublasSgemm(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(t),
-                             static_cast<int>(k), &one, w.as<float>(), static_cast<int>(k), x.as<float>(),
-                             static_cast<int>(k), &zero, y.as<float>(), static_cast<int>(n)),
-                 "matmul: cublasSgemm");
+  const uint64_t row_bytes = w.row_bytes();
+  if (w.type == GgmlType::f32 || mode == GemmMode::exact_f32) {
+    // f32 weights (dequantized in chunks unless they are f32 already) and SGEMM without TF32.
+    check_cublas(cublasSetMathMode(impl_->cublas, CUBLAS_PEDANTIC_MATH), "matmul: cublasSetMathMode");
+    const int64_t rows_per_chunk =
+        w.type == GgmlType::f32 ? n
+                                : std::max<int64_t>(1, std::min<int64_t>(n, kDequantChunkBytes / (static_cast<uint64_t>(k) * 4)));
+    float *wf = w.type == GgmlType::f32
+                    ? nullptr
+                    : static_cast<float *>(workspace(kWsWBf16, static_cast<uint64_t>(rows_per_chunk * k) * 4));
+    for (int64_t r0 = 0; r0 < n; r0 += rows_per_chunk) {
+      const int64_t rows = std::min(rows_per_chunk, n - r0);
+      const float *a = w.type == GgmlType::f32 ? w.as<float>() + r0 * k : wf;
+      if (w.type != GgmlType::f32)
+        launch_dequant_rows(type_id(w.type), w.as<uint8_t>() + r0 * row_bytes, k, rows, wf, nullptr, impl_->stream);
+      check_cublas(cublasSgemm(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(t),
+                               static_cast<int>(k), &one, a, static_cast<int>(k), x.as<float>(), static_cast<int>(k), &zero,
+                               y.as<float>() + r0, static_cast<int>(n)),
+                   "matmul: cublasSgemm");
+    }
+    check_cublas(cublasSetMathMode(impl_->cublas, CUBLAS_DEFAULT_MATH), "matmul: cublasSetMathMode");
     return;
   }
   auto *xb = static_cast<uint16_t *>(workspace(kWsXBf16, static_cast<uint64_t>(k * t) * 2));
   launch_f32_to_bf16(x.as<float>(), xb, k * t, impl_->stream);
   const int64_t rows_per_chunk = std::max<int64_t>(1, std::min<int64_t>(n, kDequantChunkBytes / (static_cast<uint64_t>(k) * 2)));
   auto *wb = static_cast<uint16_t *>(workspace(kWsWBf16, static_cast<uint64_t>(rows_per_chunk * k) * 2));
-  const uint64_t row_bytes = w.row_bytes();
   for (int64_t r0 = 0; r0 < n; r0 += rows_per_chunk) {
     const int64_t rows = std::min(rows_per_chunk, n - r0);
     if (w.type == GgmlType::bf16) {
@@ -136,6 +161,9 @@ void CudaBackend::matmul_gemm(const Tensor &w, const Tensor &x, const Tensor &y)
 void CudaBackend::matmul(const Tensor &w, const Tensor &x, const Tensor &y) {
   backend::check_matmul(w, x, y, Device::cuda);
   const int64_t t = x.n_rows();
+  const bool plain = w.type == GgmlType::f32 || w.type == GgmlType::f16 || w.type == GgmlType::bf16;
+  if (plain && w.ne[0] % 32 != 0)  // rows the GEMV / dequant kernels cannot take (tiny test models)
+    return launch_matmul_plain(type_id(w.type), w.data, x.as<float>(), y.as<float>(), w.ne[0], w.ne[1], t, impl_->stream);
   if (t > kGemvMaxTokens) return matmul_gemm(w, x, y);
   GemvArgs a;
   a.w = w.data;

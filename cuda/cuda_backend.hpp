@@ -1,7 +1,10 @@
 // The CUDA backend: the ops of backend::Backend on one device and one stream. Quantized
 // matrix-vector products (up to 8 tokens) run the bandwidth-oriented GEMV kernels; larger
-// batches dequantize weight rows to bf16 in chunks and call cuBLAS (bf16 in, f32 accumulate);
-// f32 weights use cuBLAS SGEMM. Routed experts run batched over the selected slots.
+// batches dequantize weight rows in chunks and call cuBLAS: by default to f32 and SGEMM with
+// pedantic math (no TF32: f32 products, f32 sums; within ~1e-6 of the CPU backend), or, as an
+// opt-in (GemmMode::fast_bf16, EP_CUDA_GEMM=bf16), to bf16 with x rounded to bf16 (tensor cores,
+// f32 accumulate; ~1e-1 relative on small random models). Routed experts run batched over the
+// selected slots.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,9 +15,16 @@
 
 namespace ep::cuda {
 
+/// How matmul multiplies more than kGemvMaxTokens tokens (prefill).
+enum class GemmMode : uint8_t {
+  exact_f32 = 0,  ///< weights dequantized to f32, x as is, cublasSgemm with CUBLAS_PEDANTIC_MATH
+  fast_bf16 = 1,  ///< weights dequantized to bf16, x rounded to bf16, cublasGemmEx (f32 accumulate)
+};
+
 class CudaBackend final : public backend::Backend {
  public:
-  /// Uses device @p device_index and creates its own stream.
+  /// Uses device @p device_index and creates its own stream. The GEMM mode starts as
+  /// GemmMode::exact_f32, or fast_bf16 when the environment has EP_CUDA_GEMM=bf16.
   explicit CudaBackend(int device_index = 0);
   ~CudaBackend() override;
 
@@ -63,9 +73,30 @@ class CudaBackend final : public backend::Backend {
                       const backend::Tensor &visible, float scale, const backend::Tensor &scores) override;
   void set_visible(const backend::Tensor &indices, const backend::Tensor &values, int64_t offset,
                    const backend::Tensor &mask) override;
+  // Kimi ops (cuda_kimi.cpp, kernels in kimi_ops.cu)
+  void short_conv_silu(const backend::Tensor &x, const backend::Tensor &w, const backend::Tensor &state,
+                       const backend::Tensor &y) override;
+  void l2_normalize(const backend::Tensor &x, float eps, float s, const backend::Tensor &y) override;
+  void sigmoid(const backend::Tensor &x, const backend::Tensor &y) override;
+  void kda_gate(const backend::Tensor &x, const backend::Tensor &bias, const backend::Tensor &a, float lower_bound,
+                const backend::Tensor &g) override;
+  void kda_recurrence(const backend::Tensor &q, const backend::Tensor &k, const backend::Tensor &v,
+                      const backend::Tensor &g, const backend::Tensor &beta, const backend::Tensor &state,
+                      const backend::Tensor &out) override;
+  void gated_rms_norm(const backend::Tensor &x, const backend::Tensor &w, const backend::Tensor &gate, float eps,
+                      const backend::Tensor &y) override;
+  void causal_attention(const backend::Tensor &q, const backend::Tensor &keys, const backend::Tensor &values,
+                        int64_t n_past, float scale, const backend::Tensor &out) override;
+  void attn_res_mix(const backend::Tensor *banked, const backend::Tensor &cur, const backend::Tensor &w, float eps,
+                    const backend::Tensor &out) override;
 
-  /// y[N, T] = W · x through the dequantize-to-bf16 + cuBLAS path regardless of T (benchmarks).
+  /// y[N, T] = W · x through the dequantize + cuBLAS path regardless of T (benchmarks), in the
+  /// current GEMM mode / in @p mode.
   void matmul_gemm(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y);
+  void matmul_gemm(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y, GemmMode mode);
+  /// The path of prefill matmuls (and the routed experts' products above kGemvMaxTokens tokens).
+  void set_gemm_mode(GemmMode mode) noexcept;
+  GemmMode gemm_mode() const noexcept;
 
  protected:
   void *workspace(unsigned slot, uint64_t bytes) override;

@@ -1,6 +1,7 @@
 // Dequantization kernels: rows of any supported type to f32 (bit-exact with ggml) or bf16
 // (the f32 value rounded to nearest even), embedding lookup, f32 → bf16.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "cuda/check.hpp"
 #include "cuda/dispatch.cuh"
@@ -91,6 +92,47 @@ void launch_dequant_rows(uint32_t type, const void *src, int64_t k, int64_t rows
 void launch_embed(uint32_t type, const void *table, int64_t d, int64_t vocab, const int32_t *ids, int64_t n_ids, float *y,
                   cudaStream_t stream) {
   launch(type, table, d, n_ids, ids, vocab, y, nullptr, stream);
+}
+
+namespace {
+
+template <typename W>
+__device__ float plain_value(const W *w, int64_t i);
+template <>
+__device__ float plain_value<float>(const float *w, int64_t i) { return w[i]; }
+template <>
+__device__ float plain_value<__half>(const __half *w, int64_t i) { return __half2float(w[i]); }
+template <>
+__device__ float plain_value<__nv_bfloat16>(const __nv_bfloat16 *w, int64_t i) { return __bfloat162float(w[i]); }
+
+// One warp per output (row r = blockIdx.x · 4 + warp, token t = blockIdx.y).
+template <typename W>
+__global__ void matmul_plain_kernel(const W *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int64_t k,
+                                    int64_t n) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  const int64_t t = blockIdx.y;
+  const int lane = threadIdx.x % 32;
+  if (r >= n) return;
+  float s = 0.0f;
+  for (int64_t i = lane; i < k; i += 32) s += plain_value(w, r * k + i) * x[t * k + i];
+  for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+  if (lane == 0) y[t * n + r] = s;
+}
+
+}  // namespace
+
+void launch_matmul_plain(uint32_t type, const void *w, const float *x, float *y, int64_t k, int64_t n, int64_t t,
+                         cudaStream_t stream) {
+  if (n == 0 || t == 0) return;
+  if (t > 65535) throw Error(Status::invalid_argument, "matmul_plain: " + std::to_string(t) + " tokens (at most 65535)");
+  const dim3 grid(static_cast<unsigned>((n + 3) / 4), static_cast<unsigned>(t));
+  switch (type) {
+    case 0: matmul_plain_kernel<<<grid, 128, 0, stream>>>(static_cast<const float *>(w), x, y, k, n); break;
+    case 1: matmul_plain_kernel<<<grid, 128, 0, stream>>>(static_cast<const __half *>(w), x, y, k, n); break;
+    case 30: matmul_plain_kernel<<<grid, 128, 0, stream>>>(static_cast<const __nv_bfloat16 *>(w), x, y, k, n); break;
+    default: throw Error(Status::unsupported, "matmul_plain: ggml type " + std::to_string(type) + " is not f32/f16/bf16");
+  }
+  EP_CUDA_CHECK_LAUNCH("matmul_plain_kernel");
 }
 
 void launch_f32_to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream) {

@@ -1,8 +1,12 @@
 // Decode GEMV (and small-batch GEMM, up to kGemvMaxTokens tokens) on quantized weights, batched
-// over many matrices per launch (the experts of a MoE layer). Three kernels:
-//  - mma (mxfp4, q2_K, q3_K; k a multiple of 256): tensor cores. Each warp owns 16 rows and streams
-//    them through a cp.async ring, 256 values per stage; the block stages x once per phase as
-//    f16 hi + lo halves (x·2^e per token, so that hi + lo carry ~22 bits and never overflow);
+// over many matrices per launch (the experts of a MoE layer). Four kernels:
+//  - dp4a (mxfp4, q2_K, q3_K; one token; k a multiple of 256): the decode default. x quantized per
+//    block into int8 hi + lo parts per 32 values, packed weights masked in place (2-bit fields) or
+//    mapped through a byte-permute table (e2m1) and multiplied with dp4a; persistent blocks, a
+//    warp reuses each piece of x for 1-4 rows. Details at its section below.
+//  - mma (mxfp4, q2_K, q3_K; k a multiple of 256; used for 2..8 tokens): tensor cores. Each warp
+//    owns 16 rows and streams them through a cp.async ring, 256 values per stage; the block
+//    stages x once per phase as f16 hi + lo halves (x·2^e per token, so that hi + lo carry ~22 bits and never overflow);
 //    weights decode with bit tricks straight into f16 mma fragments (block scales folded in where
 //    they are small integers) and mma.sync m16n8k16 accumulates in f32. The 8 mma columns are the
 //    tokens: one mma serves 1..8 tokens (more tokens only shorten the x phases).
@@ -883,32 +887,424 @@ void launch_mma_tokens(const GemvArgs &args, cudaStream_t stream) {
   }
 }
 
+// ---- the dp4a decode kernel (mxfp4, q2_K, q3_K; one token; k a multiple of 256) ----------
+// Each block first quantizes its matrix's x into shared memory, per group of 32 values, as two
+// int8 parts: hi = rint(x/s), lo = rint((x − hi·s)·254/s) with s = max|x|/127, so that
+// x ≈ s/254·(254·hi + lo) (~15 bits, any f32 range); q2_K/q3_K also get the exact f32 sum of
+// every 16 values (for the min / −4 offsets). x is stored permuted so that the 16-byte pieces
+// the lanes of a warp read at one time are consecutive (no bank conflicts). Weights stay packed:
+// 2-bit fields are masked in place (value·4^j) and fed to dp4a against hi and lo; mxfp4 nibbles
+// go through a byte-permute table to int8. Block scales are applied per 16 (q2_K, q3_K) or 32
+// (mxfp4) values in f32. A warp owns RW consecutive rows; lane l takes work items l, l + 32, ..
+// (64 or 128 values) of every one of them, so each piece of x read from shared memory serves
+// RW rows; the next item's weights load while the current one is computed.
+constexpr int kDpWarps = 8;
+
+struct XQuant {
+  const int8_t *hi, *lo;  // permuted: 16-byte piece p of item ii at (p·ipr + ii)·16
+  const float2 *xs;       // q2_K/q3_K: (s/254, Σx of the 16 values) at p·ipr + ii; mxfp4: (s/254, -) at c·ipr + ii
+  int ipr;                // items per row
+};
+
+__device__ __forceinline__ uint32_t ldg32(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned int *>(p)); }
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+// Small non-negative integer n (< 2^23) times 2^-e as f32 without a conversion instruction.
+__device__ __forceinline__ float small_int_scaled(uint32_t n, int e = 0) {
+  const uint32_t bits = (150u - static_cast<uint32_t>(e)) << 23;
+  return __uint_as_float(bits | n) - __uint_as_float(bits);
+}
+
+// Quantizes x[0, k) into the permuted XQuant layout of D (D::piece: value index (a multiple of
+// 4) → byte offset of its 4 values; D::scale_slot: value index → xs slot).
+template <typename D>
+__device__ __forceinline__ void quantize_x(const float *__restrict__ x, int64_t k, int ipr, int8_t *hi, int8_t *lo,
+                                           float2 *xs) {
+  const int n4 = static_cast<int>(k / 4);  // a multiple of 64: whole warps are in or out
+  constexpr int kBatch = 4;                 // float4 loads in flight per thread
+  for (int base = 0; base < n4; base += kBatch * blockDim.x) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int p = 0; p < kBatch; ++p) {
+      const int i = base + p * blockDim.x + threadIdx.x;
+      if (i < n4) v[p] = __ldg(reinterpret_cast<const float4 *>(x) + i);
+    }
+#pragma unroll
+    for (int p = 0; p < kBatch; ++p) {
+      const int i = base + p * blockDim.x + threadIdx.x;
+      if (i >= n4) break;
+      float m = fmaxf(fmaxf(fabsf(v[p].x), fabsf(v[p].y)), fmaxf(fabsf(v[p].z), fabsf(v[p].w)));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      const float s = m * (1.0f / 127.0f);
+      const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+      const float vals[4] = {v[p].x, v[p].y, v[p].z, v[p].w};
+      uint32_t ph = 0, pl = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float h = fminf(fmaxf(rintf(vals[e] * inv), -127.0f), 127.0f);
+        const float r = fmaf(-h, s, vals[e]);
+        const float l = fminf(fmaxf(rintf(r * inv * 254.0f), -127.0f), 127.0f);
+        ph |= (static_cast<uint32_t>(static_cast<int>(h)) & 0xFFu) << (8 * e);
+        pl |= (static_cast<uint32_t>(static_cast<int>(l)) & 0xFFu) << (8 * e);
+      }
+      const int dst = D::piece(4 * i, ipr);
+      *reinterpret_cast<uint32_t *>(hi + dst) = ph;
+      *reinterpret_cast<uint32_t *>(lo + dst) = pl;
+      float t = (vals[0] + vals[1]) + (vals[2] + vals[3]);
+      t += __shfl_xor_sync(0xffffffffu, t, 1);
+      t += __shfl_xor_sync(0xffffffffu, t, 2);
+      if ((i & (D::kSums ? 3 : 7)) == 0) xs[D::scale_slot(4 * i, ipr)] = make_float2(s * (1.0f / 254.0f), t);
+    }
+  }
+}
+
+// q2_K item ii of a row: block ii/4, half h = (ii/2)%2, 16-byte group g = ii%2 of that half's
+// 32 quant bytes, all four 2-bit fields j (values 128h + 32j + 16g + 0..15, scale 8h + 2j + g).
+// x piece j of item ii = those 16 values of field j.
+struct DpKq {
+  static constexpr int kValues = 64;
+  static constexpr bool kSums = true;
+  __device__ static int piece(int v, int ipr) {
+    const int item = 4 * (v >> 8) + 2 * ((v >> 7) & 1) + ((v >> 4) & 1), j = (v >> 5) & 3;
+    return (j * ipr + item) * 16 + (v & 15);
+  }
+  __device__ static int scale_slot(int v, int ipr) { return piece(v, ipr) >> 4; }
+  struct XPiece {
+    uint4 hi, lo;
+    float2 s;
+  };
+  // x piece j of item ii: hi, lo and (s/254, Σx)
+  __device__ static XPiece x_piece(const XQuant &xq, int j, int ii) {
+    const int slot = j * xq.ipr + ii;
+    return {*reinterpret_cast<const uint4 *>(xq.hi + 16 * slot), *reinterpret_cast<const uint4 *>(xq.lo + 16 * slot),
+            xq.xs[slot]};
+  }
+};
+struct DpQ2K : DpKq {
+  static constexpr int kWords = 7, kBytes256 = 84;
+  __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
+    const uint8_t *b = row + (ii >> 2) * 84;
+    const int h = (ii >> 1) & 1, g = ii & 1;
+    const uint8_t *q = b + 16 + 32 * h + 16 * g;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = ldg32(q + 4 * i);
+    r[4] = ldg32(b + 8 * h);
+    r[5] = ldg32(b + 8 * h + 4);
+    r[6] = ldg32(b + 80);
+  }
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const int g = ii & 1;
+    float A[RW], B[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) A[rr] = B[rr] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const XPiece xp = x_piece(xq, j, ii);
+      const uint4 xh = xp.hi, xl = xp.lo;
+      const float2 xs = xp.s;
+      const uint32_t mask = 0x03030303u << (2 * j);
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const uint32_t w0 = r[rr][0] & mask, w1 = r[rr][1] & mask, w2 = r[rr][2] & mask, w3 = r[rr][3] & mask;
+        int sh = dp4a_us(w0, xh.x, 0), sl = dp4a_us(w0, xl.x, 0);
+        sh = dp4a_us(w1, xh.y, sh);
+        sl = dp4a_us(w1, xl.y, sl);
+        sh = dp4a_us(w2, xh.z, sh);
+        sl = dp4a_us(w2, xl.z, sl);
+        sh = dp4a_us(w3, xh.w, sh);
+        sl = dp4a_us(w3, xl.w, sl);
+        const uint32_t sc = (r[rr][4 + (j >> 1)] >> (16 * (j & 1) + 8 * g)) & 0xFFu;
+        const float dl = small_int_scaled(sc & 0xFu, 2 * j);  // (sc & 15)·4^-j: undoes the in-place mask
+        A[rr] = fmaf(dl * xs.x, static_cast<float>(sh * 254 + sl), A[rr]);
+        B[rr] = fmaf(small_int_scaled(sc >> 4), xs.y, B[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const float2 dd = __half22float2(bits_h2(r[rr][6]));
+      acc[rr] += fmaf(dd.x, A[rr], -dd.y * B[rr]);
+    }
+  }
+};
+
+// q3_K item: as q2_K (hmask bytes 16g..16g+15, bit 4h + j). Blocks are 110 bytes, so every
+// field of an odd block sits 2 bytes off a word boundary: aligned words + a funnel shift.
+struct DpQ3K : DpKq {
+  static constexpr int kWords = 15, kBytes256 = 110;
+  __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
+    const uint8_t *b = row + (ii >> 2) * 110;
+    const int off = static_cast<int>(reinterpret_cast<uintptr_t>(b) & 3);  // 0 or 2
+    const uint8_t *a = b - off;
+    const int h = (ii >> 1) & 1, g = ii & 1;
+    const uint8_t *hm = a + 16 * g, *q = a + 32 + 32 * h + 16 * g, *sc = a + 96;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r[i] = ldg32(hm + 4 * i);
+      r[5 + i] = ldg32(q + 4 * i);
+    }
+    r[10] = ldg32(sc);
+    r[11] = ldg32(sc + 4);
+    r[12] = ldg32(sc + 8);
+    // the fifth word only when misaligned: an aligned block's words end at its last byte
+    r[4] = off ? ldg32(hm + 16) : 0u;
+    r[9] = off ? ldg32(q + 16) : 0u;
+    r[13] = off ? ldg32(sc + 12) : 0u;
+    r[14] = __ldg(reinterpret_cast<const unsigned short *>(b + 108));
+  }
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *rows, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const int h = (ii >> 1) & 1, g = ii & 1;
+    const float hb_scale0 = h ? 0.25f : 4.0f;  // 4·2^-(4h): the high bit sits at bit 4h + j
+    uint32_t hm[RW][4], q[RW][4], S0[RW], S1[RW], S2[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const uint32_t fs = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(rows[rr] + (ii >> 2) * 110) & 3) * 8;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        hm[rr][i] = __funnelshift_r(r[rr][i], r[rr][i + 1], fs);
+        q[rr][i] = __funnelshift_r(r[rr][5 + i], r[rr][6 + i], fs);
+      }
+      const uint32_t sh_sc = 8 * g + 4 * h;
+      S0[rr] = __funnelshift_r(r[rr][10], r[rr][11], fs) >> sh_sc;
+      S1[rr] = __funnelshift_r(r[rr][11], r[rr][12], fs) >> sh_sc;
+      S2[rr] = __funnelshift_r(r[rr][12], r[rr][13], fs) >> sh_sc;
+    }
+    float sum[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) sum[rr] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const XPiece xp = x_piece(xq, j, ii);
+      const uint4 xh = xp.hi, xl = xp.lo;
+      const float2 xs = xp.s;
+      const uint32_t xhw[4] = {xh.x, xh.y, xh.z, xh.w}, xlw[4] = {xl.x, xl.y, xl.z, xl.w};
+      const uint32_t qm = 0x03030303u << (2 * j), hmk = 0x01010101u << (4 * h + j);
+      const float hscale = hb_scale0 * (1.0f / static_cast<float>(1 << j)), qscale = 1.0f / static_cast<float>(1 << (2 * j));
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        int qh = 0, ql = 0, bh = 0, bl = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t wq = q[rr][i] & qm, wh = hm[rr][i] & hmk;
+          qh = dp4a_us(wq, xhw[i], qh);
+          ql = dp4a_us(wq, xlw[i], ql);
+          bh = dp4a_us(wh, xhw[i], bh);
+          bl = dp4a_us(wh, xlw[i], bl);
+        }
+        const uint32_t low4 = ((j < 2 ? S0[rr] : S1[rr]) >> (16 * (j & 1))) & 0xFu;
+        const uint32_t high2 = (S2[rr] >> (16 * (j & 1) + 2 * (j >> 1))) & 3u;
+        const float sc = small_int_scaled(low4 | (high2 << 4)) - 32.0f;
+        // Σx·(ql + 4·hb − 4) in x units: ql·4^j and hb·2^(4h+j) come out of the in-place masks
+        const float inner = fmaf(static_cast<float>(bh * 254 + bl), hscale, static_cast<float>(qh * 254 + ql) * qscale);
+        sum[rr] = fmaf(sc, fmaf(xs.x, inner, -4.0f * xs.y), sum[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr)
+      acc[rr] = fmaf(__half2float(__ushort_as_half(static_cast<unsigned short>(r[rr][14]))), sum[rr], acc[rr]);
+  }
+};
+
+// mxfp4 item: 4 blocks of 32 values (68 bytes, word-aligned since rows are multiples of 136).
+// Each byte's low nibble is value i, its high nibble value i + 16; kvalues_mxfp4 via __byte_perm.
+// x pieces 2c, 2c + 1 of item ii = values 0..15, 16..31 of its block c.
+__device__ __forceinline__ int2 mxfp4_ints(uint32_t q) {
+  constexpr uint32_t pos0 = 0x03020100u, pos1 = 0x0C080604u, neg0 = 0xFDFEFF00u, neg1 = 0xF4F8FAFCu;
+  const uint32_t sel = 0x32103210u | ((q & 0x88888888u) >> 1);
+  uint32_t tmp[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t qs = q >> (16 * i);
+    const uint32_t lo = __byte_perm(pos0, pos1, qs), hi = __byte_perm(neg0, neg1, qs);
+    tmp[i] = __byte_perm(lo, hi, sel >> (16 * i));
+  }
+  return make_int2(static_cast<int>(__byte_perm(tmp[0], tmp[1], 0x6420)),
+                   static_cast<int>(__byte_perm(tmp[0], tmp[1], 0x7531)));
+}
+struct DpMxfp4 {
+  static constexpr int kWords = 17, kValues = 128, kBytes256 = 136;
+  static constexpr bool kSums = false;
+  __device__ static int piece(int v, int ipr) {
+    const int item = v >> 7, c = (v >> 5) & 3, part = (v >> 4) & 1;
+    return ((2 * c + part) * ipr + item) * 16 + (v & 15);
+  }
+  __device__ static int scale_slot(int v, int ipr) { return ((v >> 5) & 3) * ipr + (v >> 7); }
+  __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
+    const uint8_t *p = row + ii * 68;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) r[i] = ldg32(p + 4 * i);
+  }
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int off = 17 * c, start = off + 1, wi = start / 4, fs = 8 * (start % 4);
+      const uint4 xa = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c) * xq.ipr + ii));
+      const uint4 xb = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c + 1) * xq.ipr + ii));
+      const uint4 la = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c) * xq.ipr + ii));
+      const uint4 lb = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c + 1) * xq.ipr + ii));
+      const float sx = xq.xs[c * xq.ipr + ii].x;
+      const uint32_t xaw[4] = {xa.x, xa.y, xa.z, xa.w}, xbw[4] = {xb.x, xb.y, xb.z, xb.w};
+      const uint32_t law[4] = {la.x, la.y, la.z, la.w}, lbw[4] = {lb.x, lb.y, lb.z, lb.w};
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const uint32_t e = (r[rr][off / 4] >> (8 * (off % 4))) & 0xFFu;
+        int sh = 0, sl = 0;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const uint32_t q = fs ? __funnelshift_r(r[rr][wi + t], r[rr][wi + t + 1], fs) : r[rr][wi + t];
+          const int2 v = mxfp4_ints(q);
+          sh = __dp4a(v.x, static_cast<int>(xaw[t]), sh);
+          sl = __dp4a(v.x, static_cast<int>(law[t]), sl);
+          sh = __dp4a(v.y, static_cast<int>(xbw[t]), sh);
+          sl = __dp4a(v.y, static_cast<int>(lbw[t]), sl);
+        }
+        acc[rr] = fmaf(e8m0_half(static_cast<uint8_t>(e)) * sx, static_cast<float>(sh * 254 + sl), acc[rr]);
+      }
+    }
+  }
+};
+
+template <int T> struct DpOf;
+template <> struct DpOf<kQ2_K> { using type = DpQ2K; };
+template <> struct DpOf<kQ3_K> { using type = DpQ3K; };
+template <> struct DpOf<kMXFP4> { using type = DpMxfp4; };
+
+constexpr int64_t dp4a_smem_bytes(int64_t k) { return 2 * k + k / 16 * 8; }
+constexpr int64_t kDp4aMaxSmem = 200 * 1024;
+
+// Persistent over row tiles: block (bx, m) takes tiles bx, bx + gridDim.x, .. of matrix m (a tile
+// = kDpWarps·RW rows), so x is quantized once per block and the weight loads of the next step
+// (next item, or the first item of the next tile) are in flight while the current one computes.
+template <typename D, int RW>
+__global__ void __launch_bounds__(kDpWarps * 32, 1) gemv_dp4a_kernel(GemvArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  int8_t *xhi = reinterpret_cast<int8_t *>(smem);
+  int8_t *xlo = xhi + a.k;
+  float2 *xs = reinterpret_cast<float2 *>(xlo + a.k);
+  const int ipr = static_cast<int>(a.k / D::kValues);
+  const XQuant xq{xhi, xlo, xs, ipr};
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m = blockIdx.y;
+  const uint8_t *w = static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w);
+  const float *x = a.x + static_cast<int64_t>(a.x_rows ? a.x_rows[m] : m) * a.k;
+  float *y = a.y + static_cast<int64_t>(m) * a.n;
+  const int64_t row_bytes = a.k / 256 * D::kBytes256;
+  const int64_t tiles = (a.n + kDpWarps * RW - 1) / (kDpWarps * RW);
+  const int my_tiles = static_cast<int>((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  const int spt = (ipr + 31) / 32;  // steps (32 items) per row of a tile
+  auto first_row = [&](int kt) { return ((blockIdx.x + static_cast<int64_t>(kt) * gridDim.x) * kDpWarps + warp) * RW; };
+  auto rows_of = [&](int kt, const uint8_t *(&rp)[RW]) {
+    const int64_t r0 = first_row(kt);
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) rp[rr] = r0 + rr < a.n ? w + (r0 + rr) * row_bytes : nullptr;
+  };
+  auto load_step = [&](auto &dst, int kt, int q) {
+    const int ii = lane + 32 * q;
+    if (kt < my_tiles && ii < ipr) {
+      const uint8_t *rp[RW];
+      rows_of(kt, rp);
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr)
+        if (rp[rr] != nullptr) D::load(rp[rr], ii, dst[rr]);
+    }
+  };
+
+  uint32_t cur[RW][D::kWords], nxt[RW][D::kWords];
+  load_step(cur, 0, 0);  // in flight while x is quantized
+  quantize_x<D>(x, a.k, ipr, xhi, xlo, xs);
+  __syncthreads();
+
+  float acc[RW];
+#pragma unroll
+  for (int rr = 0; rr < RW; ++rr) acc[rr] = 0.0f;
+  for (int kt = 0, q = 0; kt < my_tiles;) {
+    const bool tile_end = q + 1 == spt;
+    const int kt2 = tile_end ? kt + 1 : kt, q2 = tile_end ? 0 : q + 1;
+    load_step(nxt, kt2, q2);
+    const uint8_t *rp[RW];
+    rows_of(kt, rp);
+    const int ii = lane + 32 * q;
+    if (ii < ipr) D::template dot<RW>(cur, rp, ii, xq, acc);
+    if (tile_end) {
+      const int64_t r0 = first_row(kt);
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const float sum = warp_reduce(acc[rr], SumOp{});
+        if (lane == 0 && rp[rr] != nullptr) y[r0 + rr] = sum;
+        acc[rr] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr)
+#pragma unroll
+      for (int i = 0; i < D::kWords; ++i) cur[rr][i] = nxt[rr][i];
+    kt = kt2;
+    q = q2;
+  }
+}
+
+// Rows per warp, the fastest measured (docs/benchmarks.md): 4 for q2_K (7-word items), 2 for
+// q3_K (15 words), 1 for mxfp4 (17 words).
+template <int T>
+void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
+  using D = typename DpOf<T>::type;
+  constexpr int RW = T == kQ2_K ? 4 : T == kQ3_K ? 2 : 1;
+  auto *kernel = gemv_dp4a_kernel<D, RW>;
+  const int64_t smem = dp4a_smem_bytes(args.k);
+  if (smem > 48 * 1024)
+    EP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  // one wave of resident blocks over all matrices (at least one block per matrix)
+  int device = 0, sms = 0, per_sm = 0;
+  EP_CUDA_CHECK(cudaGetDevice(&device));
+  EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDpWarps * 32, static_cast<size_t>(smem)));
+  const int64_t tiles = (args.n + kDpWarps * RW - 1) / (kDpWarps * RW);
+  const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const int64_t per_mat = (slots + args.n_mat - 1) / args.n_mat;
+  const dim3 grid(static_cast<unsigned>(tiles < per_mat ? tiles : per_mat), static_cast<unsigned>(args.n_mat));
+  kernel<<<grid, kDpWarps * 32, static_cast<size_t>(smem), stream>>>(args);
+  EP_CUDA_CHECK_LAUNCH("gemv_dp4a_kernel");
+}
+
 // Which kernel runs a type: the default per type is the fastest measured by `ep-bench kernels`
-// on an H200 (docs/benchmarks.md): mma for mxfp4, q2_K and q3_K (when k is a multiple of 256 and
-// the launch is big enough, mma_pays), else generic for mxfp4, q4_K and q5_K, pipe for the rest. GemvArgs::kernel, else EP_GEMV_KERNEL
-// (generic|pipe|mma|mma-s6|mma-k2|mma-k4), overrides; an mma kernel asked for a type or shape it does
-// not cover falls back to the default of that type.
+// on an H200 (docs/benchmarks.md): for one token dp4a (mxfp4, q2_K, q3_K with k a multiple of 256
+// and at least kDp4aMinRows rows in the launch); for 2..8 tokens mma (same types and k); else
+// generic for mxfp4, q4_K and q5_K, pipe for the rest. GemvArgs::kernel, else EP_GEMV_KERNEL
+// (a gemv_kernel_name()), overrides; a kernel asked for a type or shape it does not cover falls
+// back to what automatic picks there.
 bool mma_covers(int type, int64_t k) {
   return (type == kMXFP4 || type == kQ2_K || type == kQ3_K) && k % kMmaChunk == 0;
 }
-// The mma kernel gives each warp a tile of 16 rows: it needs about 1024 tiles in a launch (8
-// warps per multiprocessor of an H200) to beat the per-lane kernels on one token; with 2..8
-// tokens it wins at any size (one mma covers all tokens).
-constexpr int64_t kMmaMinTiles = 1024;
-bool mma_pays(const GemvArgs &args) {
-  return args.n_tok > 1 || (args.n + 15) / 16 * args.n_mat >= kMmaMinTiles;
+// dp4a loads weight words: matrices must start 4-byte aligned (q3_K: 2-byte); only a single `w`
+// can be checked here (w_ptrs entries are pack slots + tensor offsets, aligned by construction).
+bool dp4a_covers(int type, const GemvArgs &args) {
+  const uintptr_t align = type == kQ3_K ? 1 : 3;
+  return mma_covers(type, args.k) && args.n_tok == 1 && dp4a_smem_bytes(args.k) <= kDp4aMaxSmem &&
+         (args.w_ptrs != nullptr || (reinterpret_cast<uintptr_t>(args.w) & align) == 0);
 }
+// Below this many rows per launch (one token) the per-lane f32 kernels are used: they are exact
+// to f32 rounding, and such launches (small test models) are too small for speed to matter.
+constexpr int64_t kDp4aMinRows = 2048;
 GemvKernel pick_gemv_kernel(int type, const GemvArgs &args) {
   GemvKernel want = args.kernel;
   if (want == GemvKernel::automatic) {
     const char *v = std::getenv("EP_GEMV_KERNEL");
     if (v != nullptr && !parse_gemv_kernel(v, want)) want = GemvKernel::automatic;
   }
-  const bool mma_ok = mma_covers(type, args.k);
-  const bool is_mma = want == GemvKernel::mma || want == GemvKernel::mma_s6 || want == GemvKernel::mma_k2 ||
-                      want == GemvKernel::mma_k4;
-  if (want == GemvKernel::automatic || (is_mma && !mma_ok)) {
-    if (mma_ok && mma_pays(args)) return GemvKernel::mma;
+  const bool mma_ok = mma_covers(type, args.k), dp4a_ok = dp4a_covers(type, args);
+  if (want == GemvKernel::automatic || (want == GemvKernel::mma && !mma_ok) || (want == GemvKernel::dp4a && !dp4a_ok)) {
+    if (dp4a_ok && args.n * args.n_mat >= kDp4aMinRows) return GemvKernel::dp4a;
+    if (mma_ok && args.n_tok > 1) return GemvKernel::mma;
     return type == kQ4_K || type == kQ5_K || type == kMXFP4 ? GemvKernel::generic : GemvKernel::pipe;
   }
   return want;
@@ -919,36 +1315,26 @@ void launch_typed(GemvKernel kernel, const GemvArgs &args, cudaStream_t stream) 
   const dim3 grid(static_cast<unsigned>((args.n + kWarps * kRows - 1) / (kWarps * kRows)),
                   static_cast<unsigned>(args.n_mat));
   const bool one = args.n_tok == 1;
-  switch (kernel) {
-    case GemvKernel::generic:
-      if (one) {
-        gemv_generic_kernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(args);
-      } else {
-        gemv_generic_kernel<T, kGemvMaxTokens><<<grid, kWarps * 32, 0, stream>>>(args);
-      }
-      EP_CUDA_CHECK_LAUNCH("gemv_generic_kernel");
-      return;
-    case GemvKernel::mma:
-    case GemvKernel::mma_s6:
-    case GemvKernel::mma_k2:
-    case GemvKernel::mma_k4:
-      if constexpr (T == kMXFP4 || T == kQ2_K || T == kQ3_K) {
-        // warps per block, ring stages, warps per row tile (k split)
-        if (kernel == GemvKernel::mma) return launch_mma_tokens<T, 4, 4, 1>(args, stream);
-        if (kernel == GemvKernel::mma_s6) return launch_mma_tokens<T, 4, 6, 1>(args, stream);
-        if (kernel == GemvKernel::mma_k2) return launch_mma_tokens<T, 4, 5, 2>(args, stream);
-        return launch_mma_tokens<T, 4, 4, 4>(args, stream);
-      }
-      [[fallthrough]];  // not reached: pick_gemv_kernel gives mma only for these types
-    default:
-      if (one) {
-        gemv_pipe_kernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(args);
-      } else {
-        gemv_pipe_kernel<T, kGemvMaxTokens><<<grid, kWarps * 32, 0, stream>>>(args);
-      }
-      EP_CUDA_CHECK_LAUNCH("gemv_pipe_kernel");
-      return;
+  if constexpr (T == kMXFP4 || T == kQ2_K || T == kQ3_K) {
+    if (kernel == GemvKernel::dp4a) return launch_dp4a<T>(args, stream);
+    if (kernel == GemvKernel::mma) return launch_mma_tokens<T, 4, 4, 1>(args, stream);
   }
+  if (kernel == GemvKernel::generic) {
+    if (one) {
+      gemv_generic_kernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(args);
+    } else {
+      gemv_generic_kernel<T, kGemvMaxTokens><<<grid, kWarps * 32, 0, stream>>>(args);
+    }
+    EP_CUDA_CHECK_LAUNCH("gemv_generic_kernel");
+    return;
+  }
+  // pipe (pick_gemv_kernel gives mma and dp4a only for the types above)
+  if (one) {
+    gemv_pipe_kernel<T, 1><<<grid, kWarps * 32, 0, stream>>>(args);
+  } else {
+    gemv_pipe_kernel<T, kGemvMaxTokens><<<grid, kWarps * 32, 0, stream>>>(args);
+  }
+  EP_CUDA_CHECK_LAUNCH("gemv_pipe_kernel");
 }
 
 }  // namespace
@@ -959,16 +1345,13 @@ const char *gemv_kernel_name(GemvKernel kernel) {
     case GemvKernel::generic: return "generic";
     case GemvKernel::pipe: return "pipe";
     case GemvKernel::mma: return "mma";
-    case GemvKernel::mma_s6: return "mma-s6";
-    case GemvKernel::mma_k2: return "mma-k2";
-    case GemvKernel::mma_k4: return "mma-k4";
+    case GemvKernel::dp4a: return "dp4a";
   }
   return "?";
 }
 
 bool parse_gemv_kernel(const char *name, GemvKernel &out) {
-  for (GemvKernel k : {GemvKernel::automatic, GemvKernel::generic, GemvKernel::pipe, GemvKernel::mma,
-                       GemvKernel::mma_s6, GemvKernel::mma_k2, GemvKernel::mma_k4}) {
+  for (GemvKernel k : {GemvKernel::automatic, GemvKernel::generic, GemvKernel::pipe, GemvKernel::mma, GemvKernel::dp4a}) {
     if (std::strcmp(name, gemv_kernel_name(k)) == 0) {
       out = k;
       return true;

@@ -9,19 +9,22 @@
 
 namespace ep::cuda {
 
-/// GEMV kernels (cuda/gemv_quant.cu). automatic: the fastest for the type (EP_GEMV_KERNEL =
-/// generic|pipe|mma|mma-s6|mma-k2|mma-k4 overrides it); mma* run mxfp4, q2_K and q3_K with k a
-/// multiple of 256 on tensor cores (other types and shapes fall back to the type's default kernel);
-/// the mma variants differ in ring depth and in how many warps split k.
-enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, mma_s6, mma_k2, mma_k4 };
+/// GEMV kernels (cuda/gemv_quant.cu). automatic: the fastest for the type and shape (EP_GEMV_KERNEL
+/// = generic|pipe|mma|dp4a overrides it). dp4a (one token) and mma (1..8 tokens) run mxfp4, q2_K
+/// and q3_K with k a multiple of 256; asked for other types or shapes they fall back to what
+/// automatic picks there. generic and pipe run every type exactly (f32 x).
+enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a };
 
 /// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =
 /// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of
 /// type `type`), x_m = x + (x_rows ? x_rows[m] : m)·k and y_m = y + m·n·n_tok.
-/// w_ptrs and x_rows are device arrays. x must be 16-byte aligned; n_tok <= kGemvMaxTokens.
+/// w_ptrs and x_rows are device arrays. x must be 16-byte aligned; n_tok <= kGemvMaxTokens. The
+/// dp4a kernel (the one-token default for mxfp4, q2_K, q3_K) needs every matrix 4-byte aligned
+/// (q3_K: 2-byte); a misaligned single `w` falls back to the per-lane kernels.
 /// Accumulation is f32; the mma kernel carries x as two f16 halves (~22 bits, scaled per token
-/// by a power of two, any f32 range), within 5e-5 of the largest output of an f64 reference in
-/// tests/cuda/gemv_gpu_test.cpp.
+/// by a power of two, any f32 range; within 5e-5 of the largest output of an f64 reference in
+/// tests/cuda/gemv_gpu_test.cpp), the dp4a kernel as two int8 parts per 32 values (~15 bits, any
+/// f32 range; within 2e-4 there, 5.2e-5 measured).
 struct GemvArgs {
   const void *const *w_ptrs = nullptr;  ///< device array [n_mat], or null: every matrix is `w`
   const void *w = nullptr;
@@ -51,6 +54,12 @@ void launch_dequant_rows(uint32_t type, const void *src, int64_t k, int64_t rows
 void launch_embed(uint32_t type, const void *table, int64_t d, int64_t vocab, const int32_t *ids,
                   int64_t n_ids, float *y, cudaStream_t stream);
 void launch_f32_to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream);
+
+/// y[t][r] = Σ_i w[r][i] · x[t][i] for plain float weights (@p type f32, f16 or bf16) of any row
+/// length @p k (the GEMV and dequant kernels need k to be a multiple of 32): one warp per output,
+/// f32 accumulation. For the small dims of tiny test models; x, y: f32 [t][k] / [t][n].
+void launch_matmul_plain(uint32_t type, const void *w, const float *x, float *y, int64_t k, int64_t n, int64_t t,
+                         cudaStream_t stream);
 
 void launch_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t rows, float *y,
                      cudaStream_t stream);

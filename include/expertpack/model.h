@@ -3,9 +3,12 @@
  * @brief Models: open a checkpoint, run sessions, generate tokens and score sequences.
  *
  * A model is opened from a source file: a GGUF file (first shard of a set) or a transformers
- * safetensors checkpoint (a directory with config.json). Supported architectures: DeepSeek-V4
- * (`deepseek4` GGUF / `deepseek_v4` config.json). A session holds one sequence's decode state
- * (window KV, compressor and indexer state); tokens appended to a session continue it.
+ * safetensors checkpoint (a directory with config.json). Supported architectures, chosen by the
+ * GGUF's general.architecture (or config.json's model_type): DeepSeek-V4 (`deepseek4` GGUF /
+ * `deepseek_v4` config.json), Kimi-Linear (`kimi-linear`, GGUF) and Kimi-K3 (`kimi-k3`, GGUF). A
+ * session holds one sequence's decode state (DeepSeek-V4: window KV, compressor and indexer state;
+ * Kimi: the KDA layers' recurrent and convolution state, the MLA layers' keys and values); tokens
+ * appended to a session continue it.
  *
  * Routed experts are served from an Expert Pack through the expert store's bounded cache: a
  * source without a pack gets one built on first use (in ep_model_options::pack_dir, by default
@@ -15,7 +18,8 @@
  *
  * Devices: the CPU reference backend, or a CUDA GPU (dense weights in VRAM in their file types,
  * the expert cache's slots in VRAM, filled through pinned staging); #EP_DEVICE_AUTO takes the
- * GPU when there is one.
+ * GPU when there is one and the model's architecture runs there (DeepSeek-V4, Kimi-Linear and
+ * Kimi-K3 all do).
  *
  * Thread safety: an ::ep_model may be shared by any number of sessions used from any number of
  * threads at once: the model serialises its forward passes (one at a time per model; sessions
@@ -43,9 +47,10 @@ typedef struct ep_session ep_session;
 
 /** Where a model computes. Pinned to 32 bits. */
 typedef enum ep_device_kind {
-  EP_DEVICE_AUTO = 0,  /**< CUDA device ep_model_options::device_index when it exists, else the CPU. */
+  EP_DEVICE_AUTO = 0,  /**< CUDA device ep_model_options::device_index when it exists and the architecture runs there, else the CPU. */
   EP_DEVICE_CPU = 1,   /**< The CPU reference backend. */
-  EP_DEVICE_CUDA = 2,  /**< A CUDA GPU (#EP_ERR_NO_DEVICE when there is none, or in a build without CUDA). */
+  EP_DEVICE_CUDA = 2,  /**< A CUDA GPU (#EP_ERR_NO_DEVICE when there is none, or in a build without CUDA; #EP_ERR_UNSUPPORTED
+                            for an architecture without CUDA support). */
   EP_DEVICE_FORCE_32BIT = 0x7fffffff /**< Not a device: pins the enum to 32 bits. */
 } ep_device_kind;
 
@@ -78,6 +83,9 @@ typedef struct ep_model_options {
                                     reference path); 0 = serve them from the pack through the cache. Default: 0. */
   ep_model_progress_fn progress; /**< NULL, or called while a pack is built. Default: NULL. */
   void *progress_payload;      /**< Passed to @c progress unchanged. Default: NULL. */
+  int32_t cpu_threads;         /**< Threads of the CPU backend (#EP_DEVICE_CPU); 0 = the EP_CPU_THREADS environment
+                                    variable, else the hardware concurrency. Results are bitwise the same for any
+                                    count. Default: 0. */
 } ep_model_options;
 
 /**
@@ -99,7 +107,8 @@ EP_API void ep_model_options_init(ep_model_options *options);
  *         top_k experts); #EP_ERR_BUSY (another process is building the same pack); #EP_ERR_IO;
  *         #EP_ERR_FORMAT (malformed file, or missing / unmapped / unexpected tensors, all listed
  *         in ep_last_error(); a pack that does not fit the model); #EP_ERR_SHAPE (a tensor of the
- *         wrong shape); #EP_ERR_CORRUPT; #EP_ERR_UNSUPPORTED (architecture or dtype);
+ *         wrong shape); #EP_ERR_CORRUPT; #EP_ERR_UNSUPPORTED (an unknown architecture, named with
+ *         the file; a dtype; #EP_DEVICE_CUDA for an architecture that runs only on the CPU);
  *         #EP_ERR_NO_DEVICE (#EP_DEVICE_CUDA without a GPU); #EP_ERR_CUDA; #EP_ERR_OUT_OF_MEMORY.
  */
 EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_model_options *options);
@@ -130,11 +139,11 @@ EP_API ep_status ep_model_store_stats(ep_store_stats *out_stats, const ep_model 
 /** What a model is, filled by ep_model_info(). */
 typedef struct ep_model_properties {
   size_t struct_size;          /**< Set by the caller to `sizeof(ep_model_properties)` (or use ep_model_properties_init()). */
-  char architecture[32];       /**< NUL-terminated architecture name ("deepseek4"). */
+  char architecture[32];       /**< NUL-terminated architecture name ("deepseek4", "kimi-linear", "kimi-k3"). */
   uint32_t vocab_size;         /**< Logits per position. */
   uint32_t num_layers;         /**< Transformer blocks that run (MTP layers excluded). */
   uint32_t hidden_size;        /**< Model width. */
-  uint32_t num_experts;        /**< Routed experts per layer. */
+  uint32_t num_experts;        /**< Routed experts per MoE layer. */
   uint32_t experts_per_token;  /**< Routed experts used per token. */
   uint64_t weight_bytes;       /**< Bytes of weights held by the compute device. */
 } ep_model_properties;

@@ -226,6 +226,48 @@ class Backend {
   /// finite value is an error on the CPU (Status::corrupt) and ignored on CUDA.
   virtual void set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask) = 0;
 
+  // ---- Kimi-Linear / Kimi-K3 ops (docs/models/kimi-linear.md, kimi-k3.md; issue #7) ----
+  // Shape checks: backend/kimi_checks.hpp. All tensors f32.
+  /// Depthwise causal convolution of width K, then SiLU, continuing a sequence: with x̂ = the
+  /// K − 1 state rows followed by x's T rows,
+  ///   y[c, t] = silu(Σ_j w[j, c] · x̂[c, t + j])   (j = 0..K−1 ascending)
+  /// and state then holds the last K − 1 rows of x̂. x, y [C, T] (y may not alias x); w [K, C];
+  /// state [C, K − 1] (oldest row first; zeros at a sequence start). 2 <= K <= 16.
+  virtual void short_conv_silu(const Tensor &x, const Tensor &w, const Tensor &state, const Tensor &y) = 0;
+  /// Per row: y = x / sqrt(Σ x² + eps) · s (FLA's l2norm: + eps). y may alias x.
+  virtual void l2_normalize(const Tensor &x, float eps, float s, const Tensor &y) = 0;
+  /// y = 1 / (1 + exp(−x)) elementwise; y may alias x.
+  virtual void sigmoid(const Tensor &x, const Tensor &y) = 0;
+  /// The KDA per-channel log-decay. With f = x[c, h, t] + bias[c + h·dk]:
+  ///   lower_bound < 0: g = lower_bound · σ(−a[h] · f)          (Kimi-K3)
+  ///   otherwise:       g = a[h] · softplus(f), softplus(f) = f for f > 20   (Kimi-Linear)
+  /// x, g [dk, H, T] (g may alias x); bias [dk·H]; a [H] (= −exp(A_log)).
+  virtual void kda_gate(const Tensor &x, const Tensor &bias, const Tensor &a, float lower_bound, const Tensor &g) = 0;
+  /// The KDA recurrence (gated delta rule with per-channel decay), tokens in order, per head h:
+  ///   S ← Diag(exp(g_t)) S;  S ← S + k_t (β_t (v_t − Sᵀ k_t))ᵀ;  o_t = Sᵀ q_t
+  /// q, k, g [dk, H, T] (q, k used as given: normalise / scale before); v, out [dv, H, T];
+  /// beta [H, T]; state [dv, dk, H] (head h's S is [dk][dv] row-major), updated in place.
+  /// out may not alias an input. CUDA: dk <= 256.
+  virtual void kda_recurrence(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &g, const Tensor &beta,
+                              const Tensor &state, const Tensor &out) = 0;
+  /// Per row: y = w ⊙ x / sqrt(mean(x²) + eps) ⊙ σ(gate). x, gate, y [d, rows] (y may alias x);
+  /// w [d].
+  virtual void gated_rms_norm(const Tensor &x, const Tensor &w, const Tensor &gate, float eps, const Tensor &y) = 0;
+  /// Causal multi-head attention, one key and one value head per query head (MLA after
+  /// expansion, no positional encoding here). Query t sits at position n_past + t and sees keys
+  /// 0 .. n_past + t:  out[:, h, t] = Σ_j softmax_j(scale · q[:, h, t] · keys[:, h, j]) values[:, h, j].
+  /// q [dqk, H, T]; keys [dqk, H, n_keys]; values [dv, H, n_keys] with n_keys >= n_past + T
+  /// (later keys are ignored); out [dv, H, T], may not alias q. CUDA: dqk, dv <= 512.
+  /// (attention_sinks cannot serve here: it has one K=V head shared by all heads, a sink per
+  /// head and a host-built mask.)
+  virtual void causal_attention(const Tensor &q, const Tensor &keys, const Tensor &values, int64_t n_past, float scale,
+                                const Tensor &out) = 0;
+  /// Kimi-K3 AttnRes mix, per token t over the sources src_0 .. src_nb = banked[:, t, 0 .. nb),
+  /// then cur[:, t]:  p = softmax_i(Σ_d w[d] · src_i[d] / sqrt(mean(src_i²) + eps)),
+  /// out[:, t] = Σ_i p_i · src_i (the raw sources). banked [D, T, nb] or null (nb = 0);
+  /// cur, out [D, T] (out may not alias a source); w [D]. CUDA: nb < 256.
+  virtual void attn_res_mix(const Tensor *banked, const Tensor &cur, const Tensor &w, float eps, const Tensor &out) = 0;
+
  protected:
   /// Scratch memory on the device, one growing buffer per @p slot (0..7); valid until the next
   /// call with the same slot.

@@ -35,19 +35,119 @@ float router_score_ref(float logit, Scoring scoring) noexcept {
   return logit;  // softmax is applied over the row by the caller
 }
 
-void matmul_ref(GgmlType type, const void *w, int64_t k, int64_t n, const float *x, int64_t n_tokens, float *y) {
-  const uint64_t row_bytes = format::ggml_row_bytes(type, static_cast<uint64_t>(k), "matmul weight row");
-  std::vector<float> row(static_cast<size_t>(k));
-  const auto *base = static_cast<const uint8_t *>(w);
-  for (int64_t r = 0; r < n; ++r) {
-    dequantize_row(type, base + static_cast<uint64_t>(r) * row_bytes, row.data(), k);
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      const float *xt = x + t * k;
-      float acc = 0.0f;
-      for (int64_t i = 0; i < k; ++i) acc += row[static_cast<size_t>(i)] * xt[i];
-      y[t * n + r] = acc;
+namespace {
+
+// Eight f32 lanes; GCC/Clang vector extensions do lane-wise IEEE mul and add (no reassociation,
+// no FMA unless the target has it for scalars too), so lane j of acc computes exactly the scalar
+// reference sum of token j.
+typedef float V8 __attribute__((vector_size(32)));
+
+constexpr int64_t kTokenBlock = 8;     // tokens per packed block (the V8 lanes)
+constexpr int64_t kPackMinTokens = 4;  // from this many tokens, the packed path
+constexpr int64_t kRowGroup = 4;       // rows per group in the few-token path
+
+}  // namespace
+
+void pack_tokens_by8(const float *x, int64_t k, int64_t n_tokens, float *xt) {
+  const int64_t n_blocks = (n_tokens + kTokenBlock - 1) / kTokenBlock;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    float *dst = xt + b * k * kTokenBlock;
+    const int64_t t0 = b * kTokenBlock, nt = std::min(kTokenBlock, n_tokens - t0);
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t j = 0; j < nt; ++j) dst[i * kTokenBlock + j] = x[(t0 + j) * k + i];
+      for (int64_t j = nt; j < kTokenBlock; ++j) dst[i * kTokenBlock + j] = 0.0f;
     }
   }
+}
+
+void matmul_rows(GgmlType type, const void *w, int64_t k, int64_t r0, int64_t r1, const float *x, int64_t n_tokens,
+                 float *y, int64_t ldy, float *row_buf, const float *xt) {
+  const uint64_t row_bytes = format::ggml_row_bytes(type, static_cast<uint64_t>(k), "matmul weight row");
+  const auto *base = static_cast<const uint8_t *>(w);
+  if (n_tokens >= kPackMinTokens) {
+    // Two rows at a time against blocks of 8 packed tokens: 16 independent f32 sums.
+    const int64_t n_blocks = (n_tokens + kTokenBlock - 1) / kTokenBlock;
+    for (int64_t r = r0; r < r1; r += 2) {
+      const bool two = r + 1 < r1;
+      float *ra = row_buf, *rb = row_buf + k;
+      dequantize_row(type, base + static_cast<uint64_t>(r) * row_bytes, ra, k);
+      if (two) dequantize_row(type, base + static_cast<uint64_t>(r + 1) * row_bytes, rb, k);
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const float *xb = xt + b * k * kTokenBlock;
+        V8 acc_a = {0, 0, 0, 0, 0, 0, 0, 0}, acc_b = acc_a;
+        if (two) {
+          for (int64_t i = 0; i < k; ++i) {
+            V8 xv;
+            std::memcpy(&xv, xb + i * kTokenBlock, sizeof xv);
+            acc_a += ra[i] * xv;
+            acc_b += rb[i] * xv;
+          }
+        } else {
+          for (int64_t i = 0; i < k; ++i) {
+            V8 xv;
+            std::memcpy(&xv, xb + i * kTokenBlock, sizeof xv);
+            acc_a += ra[i] * xv;
+          }
+        }
+        const int64_t t0 = b * kTokenBlock, nt = std::min(kTokenBlock, n_tokens - t0);
+        for (int64_t j = 0; j < nt; ++j) {
+          y[(t0 + j) * ldy + r] = acc_a[j];
+          if (two) y[(t0 + j) * ldy + r + 1] = acc_b[j];
+        }
+      }
+    }
+    return;
+  }
+  // Few tokens (decode): groups of rows, one independent sum per row.
+  for (int64_t g0 = r0; g0 < r1; g0 += kRowGroup) {
+    const int64_t ng = std::min(kRowGroup, r1 - g0);
+    for (int64_t j = 0; j < ng; ++j)
+      dequantize_row(type, base + static_cast<uint64_t>(g0 + j) * row_bytes, row_buf + j * k, k);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float *xv = x + t * k;
+      if (ng == kRowGroup) {
+        const float *w0 = row_buf, *w1 = row_buf + k, *w2 = row_buf + 2 * k, *w3 = row_buf + 3 * k;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        for (int64_t i = 0; i < k; ++i) {
+          a0 += w0[i] * xv[i];
+          a1 += w1[i] * xv[i];
+          a2 += w2[i] * xv[i];
+          a3 += w3[i] * xv[i];
+        }
+        y[t * ldy + g0] = a0;
+        y[t * ldy + g0 + 1] = a1;
+        y[t * ldy + g0 + 2] = a2;
+        y[t * ldy + g0 + 3] = a3;
+      } else {
+        for (int64_t j = 0; j < ng; ++j) {
+          const float *wr = row_buf + j * k;
+          float acc = 0.0f;
+          for (int64_t i = 0; i < k; ++i) acc += wr[i] * xv[i];
+          y[t * ldy + g0 + j] = acc;
+        }
+      }
+    }
+  }
+}
+
+void matmul_ref(GgmlType type, const void *w, int64_t k, int64_t n, const float *x, int64_t n_tokens, float *y) {
+  std::vector<float> row(static_cast<size_t>(std::max(kRowGroup, int64_t{2}) * k));
+  std::vector<float> xt;
+  if (n_tokens >= kPackMinTokens) {
+    xt.resize(static_cast<size_t>((n_tokens + kTokenBlock - 1) / kTokenBlock * kTokenBlock * k));
+    pack_tokens_by8(x, k, n_tokens, xt.data());
+  }
+  matmul_rows(type, w, k, 0, n, x, n_tokens, y, n, row.data(), xt.data());
+}
+
+CpuBackend::CpuBackend(unsigned threads)
+    : pool_(threads == 0 ? ThreadPool::default_threads() : threads),
+      scratch_(static_cast<size_t>(pool_.threads()) * 4) {}
+
+float *CpuBackend::worker_scratch(unsigned worker, unsigned slot, int64_t n) {
+  auto &buf = scratch_.at(static_cast<size_t>(worker) * 4 + slot);
+  if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
+  return buf.data();
 }
 
 void *CpuBackend::allocate(uint64_t bytes) {
@@ -66,10 +166,34 @@ void *CpuBackend::workspace(unsigned slot, uint64_t bytes) {
   return buf.data();
 }
 
+namespace {
+/// Rows per chunk so that a chunk is worth handing to a thread (~256k multiply-adds), even.
+int64_t matmul_grain(int64_t k, int64_t n_tokens) {
+  const int64_t per_row = std::max<int64_t>(1, k * std::max<int64_t>(n_tokens, 4));
+  return std::max<int64_t>(2, (int64_t{1} << 18) / per_row / 2 * 2);
+}
+}  // namespace
+
 void CpuBackend::matmul(const Tensor &w, const Tensor &x, const Tensor &y) {
   check_matmul(w, x, y, Device::cpu);
-  matmul_ref(w.type, w.data, w.ne[0], w.ne[1], x.as<float>(), x.n_rows(), y.as<float>());
+  const int64_t k = w.ne[0], n = w.ne[1], n_tok = x.n_rows();
+  const float *xt = nullptr;
+  if (n_tok >= kPackMinTokens) {
+    packed_x_.resize(static_cast<size_t>((n_tok + kTokenBlock - 1) / kTokenBlock * kTokenBlock * k));
+    pack_tokens_by8(x.as<float>(), k, n_tok, packed_x_.data());
+    xt = packed_x_.data();
+  }
+  pool_.parallel_for(n, matmul_grain(k, n_tok), [&](int64_t r0, int64_t r1, unsigned worker) {
+    float *row = worker_scratch(worker, 0, kRowGroup * k);
+    matmul_rows(w.type, w.data, k, r0, r1, x.as<float>(), n_tok, y.as<float>(), n, row, xt);
+  });
 }
+
+namespace {
+/// Rows of @p n values per chunk for the cheap row-wise ops (~32k values per chunk).
+int64_t rows_grain(int64_t n) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, n)); }
+constexpr int64_t kElemGrain = int64_t{1} << 16;  // elementwise ops: values per chunk
+}  // namespace
 
 void CpuBackend::rms_norm(const Tensor &x, const Tensor *weight, float eps, const Tensor &y) {
   check_f32(x, "rms_norm", "x", Device::cpu);
@@ -82,14 +206,16 @@ void CpuBackend::rms_norm(const Tensor &x, const Tensor *weight, float eps, cons
     if (weight->n_elems() != n) fail(Status::shape, "rms_norm: weight has {} values, rows have {}", weight->n_elems(), n);
     wt = weight->as<float>();
   }
-  for (int64_t r = 0; r < x.n_rows(); ++r) {
-    const float *xr = x.as<float>() + r * n;
-    float *yr = y.as<float>() + r * n;
-    float ss = 0.0f;
-    for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
-    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-    for (int64_t i = 0; i < n; ++i) yr[i] = wt ? xr[i] * scale * wt[i] : xr[i] * scale;
-  }
+  pool_.parallel_for(x.n_rows(), rows_grain(n), [&](int64_t r0, int64_t r1, unsigned) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x.as<float>() + r * n;
+      float *yr = y.as<float>() + r * n;
+      float ss = 0.0f;
+      for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+      const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+      for (int64_t i = 0; i < n; ++i) yr[i] = wt ? xr[i] * scale * wt[i] : xr[i] * scale;
+    }
+  });
 }
 
 void CpuBackend::rope(const Tensor &x, const Tensor &positions, const RopeParams &p, const Tensor &y) {
@@ -102,7 +228,8 @@ void CpuBackend::rope(const Tensor &x, const Tensor &positions, const RopeParams
     fail(Status::shape, "rope: {} positions for {} tokens", positions.n_elems(), n_tokens);
   const std::vector<float> inv = rope_inv_freq(p, static_cast<int32_t>(head_dim));
   const int64_t off = p.dim_offset;
-  for (int64_t t = 0; t < n_tokens; ++t) {
+  pool_.parallel_for(n_tokens, rows_grain(n_heads * head_dim), [&](int64_t t0, int64_t t1, unsigned) {
+  for (int64_t t = t0; t < t1; ++t) {
     const float pos = static_cast<float>(positions.as<int32_t>()[t]);
     for (int64_t h = 0; h < n_heads; ++h) {
       const float *xr = x.as<float>() + (t * n_heads + h) * head_dim;
@@ -120,6 +247,7 @@ void CpuBackend::rope(const Tensor &x, const Tensor &positions, const RopeParams
       }
     }
   }
+  });
 }
 
 void CpuBackend::embed(const Tensor &table, const Tensor &ids, const Tensor &y) {
@@ -142,18 +270,20 @@ void CpuBackend::softmax(const Tensor &x, const Tensor &y) {
   check_f32(y, "softmax", "y", Device::cpu);
   check_same_shape(x, y, "softmax");
   const int64_t n = x.ne[0];
-  for (int64_t r = 0; r < x.n_rows(); ++r) {
-    const float *xr = x.as<float>() + r * n;
-    float *yr = y.as<float>() + r * n;
-    float m = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) m = std::max(m, xr[i]);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-      yr[i] = std::exp(xr[i] - m);
-      sum += yr[i];
+  pool_.parallel_for(x.n_rows(), rows_grain(n), [&](int64_t r0, int64_t r1, unsigned) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x.as<float>() + r * n;
+      float *yr = y.as<float>() + r * n;
+      float m = -INFINITY;
+      for (int64_t i = 0; i < n; ++i) m = std::max(m, xr[i]);
+      float sum = 0.0f;
+      for (int64_t i = 0; i < n; ++i) {
+        yr[i] = std::exp(xr[i] - m);
+        sum += yr[i];
+      }
+      for (int64_t i = 0; i < n; ++i) yr[i] /= sum;
     }
-    for (int64_t i = 0; i < n; ++i) yr[i] /= sum;
-  }
+  });
 }
 
 namespace {
@@ -191,8 +321,9 @@ void CpuBackend::glu(const Tensor &gate, const Tensor &up, const Activation &act
   check_f32(y, "glu", "y", Device::cpu);
   check_same_shape(gate, up, "glu");
   check_same_shape(gate, y, "glu");
-  for (int64_t i = 0; i < y.n_elems(); ++i)
-    y.as<float>()[i] = activation_ref(gate.as<float>()[i], up.as<float>()[i], act);
+  pool_.parallel_for(y.n_elems(), kElemGrain / 4, [&](int64_t i0, int64_t i1, unsigned) {
+    for (int64_t i = i0; i < i1; ++i) y.as<float>()[i] = activation_ref(gate.as<float>()[i], up.as<float>()[i], act);
+  });
 }
 
 void CpuBackend::add(const Tensor &a, const Tensor &b, const Tensor &y) {
@@ -201,7 +332,9 @@ void CpuBackend::add(const Tensor &a, const Tensor &b, const Tensor &y) {
   check_f32(y, "add", "y", Device::cpu);
   check_same_shape(a, b, "add");
   check_same_shape(a, y, "add");
-  for (int64_t i = 0; i < y.n_elems(); ++i) y.as<float>()[i] = a.as<float>()[i] + b.as<float>()[i];
+  pool_.parallel_for(y.n_elems(), kElemGrain, [&](int64_t i0, int64_t i1, unsigned) {
+    for (int64_t i = i0; i < i1; ++i) y.as<float>()[i] = a.as<float>()[i] + b.as<float>()[i];
+  });
 }
 
 void CpuBackend::route(const Tensor &logits, const RouterParams &p, const Tensor &expert_ids, const Tensor &weights) {
@@ -263,23 +396,99 @@ void CpuBackend::route(const Tensor &logits, const RouterParams &p, const Tensor
 void CpuBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertSlots &slots,
                      const ExpertLayout &l, const Activation &act, const Tensor &y) {
   check_moe(x, expert_ids, weights, l, y, Device::cpu);
-  const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows();
-  const std::vector<const uint8_t *> slot = resolve_expert_slots(expert_ids.as<int32_t>(), k * n_tok, slots);
-  std::vector<float> g(static_cast<size_t>(f)), u(static_cast<size_t>(f)), o(static_cast<size_t>(d));
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const float *xt = x.as<float>() + t * d;
-    float *yt = y.as<float>() + t * d;
-    std::fill(yt, yt + d, 0.0f);
-    for (int64_t j = 0; j < k; ++j) {
-      const uint8_t *base = slot[static_cast<size_t>(t * k + j)];
-      matmul_ref(l.gate.type, base + l.gate.offset, d, f, xt, 1, g.data());
-      matmul_ref(l.up.type, base + l.up.offset, d, f, xt, 1, u.data());
-      for (int64_t i = 0; i < f; ++i) g[i] = activation_ref(g[i], u[i], act);
-      matmul_ref(l.down.type, base + l.down.offset, f, d, g.data(), 1, o.data());
-      const float wj = weights.as<float>()[t * k + j];
-      for (int64_t i = 0; i < d; ++i) yt[i] += wj * o[i];
+  const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
+  if (n_tok == 0) return;
+  const int32_t *ids = expert_ids.as<int32_t>();
+  const std::vector<const uint8_t *> slot = resolve_expert_slots(ids, pairs, slots);
+  // Every (token, j) pair gets its own output row, computed by its expert's group (all of that
+  // expert's tokens in one batch); then each token sums its rows in j order. Per value this is
+  // the reference's arithmetic, so neither the grouping nor the thread count changes a bit.
+  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
+  for (int64_t p = 0; p < pairs; ++p) by_expert[static_cast<size_t>(ids[p])].push_back(static_cast<int32_t>(p));
+  std::vector<const std::vector<int32_t> *> groups;
+  for (const auto &v : by_expert)
+    if (!v.empty()) groups.push_back(&v);
+  pair_out_.resize(static_cast<size_t>(pairs * d));
+  float *pair_out = pair_out_.data();
+  const float *xs = x.as<float>();
+  const int64_t kmax = std::max(d, f);
+  auto packed_len = [](int64_t ne, int64_t kk) { return (ne + kTokenBlock - 1) / kTokenBlock * kTokenBlock * kk; };
+
+  // Gathers the group's tokens: X [ne, d] and, for the packed path, XT.
+  auto gather = [&](const std::vector<int32_t> &g, float *X, float *XT) {
+    const int64_t ne = static_cast<int64_t>(g.size());
+    for (int64_t i = 0; i < ne; ++i) std::memcpy(X + i * d, xs + (g[static_cast<size_t>(i)] / k) * d, static_cast<size_t>(d) * 4);
+    if (ne >= kPackMinTokens) pack_tokens_by8(X, d, ne, XT);
+  };
+  // Gate and up rows [r0, r1) for the group's ne tokens, then the activation into G.
+  auto gate_up = [&](const uint8_t *base, int64_t ne, const float *X, const float *XT, float *G, float *U, int64_t r0,
+                     int64_t r1, float *row) {
+    matmul_rows(l.gate.type, base + l.gate.offset, d, r0, r1, X, ne, G, f, row, XT);
+    matmul_rows(l.up.type, base + l.up.offset, d, r0, r1, X, ne, U, f, row, XT);
+    for (int64_t t = 0; t < ne; ++t)
+      for (int64_t i = r0; i < r1; ++i) G[t * f + i] = activation_ref(G[t * f + i], U[t * f + i], act);
+  };
+  auto scatter = [&](const std::vector<int32_t> &g, const float *O) {
+    for (size_t i = 0; i < g.size(); ++i)
+      std::memcpy(pair_out + static_cast<int64_t>(g[i]) * d, O + static_cast<int64_t>(i) * d, static_cast<size_t>(d) * 4);
+  };
+
+  if (groups.size() >= pool_.threads()) {
+    // Many experts (prefill): one expert per task.
+    pool_.parallel_for(static_cast<int64_t>(groups.size()), 1, [&](int64_t g0, int64_t g1, unsigned worker) {
+      for (int64_t gi = g0; gi < g1; ++gi) {
+        const std::vector<int32_t> &g = *groups[static_cast<size_t>(gi)];
+        const int64_t ne = static_cast<int64_t>(g.size());
+        const uint8_t *base = slot[static_cast<size_t>(g.front())];
+        float *row = worker_scratch(worker, 0, kRowGroup * kmax);
+        float *X = worker_scratch(worker, 1, ne * d + packed_len(ne, d));
+        float *XT = X + ne * d;
+        float *G = worker_scratch(worker, 2, 2 * ne * f + packed_len(ne, f));
+        float *U = G + ne * f, *GT = U + ne * f;
+        float *O = worker_scratch(worker, 3, ne * d);
+        gather(g, X, XT);
+        gate_up(base, ne, X, XT, G, U, 0, f, row);
+        if (ne >= kPackMinTokens) pack_tokens_by8(G, f, ne, GT);
+        matmul_rows(l.down.type, base + l.down.offset, f, 0, d, G, ne, O, d, row, GT);
+        scatter(g, O);
+      }
+    });
+  } else {
+    // Few experts (decode): each expert's rows are split over the threads.
+    for (const std::vector<int32_t> *gp : groups) {
+      const std::vector<int32_t> &g = *gp;
+      const int64_t ne = static_cast<int64_t>(g.size());
+      const uint8_t *base = slot[static_cast<size_t>(g.front())];
+      moe_x_.resize(static_cast<size_t>(ne * d + packed_len(ne, d)));
+      moe_h_.resize(static_cast<size_t>(2 * ne * f + packed_len(ne, f)));
+      moe_o_.resize(static_cast<size_t>(ne * d));
+      float *X = moe_x_.data(), *XT = X + ne * d;
+      float *G = moe_h_.data(), *U = G + ne * f, *GT = U + ne * f;
+      float *O = moe_o_.data();
+      gather(g, X, XT);
+      pool_.parallel_for(f, matmul_grain(d, ne), [&](int64_t r0, int64_t r1, unsigned worker) {
+        gate_up(base, ne, X, XT, G, U, r0, r1, worker_scratch(worker, 0, kRowGroup * kmax));
+      });
+      if (ne >= kPackMinTokens) pack_tokens_by8(G, f, ne, GT);
+      pool_.parallel_for(d, matmul_grain(f, ne), [&](int64_t r0, int64_t r1, unsigned worker) {
+        matmul_rows(l.down.type, base + l.down.offset, f, r0, r1, G, ne, O, d, worker_scratch(worker, 0, kRowGroup * kmax), GT);
+      });
+      scatter(g, O);
     }
   }
+  const float *wts = weights.as<float>();
+  pool_.parallel_for(n_tok, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, k * d)),
+                     [&](int64_t t0, int64_t t1, unsigned) {
+                       for (int64_t t = t0; t < t1; ++t) {
+                         float *yt = y.as<float>() + t * d;
+                         std::fill(yt, yt + d, 0.0f);
+                         for (int64_t j = 0; j < k; ++j) {
+                           const float wj = wts[t * k + j];
+                           const float *o = pair_out + (t * k + j) * d;
+                           for (int64_t i = 0; i < d; ++i) yt[i] += wj * o[i];
+                         }
+                       }
+                     });
 }
 
 int32_t CpuBackend::sample(const Tensor &logits, const SamplingParams &p, uint64_t counter) {

@@ -1,8 +1,12 @@
-// The CPU backend: the exact reference. Simple single-threaded loops with fp32 accumulation;
-// quantized weights are dequantized row by row with dequantize_row() (bit-exact with ggml).
+// The CPU backend: the exact reference. Simple loops with fp32 accumulation; quantized weights
+// are dequantized row by row with dequantize_row() (bit-exact with ggml). The hot ops (matmul,
+// moe, attention_sinks, indexer_scores, ...) run on a small thread pool owned by the backend;
+// work is split by output rows / experts / tokens only, never a reduction across threads, so
+// the results are bitwise the same for every thread count.
 #pragma once
 
 #include "backend/backend.hpp"
+#include "core/thread_pool.hpp"
 
 #include <memory>
 #include <vector>
@@ -11,7 +15,11 @@ namespace ep::backend {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() = default;
+  /// @p threads: the pool's thread count; 0 = ThreadPool::default_threads() (EP_CPU_THREADS,
+  /// else the hardware concurrency); 1 = no worker threads.
+  explicit CpuBackend(unsigned threads = 0);
+  /// The thread count the ops run with.
+  unsigned threads() const noexcept { return pool_.threads(); }
   Device device() const noexcept override { return Device::cpu; }
 
   void *allocate(uint64_t bytes) override;
@@ -50,12 +58,30 @@ class CpuBackend final : public Backend {
   void indexer_scores(const Tensor &q, const Tensor &w, const Tensor &keys, const Tensor &visible, float scale,
                       const Tensor &scores) override;
   void set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask) override;
+  // Kimi ops (cpu_kimi.cpp)
+  void short_conv_silu(const Tensor &x, const Tensor &w, const Tensor &state, const Tensor &y) override;
+  void l2_normalize(const Tensor &x, float eps, float s, const Tensor &y) override;
+  void sigmoid(const Tensor &x, const Tensor &y) override;
+  void kda_gate(const Tensor &x, const Tensor &bias, const Tensor &a, float lower_bound, const Tensor &g) override;
+  void kda_recurrence(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &g, const Tensor &beta,
+                      const Tensor &state, const Tensor &out) override;
+  void gated_rms_norm(const Tensor &x, const Tensor &w, const Tensor &gate, float eps, const Tensor &y) override;
+  void causal_attention(const Tensor &q, const Tensor &keys, const Tensor &values, int64_t n_past, float scale,
+                        const Tensor &out) override;
+  void attn_res_mix(const Tensor *banked, const Tensor &cur, const Tensor &w, float eps, const Tensor &out) override;
 
  protected:
   void *workspace(unsigned slot, uint64_t bytes) override;
 
  private:
+  /// Per-worker f32 scratch (@p slot 0..3) of at least @p n floats.
+  float *worker_scratch(unsigned worker, unsigned slot, int64_t n);
+
   std::vector<std::vector<uint8_t>> workspace_ = std::vector<std::vector<uint8_t>>(8);
+  ThreadPool pool_;
+  std::vector<std::vector<float>> scratch_;  // [worker * 4 + slot]
+  std::vector<float> packed_x_;              // matmul's x in blocks of 8 tokens
+  std::vector<float> pair_out_, moe_x_, moe_h_, moe_o_;  // moe: per-pair rows, one expert's batch
 };
 
 /// The activation of one (gate, up) pair, as every backend computes it.
@@ -64,5 +90,14 @@ float activation_ref(float g, float u, const Activation &act) noexcept;
 float router_score_ref(float logit, Scoring scoring) noexcept;
 /// y[n·T...] = W · x on host memory (rows dequantized, fp32 accumulation).
 void matmul_ref(GgmlType type, const void *w, int64_t k, int64_t n, const float *x, int64_t n_tokens, float *y);
+/// Output rows [r0, r1) of matmul_ref (y[t·ldy + r] for r in [r0, r1)), bitwise the same values:
+/// each y element is Σ_i w[r, i]·x[t, i] accumulated in f32 from 0 with i ascending, whatever the
+/// row range. @p x is [T, k] token-major; @p row_buf holds at least 4·k floats (dequantized rows);
+/// @p xt is pack_tokens_by8(x) when n_tokens >= 4 (may be null below that).
+void matmul_rows(GgmlType type, const void *w, int64_t k, int64_t r0, int64_t r1, const float *x, int64_t n_tokens,
+                 float *y, int64_t ldy, float *row_buf, const float *xt);
+/// x [T, k] (token-major) → blocks of 8 tokens [ceil(T/8)][k][8], zero-padded (the layout
+/// matmul_rows reads for n_tokens >= 4).
+void pack_tokens_by8(const float *x, int64_t k, int64_t n_tokens, float *xt);
 
 }  // namespace ep::backend

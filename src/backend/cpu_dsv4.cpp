@@ -13,7 +13,7 @@
 namespace ep::backend {
 
 namespace {
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float sigmoid_f(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 /// Sinkhorn-normalised comb of one token (row-major [hc][hc]) from its hc·hc logits.
 void sinkhorn_comb(const float *logits, int64_t hc, float scale, const float *base, float eps, int32_t iters,
@@ -88,9 +88,9 @@ void CpuBackend::hc_weights(const Tensor &mix, const Tensor &scale, const Tensor
   const float *sc = scale.as<float>(), *bs = base.as<float>();
   for (int64_t t = 0; t < pre.n_rows(); ++t) {
     const float *mt = mix.as<float>() + t * m;
-    for (int64_t i = 0; i < hc; ++i) pre.as<float>()[t * hc + i] = sigmoid(mt[i] * sc[0] + bs[i]) + eps;
+    for (int64_t i = 0; i < hc; ++i) pre.as<float>()[t * hc + i] = sigmoid_f(mt[i] * sc[0] + bs[i]) + eps;
     if (!post) continue;
-    for (int64_t i = 0; i < hc; ++i) post->as<float>()[t * hc + i] = 2.0f * sigmoid(mt[hc + i] * sc[1] + bs[hc + i]);
+    for (int64_t i = 0; i < hc; ++i) post->as<float>()[t * hc + i] = 2.0f * sigmoid_f(mt[hc + i] * sc[1] + bs[hc + i]);
     sinkhorn_comb(mt + 2 * hc, hc, sc[2], bs + 2 * hc, eps, iters, comb->as<float>() + t * hc * hc);
   }
 }
@@ -98,33 +98,39 @@ void CpuBackend::hc_weights(const Tensor &mix, const Tensor &scale, const Tensor
 void CpuBackend::hc_collapse(const Tensor &x, const Tensor &pre, const Tensor &y) {
   const int64_t hc = check_hc_collapse(x, pre, y, Device::cpu);
   const int64_t d = y.ne[0];
-  for (int64_t t = 0; t < y.n_rows(); ++t) {
-    const float *xt = x.as<float>() + t * hc * d, *pt = pre.as<float>() + t * hc;
-    float *yt = y.as<float>() + t * d;
-    for (int64_t c = 0; c < d; ++c) {
-      float s = 0.0f;
-      for (int64_t j = 0; j < hc; ++j) s += pt[j] * xt[j * d + c];
-      yt[c] = s;
+  pool_.parallel_for(y.n_rows(), std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, hc * d)),
+                     [&](int64_t t0, int64_t t1, unsigned) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float *xt = x.as<float>() + t * hc * d, *pt = pre.as<float>() + t * hc;
+      float *yt = y.as<float>() + t * d;
+      for (int64_t c = 0; c < d; ++c) {
+        float s = 0.0f;
+        for (int64_t j = 0; j < hc; ++j) s += pt[j] * xt[j * d + c];
+        yt[c] = s;
+      }
     }
-  }
+  });
 }
 
 void CpuBackend::hc_expand(const Tensor &x, const Tensor &f, const Tensor &post, const Tensor &comb, const Tensor &y) {
   const int64_t hc = check_hc_expand(x, f, post, comb, y, Device::cpu);
   const int64_t d = x.ne[0];
-  std::vector<float> old(static_cast<size_t>(hc * d));
-  for (int64_t t = 0; t < post.n_rows(); ++t) {
-    const float *xt = x.as<float>() + t * hc * d, *ft = f.as<float>() + t * d;
-    const float *pt = post.as<float>() + t * hc, *ct = comb.as<float>() + t * hc * hc;
-    float *yt = y.as<float>() + t * hc * d;
-    std::copy(xt, xt + hc * d, old.begin());
-    for (int64_t k = 0; k < hc; ++k)
-      for (int64_t c = 0; c < d; ++c) {
-        float s = pt[k] * ft[c];
-        for (int64_t j = 0; j < hc; ++j) s += ct[j * hc + k] * old[static_cast<size_t>(j * d + c)];
-        yt[k * d + c] = s;
-      }
-  }
+  pool_.parallel_for(post.n_rows(), std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, hc * hc * d)),
+                     [&](int64_t t0, int64_t t1, unsigned worker) {
+    float *old = worker_scratch(worker, 1, hc * d);
+    for (int64_t t = t0; t < t1; ++t) {
+      const float *xt = x.as<float>() + t * hc * d, *ft = f.as<float>() + t * d;
+      const float *pt = post.as<float>() + t * hc, *ct = comb.as<float>() + t * hc * hc;
+      float *yt = y.as<float>() + t * hc * d;
+      std::copy(xt, xt + hc * d, old);
+      for (int64_t k = 0; k < hc; ++k)
+        for (int64_t c = 0; c < d; ++c) {
+          float s = pt[k] * ft[c];
+          for (int64_t j = 0; j < hc; ++j) s += ct[j * hc + k] * old[j * d + c];
+          yt[k * d + c] = s;
+        }
+    }
+  });
 }
 
 void CpuBackend::attention_sinks(const Tensor &q, const Tensor &kv, const Tensor &visible, const Tensor &sinks,
@@ -132,35 +138,40 @@ void CpuBackend::attention_sinks(const Tensor &q, const Tensor &kv, const Tensor
   check_attention_sinks(q, kv, visible, sinks, out, Device::cpu);
   const int64_t hd = q.ne[0], n_heads = q.ne[1], n_tok = q.ne[2] * q.ne[3], n_kv = kv.n_rows();
   const float *kvp = kv.as<float>(), *sk = sinks.as<float>();
-  std::vector<float> logit(static_cast<size_t>(n_kv)), qh(static_cast<size_t>(hd));
-  std::vector<double> acc(static_cast<size_t>(hd));
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const int8_t *vis = visible.as<int8_t>() + t * n_kv;
-    for (int64_t h = 0; h < n_heads; ++h) {
+  // One task per (token, head): it reads only its own q column and writes only its own out
+  // column (out may alias q).
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, 2 * n_kv * hd));
+  pool_.parallel_for(n_tok * n_heads, grain, [&](int64_t i0, int64_t i1, unsigned worker) {
+    float *logit = worker_scratch(worker, 1, n_kv + hd);
+    float *qh = logit + n_kv;
+    auto *acc = reinterpret_cast<double *>(worker_scratch(worker, 2, 2 * hd));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / n_heads, h = i % n_heads;
+      const int8_t *vis = visible.as<int8_t>() + t * n_kv;
       const float *qsrc = q.as<float>() + (t * n_heads + h) * hd;
-      std::copy(qsrc, qsrc + hd, qh.begin());  // out may alias q
+      std::copy(qsrc, qsrc + hd, qh);  // out may alias q
       float *oh = out.as<float>() + (t * n_heads + h) * hd;
       float mx = sk[h];
       for (int64_t j = 0; j < n_kv; ++j) {
         if (!vis[j]) continue;
         const float *k = kvp + j * hd;
         double s = 0.0;
-        for (int64_t c = 0; c < hd; ++c) s += static_cast<double>(qh[static_cast<size_t>(c)]) * k[c];
-        logit[static_cast<size_t>(j)] = static_cast<float>(s) * scale;
-        mx = std::max(mx, logit[static_cast<size_t>(j)]);
+        for (int64_t c = 0; c < hd; ++c) s += static_cast<double>(qh[c]) * k[c];
+        logit[j] = static_cast<float>(s) * scale;
+        mx = std::max(mx, logit[j]);
       }
       double denom = std::exp(static_cast<double>(sk[h]) - mx);
-      std::fill(acc.begin(), acc.end(), 0.0);
+      std::fill(acc, acc + hd, 0.0);
       for (int64_t j = 0; j < n_kv; ++j) {
         if (!vis[j]) continue;
-        const double p = std::exp(static_cast<double>(logit[static_cast<size_t>(j)]) - mx);
+        const double p = std::exp(static_cast<double>(logit[j]) - mx);
         denom += p;
         const float *v = kvp + j * hd;
-        for (int64_t c = 0; c < hd; ++c) acc[static_cast<size_t>(c)] += p * v[c];
+        for (int64_t c = 0; c < hd; ++c) acc[c] += p * v[c];
       }
-      for (int64_t c = 0; c < hd; ++c) oh[c] = static_cast<float>(acc[static_cast<size_t>(c)] / denom);
+      for (int64_t c = 0; c < hd; ++c) oh[c] = static_cast<float>(acc[c] / denom);
     }
-  }
+  });
 }
 
 void CpuBackend::pool_windows(const Tensor &kv, const Tensor &gate, const Tensor &out) {
@@ -191,12 +202,14 @@ void CpuBackend::indexer_scores(const Tensor &q, const Tensor &w, const Tensor &
                                 const Tensor &scores) {
   check_indexer_scores(q, w, keys, visible, scores, Device::cpu);
   const int64_t dim = q.ne[0], n_heads = q.ne[1], n_tok = q.ne[2] * q.ne[3], n = keys.n_rows();
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const float *qt = q.as<float>() + t * n_heads * dim, *wt = w.as<float>() + t * n_heads;
-    const int8_t *vis = visible.as<int8_t>() + t * n;
-    float *st = scores.as<float>() + t * n;
-    for (int64_t s = 0; s < n; ++s) {
-      if (!vis[s]) {
+  // One task per (token, key).
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, n_heads * dim));
+  pool_.parallel_for(n_tok * n, grain, [&](int64_t i0, int64_t i1, unsigned) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / n, s = i % n;
+      const float *qt = q.as<float>() + t * n_heads * dim, *wt = w.as<float>() + t * n_heads;
+      float *st = scores.as<float>() + t * n;
+      if (!visible.as<int8_t>()[t * n + s]) {
         st[s] = -INFINITY;
         continue;
       }
@@ -211,7 +224,7 @@ void CpuBackend::indexer_scores(const Tensor &q, const Tensor &w, const Tensor &
       }
       st[s] = static_cast<float>(total);
     }
-  }
+  });
 }
 
 void CpuBackend::set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask) {

@@ -1,9 +1,11 @@
 #include "model/deepseek_v4.hpp"
 
+
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "format/gguf.hpp"
+#include "model/backend_memory.hpp"
 #include "model/weight_catalog.hpp"
 
 #include <algorithm>
@@ -43,33 +45,11 @@ struct DeepseekV4Model::Weights {
   std::vector<Layer> layers;
 };
 
-/// Backend memory for activations, reused call after call: get() hands out a free buffer of at
-/// least the size asked for (the smallest that fits, else a new one); reset() frees them all.
-/// Ops are ordered on the backend's stream, so a buffer reused after reset() is never written
-/// while an earlier op still reads it.
-struct DeepseekV4Model::Scratch {
-  explicit Scratch(backend::Backend &be) : be_(be) {}
-  void *get(uint64_t bytes) {
-    bytes = std::max<uint64_t>(bytes, 16);
-    size_t best = bufs_.size();
-    for (size_t i = 0; i < bufs_.size(); ++i)
-      if (!used_[i] && bufs_[i].bytes() >= bytes && (best == bufs_.size() || bufs_[i].bytes() < bufs_[best].bytes())) best = i;
-    if (best == bufs_.size()) {
-      bufs_.emplace_back(be_, (bytes + 255) / 256 * 256);
-      used_.push_back(0);
-    }
-    used_[best] = 1;
-    return bufs_[best].get();
-  }
-  float *f32(int64_t n) { return static_cast<float *>(get(static_cast<uint64_t>(n) * 4)); }
-  int32_t *i32(int64_t n) { return static_cast<int32_t *>(get(static_cast<uint64_t>(n) * 4)); }
-  int8_t *i8(int64_t n) { return static_cast<int8_t *>(get(static_cast<uint64_t>(n))); }
-  void reset() { std::fill(used_.begin(), used_.end(), 0); }
-
- private:
-  backend::Backend &be_;
-  std::vector<DeviceBuffer> bufs_;
-  std::vector<char> used_;
+/// Backend memory for activations, reused call after call (model/backend_memory.hpp). Ops are
+/// ordered on the backend's stream, so a buffer reused after reset() is never written while an
+/// earlier op still reads it.
+struct DeepseekV4Model::Scratch : BackendScratch {
+  using BackendScratch::BackendScratch;
 };
 
 /// What every layer of one forward() shares: the tokens and positions, on the host and in

@@ -1,17 +1,14 @@
 #include "model/deepseek_v4_synthetic.hpp"
 
-#include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "format/gguf_writer.hpp"
+#include "model/synthetic_weights.hpp"
 #include "tokenizer/gguf_vocab.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <numeric>
-#include <thread>
 
 namespace ep::model {
 
@@ -44,24 +41,8 @@ Dsv4SyntheticSpec Dsv4SyntheticSpec::flash_shaped(int64_t n_layers) {
 
 namespace {
 
-uint64_t mix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/// Deterministic randomness keyed by (seed, tensor, index).
-struct Rand {
-  uint64_t state;
-  Rand(uint64_t seed, uint64_t tensor, uint64_t index) : state(mix64(seed ^ mix64(tensor * 0x100000001B3ull ^ mix64(index)))) {}
-  uint64_t next() { return state = mix64(state); }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  double gauss() {
-    const double u1 = std::max(uniform(), 1e-300), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-};
+using synth::make_block;
+using synth::Rand;
 
 enum class Kind { matrix, norm, small, sinks, scale3, tid2eid, experts, router_bias };
 
@@ -73,63 +54,10 @@ struct TensorSpec {
   float std = 1.0f;
 };
 
-void put_f16(uint8_t *p, float v) {
-  const uint16_t h = backend::fp32_to_fp16(v);
-  std::memcpy(p, &h, 2);
-}
-
-/// One block (or one element for plain types) of a random tensor with values of about @p std.
-void make_block(GgmlType type, float std, Rand &r, uint8_t *out, uint32_t block_bytes) {
-  switch (type) {
-    case GgmlType::f32: {
-      const float v = static_cast<float>(r.gauss() * std);
-      std::memcpy(out, &v, 4);
-      return;
-    }
-    case GgmlType::f16: put_f16(out, static_cast<float>(r.gauss() * std)); return;
-    case GgmlType::bf16: {
-      const uint16_t h = backend::fp32_to_bf16(static_cast<float>(r.gauss() * std));
-      std::memcpy(out, &h, 2);
-      return;
-    }
-    default: break;
-  }
-  for (uint32_t i = 0; i < block_bytes; ++i) out[i] = static_cast<uint8_t>(r.next());
-  const double jitter = 0.75 + 0.5 * r.uniform();
-  switch (type) {
-    case GgmlType::q8_0: put_f16(out, static_cast<float>(std / 73.0 * jitter)); return;
-    case GgmlType::mxfp4: {
-      const int e = 128 + static_cast<int>(std::lround(std::log2(std / 4.4 * jitter)));
-      out[0] = static_cast<uint8_t>(std::clamp(e, 2, 254));
-      return;
-    }
-    case GgmlType::q2_k:
-      put_f16(out + 80, static_cast<float>(std / 20.0 * jitter));
-      put_f16(out + 82, static_cast<float>(std / 20.0 * jitter));
-      return;
-    case GgmlType::q3_k: put_f16(out + 108, static_cast<float>(std / 60.0 * jitter)); return;
-    case GgmlType::q4_k:
-    case GgmlType::q5_k:
-      put_f16(out, static_cast<float>(std / 300.0 * jitter));
-      put_f16(out + 2, static_cast<float>(std / 300.0 * jitter));
-      return;
-    case GgmlType::q6_k: put_f16(out + 208, static_cast<float>(std / 600.0 * jitter)); return;
-    case GgmlType::iq2_xxs: put_f16(out, static_cast<float>(std / 40.0 * jitter)); return;
-    default: fail(Status::unsupported, "synthetic DeepSeek-V4: cannot make random {} blocks", static_cast<uint32_t>(type));
-  }
-}
-
 }  // namespace
 
 std::vector<uint32_t> dsv4_synthetic_expert_ranks(const Dsv4SyntheticSpec &s, int64_t layer) {
-  const auto E = static_cast<uint32_t>(s.n_experts);
-  std::vector<uint32_t> order(E);
-  std::iota(order.begin(), order.end(), 0u);
-  Rand r(s.seed, 0x5A1Full, static_cast<uint64_t>(layer));
-  for (uint32_t i = E; i > 1; --i) std::swap(order[i - 1], order[static_cast<uint32_t>(r.next() % i)]);
-  std::vector<uint32_t> rank(E);
-  for (uint32_t i = 0; i < E; ++i) rank[order[i]] = i;
-  return rank;
+  return synth::expert_ranks(s.seed, static_cast<uint32_t>(s.n_experts), layer);
 }
 
 void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &path,
@@ -143,15 +71,11 @@ void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &pa
                  F = static_cast<uint64_t>(s.moe_ff), IH = static_cast<uint64_t>(s.index_n_heads),
                  I = static_cast<uint64_t>(s.index_head_dim), hc = static_cast<uint64_t>(s.hc_mult), M = (2 + hc) * hc;
   std::vector<TensorSpec> ts;
-  auto dense_type = [&](uint64_t ne0) {
-    const auto info = format::ggml_type_info(static_cast<uint32_t>(s.dense));
-    return (info && ne0 % info->block_elems == 0) ? s.dense : GgmlType::f16;
-  };
   auto matrix = [&](const std::string &n, uint64_t ne0, uint64_t ne1, float scale = 1.0f) {
-    ts.push_back({n, dense_type(ne0), {ne0, ne1}, Kind::matrix, static_cast<float>(scale / std::sqrt(static_cast<double>(ne0)))});
+    ts.push_back({n, synth::dense_type(s.dense, ne0), {ne0, ne1}, Kind::matrix, synth::matrix_std(ne0, scale)});
   };
   auto f32 = [&](const std::string &n, std::vector<uint64_t> ne, Kind k, float std) { ts.push_back({n, GgmlType::f32, std::move(ne), k, std}); };
-  ts.push_back({"token_embd.weight", dense_type(D), {D, V}, Kind::matrix, 1.0f});
+  ts.push_back({"token_embd.weight", synth::dense_type(s.dense, D), {D, V}, Kind::matrix, 1.0f});
   for (int64_t il = 0; il < n_layers; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     const uint64_t ratio = static_cast<uint64_t>(s.compress_ratios[static_cast<size_t>(il)]);
@@ -264,11 +188,7 @@ void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &pa
     const auto info = format::require_ggml_type(static_cast<uint32_t>(t.type), t.name);
     uint32_t bb = info.block_bytes;
     if (t.kind == Kind::tid2eid) bb = static_cast<uint32_t>(4 * K);
-    std::vector<uint8_t> block(bb);
-    uint64_t pos = offset;
-    size_t done = 0;
-    while (done < out.size()) {
-      const uint64_t bi = pos / bb, within = pos % bb;
+    synth::fill_blocks(bb, offset, out, [&](uint64_t bi, uint8_t *block) {
       Rand r(seed, ti, bi);
       if (t.kind == Kind::tid2eid && s.router_zipf >= 0) {
         // blk.<il>.ffn_gate_tid2eid: K distinct experts, weight 1 / (1 + rank)^S each.
@@ -286,15 +206,12 @@ void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &pa
           }
           while (wt[e] == 0) e = (e + 1) % E;  // rounding at the end of the range
           const auto id = static_cast<int32_t>(e);
-          std::memcpy(block.data() + 4 * j, &id, 4);
+          std::memcpy(block + 4 * j, &id, 4);
           wt[e] = 0;
         }
       } else if (t.kind == Kind::router_bias) {
         const auto il = static_cast<size_t>(t.std);
-        const uint64_t e = bi % E;
-        const float v = static_cast<float>(-s.router_zipf * Dsv4SyntheticSpec::kRouterZipfBiasScale *
-                                           std::log(1.0 + static_cast<double>(ranks[il][e])));
-        std::memcpy(block.data(), &v, 4);
+        synth::put_f32(block, synth::zipf_router_bias(s.router_zipf, ranks[il][bi % E]));
       } else if (t.kind == Kind::tid2eid) {
         std::vector<int32_t> perm(static_cast<size_t>(E));
         std::iota(perm.begin(), perm.end(), 0);
@@ -302,47 +219,20 @@ void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &pa
           const uint64_t pick = j + r.next() % (E - j);
           std::swap(perm[j], perm[pick]);
         }
-        std::memcpy(block.data(), perm.data(), 4 * K);
+        std::memcpy(block, perm.data(), 4 * K);
       } else if (t.kind == Kind::norm) {
-        const float v = static_cast<float>(1.0 + t.std * r.gauss());
-        std::memcpy(block.data(), &v, 4);
+        synth::put_f32(block, static_cast<float>(1.0 + t.std * r.gauss()));
       } else if (t.kind == Kind::scale3) {
-        const float v = static_cast<float>(0.5 + r.uniform());
-        std::memcpy(block.data(), &v, 4);
+        synth::put_f32(block, static_cast<float>(0.5 + r.uniform()));
       } else {
-        make_block(t.type, t.std, r, block.data(), bb);
+        make_block(t.type, t.std, r, block, bb);
       }
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(bb - within, out.size() - done));
-      std::memcpy(out.data() + done, block.data() + within, n);
-      done += n;
-      pos += n;
-    }
+    });
   };
   // The bytes are a pure function of (tensor, position): large chunks are filled by several
   // threads (any split gives the same file), so writing runs near the disk's speed.
-  const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 32u);
   auto fill = [&](size_t ti, uint64_t offset, std::span<uint8_t> out) {
-    constexpr size_t kMinPart = 256u << 10;
-    const size_t parts = std::min<size_t>(n_threads, out.size() / kMinPart);
-    if (parts <= 1) return fill_range(ti, offset, out);
-    const size_t step = (out.size() + parts - 1) / parts;
-    std::vector<std::thread> pool;
-    std::exception_ptr error;
-    std::mutex error_mutex;
-    for (size_t p = 0; p < parts; ++p) {
-      const size_t lo = p * step, hi = std::min(out.size(), lo + step);
-      if (lo >= hi) break;
-      pool.emplace_back([&, lo, hi] {
-        try {
-          fill_range(ti, offset + lo, out.subspan(lo, hi - lo));
-        } catch (...) {
-          const std::lock_guard<std::mutex> lock(error_mutex);
-          if (!error) error = std::current_exception();
-        }
-      });
-    }
-    for (auto &th : pool) th.join();
-    if (error) std::rethrow_exception(error);
+    synth::parallel_fill([&](uint64_t off, std::span<uint8_t> part) { fill_range(ti, off, part); }, offset, out);
   };
   w.write(path, 1, fill, progress ? format::GgufProgress(progress) : format::GgufProgress{});
 }

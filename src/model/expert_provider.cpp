@@ -111,9 +111,9 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   pack_ = store::PackLayout::open(pack_path, true);
   const format::PackFile &pf = pack_->pack();
   const int64_t n_layers = static_cast<int64_t>(expected.size());
-  if (pf.first_layer() != 0 || static_cast<int64_t>(pf.num_layers()) != n_layers)
-    fail(Status::format, "{}: the pack holds layers {}..{}, the model has MoE layers 0..{}", pack_path, pf.first_layer(),
-         static_cast<int64_t>(pf.first_layer()) + pf.num_layers() - 1, n_layers - 1);
+  if (static_cast<int64_t>(pf.first_layer()) != options.first_layer || static_cast<int64_t>(pf.num_layers()) != n_layers)
+    fail(Status::format, "{}: the pack holds layers {}..{}, the model has MoE layers {}..{}", pack_path, pf.first_layer(),
+         static_cast<int64_t>(pf.first_layer()) + pf.num_layers() - 1, options.first_layer, options.first_layer + n_layers - 1);
   if (top_k <= 0 || top_k > static_cast<int64_t>(pf.num_experts()))
     fail(Status::format, "{}: top_k {} with {} experts per layer", pack_path, top_k, pf.num_experts());
   // The pack's entries → the backend's layout; every expert of a layer must agree (one layout
@@ -196,6 +196,7 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   so.reader.direct = options.direct_io < 0 ? io::DirectMode::automatic
                      : options.direct_io ? io::DirectMode::direct
                                          : io::DirectMode::buffered;
+  so.reader.seam = options.seam;
   store_ = std::make_unique<store::ExpertStore>(std::move(so), std::move(device));
   table_.assign(E, nullptr);
 }

@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+namespace ep::io {
+class IoSeam;
+}  // namespace ep::io
+
 namespace ep::store {
 class ExpertStore;
 class PackLayout;
@@ -116,6 +120,12 @@ struct PackedExpertsOptions {
   void *cuda_stream = nullptr;  ///< a cudaStream_t (the CudaBackend's), with cuda_device >= 0
   /// CUDA: device memory left free for activations and workspaces when the budget is "all of it".
   uint64_t cuda_reserve_bytes = uint64_t{2} << 30;
+  /// The model block of provider layer 0, which the pack's first_layer must equal: 0 for
+  /// DeepSeek-V4; Kimi's leading dense blocks have no experts (CausalLm::first_expert_layer()).
+  int64_t first_layer = 0;
+  /// The I/O seam the store's reader passes every read through (src/io/seam.hpp): fault
+  /// injection for tests (EIO, short, slow or wrong bytes); null: none.
+  std::shared_ptr<io::IoSeam> seam;
 };
 
 /// Routed experts served by the ExpertStore from an Expert Pack: host-memory slots for the CPU
@@ -125,7 +135,8 @@ struct PackedExpertsOptions {
 /// most max_unique() distinct experts, so a cache of only top_k slots still runs (evicting).
 class PackedExperts final : public ExpertProvider {
  public:
-  /// @p expected: one entry per model layer; @p top_k: experts per token.
+  /// @p expected: one entry per MoE layer (provider layer l = pack layer l = model block
+  /// options.first_layer + l); @p top_k: experts per token.
   PackedExperts(const std::string &pack_path, const std::vector<ExpertShape> &expected, int64_t top_k,
                 const PackedExpertsOptions &options);
   ~PackedExperts() override;

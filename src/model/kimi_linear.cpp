@@ -4,7 +4,6 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "format/gguf.hpp"
-#include "model/kimi_ops.hpp"
 #include "model/weight_catalog.hpp"
 
 #include <algorithm>
@@ -24,29 +23,28 @@ struct KimiLinearModel::Weights {
     Tensor attn_norm, ffn_norm;
     // KDA
     Tensor wq, wk, wv, f_a, f_b, beta, g_a, g_b, wo;
-    std::vector<float> conv;     // [3 · Di][kernel]: q channels, then k, then v
-    std::vector<float> dt_bias;  // [Di]
-    std::vector<float> ssm_a;    // [H] = −exp(A_log)
-    std::vector<float> o_norm;   // [dk]
+    Tensor conv[3];  // q, k, v: f32 [kernel, Di]
+    Tensor dt_bias;  // f32 [Di]
+    Tensor ssm_a;    // f32 [H] = −exp(A_log)
+    Tensor o_norm;   // f32 [dk]
     // MLA
     Tensor q, q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, mla_o;
     // FFN
     Tensor ffn_gate, ffn_up, ffn_down;
     Tensor gate_inp, bias, sh_gate, sh_up, sh_down;
     // Kimi-K3
-    std::vector<float> attn_res, ffn_res;  // AttnRes score vectors [D]
+    Tensor attn_res, ffn_res;  // AttnRes score vectors f32 [D]
     Tensor ssm_g, attn_gate, routed_down, routed_up, routed_norm;
   };
   Tensor token_embd, output, output_norm;
-  std::vector<float> output_res;
+  Tensor output_res;
   std::vector<Layer> layers;
 };
 
 namespace {
 
-Tensor f32_view(const float *p, std::initializer_list<int64_t> shape) {
-  return Tensor::make(p, GgmlType::f32, Device::cpu, shape);
-}
+Tensor dev_f32(Device d, const float *p, std::initializer_list<int64_t> shape) { return Tensor::make(p, GgmlType::f32, d, shape); }
+Tensor dev_i32(Device d, const int32_t *p, std::initializer_list<int64_t> shape) { return Tensor::make(p, GgmlType::i32, d, shape); }
 
 class KimiLoader {
  public:
@@ -70,13 +68,19 @@ class KimiLoader {
     const std::vector<uint8_t> raw = e->read();
     return upload(raw.data(), e->type, {ne0, ne1}, raw.size());
   }
-  /// A vector used by backend ops (norm weights, router bias), converted to f32.
+  /// A vector used by backend ops (norm weights, router bias, dt bias, A), converted to f32.
   Tensor vec(const std::string &name, int64_t n) {
     const std::vector<float> v = host(name, {n});
     if (v.empty()) return {};
     return upload(v.data(), GgmlType::f32, {n}, v.size() * 4);
   }
-  /// Values read on the host (conv weights, dt bias, A, the gated norm), converted to f32.
+  /// A tensor of file shape @p ne converted to f32 and uploaded with shape @p shape (same count).
+  Tensor f32(const std::string &name, std::vector<int64_t> ne, std::initializer_list<int64_t> shape) {
+    const std::vector<float> v = host(name, std::move(ne));
+    if (v.empty()) return {};
+    return upload(v.data(), GgmlType::f32, shape, v.size() * 4);
+  }
+  /// Values read on the host, converted to f32.
   std::vector<float> host(const std::string &name, std::vector<int64_t> ne) {
     const CatalogEntry *e = cat_.take(name, ne);
     if (!e) return {};
@@ -98,8 +102,6 @@ class KimiLoader {
   std::vector<DeviceBuffer> &bufs_;
   uint64_t &bytes_;
 };
-
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 backend::Activation glu_activation(const KimiLinearConfig &c) {
   backend::Activation act;
@@ -129,10 +131,8 @@ KimiLinearModel::~KimiLinearModel() = default;
 
 KimiLinearModel::KimiLinearModel(const KimiLinearConfig &c, WeightCatalog &cat, backend::Backend &be,
                                  const KimiLinearLoadOptions &options)
-    : cfg_(c), be_(be), w_(std::make_unique<Weights>()) {
-  if (be.device() != Device::cpu)
-    fail(Status::unsupported, "Kimi-Linear: the {} backend lacks the short-conv / KDA / attention ops; only the CPU backend "
-                              "runs this model for now", backend::device_name(be.device()));
+    : cfg_(c), be_(be), w_(std::make_unique<Weights>()), fwd_scratch_(std::make_unique<BackendScratch>(be)),
+      site_scratch_(std::make_unique<BackendScratch>(be)) {
   c.validate(cat.source());
   KimiLoader ld(cat, be, w_->bufs, weight_bytes_);
   const int64_t D = c.hidden, V = c.vocab, H = c.n_heads, R = c.q_lora_rank, KVL = c.kv_lora_rank, QK = c.qk_head_dim(),
@@ -141,7 +141,7 @@ KimiLinearModel::KimiLinearModel(const KimiLinearConfig &c, WeightCatalog &cat, 
   w_->token_embd = ld.matrix("token_embd.weight", D, V);
   w_->output = ld.matrix("output.weight", D, V);
   w_->output_norm = ld.vec("output_norm.weight", D);
-  if (c.attn_res_block_size > 0) w_->output_res = ld.host("output_res_score.weight", {D});
+  if (c.attn_res_block_size > 0) w_->output_res = ld.vec("output_res_score.weight", D);
   const int64_t LAT = c.expert_latent_dim > 0 ? c.expert_latent_dim : D;
   auto resident = std::make_unique<ResidentExperts>(be);
   bool experts_ok = true;
@@ -151,21 +151,19 @@ KimiLinearModel::KimiLinearModel(const KimiLinearConfig &c, WeightCatalog &cat, 
     L.attn_norm = ld.vec(b + "attn_norm.weight", D);
     L.ffn_norm = ld.vec(b + "ffn_norm.weight", D);
     if (c.attn_res_block_size > 0) {
-      L.attn_res = ld.host(b + "attn_res_score.weight", {D});
-      L.ffn_res = ld.host(b + "ffn_res_score.weight", {D});
+      L.attn_res = ld.vec(b + "attn_res_score.weight", D);
+      L.ffn_res = ld.vec(b + "ffn_res_score.weight", D);
     }
     if (c.mixer[static_cast<size_t>(il)] == KimiMixer::kda) {
       L.wq = ld.matrix(b + "attn_q.weight", D, Di);
       L.wk = ld.matrix(b + "attn_k.weight", D, Di);
       L.wv = ld.matrix(b + "attn_v.weight", D, Di);
-      for (const char *x : {"q", "k", "v"}) {
-        const std::vector<float> w = ld.host(b + "ssm_conv1d_" + x + ".weight", {CK, 1, Di});
-        L.conv.insert(L.conv.end(), w.begin(), w.end());
-      }
+      const char *const qkv[3] = {"q", "k", "v"};
+      for (int j = 0; j < 3; ++j) L.conv[j] = ld.f32(b + "ssm_conv1d_" + qkv[j] + ".weight", {CK, 1, Di}, {CK, Di});
       L.f_a = ld.matrix(b + "ssm_f_a.weight", D, dk);
       L.f_b = ld.matrix(b + "ssm_f_b.weight", dk, Di);
-      L.dt_bias = ld.host(b + "ssm_dt.bias", {Di});
-      L.ssm_a = ld.host(b + "ssm_a", {KH});
+      L.dt_bias = ld.vec(b + "ssm_dt.bias", Di);
+      L.ssm_a = ld.vec(b + "ssm_a", KH);
       L.beta = ld.matrix(b + "ssm_beta.weight", D, KH);
       if (c.kda_full_rank_gate) {
         L.ssm_g = ld.matrix(b + "ssm_g.weight", D, Di);
@@ -173,7 +171,7 @@ KimiLinearModel::KimiLinearModel(const KimiLinearConfig &c, WeightCatalog &cat, 
         L.g_a = ld.matrix(b + "ssm_g_a.weight", D, dk);
         L.g_b = ld.matrix(b + "ssm_g_b.weight", dk, Di);
       }
-      L.o_norm = ld.host(b + "ssm_norm.weight", {dk});
+      L.o_norm = ld.vec(b + "ssm_norm.weight", dk);
       L.wo = ld.matrix(b + "attn_output.weight", Di, D);
     } else {
       if (R > 0) {
@@ -247,157 +245,184 @@ KimiLinearModel::KimiLinearModel(const KimiLinearConfig &c, WeightCatalog &cat, 
   log::info("{} loaded from {} ({} KiB in backend memory)", c.summary(), cat.source(), weight_bytes_ >> 10);
 }
 
+
 KimiLinearState KimiLinearModel::new_state() const {
   const KimiLinearConfig &c = cfg_;
   KimiLinearState s;
+  s.model = this;
   s.layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t il = 0; il < c.n_layers; ++il) {
     if (c.mixer[static_cast<size_t>(il)] != KimiMixer::kda) continue;
     KimiLayerState &l = s.layers[static_cast<size_t>(il)];
-    l.conv.assign(static_cast<size_t>((c.conv_kernel - 1) * 3 * c.kda_inner()), 0.0f);
-    l.S.assign(static_cast<size_t>(c.kda_heads * c.kda_head_dim * c.kda_head_dim), 0.0f);
+    l.conv = StateBuffer(be_, static_cast<uint64_t>(3 * (c.conv_kernel - 1) * c.kda_inner()) * 4);
+    l.S = StateBuffer(be_, static_cast<uint64_t>(c.kda_heads * c.kda_head_dim * c.kda_head_dim) * 4);
   }
   return s;
+}
+
+void KimiLinearModel::check_state(const KimiLinearState &state) const {
+  const KimiLinearConfig &c = cfg_;
+  if (state.model != this || static_cast<int64_t>(state.layers.size()) != c.n_layers)
+    fail(Status::invalid_argument, "Kimi-Linear forward: the state ({} layers) is not this model's ({} layers; use new_state())",
+         state.layers.size(), c.n_layers);
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    const KimiLayerState &st = state.layers[static_cast<size_t>(il)];
+    bool ok = true;
+    if (c.mixer[static_cast<size_t>(il)] == KimiMixer::kda) {
+      ok = st.conv.owner() == &be_ && st.S.owner() == &be_ &&
+           st.conv.bytes() == static_cast<uint64_t>(3 * (c.conv_kernel - 1) * c.kda_inner()) * 4 &&
+           st.S.bytes() == static_cast<uint64_t>(c.kda_heads * c.kda_head_dim * c.kda_head_dim) * 4;
+    } else {
+      ok = st.capacity >= state.n_past &&
+           st.keys.bytes() == static_cast<uint64_t>(st.capacity * c.n_heads * c.qk_head_dim()) * 4 &&
+           st.values.bytes() == static_cast<uint64_t>(st.capacity * c.n_heads * c.v_head_dim) * 4 &&
+           (st.capacity == 0 || (st.keys.owner() == &be_ && st.values.owner() == &be_));
+    }
+    if (!ok) fail(Status::invalid_argument, "Kimi-Linear layer {}: the state is not this model's (use new_state())", il);
+  }
 }
 
 void KimiLinearModel::kda(int64_t il, const float *x, int64_t n, KimiLayerState &st, float *out) {
   const KimiLinearConfig &c = cfg_;
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
-  const int64_t D = c.hidden, KH = c.kda_heads, dk = c.kda_head_dim, Di = c.kda_inner();
-  if (st.S.size() != static_cast<size_t>(KH * dk * dk) || st.conv.size() != static_cast<size_t>((c.conv_kernel - 1) * 3 * Di))
-    fail(Status::invalid_argument, "Kimi-Linear layer {}: the state is not this model's (use new_state())", il);
-  const Tensor xt = f32_view(x, {D, n});
-  // projections, then q | k | v per token for the convolution
-  std::vector<float> proj(static_cast<size_t>(Di * n)), mixed(static_cast<size_t>(3 * Di * n)),
-      conv(static_cast<size_t>(3 * Di * n));
+  const Device dv = be_.device();
+  BackendScratch &sc = *site_scratch_;
+  sc.reset();
+  const int64_t D = c.hidden, KH = c.kda_heads, dk = c.kda_head_dim, Di = c.kda_inner(), hist = c.conv_kernel - 1;
+  const Tensor xt = dev_f32(dv, x, {D, n});
+  // q, k, v: projection, then the short convolution + SiLU continuing each one's state rows
+  float *proj = sc.f32(Di * n), *qkv[3] = {sc.f32(Di * n), sc.f32(Di * n), sc.f32(Di * n)};
   const Tensor *w3[3] = {&L.wq, &L.wk, &L.wv};
   for (int64_t j = 0; j < 3; ++j) {
-    be_.matmul(*w3[j], xt, f32_view(proj.data(), {Di, n}));
-    for (int64_t t = 0; t < n; ++t)
-      std::memcpy(mixed.data() + (t * 3 + j) * Di, proj.data() + t * Di, static_cast<size_t>(Di) * 4);
+    be_.matmul(*w3[j], xt, dev_f32(dv, proj, {Di, n}));
+    be_.short_conv_silu(dev_f32(dv, proj, {Di, n}), L.conv[j], dev_f32(dv, st.conv.f32() + j * hist * Di, {Di, hist}),
+                        dev_f32(dv, qkv[j], {Di, n}));
   }
-  kimi::short_conv_silu(mixed.data(), n, 3 * Di, L.conv.data(), c.conv_kernel, st.conv.data(), conv.data());
   // decay, beta, output gate
-  std::vector<float> fa(static_cast<size_t>(dk * n)), g(static_cast<size_t>(Di * n)), beta(static_cast<size_t>(KH * n)),
-      gate(static_cast<size_t>(Di * n));
-  be_.matmul(L.f_a, xt, f32_view(fa.data(), {dk, n}));
-  be_.matmul(L.f_b, f32_view(fa.data(), {dk, n}), f32_view(g.data(), {Di, n}));
-  be_.matmul(L.beta, xt, f32_view(beta.data(), {KH, n}));
+  float *fa = sc.f32(dk * n), *g = sc.f32(Di * n), *beta = sc.f32(KH * n), *gate = sc.f32(Di * n), *o = sc.f32(Di * n);
+  be_.matmul(L.f_a, xt, dev_f32(dv, fa, {dk, n}));
+  be_.matmul(L.f_b, dev_f32(dv, fa, {dk, n}), dev_f32(dv, g, {Di, n}));
+  be_.matmul(L.beta, xt, dev_f32(dv, beta, {KH, n}));
   if (L.ssm_g.data) {
-    be_.matmul(L.ssm_g, xt, f32_view(gate.data(), {Di, n}));
+    be_.matmul(L.ssm_g, xt, dev_f32(dv, gate, {Di, n}));
   } else {
-    be_.matmul(L.g_a, xt, f32_view(fa.data(), {dk, n}));
-    be_.matmul(L.g_b, f32_view(fa.data(), {dk, n}), f32_view(gate.data(), {Di, n}));
+    be_.matmul(L.g_a, xt, dev_f32(dv, fa, {dk, n}));
+    be_.matmul(L.g_b, dev_f32(dv, fa, {dk, n}), dev_f32(dv, gate, {Di, n}));
   }
-  const float lb = c.kda_gate_lower_bound;
-  // the recurrence, token by token, then the gated norm per head
-  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  std::vector<float> q(static_cast<size_t>(dk)), k(static_cast<size_t>(dk)), o(static_cast<size_t>(dk)),
-      normed(static_cast<size_t>(Di * n));
-  for (int64_t t = 0; t < n; ++t) {
-    const float *row = conv.data() + t * 3 * Di;
-    float *gt = g.data() + t * Di;
-    for (int64_t ch = 0; ch < Di; ++ch) {
-      const float a = L.ssm_a[static_cast<size_t>(ch / dk)], f = gt[ch] + L.dt_bias[static_cast<size_t>(ch)];
-      // Kimi-Linear: −exp(A_log)·softplus(f); K3: lb·σ(exp(A_log)·f) (ssm_a = −exp(A_log))
-      gt[ch] = lb < 0.0f ? lb * sigmoid(-a * f) : a * kimi::softplus20(f);
-    }
-    for (int64_t h = 0; h < KH; ++h) {
-      std::memcpy(q.data(), row + h * dk, static_cast<size_t>(dk) * 4);
-      std::memcpy(k.data(), row + Di + h * dk, static_cast<size_t>(dk) * 4);
-      kimi::l2_normalize(q.data(), dk, 1e-6f);
-      kimi::l2_normalize(k.data(), dk, 1e-6f);
-      for (float &v : q) v *= q_scale;
-      const float b = sigmoid(beta[static_cast<size_t>(t * KH + h)]);
-      kimi::kda_step(st.S.data() + h * dk * dk, q.data(), k.data(), row + 2 * Di + h * dk, gt + h * dk, b, dk, dk, o.data());
-      kimi::gated_rms_norm(o.data(), L.o_norm.data(), gate.data() + t * Di + h * dk, dk, c.rms_eps,
-                           normed.data() + t * Di + h * dk);
-    }
-  }
-  be_.matmul(L.wo, f32_view(normed.data(), {Di, n}), f32_view(out, {D, n}));
+  // Kimi-Linear: −exp(A_log)·softplus(f + dt); K3: lb·σ(exp(A_log)·(f + dt)) (ssm_a = −exp(A_log))
+  const Tensor g3 = dev_f32(dv, g, {dk, KH, n});
+  be_.kda_gate(g3, L.dt_bias, L.ssm_a, c.kda_gate_lower_bound, g3);
+  const Tensor q_rows = dev_f32(dv, qkv[0], {dk, KH * n}), k_rows = dev_f32(dv, qkv[1], {dk, KH * n});
+  be_.l2_normalize(q_rows, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk)), q_rows);
+  be_.l2_normalize(k_rows, 1e-6f, 1.0f, k_rows);
+  be_.sigmoid(dev_f32(dv, beta, {KH, n}), dev_f32(dv, beta, {KH, n}));
+  // the recurrence over the n tokens in order, then the gated norm per head
+  be_.kda_recurrence(dev_f32(dv, qkv[0], {dk, KH, n}), dev_f32(dv, qkv[1], {dk, KH, n}), dev_f32(dv, qkv[2], {dk, KH, n}), g3,
+                     dev_f32(dv, beta, {KH, n}), dev_f32(dv, st.S.f32(), {dk, dk, KH}), dev_f32(dv, o, {dk, KH, n}));
+  const Tensor o_rows = dev_f32(dv, o, {dk, KH * n});
+  be_.gated_rms_norm(o_rows, L.o_norm, dev_f32(dv, gate, {dk, KH * n}), c.rms_eps, o_rows);
+  be_.matmul(L.wo, dev_f32(dv, o, {Di, n}), dev_f32(dv, out, {D, n}));
 }
 
 void KimiLinearModel::mla(int64_t il, const float *x, int64_t n, int64_t n_past, KimiLayerState &st, float *out) {
   const KimiLinearConfig &c = cfg_;
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
+  const Device dv = be_.device();
+  BackendScratch &sc = *site_scratch_;
+  sc.reset();
   const int64_t D = c.hidden, H = c.n_heads, R = c.q_lora_rank, KVL = c.kv_lora_rank, QK = c.qk_head_dim(),
                 NOPE = c.qk_nope_dim, ROPE = c.qk_rope_dim, VH = c.v_head_dim;
-  const Tensor xt = f32_view(x, {D, n});
-  std::vector<float> q(static_cast<size_t>(H * QK * n));
+  const Tensor xt = dev_f32(dv, x, {D, n});
+  float *q = sc.f32(H * QK * n);
   if (R > 0) {
-    std::vector<float> qa(static_cast<size_t>(R * n));
-    be_.matmul(L.q_a, xt, f32_view(qa.data(), {R, n}));
-    be_.rms_norm(f32_view(qa.data(), {R, n}), &L.q_a_norm, c.rms_eps, f32_view(qa.data(), {R, n}));
-    be_.matmul(L.q_b, f32_view(qa.data(), {R, n}), f32_view(q.data(), {H * QK, n}));
+    float *qa = sc.f32(R * n);
+    be_.matmul(L.q_a, xt, dev_f32(dv, qa, {R, n}));
+    be_.rms_norm(dev_f32(dv, qa, {R, n}), &L.q_a_norm, c.rms_eps, dev_f32(dv, qa, {R, n}));
+    be_.matmul(L.q_b, dev_f32(dv, qa, {R, n}), dev_f32(dv, q, {H * QK, n}));
   } else {
-    be_.matmul(L.q, xt, f32_view(q.data(), {H * QK, n}));
+    be_.matmul(L.q, xt, dev_f32(dv, q, {H * QK, n}));
   }
   // compressed KV: [KVL | shared un-rotated key dims], the latent normalised, then expanded
-  std::vector<float> ckv(static_cast<size_t>((KVL + ROPE) * n)), lat(static_cast<size_t>(KVL * n)),
-      kv(static_cast<size_t>(H * (NOPE + VH) * n));
-  be_.matmul(L.kv_a, xt, f32_view(ckv.data(), {KVL + ROPE, n}));
-  for (int64_t t = 0; t < n; ++t) std::memcpy(lat.data() + t * KVL, ckv.data() + t * (KVL + ROPE), static_cast<size_t>(KVL) * 4);
-  be_.rms_norm(f32_view(lat.data(), {KVL, n}), &L.kv_a_norm, c.rms_eps, f32_view(lat.data(), {KVL, n}));
-  be_.matmul(L.kv_b, f32_view(lat.data(), {KVL, n}), f32_view(kv.data(), {H * (NOPE + VH), n}));
-  const size_t k0 = st.keys.size(), v0 = st.values.size();
-  st.keys.resize(k0 + static_cast<size_t>(n * H * QK));
-  st.values.resize(v0 + static_cast<size_t>(n * H * VH));
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      const float *src = kv.data() + (t * H + h) * (NOPE + VH);
-      float *kd = st.keys.data() + k0 + static_cast<size_t>((t * H + h) * QK);
-      std::memcpy(kd, src, static_cast<size_t>(NOPE) * 4);
-      std::memcpy(kd + NOPE, ckv.data() + t * (KVL + ROPE) + KVL, static_cast<size_t>(ROPE) * 4);
-      std::memcpy(st.values.data() + v0 + static_cast<size_t>((t * H + h) * VH), src + NOPE, static_cast<size_t>(VH) * 4);
+  float *ckv = sc.f32((KVL + ROPE) * n), *lat = sc.f32(KVL * n), *kv = sc.f32(H * (NOPE + VH) * n);
+  be_.matmul(L.kv_a, xt, dev_f32(dv, ckv, {KVL + ROPE, n}));
+  be_.copy_2d(lat, static_cast<uint64_t>(KVL) * 4, ckv, static_cast<uint64_t>(KVL + ROPE) * 4, static_cast<uint64_t>(KVL) * 4,
+              static_cast<uint64_t>(n));
+  be_.rms_norm(dev_f32(dv, lat, {KVL, n}), &L.kv_a_norm, c.rms_eps, dev_f32(dv, lat, {KVL, n}));
+  be_.matmul(L.kv_b, dev_f32(dv, lat, {KVL, n}), dev_f32(dv, kv, {H * (NOPE + VH), n}));
+  // the cache grows by doubling; a copy keeps the rows so far
+  if (n_past + n > st.capacity) {
+    const int64_t cap = std::max<int64_t>({n_past + n, 2 * st.capacity, 16});
+    StateBuffer keys(be_, static_cast<uint64_t>(cap * H * QK) * 4), values(be_, static_cast<uint64_t>(cap * H * VH) * 4);
+    if (n_past > 0) {
+      be_.copy(dev_f32(dv, st.keys.f32(), {n_past * H * QK}), dev_f32(dv, keys.f32(), {n_past * H * QK}));
+      be_.copy(dev_f32(dv, st.values.f32(), {n_past * H * VH}), dev_f32(dv, values.f32(), {n_past * H * VH}));
     }
-  if (static_cast<int64_t>(st.keys.size()) != (n_past + n) * H * QK)
-    fail(Status::internal, "Kimi-Linear layer {}: MLA cache holds {} floats, expected {} tokens", il, st.keys.size(), n_past + n);
-  std::vector<float> att(static_cast<size_t>(H * VH * n));
-  kimi::causal_attention(q.data(), n, n_past, H, QK, VH, st.keys.data(), st.values.data(),
-                         1.0f / std::sqrt(static_cast<float>(QK)), att.data());
-  if (L.attn_gate.data) {  // K3: the output gate σ(W_gate·x) per head and value dim
-    std::vector<float> gt(static_cast<size_t>(H * VH * n));
-    be_.matmul(L.attn_gate, xt, f32_view(gt.data(), {H * VH, n}));
-    for (size_t i = 0; i < att.size(); ++i) att[i] *= sigmoid(gt[i]);
+    st.keys = std::move(keys);
+    st.values = std::move(values);
+    st.capacity = cap;
   }
-  be_.matmul(L.mla_o, f32_view(att.data(), {H * VH, n}), f32_view(out, {D, n}));
+  // keys (t, h) = [kv nope part | the shared un-rotated dims], values (t, h) = kv value part
+  float *keys_new = st.keys.f32() + n_past * H * QK, *values_new = st.values.f32() + n_past * H * VH;
+  const uint64_t kv_pitch = static_cast<uint64_t>(NOPE + VH) * 4, rows = static_cast<uint64_t>(n * H);
+  if (NOPE > 0) be_.copy_2d(keys_new, static_cast<uint64_t>(QK) * 4, kv, kv_pitch, static_cast<uint64_t>(NOPE) * 4, rows);
+  if (ROPE > 0)
+    for (int64_t h = 0; h < H; ++h)
+      be_.copy_2d(keys_new + h * QK + NOPE, static_cast<uint64_t>(H * QK) * 4, ckv + KVL, static_cast<uint64_t>(KVL + ROPE) * 4,
+                  static_cast<uint64_t>(ROPE) * 4, static_cast<uint64_t>(n));
+  be_.copy_2d(values_new, static_cast<uint64_t>(VH) * 4, kv + NOPE, kv_pitch, static_cast<uint64_t>(VH) * 4, rows);
+  float *att = sc.f32(H * VH * n);
+  be_.causal_attention(dev_f32(dv, q, {QK, H, n}), dev_f32(dv, st.keys.f32(), {QK, H, n_past + n}),
+                       dev_f32(dv, st.values.f32(), {VH, H, n_past + n}), n_past, 1.0f / std::sqrt(static_cast<float>(QK)),
+                       dev_f32(dv, att, {VH, H, n}));
+  if (L.attn_gate.data) {  // K3: the output gate σ(W_gate·x) per head and value dim
+    float *gt = sc.f32(H * VH * n);
+    const Tensor gt_t = dev_f32(dv, gt, {H * VH, n}), att_t = dev_f32(dv, att, {H * VH, n});
+    be_.matmul(L.attn_gate, xt, gt_t);
+    be_.sigmoid(gt_t, gt_t);
+    be_.mul(att_t, gt_t, att_t);
+  }
+  be_.matmul(L.mla_o, dev_f32(dv, att, {H * VH, n}), dev_f32(dv, out, {D, n}));
 }
 
 void KimiLinearModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
   const KimiLinearConfig &c = cfg_;
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
+  const Device dv = be_.device();
+  BackendScratch &sc = *site_scratch_;
+  sc.reset();
   const int64_t D = c.hidden;
   const backend::Activation act = glu_activation(c);
   if (!c.is_moe(il)) {
-    be_.ffn(f32_view(x, {D, n}), L.ffn_gate, L.ffn_up, L.ffn_down, act, f32_view(out, {D, n}));
+    be_.ffn(dev_f32(dv, x, {D, n}), L.ffn_gate, L.ffn_up, L.ffn_down, act, dev_f32(dv, out, {D, n}));
     return;
   }
   const int64_t E = c.n_experts, K = c.n_experts_used, mi = moe_index_[static_cast<size_t>(il)];
-  std::vector<float> logits(static_cast<size_t>(E * n)), wts(static_cast<size_t>(K * n));
-  std::vector<int32_t> ids(static_cast<size_t>(K * n));
-  be_.matmul(L.gate_inp, f32_view(x, {D, n}), f32_view(logits.data(), {E, n}));
+  float *logits = sc.f32(E * n), *wts = sc.f32(K * n);
+  int32_t *ids_d = sc.i32(K * n);
+  be_.matmul(L.gate_inp, dev_f32(dv, x, {D, n}), dev_f32(dv, logits, {E, n}));
   backend::RouterParams rp;
   rp.scoring = backend::Scoring::sigmoid;
   rp.k = static_cast<int32_t>(K);
   rp.renormalize = c.norm_topk;
   rp.scale = c.routed_scale;
   rp.bias = &L.bias;
-  be_.route(f32_view(logits.data(), {E, n}), rp, Tensor::make(ids.data(), GgmlType::i32, Device::cpu, {K, n}),
-            f32_view(wts.data(), {K, n}));
+  be_.route(dev_f32(dv, logits, {E, n}), rp, dev_i32(dv, ids_d, {K, n}), dev_f32(dv, wts, {K, n}));
   if (!experts_) fail(Status::internal, "Kimi-Linear: no routed-expert provider (set_experts() was not called)");
+  // The expert ids go to the host: the provider makes those experts resident.
+  std::vector<int32_t> ids(static_cast<size_t>(K * n));
+  be_.download(ids.data(), ids_d, ids.size() * 4);
   // K3 latent MoE: the experts run on routed_down(x) and write a latent result
   const int64_t DX = c.expert_latent_dim > 0 ? c.expert_latent_dim : D;
-  std::vector<float> xl, yl;
   const float *xe = x;
   float *ye = out;
   if (c.expert_latent_dim > 0) {
-    xl.resize(static_cast<size_t>(DX * n));
-    yl.resize(static_cast<size_t>(DX * n));
-    be_.matmul(L.routed_down, f32_view(x, {D, n}), f32_view(xl.data(), {DX, n}));
-    xe = xl.data();
-    ye = yl.data();
+    float *xl = sc.f32(DX * n);
+    ye = sc.f32(DX * n);
+    be_.matmul(L.routed_down, dev_f32(dv, x, {D, n}), dev_f32(dv, xl, {DX, n}));
+    xe = xl;
   }
-  // tokens in chunks whose distinct experts fit one acquire (the CPU moe op is per token)
+  // tokens in chunks whose distinct experts fit one acquire (the moe op is per token, so chunking
+  // does not change its result)
   const int64_t max_unique = std::max<int64_t>(experts_->max_unique(), K);
   std::vector<uint8_t> seen(static_cast<size_t>(E));
   for (int64_t t0 = 0; t0 < n;) {
@@ -421,8 +446,8 @@ void KimiLinearModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
     const int64_t m = t1 - t0;
     const backend::ExpertSlots slots = experts_->acquire(mi, ids.data() + t0 * K, K * m);
     try {
-      be_.moe(f32_view(xe + t0 * DX, {DX, m}), Tensor::make(ids.data() + t0 * K, GgmlType::i32, Device::cpu, {K, m}),
-              f32_view(wts.data() + t0 * K, {K, m}), slots, experts_->layout(mi), act, f32_view(ye + t0 * DX, {DX, m}));
+      be_.moe(dev_f32(dv, xe + t0 * DX, {DX, m}), dev_i32(dv, ids_d + t0 * K, {K, m}), dev_f32(dv, wts + t0 * K, {K, m}), slots,
+              experts_->layout(mi), act, dev_f32(dv, ye + t0 * DX, {DX, m}));
     } catch (...) {
       experts_->release(mi);
       throw;
@@ -431,70 +456,69 @@ void KimiLinearModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
     t0 = t1;
   }
   if (c.expert_latent_dim > 0) {
-    be_.rms_norm(f32_view(yl.data(), {DX, n}), L.routed_norm.data ? &L.routed_norm : nullptr, c.rms_eps,
-                 f32_view(yl.data(), {DX, n}));
-    be_.matmul(L.routed_up, f32_view(yl.data(), {DX, n}), f32_view(out, {D, n}));
+    be_.rms_norm(dev_f32(dv, ye, {DX, n}), L.routed_norm.data ? &L.routed_norm : nullptr, c.rms_eps, dev_f32(dv, ye, {DX, n}));
+    be_.matmul(L.routed_up, dev_f32(dv, ye, {DX, n}), dev_f32(dv, out, {D, n}));
   }
   if (c.n_shared_experts > 0) {
-    std::vector<float> shared(static_cast<size_t>(D * n));
-    be_.ffn(f32_view(x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, act, f32_view(shared.data(), {D, n}));
-    be_.add(f32_view(out, {D, n}), f32_view(shared.data(), {D, n}), f32_view(out, {D, n}));
+    float *shared = sc.f32(D * n);
+    be_.ffn(dev_f32(dv, x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, act, dev_f32(dv, shared, {D, n}));
+    be_.add(dev_f32(dv, out, {D, n}), dev_f32(dv, shared, {D, n}), dev_f32(dv, out, {D, n}));
   }
 }
 
 void KimiLinearModel::forward(const int32_t *tokens, int64_t n, KimiLinearState &state, float *logits) {
   const KimiLinearConfig &c = cfg_;
   if (n <= 0) return;
-  if (static_cast<int64_t>(state.layers.size()) != c.n_layers)
-    fail(Status::invalid_argument, "Kimi-Linear forward: state has {} layers, the model {}", state.layers.size(), c.n_layers);
+  check_state(state);
   for (int64_t t = 0; t < n; ++t)
     if (tokens[t] < 0 || tokens[t] >= c.vocab)
       fail(Status::invalid_argument, "Kimi-Linear forward: token {} at {} is outside 0..{}", tokens[t], t, c.vocab - 1);
+  const Device dv = be_.device();
   const int64_t D = c.hidden, V = c.vocab;
-  std::vector<float> h(static_cast<size_t>(D * n)), xn(static_cast<size_t>(D * n)), y(static_cast<size_t>(D * n));
-  be_.embed(w_->token_embd, Tensor::make(tokens, GgmlType::i32, Device::cpu, {n}), f32_view(h.data(), {D, n}));
-  const Tensor ht = f32_view(h.data(), {D, n}), xt = f32_view(xn.data(), {D, n}), yt = f32_view(y.data(), {D, n});
-  // K3 AttnRes: block sums banked per token; each sublayer input is a softmax mix of them and the
-  // current stream (docs/models/kimi-k3.md)
+  BackendScratch &fs = *fwd_scratch_;
+  fs.reset();
+  int32_t *tok_d = fs.i32(n);
+  be_.upload(tok_d, tokens, static_cast<uint64_t>(n) * 4);
+  float *h = fs.f32(D * n), *xn = fs.f32(D * n), *y = fs.f32(D * n);
+  const Tensor ht = dev_f32(dv, h, {D, n}), xt = dev_f32(dv, xn, {D, n}), yt = dev_f32(dv, y, {D, n});
+  be_.embed(w_->token_embd, dev_i32(dv, tok_d, {n}), ht);
+  // K3 AttnRes: block sums banked per token ([D, n] slices of bank); each sublayer input is a
+  // softmax mix of them and the current stream (docs/models/kimi-k3.md)
   const int64_t B = c.attn_res_block_size;
-  std::vector<std::vector<float>> banked;
-  std::vector<float> mixed(B > 0 ? static_cast<size_t>(D * n) : 0);
-  std::vector<const float *> srcs;
-  auto mix = [&](const std::vector<float> &w) -> Tensor {
-    for (int64_t t = 0; t < n; ++t) {
-      srcs.clear();
-      for (const auto &bk : banked) srcs.push_back(bk.data() + t * D);
-      srcs.push_back(h.data() + t * D);
-      kimi::attn_res_mix(srcs.data(), static_cast<int64_t>(srcs.size()), D, w.data(), c.rms_eps, mixed.data() + t * D);
-    }
-    return f32_view(mixed.data(), {D, n});
+  const int64_t max_banked = B > 0 ? (c.n_layers + B - 1) / B : 0;
+  float *bank = B > 0 ? fs.f32(max_banked * D * n) : nullptr, *mixed = B > 0 ? fs.f32(D * n) : nullptr;
+  int64_t n_banked = 0;
+  auto mix = [&](const Tensor &w) -> Tensor {
+    const Tensor banked = dev_f32(dv, bank, {D, n, n_banked}), out = dev_f32(dv, mixed, {D, n});
+    be_.attn_res_mix(n_banked > 0 ? &banked : nullptr, ht, w, c.rms_eps, out);
+    return out;
   };
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
     KimiLayerState &st = state.layers[static_cast<size_t>(il)];
     be_.rms_norm(B > 0 ? mix(L.attn_res) : ht, &L.attn_norm, c.rms_eps, xt);
     if (c.mixer[static_cast<size_t>(il)] == KimiMixer::kda)
-      kda(il, xn.data(), n, st, y.data());
+      kda(il, xn, n, st, y);
     else
-      mla(il, xn.data(), n, state.n_past, st, y.data());
+      mla(il, xn, n, state.n_past, st, y);
     if (B > 0 && il % B == 0) {
-      banked.push_back(h);  // the raw layer input; the stream restarts from the attention output
-      std::copy(y.begin(), y.end(), h.begin());
+      // the raw layer input is banked; the stream restarts from the attention output
+      be_.copy(dev_f32(dv, h, {D * n}), dev_f32(dv, bank + n_banked * D * n, {D * n}));
+      ++n_banked;
+      be_.copy(dev_f32(dv, y, {D * n}), dev_f32(dv, h, {D * n}));
     } else {
       be_.add(ht, yt, ht);
     }
     be_.rms_norm(B > 0 ? mix(L.ffn_res) : ht, &L.ffn_norm, c.rms_eps, xt);
-    ffn(il, xn.data(), n, y.data());
+    ffn(il, xn, n, y);
     be_.add(ht, yt, ht);
   }
   state.n_past += n;
   if (!logits) return;
-  if (B > 0) {
-    mix(w_->output_res);
-    std::copy(mixed.begin(), mixed.end(), h.begin());
-  }
-  be_.rms_norm(ht, &w_->output_norm, c.rms_eps, xt);
-  be_.matmul(w_->output, xt, f32_view(logits, {V, n}));
+  be_.rms_norm(B > 0 ? mix(w_->output_res) : ht, &w_->output_norm, c.rms_eps, xt);
+  float *out = fs.f32(V * n);
+  be_.matmul(w_->output, xt, dev_f32(dv, out, {V, n}));
+  be_.download(logits, out, static_cast<uint64_t>(V * n) * 4);
 }
 
 }  // namespace ep::model

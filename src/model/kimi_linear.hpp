@@ -7,13 +7,15 @@
 // With the Kimi-K3 flags of KimiLinearConfig also SiTU, AttnRes, latent MoE, the gated MLA
 // output, the full-rank KDA output gate and the lower-bounded decay (docs/models/kimi-k3.md).
 //
-// Matmuls, norms, routing and experts go through the Backend; the Kimi-specific ops run as CPU
-// reference code (kimi_ops.hpp), so this first version needs a CPU backend (Status::unsupported
-// otherwise). Decode state: per KDA layer the last conv_kernel − 1 projected rows and the
-// recurrent state [heads][dk][dv]; per MLA layer the expanded keys and values so far.
+// Every op goes through the Backend (CPU or CUDA: short_conv_silu, kda_recurrence, causal_attention,
+// attn_res_mix, ... in backend.hpp); activations and the decode state live in backend memory. The
+// host sees only the routed expert ids (for the provider's acquire) and the logits. Decode state:
+// per KDA layer the last conv_kernel − 1 projected q/k/v rows and the recurrent state
+// [heads][dk][dv]; per MLA layer the expanded keys and values so far.
 #pragma once
 
 #include "backend/backend.hpp"
+#include "model/backend_memory.hpp"
 #include "model/expert_provider.hpp"
 #include "model/kimi_linear_config.hpp"
 
@@ -26,18 +28,22 @@ namespace ep::model {
 
 class WeightCatalog;
 
+/// One layer's decode state, in backend memory.
 struct KimiLayerState {
-  std::vector<float> conv;    ///< KDA: [(conv_kernel − 1)][3 · kda_inner] (q | k | v projections)
-  std::vector<float> S;       ///< KDA: [kda_heads][dk][dv]
-  std::vector<float> keys;    ///< MLA: [n_past][heads][qk_head_dim]
-  std::vector<float> values;  ///< MLA: [n_past][heads][v_head_dim]
+  StateBuffer conv;    ///< KDA: [3][conv_kernel − 1][kda_inner] f32: q, k, v input rows, oldest first
+  StateBuffer S;       ///< KDA: [kda_heads][dk][dv] f32
+  StateBuffer keys;    ///< MLA: [capacity][heads][qk_head_dim] f32 (the first n_past rows in use)
+  StateBuffer values;  ///< MLA: [capacity][heads][v_head_dim] f32
+  int64_t capacity = 0;  ///< MLA: tokens keys / values have room for (grows by doubling)
 };
 
 /// Decode state: prefill, then decode token by token, equals recomputing the whole sequence.
-/// A plain value: copying it forks the sequence.
+/// Holds backend memory of the model's backend (it must not outlive that backend). Copying it
+/// forks the sequence: the copy gets its own backend memory with the same contents.
 struct KimiLinearState {
   int64_t n_past = 0;
   std::vector<KimiLayerState> layers;
+  const void *model = nullptr;  ///< the KimiLinearModel that made it (new_state())
 };
 
 struct KimiLinearLoadOptions {
@@ -62,7 +68,8 @@ class KimiLinearModel {
   KimiLinearState new_state() const;
   /// Runs @p n tokens at positions state.n_past ... and appends them to @p state. When
   /// @p logits is not null it receives n rows of vocab logits (row t predicts token t+1).
-  /// After an exception the state is partly updated and must be discarded.
+  /// After an exception the state is partly updated and must be discarded. One forward() at a
+  /// time per model (it reuses the model's scratch buffers in backend memory).
   void forward(const int32_t *tokens, int64_t n, KimiLinearState &state, float *logits);
 
   /// Replaces the routed-expert source. The provider's layer index is the MoE layer's ordinal
@@ -78,9 +85,11 @@ class KimiLinearModel {
   struct Weights;
 
  private:
+  // x and out are [hidden, n] f32 in backend memory.
   void kda(int64_t il, const float *x, int64_t n, KimiLayerState &st, float *out);
   void mla(int64_t il, const float *x, int64_t n, int64_t n_past, KimiLayerState &st, float *out);
   void ffn(int64_t il, const float *x, int64_t n, float *out);
+  void check_state(const KimiLinearState &state) const;
 
   KimiLinearConfig cfg_;
   backend::Backend &be_;
@@ -89,6 +98,8 @@ class KimiLinearModel {
   std::vector<ExpertShape> expert_shapes_;
   std::vector<int64_t> moe_index_;
   uint64_t weight_bytes_ = 0;
+  std::unique_ptr<BackendScratch> fwd_scratch_;   ///< activations that live for one forward()
+  std::unique_ptr<BackendScratch> site_scratch_;  ///< activations of one mixer / FFN site
 };
 
 }  // namespace ep::model

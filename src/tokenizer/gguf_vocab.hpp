@@ -27,4 +27,12 @@ void add_gguf_vocab_keys(format::GgufWriter &writer, const GgufVocab &vocab);
 GgufVocab synthetic_chat_vocab(int64_t vocab_size);
 inline constexpr int64_t kSyntheticChatVocabMin = 262;
 
+/// The Kimi-K3 counterpart for synthetic Kimi models, @p vocab_size ids (>= 262): 0 `[BOS]`
+/// (BOS, control), 1 `<|end_of_msg|>` (EOS and end of turn, control), 2..257 the 256 bytes,
+/// 258 `<|open|>`, 259 `<|sep|>`, 260 `<|close|>` (control: the K3 chat template's markers),
+/// 261 `[EOS]` (control), then `[PAD{i}]` holes. Pre-tokenizer "kimi-k2" (Kimi's split pattern),
+/// add_bos false: it renders and tokenizes Kimi-K3 chats (chat template detected from the
+/// markers), one token per byte.
+GgufVocab synthetic_kimi_chat_vocab(int64_t vocab_size);
+
 }  // namespace ep::tokenizer

@@ -37,7 +37,8 @@ _Static_assert(offsetof(ep_model_options, pack_dir) == 40, "ep_model_options.pac
 _Static_assert(offsetof(ep_model_options, pack_build) == 48, "ep_model_options.pack_build");
 _Static_assert(offsetof(ep_model_options, resident_experts) == 52, "ep_model_options.resident_experts");
 _Static_assert(offsetof(ep_model_options, progress) == 56, "ep_model_options.progress");
-_Static_assert(sizeof(ep_model_options) == 72, "ep_model_options size");
+_Static_assert(offsetof(ep_model_options, cpu_threads) == 72, "ep_model_options.cpu_threads");
+_Static_assert(sizeof(ep_model_options) == 80, "ep_model_options size");
 _Static_assert(offsetof(ep_model_properties, architecture) == 8, "ep_model_properties.architecture");
 _Static_assert(offsetof(ep_model_properties, vocab_size) == 40, "ep_model_properties.vocab_size");
 _Static_assert(offsetof(ep_model_properties, weight_bytes) == 64, "ep_model_properties.weight_bytes");

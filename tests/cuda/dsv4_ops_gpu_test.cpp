@@ -13,6 +13,7 @@
 #include "cuda/check.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "cuda/dsv4_kernels.hpp"
+#include "gpu_arena.hpp"
 #include "../backend/random_weights.hpp"
 #include "support/catch.hpp"
 
@@ -28,66 +29,9 @@ using ep::format::GgmlType;
 
 namespace {
 
-/// Device tensors for one test, freed together.
-class Arena {
- public:
-  explicit Arena(CudaBackend &be) : be_(be) {}
-  ~Arena() {
-    for (void *p : owned_) be_.deallocate(p);
-  }
-  Arena(const Arena &) = delete;
-  Arena &operator=(const Arena &) = delete;
-
-  /// A device tensor filled with 0xFF bytes (NaN for f32).
-  Tensor poisoned(GgmlType type, std::initializer_list<int64_t> shape) {
-    Tensor t = Tensor::make(nullptr, type, Device::cuda, shape);
-    t.data = be_.allocate(t.n_bytes());
-    owned_.push_back(t.data);
-    EP_CUDA_CHECK(cudaMemsetAsync(t.data, 0xFF, t.n_bytes(), be_.stream()));
-    return t;
-  }
-  template <typename T>
-  Tensor put(const std::vector<T> &v, GgmlType type, std::initializer_list<int64_t> shape) {
-    Tensor t = poisoned(type, shape);
-    REQUIRE(t.n_bytes() == v.size() * sizeof(T));
-    be_.upload(t.data, v.data(), t.n_bytes());
-    return t;
-  }
-  template <typename T>
-  std::vector<T> get(const Tensor &t) {
-    std::vector<T> v(t.n_bytes() / sizeof(T));
-    be_.download(v.data(), t.data, t.n_bytes());
-    return v;
-  }
-
- private:
-  CudaBackend &be_;
-  std::vector<void *> owned_;
-};
-
-template <typename T>
-Tensor host(std::vector<T> &v, GgmlType type, std::initializer_list<int64_t> shape) {
-  Tensor t = Tensor::make(v.data(), type, Device::cpu, shape);
-  REQUIRE(t.n_bytes() == v.size() * sizeof(T));
-  return t;
-}
-
-/// max |got − want| / max |want| over the entries where want is finite; +inf when got is not
-/// finite there or differs from a non-finite want.
-double rel_diff(const std::vector<float> &got, const std::vector<float> &want) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(want[i])) {
-      if (got[i] != want[i]) return INFINITY;
-      continue;
-    }
-    if (!std::isfinite(got[i])) return INFINITY;
-    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
-  }
-  return scale > 0 ? worst / scale : worst;
-}
+using ep::test::gpu::Arena;
+using ep::test::gpu::host;
+using ep::test::gpu::rel_diff;
 
 std::vector<int8_t> random_mask(size_t n, std::mt19937 &rng, double p_visible) {
   std::bernoulli_distribution d(p_visible);

@@ -1,18 +1,18 @@
 // DeepSeek-V4 on the CUDA backend, against the CPU backend on the same inputs (the oracle
 // goldens dsv4_a / dsv4_b). The CUDA matmul and MoE ops take GEMV kernels (f32 activations) for
-// up to 8 tokens and bf16 cuBLAS above. These tiny random models amplify rounding: bf16
-// activations alone move their logits by up to 0.14 · max|logit| (a CPU emulation of that
-// rounding gives 0.137 on dsv4_a; CUDA measured 0.136 and 0.057). So:
+// up to 8 tokens and cuBLAS above: by default f32 weights and SGEMM without TF32 (exact_f32).
+// These tiny random models amplify rounding: bf16 activations (the opt-in fast_bf16 GEMM) move
+// their logits by up to 0.14 · max|logit| (CUDA measured 0.136 and 0.057). So:
 //  - steps of at most 8 tokens (the GEMV path): logits within 2e-2 · max|logit| of the CPU's;
 //    the greedy token equal wherever the CPU's top-1 / top-2 margin exceeds 0.1; token-by-token
 //    decode after a short prefill equals the 8-token steps within 2e-2 (the state on the GPU);
-//  - one pass over all tokens (bf16 GEMM): within 0.2 · max|logit|, the greedy token equal on
-//    at least 95 % of the rows with a margin above 0.1; prefill 37 + decode within 0.2 of it;
+//  - one pass over all tokens (f32 GEMM): the same 2e-2 and the same greedy tokens; prefill 37 +
+//    decode within 2e-2 of it; the bf16 opt-in within 0.2 (it must still run);
 //  - the pack path: PackedExperts on the ExpertStore's CUDA device (VRAM slots, pinned staging,
 //    the backend's stream): bit-identical to resident experts with an unlimited cache (the same
 //    kernels on the same bytes) and, token by token, with the smallest cache (forced evictions);
 //    a full pass with the smallest cache splits the tokens into chunks (GEMV instead of GEMM for
-//    the experts): within 0.2;
+//    the experts): within 2e-2;
 //  - the C API with EP_DEVICE_CUDA / AUTO: ep_score and greedy ep_generate.
 #include "support/catch.hpp"
 
@@ -40,33 +40,14 @@ using ep::model::PackedExpertsOptions;
 namespace {
 
 constexpr double kCudaLimit = 2e-2;  // max|Δlogit| / max|logit|, steps of ≤ 8 tokens (GEMV, f32 activations)
-constexpr double kGemmLimit = 0.2;   // the same over one pass of all tokens (bf16 GEMM; see above)
+constexpr double kGemmLimit = 2e-2;  // the same over one pass of all tokens (f32 GEMM, the default; issue #6)
+constexpr double kBf16GemmLimit = 0.2;  // the opt-in bf16 GEMM (x rounded to bf16; see above)
 
-/// Checks the greedy token of every row whose reference top-1 / top-2 margin exceeds 0.1.
+/// More than half the rows must be clear (top-1 / top-2 margin > 0.1), and at least @p min_agree
+/// of those must agree.
 void check_greedy(const std::vector<float> &got, const std::vector<float> &ref, int64_t vocab, const char *what,
                   double min_agree = 1.0) {
-  const int64_t rows = static_cast<int64_t>(ref.size()) / vocab;
-  int64_t checked = 0, agree = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *a = ref.data() + r * vocab, *b = got.data() + r * vocab;
-    int64_t t1 = 0, t2 = -1, g = 0;
-    for (int64_t i = 1; i < vocab; ++i) {
-      if (a[i] > a[t1]) {
-        t2 = t1;
-        t1 = i;
-      } else if (t2 < 0 || a[i] > a[t2]) {
-        t2 = i;
-      }
-      if (b[i] > b[g]) g = i;
-    }
-    if (a[t1] - a[t2] <= 0.1f) continue;
-    ++checked;
-    agree += g == t1;
-  }
-  std::printf("%s: greedy token equal on %lld of %lld rows with margin > 0.1 (%lld rows)\n", what,
-              static_cast<long long>(agree), static_cast<long long>(checked), static_cast<long long>(rows));
-  CHECK(checked > rows / 2);
-  CHECK(static_cast<double>(agree) >= min_agree * static_cast<double>(checked));
+  ep::test::check_greedy(got, ref, vocab, what, static_cast<int64_t>(ref.size()) / vocab / 2, min_agree);
 }
 
 /// Runs @p tokens in steps of at most @p step tokens.
@@ -135,10 +116,17 @@ TEST_CASE("deepseek_v4 on CUDA: logits and greedy tokens match the CPU backend",
     // decode token by token after a prefill of 5: the state (window, compressors) on the GPU
     const std::vector<float> dec5 = run_decode(*mg, g.tokens, 5);
     CHECK(rel_line("CUDA prefill 5 + decode vs 8-token steps", name, compare(dec5, steps), kCudaLimit) <= kCudaLimit);
-    // one pass over all tokens: bf16 GEMM
+    // one pass over all tokens: f32 GEMM (the default)
+    REQUIRE(gpu.gemm_mode() == ep::cuda::GemmMode::exact_f32);
     const std::vector<float> got = run_full(*mg, g.tokens);
-    CHECK(rel_line("CUDA full pass vs CPU", name, compare(got, ref), kGemmLimit) <= kGemmLimit);
-    check_greedy(got, ref, g.vocab, name, 0.95);
+    CHECK(rel_line("CUDA full pass (f32 GEMM) vs CPU", name, compare(got, ref), kGemmLimit) <= kGemmLimit);
+    check_greedy(got, ref, g.vocab, name);
+    // the bf16 opt-in still runs (and differs: x is rounded to bf16)
+    gpu.set_gemm_mode(ep::cuda::GemmMode::fast_bf16);
+    const std::vector<float> fast = run_full(*mg, g.tokens);
+    gpu.set_gemm_mode(ep::cuda::GemmMode::exact_f32);
+    CHECK(rel_line("CUDA full pass (bf16 GEMM opt-in) vs CPU", name, compare(fast, ref), kBf16GemmLimit) <= kBf16GemmLimit);
+    CHECK_FALSE(bit_identical(fast, got));
     // The weights in VRAM keep their file types: as many bytes as on the CPU, plus the zero
     // padding of f32/f16/bf16 rows that are not a multiple of 32 values (these tiny models).
     CHECK(mg->weight_bytes() >= mc->weight_bytes());
@@ -238,7 +226,7 @@ TEST_CASE("deepseek_v4 on CUDA: the C API with EP_DEVICE_CUDA", "[model][deepsee
   };
   ep_model *cpu = open(EP_DEVICE_CPU), *gpu = open(EP_DEVICE_CUDA), *autom = open(EP_DEVICE_AUTO);
   const std::vector<float> ref = score(cpu), got = score(gpu);
-  CHECK(rel_line("C API, CUDA vs CPU (one pass: bf16 GEMM)", "dsv4_a", compare(got, ref), kGemmLimit) <= kGemmLimit);
+  CHECK(rel_line("C API, CUDA vs CPU (one pass: f32 GEMM)", "dsv4_a", compare(got, ref), kGemmLimit) <= kGemmLimit);
   // AUTO picks the GPU: the same bits as EP_DEVICE_CUDA (and not the CPU's)
   const std::vector<float> via_auto = score(autom);
   CHECK(bit_identical(via_auto, got));

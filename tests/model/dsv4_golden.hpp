@@ -4,6 +4,7 @@
 
 #include "support/catch.hpp"
 
+#include "golden_common.hpp"
 #include "backend/dequant.hpp"
 #include "format/gguf.hpp"
 #include "format/safetensors.hpp"
@@ -34,59 +35,21 @@ inline const char *const kConfigs[] = {"dsv4_a", "dsv4_b"};
 
 inline std::string data_dir() { return std::string(EP_TEST_DATA_DIR) + "/deepseek_v4"; }
 
-inline std::string slurp(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f.good());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using ep::test::compare;
+using ep::test::Diff;
+using ep::test::slurp;
 
-struct Golden {
+struct Golden : ep::test::GoldenData {
   std::string name;
-  json meta;
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;  // [S][V]
-  int64_t n_tokens = 0, vocab = 0;
-  std::string gguf;
 };
 
 inline Golden load_golden(const std::string &name) {
   Golden g;
+  static_cast<ep::test::GoldenData &>(g) = ep::test::load_golden_data(data_dir() + "/" + name, "tests/oracle/deepseek_v4.py");
   g.name = name;
-  const std::string base = data_dir() + "/" + name;
-  INFO("golden files " << base << ".{json,logits.f32,gguf} must exist (tests/oracle/deepseek_v4.py writes them)");
-  REQUIRE(fs::exists(base + ".json"));
-  REQUIRE(fs::exists(base + ".logits.f32"));
-  REQUIRE(fs::exists(base + ".gguf"));
-  g.meta = json::parse(slurp(base + ".json"));
-  for (const auto &t : g.meta.at("tokens")) g.tokens.push_back(t.get<int32_t>());
-  g.n_tokens = g.meta.at("logits_shape")[0].get<int64_t>();
-  g.vocab = g.meta.at("logits_shape")[1].get<int64_t>();
-  REQUIRE(static_cast<int64_t>(g.tokens.size()) == g.n_tokens);
-  const std::string raw = slurp(base + ".logits.f32");
-  REQUIRE(raw.size() == static_cast<size_t>(g.n_tokens * g.vocab * 4));
-  g.logits.resize(static_cast<size_t>(g.n_tokens * g.vocab));
-  std::memcpy(g.logits.data(), raw.data(), raw.size());
-  g.gguf = base + ".gguf";
   return g;
 }
 
-struct Diff {
-  double max_abs_diff = 0, max_abs_ref = 0;
-  double rel() const { return max_abs_diff / max_abs_ref; }
-};
-
-inline Diff compare(const std::vector<float> &got, const std::vector<float> &ref) {
-  REQUIRE(got.size() == ref.size());
-  Diff d;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    REQUIRE(std::isfinite(got[i]));
-    d.max_abs_diff = std::max(d.max_abs_diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
-    d.max_abs_ref = std::max(d.max_abs_ref, std::fabs(static_cast<double>(ref[i])));
-  }
-  return d;
-}
 
 inline std::vector<float> run_full(DeepseekV4Model &m, const std::vector<int32_t> &tokens) {
   ep::model::DeepseekV4State st = m.new_state();

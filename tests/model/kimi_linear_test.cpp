@@ -1,7 +1,7 @@
 // Kimi-Linear on the CPU backend against the transformers oracle (tests/oracle/kimi_linear.py):
 // teacher-forced logits of two tiny seeded models (KDA + MLA layers, dense + MoE FFNs, with and
 // without a low-rank query and the shared un-rotated key dims), prefill + decode and chunked
-// prefill equal full recompute, the Kimi ops against direct formulas, and fail-closed loading.
+// prefill equal full recompute, and fail-closed loading (the Kimi ops: tests/backend/kimi_ops_test.cpp).
 // The goldens live in tests/data/kimi_linear and are required.
 #include "support/catch.hpp"
 
@@ -9,7 +9,7 @@
 #include "core/error.hpp"
 #include "format/gguf.hpp"
 #include "model/kimi_linear.hpp"
-#include "model/kimi_ops.hpp"
+#include "kimi_golden.hpp"
 #include "model/weight_catalog.hpp"
 
 #include <nlohmann/json.hpp>
@@ -27,71 +27,11 @@
 
 namespace {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
+using namespace kimitest;
 using ep::model::KimiLinearModel;
 using ep::model::KimiLinearState;
 
 const char *const kConfigs[] = {"kimi_a", "kimi_b"};
-
-std::string slurp(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f.good());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Golden {
-  json meta;
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;  // [S][V]
-  int64_t n_tokens = 0, vocab = 0;
-  std::string gguf;
-};
-
-Golden load_golden(const std::string &name, const std::string &dir = "kimi_linear") {
-  Golden g;
-  const std::string base = std::string(EP_TEST_DATA_DIR) + "/" + dir + "/" + name;
-  INFO("golden files " << base << ".{json,logits.f32,gguf} must exist (tests/oracle/kimi_linear.py / kimi_k3_ref.py write them)");
-  REQUIRE(fs::exists(base + ".json"));
-  REQUIRE(fs::exists(base + ".logits.f32"));
-  REQUIRE(fs::exists(base + ".gguf"));
-  g.meta = json::parse(slurp(base + ".json"));
-  for (const auto &t : g.meta.at("tokens")) g.tokens.push_back(t.get<int32_t>());
-  g.n_tokens = g.meta.at("logits_shape")[0].get<int64_t>();
-  g.vocab = g.meta.at("logits_shape")[1].get<int64_t>();
-  REQUIRE(static_cast<int64_t>(g.tokens.size()) == g.n_tokens);
-  const std::string raw = slurp(base + ".logits.f32");
-  REQUIRE(raw.size() == static_cast<size_t>(g.n_tokens * g.vocab * 4));
-  g.logits.resize(static_cast<size_t>(g.n_tokens * g.vocab));
-  std::memcpy(g.logits.data(), raw.data(), raw.size());
-  g.gguf = base + ".gguf";
-  return g;
-}
-
-struct Diff {
-  double max_abs_diff = 0, max_abs_ref = 0;
-  double rel() const { return max_abs_diff / max_abs_ref; }
-};
-
-Diff compare(const float *got, const float *ref, size_t n) {
-  Diff d;
-  for (size_t i = 0; i < n; ++i) {
-    REQUIRE(std::isfinite(got[i]));
-    d.max_abs_diff = std::max(d.max_abs_diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
-    d.max_abs_ref = std::max(d.max_abs_ref, std::fabs(static_cast<double>(ref[i])));
-  }
-  return d;
-}
-
-std::vector<float> run_full(KimiLinearModel &m, const std::vector<int32_t> &tokens) {
-  KimiLinearState st = m.new_state();
-  std::vector<float> logits(tokens.size() * static_cast<size_t>(m.config().vocab));
-  m.forward(tokens.data(), static_cast<int64_t>(tokens.size()), st, logits.data());
-  CHECK(st.n_past == static_cast<int64_t>(tokens.size()));
-  return logits;
-}
 
 }  // namespace
 
@@ -194,69 +134,6 @@ TEST_CASE("kimi_linear: prefill + decode and chunked prefill equal full recomput
       const Diff df = compare(fl.data() + (S - 12) * V, full.data() + (S - 1) * V, static_cast<size_t>(V));
       CHECK(df.max_abs_diff > 1e-4);
     }
-  }
-}
-
-TEST_CASE("kimi_linear: ops against direct formulas", "[model][kimi_linear]") {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  SECTION("short conv: split runs equal one run; left zero padding") {
-    const int64_t C = 5, K = 4, n = 9;
-    std::vector<float> x(static_cast<size_t>(n * C)), w(static_cast<size_t>(C * K));
-    for (float &v : x) v = nd(rng);
-    for (float &v : w) v = nd(rng);
-    std::vector<float> st1(static_cast<size_t>((K - 1) * C), 0.0f), st2 = st1, y1(x.size()), y2(x.size());
-    ep::model::kimi::short_conv_silu(x.data(), n, C, w.data(), K, st1.data(), y1.data());
-    ep::model::kimi::short_conv_silu(x.data(), 2, C, w.data(), K, st2.data(), y2.data());
-    ep::model::kimi::short_conv_silu(x.data() + 2 * C, n - 2, C, w.data(), K, st2.data(), y2.data() + 2 * C);
-    for (size_t i = 0; i < y1.size(); ++i) CHECK(y1[i] == y2[i]);
-    for (size_t i = 0; i < st1.size(); ++i) CHECK(st1[i] == st2[i]);
-    // direct: t = 1, channel 2: w[2][2]·x[0][2] + w[2][3]·x[1][2]
-    const float a = w[2 * K + 2] * x[2] + w[2 * K + 3] * x[C + 2];
-    CHECK(std::fabs(y1[C + 2] - a / (1.0f + std::exp(-a))) <= 1e-6f);
-  }
-  SECTION("kda step from a zero state, then decay") {
-    const int64_t dk = 3, dv = 2;
-    std::vector<float> S(static_cast<size_t>(dk * dv), 0.0f);
-    const float q[] = {0.5f, -1.0f, 2.0f}, k[] = {1.0f, 0.5f, -0.25f}, v[] = {2.0f, -3.0f}, g0[] = {-0.1f, -0.2f, -0.3f};
-    float o[2];
-    ep::model::kimi::kda_step(S.data(), q, k, v, g0, 0.5f, dk, dv, o);
-    // S = β k vᵀ; o = Sᵀq = β (k·q) v
-    const float kq = 0.5f * 1.0f + (-1.0f) * 0.5f + 2.0f * -0.25f;
-    CHECK(std::fabs(o[0] - 0.5f * kq * 2.0f) <= 1e-6f);
-    CHECK(std::fabs(o[1] - 0.5f * kq * -3.0f) <= 1e-6f);
-    // second step with k = e0, β = 1: S_0 ← e^g0 S_0, then row 0 replaced by v (delta rule)
-    const float e0[] = {1.0f, 0.0f, 0.0f}, v2[] = {7.0f, 8.0f}, qe0[] = {1.0f, 0.0f, 0.0f};
-    std::vector<float> expect = S;
-    for (int64_t i = 0; i < dk; ++i)
-      for (int64_t j = 0; j < dv; ++j) expect[static_cast<size_t>(i * dv + j)] *= std::exp(g0[i]);
-    expect[0] = 7.0f;
-    expect[1] = 8.0f;
-    ep::model::kimi::kda_step(S.data(), qe0, e0, v2, g0, 1.0f, dk, dv, o);
-    for (size_t i = 0; i < S.size(); ++i) CHECK(std::fabs(S[i] - expect[i]) <= 1e-5f);
-    CHECK(std::fabs(o[0] - 7.0f) <= 1e-5f);
-    CHECK(std::fabs(o[1] - 8.0f) <= 1e-5f);
-  }
-  SECTION("l2 norm, softplus, gated norm") {
-    float x[] = {3.0f, 4.0f};
-    ep::model::kimi::l2_normalize(x, 2, 0.0f);
-    CHECK(std::fabs(x[0] - 0.6f) <= 1e-6f);
-    CHECK(std::fabs(x[1] - 0.8f) <= 1e-6f);
-    CHECK(ep::model::kimi::softplus20(25.0f) == 25.0f);
-    CHECK(std::fabs(ep::model::kimi::softplus20(0.0f) - std::log(2.0f)) <= 1e-7f);
-    const float xs[] = {1.0f, -1.0f}, w[] = {2.0f, 3.0f}, gate[] = {0.0f, 100.0f};
-    float y[2];
-    ep::model::kimi::gated_rms_norm(xs, w, gate, 2, 0.0f, y);
-    CHECK(std::fabs(y[0] - 1.0f) <= 1e-6f);   // 2 · 1 · σ(0)
-    CHECK(std::fabs(y[1] + 3.0f) <= 1e-6f);   // 3 · −1 · σ(100)
-  }
-  SECTION("causal attention: the first query sees only the first key") {
-    const float q[] = {1.0f, 0.0f, 0.0f, 1.0f}, keys[] = {1.0f, 0.0f, 0.0f, 1.0f}, values[] = {5.0f, -2.0f};
-    float out[2];
-    ep::model::kimi::causal_attention(q, 2, 0, 1, 2, 1, keys, values, 1.0f, out);
-    CHECK(out[0] == 5.0f);
-    const float p1 = 1.0f / (1.0f + std::exp(1.0f));  // softmax([0, 1])[0]
-    CHECK(std::fabs(out[1] - (p1 * 5.0f + (1.0f - p1) * -2.0f)) <= 1e-6f);
   }
 }
 

@@ -7,9 +7,11 @@ model receives exactly the values ggml dequantizes from those bytes.
 """
 import math
 import random
+import struct
 
 import ggml_py_quants as q
-from ggml_py_gguf import GgufWriter, GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING
+from ggml_py_gguf import GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING
+from oracle_gen import TensorGen, model_gguf
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 
@@ -55,46 +57,11 @@ def derived(c):
     return c
 
 
-class Gen:
-    """Collects tensors: GGUF (name, ne, type, bytes) and the HF values (name -> (shape, list))."""
-
-    def __init__(self, rng):
-        self.rng = rng
-        self.gguf = []
-        self.hf = {}
-
-    def _plain(self, gtype, n, std, mean=0.0):
-        """Random values exactly representable in gtype (F32/F16/BF16), or quantized Q8_0."""
-        vals = [mean + std * self.rng.gauss(0.0, 1.0) for _ in range(n)]
-        if gtype in (q.F16, q.BF16, q.F32):
-            # flush tiny values so that F16 and BF16 are both exact for them
-            vals = [0.0 if abs(v) < 2.0 ** -14 else v for v in vals]
-            rnd = {q.F16: q.f16_round, q.BF16: q.bf16_round, q.F32: q.f32_round}[gtype]
-            vals = [rnd(v) for v in vals]
-            return q.encode(gtype, vals), vals
-        raw = q.encode(gtype, vals)
-        return raw, q.dequant(gtype, raw)
-
-    def dense(self, gguf_name, hf_name, shape, gtype, std, mean=0.0):
-        n = 1
-        for s in shape:
-            n *= s
-        raw, vals = self._plain(gtype, n, std, mean)
-        self.gguf.append((gguf_name, list(reversed(shape)), gtype, raw))
-        self.hf[hf_name] = (list(shape), vals)
-
-    def values(self, gguf_name, hf_name, shape, vals):
-        """F32 tensor with given values."""
-        vals = [q.f32_round(v) for v in vals]
-        self.gguf.append((gguf_name, list(reversed(shape)), q.F32, q.encode(q.F32, vals)))
-        self.hf[hf_name] = (list(shape), vals)
-
-
 def generate(name, seed):
-    """Returns (config, Gen) for config `name` with parameters from `seed`."""
+    """Returns (config, TensorGen, tokens) for config `name` with parameters from `seed`."""
     c = derived(CONFIGS[name])
     rng = random.Random(seed)
-    g = Gen(rng)
+    g = TensorGen(rng)
     D, V, H, hd, R = c["hidden"], c["vocab"], c["heads"], c["head_dim"], c["q_lora"]
     G, O, E, K, F = c["o_groups"], c["o_lora"], c["experts"], c["top_k"], c["moe_ff"]
     IH, I, hc = c["index_heads"], c["index_head_dim"], c["hc_mult"]
@@ -141,35 +108,21 @@ def generate(name, seed):
             ids = []
             for _ in range(V):
                 ids.extend(rng.sample(range(E), K))
-            import struct
             g.gguf.append((b + "ffn_gate_tid2eid.weight", [K, V], q.I32, struct.pack(f"<{len(ids)}i", *ids)))
             g.hf[m + "gate.tid2eid"] = ([V, K], ids)
         else:
             g.dense(b + "exp_probs_b.bias", m + "gate.e_score_correction_bias", [E], q.F32, 0.3)
         # routed experts: random raw blocks
-        gate_raw, up_raw, down_raw = [], [], []
-        gate_v, up_v, down_v = [], [], []
-        for _ in range(E):
-            for raws, vs, rows, cols, t in ((gate_raw, gate_v, F, D, T["exp_gate_up"]),
-                                            (up_raw, up_v, F, D, T["exp_gate_up"]),
-                                            (down_raw, down_v, D, F, T["exp_down"])):
-                if t == q.MXFP4:
-                    raw = q.random_mxfp4(rng, rows * cols)
-                elif t == q.Q2_K:
-                    raw = q.random_q2_k(rng, rows * cols)
-                else:
-                    raise ValueError(t)
-                raws.append(raw)
-                vs.append(q.dequant(t, raw))
-        g.gguf.append((b + "ffn_gate_exps.weight", [D, F, E], T["exp_gate_up"], b"".join(gate_raw)))
-        g.gguf.append((b + "ffn_up_exps.weight", [D, F, E], T["exp_gate_up"], b"".join(up_raw)))
-        g.gguf.append((b + "ffn_down_exps.weight", [F, D, E], T["exp_down"], b"".join(down_raw)))
-        gate_up = []
-        for e in range(E):
-            gate_up.extend(gate_v[e])
-            gate_up.extend(up_v[e])
-        g.hf[m + "experts.gate_up_proj"] = ([E, 2 * F, D], gate_up)
-        g.hf[m + "experts.down_proj"] = ([E, D, F], [v for e in range(E) for v in down_v[e]])
+
+        def expert(t, rows, cols):
+            if t == q.MXFP4:
+                raw = q.random_mxfp4(rng, rows * cols)
+            elif t == q.Q2_K:
+                raw = q.random_q2_k(rng, rows * cols)
+            else:
+                raise ValueError(t)
+            return raw, q.dequant(t, raw)
+        g.routed_experts(b, m, D, F, E, T["exp_gate_up"], T["exp_down"], expert)
         sh = m + "shared_experts."
         g.dense(b + "ffn_gate_shexp.weight", sh + "gate_proj.weight", [F, D], T["shexp"], 1.5 / math.sqrt(D))
         g.dense(b + "ffn_up_shexp.weight", sh + "up_proj.weight", [F, D], T["shexp"], 1.5 / math.sqrt(D))
@@ -183,49 +136,48 @@ def generate(name, seed):
     return c, g, tokens
 
 
+def gguf_keys(c):
+    """The deepseek4.* metadata keys, in the order llama.cpp's converter writes them."""
+    return [
+        ("context_length", c["max_positions"], GGUF_UINT32),
+        ("embedding_length", c["hidden"], GGUF_UINT32),
+        ("block_count", c["layers"], GGUF_UINT32),
+        ("expert_count", c["experts"], GGUF_UINT32),
+        ("expert_used_count", c["top_k"], GGUF_UINT32),
+        ("attention.head_count", c["heads"], GGUF_UINT32),
+        ("attention.head_count_kv", 1, GGUF_UINT32),
+        ("attention.key_length", c["head_dim"], GGUF_UINT32),
+        ("attention.value_length", c["head_dim"], GGUF_UINT32),
+        ("rope.dimension_count", c["rope_dim"], GGUF_UINT32),
+        ("rope.freq_base", c["rope_theta"], GGUF_FLOAT32),
+        ("rope.scaling.type", "yarn", GGUF_STRING),
+        ("rope.scaling.factor", c["yarn"]["factor"], GGUF_FLOAT32),
+        ("rope.scaling.original_context_length", c["yarn"]["original_max_position_embeddings"], GGUF_UINT32),
+        ("rope.scaling.yarn_beta_fast", c["yarn"]["beta_fast"], GGUF_FLOAT32),
+        ("rope.scaling.yarn_beta_slow", c["yarn"]["beta_slow"], GGUF_FLOAT32),
+        ("attention.layer_norm_rms_epsilon", c["rms_eps"], GGUF_FLOAT32),
+        ("attention.q_lora_rank", c["q_lora"], GGUF_UINT32),
+        ("attention.sliding_window", c["window"], GGUF_UINT32),
+        ("expert_feed_forward_length", c["moe_ff"], GGUF_UINT32),
+        ("expert_shared_count", 1, GGUF_UINT32),
+        ("expert_weights_scale", c["routed_scale"], GGUF_FLOAT32),
+        ("expert_weights_norm", True, GGUF_BOOL),
+        ("swiglu_clamp_exp", [c["swiglu_limit"]] * c["layers"], None, GGUF_FLOAT32),
+        ("swiglu_clamp_shexp", [c["swiglu_limit"]] * c["layers"], None, GGUF_FLOAT32),
+        ("attention.indexer.head_count", c["index_heads"], GGUF_UINT32),
+        ("attention.indexer.key_length", c["index_head_dim"], GGUF_UINT32),
+        ("attention.indexer.top_k", c["index_topk"], GGUF_UINT32),
+        ("attention.output_group_count", c["o_groups"], GGUF_UINT32),
+        ("attention.output_lora_rank", c["o_lora"], GGUF_UINT32),
+        ("attention.compress_rope_freq_base", c["compress_rope_theta"], GGUF_FLOAT32),
+        ("attention.compress_ratios", c["ratios"], None, GGUF_INT32),
+        ("hyper_connection.count", c["hc_mult"], GGUF_UINT32),
+        ("hyper_connection.sinkhorn_iterations", c["sinkhorn"], GGUF_UINT32),
+        ("hyper_connection.epsilon", c["hc_eps"], GGUF_FLOAT32),
+        ("hash_layer_count", c["n_hash"], GGUF_UINT32),
+        ("expert_gating_func", 4, GGUF_UINT32),
+    ]
+
+
 def gguf_bytes(c, g):
-    w = GgufWriter()
-    A = "deepseek4."
-    w.add("general.architecture", "deepseek4", GGUF_STRING)
-    w.add("general.name", "expertpack tiny DeepSeek-V4 oracle", GGUF_STRING)
-    w.add(A + "context_length", c["max_positions"], GGUF_UINT32)
-    w.add(A + "embedding_length", c["hidden"], GGUF_UINT32)
-    w.add(A + "block_count", c["layers"], GGUF_UINT32)
-    w.add(A + "expert_count", c["experts"], GGUF_UINT32)
-    w.add(A + "expert_used_count", c["top_k"], GGUF_UINT32)
-    w.add(A + "attention.head_count", c["heads"], GGUF_UINT32)
-    w.add(A + "attention.head_count_kv", 1, GGUF_UINT32)
-    w.add(A + "attention.key_length", c["head_dim"], GGUF_UINT32)
-    w.add(A + "attention.value_length", c["head_dim"], GGUF_UINT32)
-    w.add(A + "rope.dimension_count", c["rope_dim"], GGUF_UINT32)
-    w.add(A + "rope.freq_base", c["rope_theta"], GGUF_FLOAT32)
-    w.add(A + "rope.scaling.type", "yarn", GGUF_STRING)
-    w.add(A + "rope.scaling.factor", c["yarn"]["factor"], GGUF_FLOAT32)
-    w.add(A + "rope.scaling.original_context_length", c["yarn"]["original_max_position_embeddings"], GGUF_UINT32)
-    w.add(A + "rope.scaling.yarn_beta_fast", c["yarn"]["beta_fast"], GGUF_FLOAT32)
-    w.add(A + "rope.scaling.yarn_beta_slow", c["yarn"]["beta_slow"], GGUF_FLOAT32)
-    w.add(A + "attention.layer_norm_rms_epsilon", c["rms_eps"], GGUF_FLOAT32)
-    w.add(A + "attention.q_lora_rank", c["q_lora"], GGUF_UINT32)
-    w.add(A + "attention.sliding_window", c["window"], GGUF_UINT32)
-    w.add(A + "expert_feed_forward_length", c["moe_ff"], GGUF_UINT32)
-    w.add(A + "expert_shared_count", 1, GGUF_UINT32)
-    w.add(A + "expert_weights_scale", c["routed_scale"], GGUF_FLOAT32)
-    w.add(A + "expert_weights_norm", True, GGUF_BOOL)
-    w.add(A + "swiglu_clamp_exp", [c["swiglu_limit"]] * c["layers"], elem_type=GGUF_FLOAT32)
-    w.add(A + "swiglu_clamp_shexp", [c["swiglu_limit"]] * c["layers"], elem_type=GGUF_FLOAT32)
-    w.add(A + "attention.indexer.head_count", c["index_heads"], GGUF_UINT32)
-    w.add(A + "attention.indexer.key_length", c["index_head_dim"], GGUF_UINT32)
-    w.add(A + "attention.indexer.top_k", c["index_topk"], GGUF_UINT32)
-    w.add(A + "attention.output_group_count", c["o_groups"], GGUF_UINT32)
-    w.add(A + "attention.output_lora_rank", c["o_lora"], GGUF_UINT32)
-    w.add(A + "attention.compress_rope_freq_base", c["compress_rope_theta"], GGUF_FLOAT32)
-    w.add(A + "attention.compress_ratios", c["ratios"], elem_type=GGUF_INT32)
-    w.add(A + "hyper_connection.count", c["hc_mult"], GGUF_UINT32)
-    w.add(A + "hyper_connection.sinkhorn_iterations", c["sinkhorn"], GGUF_UINT32)
-    w.add(A + "hyper_connection.epsilon", c["hc_eps"], GGUF_FLOAT32)
-    w.add(A + "hash_layer_count", c["n_hash"], GGUF_UINT32)
-    w.add(A + "expert_gating_func", 4, GGUF_UINT32)
-    w.add("general.file_type", 38, GGUF_UINT32)
-    for name, ne, t, raw in g.gguf:
-        w.add_tensor(name, ne, t, raw)
-    return w.to_bytes()
+    return model_gguf("deepseek4", "expertpack tiny DeepSeek-V4 oracle", gguf_keys(c), g)

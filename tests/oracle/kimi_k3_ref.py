@@ -37,7 +37,8 @@ sys.path.insert(0, HERE)
 import golden_check  # noqa: E402
 import ggml_py_quants as q  # noqa: E402
 import kimi_linear_gen as klg  # noqa: E402
-from ggml_py_gguf import GgufWriter, GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING  # noqa: E402
+from ggml_py_gguf import GGUF_UINT32, GGUF_FLOAT32  # noqa: E402
+from oracle_gen import TensorGen, model_gguf  # noqa: E402
 
 KDA, MLA = klg.KDA, klg.MLA
 DATA = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "data")
@@ -128,7 +129,7 @@ def attn_res_mix(banked, cur, w, eps):
 
 def forward(c, T, tokens):
     """Teacher-forced logits [S][V] of config c (klg-style dict, K3 keys optional) over tensors T."""
-    D, S, eps = c["hidden"], len(tokens), c["rms_eps"]
+    S, eps = len(tokens), c["rms_eps"]
     K3res = c.get("attn_res_block", 0)
     emb = T.mat("token_embd.weight")
     hs = [list(emb[t]) for t in tokens]          # per token: the residual stream ("prefix")
@@ -328,7 +329,7 @@ def derived(c):
 def generate(name, seed):
     c = derived(CONFIGS[name])
     rng = random.Random(seed)
-    g = klg.Gen(rng)
+    g = TensorGen(rng)
     D, V, T = c["hidden"], c["vocab"], c["types"]
     H, R, KVL, NOPE, ROPE, VH = c["heads"], c["q_lora"], c["kv_lora"], c["qk_nope"], c["qk_rope"], c["v_head"]
     KH, KD, C = c["kda_heads"], c["kda_head_dim"], c["conv"]
@@ -349,7 +350,7 @@ def generate(name, seed):
             g.dense(b + "ssm_f_a.weight", None, [KD, D], T["kda"], 1.0 / math.sqrt(D))
             g.dense(b + "ssm_f_b.weight", None, [Di, KD], T["kda"], 1.0 / math.sqrt(KD))
             g.dense(b + "ssm_dt.bias", None, [Di], q.F32, 1.0, -0.5)
-            g.values(b + "ssm_a", [KH], [-math.exp(math.log(rng.uniform(0.05, 2.0))) for _ in range(KH)])
+            g.values(b + "ssm_a", None, [KH], [-math.exp(math.log(rng.uniform(0.05, 2.0))) for _ in range(KH)])
             g.dense(b + "ssm_beta.weight", None, [KH, D], T["small"], 1.5 / math.sqrt(D))
             g.dense(b + "ssm_g.weight", None, [Di, D], T["kda"], 1.5 / math.sqrt(D))
             g.dense(b + "ssm_norm.weight", None, [KD], q.F32, 0.2, 1.0)
@@ -389,47 +390,22 @@ def generate(name, seed):
     return c, g, tokens
 
 
+def gguf_keys(c):
+    """The kimi-k3.* keys: Kimi-Linear's (no expert_group_count) plus the decay's lower bound, the
+    latent width, the AttnRes block size and the SiTU constants (gguf-llamacpp.md §2.1)."""
+    keys = [k for k in klg.gguf_keys(c) if k[0] != "expert_group_count"]
+    at = [k[0] for k in keys].index("kda.head_count") + 1
+    keys.insert(at, ("kda.gate_lower_bound", c["gate_lower_bound"], GGUF_FLOAT32))
+    return keys + [
+        ("expert_latent_length", c["latent"], GGUF_UINT32),
+        ("attn_res.block_size", c["attn_res_block"], GGUF_UINT32),
+        ("activation.situ_beta", c["situ_beta"], GGUF_FLOAT32),
+        ("activation.situ_linear_beta", c["situ_linear_beta"], GGUF_FLOAT32),
+    ]
+
+
 def gguf_bytes(c, g):
-    w = GgufWriter()
-    A = "kimi-k3."
-    w.add("general.architecture", "kimi-k3", GGUF_STRING)
-    w.add("general.name", "expertpack tiny Kimi-K3 reference", GGUF_STRING)
-    w.add(A + "context_length", 4096, GGUF_UINT32)
-    w.add(A + "embedding_length", c["hidden"], GGUF_UINT32)
-    w.add(A + "block_count", c["layers"], GGUF_UINT32)
-    w.add(A + "vocab_size", c["vocab"], GGUF_UINT32)
-    w.add(A + "feed_forward_length", c["ff"], GGUF_UINT32)
-    w.add(A + "attention.head_count", c["heads"], GGUF_UINT32)
-    w.add(A + "attention.head_count_kv", c["head_count_kv"], elem_type=GGUF_INT32)
-    w.add(A + "attention.layer_norm_rms_epsilon", c["rms_eps"], GGUF_FLOAT32)
-    w.add(A + "attention.q_lora_rank", c["q_lora"], GGUF_UINT32)
-    w.add(A + "attention.kv_lora_rank", c["kv_lora"], GGUF_UINT32)
-    w.add(A + "attention.key_length", c["kv_lora"] + c["qk_rope"], GGUF_UINT32)
-    w.add(A + "attention.value_length", c["kv_lora"], GGUF_UINT32)
-    w.add(A + "attention.key_length_mla", c["qk_nope"] + c["qk_rope"], GGUF_UINT32)
-    w.add(A + "attention.value_length_mla", c["v_head"], GGUF_UINT32)
-    w.add(A + "rope.dimension_count", c["qk_rope"], GGUF_UINT32)
-    w.add(A + "ssm.conv_kernel", c["conv"], GGUF_UINT32)
-    w.add(A + "kda.head_dim", c["kda_head_dim"], GGUF_UINT32)
-    w.add(A + "kda.head_count", c["kda_heads"], GGUF_UINT32)
-    w.add(A + "kda.gate_lower_bound", c["gate_lower_bound"], GGUF_FLOAT32)
-    w.add(A + "expert_count", c["experts"], GGUF_UINT32)
-    w.add(A + "expert_used_count", c["top_k"], GGUF_UINT32)
-    w.add(A + "expert_group_used_count", 1, GGUF_UINT32)
-    w.add(A + "expert_feed_forward_length", c["moe_ff"], GGUF_UINT32)
-    w.add(A + "expert_shared_count", c["n_shared"], GGUF_UINT32)
-    w.add(A + "leading_dense_block_count", c["n_dense"], GGUF_UINT32)
-    w.add(A + "expert_weights_scale", c["routed_scale"], GGUF_FLOAT32)
-    w.add(A + "expert_weights_norm", c["norm_topk"], GGUF_BOOL)
-    w.add(A + "expert_gating_func", 2, GGUF_UINT32)
-    w.add(A + "expert_latent_length", c["latent"], GGUF_UINT32)
-    w.add(A + "attn_res.block_size", c["attn_res_block"], GGUF_UINT32)
-    w.add(A + "activation.situ_beta", c["situ_beta"], GGUF_FLOAT32)
-    w.add(A + "activation.situ_linear_beta", c["situ_linear_beta"], GGUF_FLOAT32)
-    w.add("general.file_type", 38, GGUF_UINT32)
-    for name, ne, t, raw in g.gguf:
-        w.add_tensor(name, ne, t, raw)
-    return w.to_bytes()
+    return model_gguf("kimi-k3", "expertpack tiny Kimi-K3 reference", gguf_keys(c), g)
 
 
 def f32(values):

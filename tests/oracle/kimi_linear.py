@@ -18,19 +18,15 @@ KimiLinearForCausalLM is loaded with exactly the values ggml dequantizes from th
 runs in float32 on the CPU, and seeds whose router top-k selection is within 2e-4 of its cut-off
 are rejected (the next seed is tried).
 """
-import argparse
-import hashlib
-import json
 import os
 import sys
-import tempfile
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, HERE)
 import kimi_linear_gen as gen  # noqa: E402
+import oracle_run  # noqa: E402
 
 GAP_MIN = 2e-4
 
@@ -152,14 +148,7 @@ def forward_checked(c, model, tokens):
         if gate is not None and hasattr(gate, "e_score_correction_bias"):
             hooks.append(gate.register_forward_hook(router_hook))
 
-        def rec(name):
-            def hook(mod, inp, out):
-                o = out[0] if isinstance(out, tuple) else out
-                debug.append((name, o.detach().float().reshape(S, -1).clone()))
-            return hook
-        hooks.append(layer.self_attn.register_forward_hook(rec(f"layer{il}.attn_out")))
-        hooks.append(layer.mlp.register_forward_hook(rec(f"layer{il}.mlp_out")))
-        hooks.append(layer.register_forward_hook(rec(f"layer{il}.out")))
+    oracle_run.record_layer_outputs(model, S, debug, hooks)
     try:
         ids = torch.tensor([tokens], dtype=torch.long)
         with torch.no_grad():
@@ -168,41 +157,6 @@ def forward_checked(c, model, tokens):
         for h in hooks:
             h.remove()
     return out.logits[0].float(), gap[0], debug
-
-
-def hf_decode_diff(model, tokens, full_logits, n_decode=8):
-    """transformers' own cached path: prefill S-n tokens, then decode one by one."""
-    import torch
-    ids = torch.tensor([tokens], dtype=torch.long)
-    S = len(tokens)
-    with torch.no_grad():
-        out = model(input_ids=ids[:, :S - n_decode], attention_mask=torch.ones_like(ids[:, :S - n_decode]), use_cache=True)
-        pkv = out.past_key_values
-        diffs = [float((out.logits[0] - full_logits[:S - n_decode]).abs().max())]
-        for t in range(S - n_decode, S):
-            o = model(input_ids=ids[:, t:t + 1], attention_mask=torch.ones_like(ids[:, :t + 1]), past_key_values=pkv,
-                      use_cache=True, position_ids=torch.tensor([[t]]))
-            pkv = o.past_key_values
-            diffs.append(float((o.logits[0, -1] - full_logits[t]).abs().max()))
-    return max(diffs)
-
-
-def saved_manifest(model):
-    """What save_pretrained() writes: config.json and every tensor's name/shape/dtype."""
-    from safetensors import safe_open
-    with tempfile.TemporaryDirectory() as d:
-        model.save_pretrained(d, safe_serialization=True)
-        with open(os.path.join(d, "config.json")) as f:
-            config_json = json.load(f)
-        tensors = []
-        for fn in sorted(os.listdir(d)):
-            if not fn.endswith(".safetensors"):
-                continue
-            with safe_open(os.path.join(d, fn), "pt") as sf:
-                for k in sorted(sf.keys()):
-                    t = sf.get_tensor(k)
-                    tensors.append(dict(name=k, shape=list(t.shape), dtype=str(t.dtype).replace("torch.", "")))
-    return config_json, tensors
 
 
 def run_config(name, out_dir, max_attempts):
@@ -231,68 +185,8 @@ def run_config(name, out_dir, max_attempts):
                   logits_file=f"{name}.logits.f32", logits_shape=list(logits.shape),
                   max_abs_logit=float(logits.abs().max()), deterministic=deterministic,
                   versions=dict(torch=torch.__version__, transformers=transformers.__version__, python=sys.version))
-    try:
-        result["hf_decode_max_diff"] = hf_decode_diff(model, tokens, logits)
-    except Exception:  # noqa: BLE001
-        result["hf_decode_error"] = traceback.format_exc()
-    result["state_dict"] = [dict(name=k, shape=list(v.shape), dtype=str(v.dtype).replace("torch.", ""))
-                            for k, v in model.state_dict().items()]
-    try:
-        result["hf_config_json"], result["saved_tensors"] = saved_manifest(model)
-    except Exception:  # noqa: BLE001
-        result["save_error"] = traceback.format_exc()
-    gguf = gen.gguf_bytes(c, g)
-    with open(os.path.join(out_dir, f"{name}.gguf"), "wb") as f:
-        f.write(gguf)
-    result["gguf_file"] = f"{name}.gguf"
-    result["gguf_sha256"] = hashlib.sha256(gguf).hexdigest()
-    with open(os.path.join(out_dir, f"{name}.logits.f32"), "wb") as f:
-        f.write(logits.contiguous().numpy().astype("<f4").tobytes())
-    index, off = [], 0
-    with open(os.path.join(out_dir, f"{name}.debug.f32"), "wb") as f:
-        for dname, t in debug:
-            b = t.contiguous().numpy().astype("<f4").tobytes()
-            f.write(b)
-            index.append(dict(name=dname, shape=list(t.shape), offset=off))
-            off += len(b)
-    result["debug_index"] = index
-    result["seconds"] = time.time() - t0
-    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"[{name}] ok: seed {seed}, max|logit| {result['max_abs_logit']:.4g}, deterministic {deterministic}, "
-          f"hf decode diff {result.get('hf_decode_max_diff')}, checks {checks}, {result['seconds']:.1f}s", flush=True)
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--configs", default=",".join(gen.CONFIGS))
-    ap.add_argument("--gguf-only", action="store_true", help="write only the GGUF files (no torch)")
-    ap.add_argument("--max-attempts", type=int, default=20)
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    names = [n for n in a.configs.split(",") if n]
-    if a.gguf_only:
-        for n in names:
-            c, g, tokens = gen.generate(n, gen.CONFIGS[n]["seed"])
-            with open(os.path.join(a.out, f"{n}.gguf"), "wb") as f:
-                f.write(gen.gguf_bytes(c, g))
-            print(n, "tokens", tokens)
-        return 0
-    import torch
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    rc = 0
-    for n in names:
-        try:
-            run_config(n, a.out, a.max_attempts)
-        except Exception:  # noqa: BLE001
-            rc = 1
-            tb = traceback.format_exc()
-            print(tb, file=sys.stderr, flush=True)
-            with open(os.path.join(a.out, f"{n}.error.txt"), "w") as f:
-                f.write(tb)
-    return rc
-
+    oracle_run.add_hf_checks(result, model, tokens, logits, attention_mask=True)
+    oracle_run.write_golden(out_dir, name, result, gen.gguf_bytes(c, g), logits, debug, t0, note=f", checks {checks}")
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(oracle_run.main(gen, run_config, max_attempts=20))

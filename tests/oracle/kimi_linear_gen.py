@@ -10,10 +10,10 @@ are random here too.
 """
 import math
 import random
-import struct
 
 import ggml_py_quants as q
-from ggml_py_gguf import GgufWriter, GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING
+from ggml_py_gguf import GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL
+from oracle_gen import TensorGen, model_gguf
 
 KDA, MLA = "linear_attention", "full_attention"
 
@@ -53,46 +53,11 @@ def derived(c):
     return c
 
 
-class Gen:
-    """Collects tensors: GGUF (name, ne, type, bytes) and the HF values (name -> (shape, list))."""
-
-    def __init__(self, rng):
-        self.rng = rng
-        self.gguf = []
-        self.hf = {}
-
-    def _plain(self, gtype, n, std, mean=0.0):
-        vals = [mean + std * self.rng.gauss(0.0, 1.0) for _ in range(n)]
-        if gtype in (q.F16, q.BF16, q.F32):
-            vals = [0.0 if abs(v) < 2.0 ** -14 else v for v in vals]
-            rnd = {q.F16: q.f16_round, q.BF16: q.bf16_round, q.F32: q.f32_round}[gtype]
-            vals = [rnd(v) for v in vals]
-            return q.encode(gtype, vals), vals
-        raw = q.encode(gtype, vals)
-        return raw, q.dequant(gtype, raw)
-
-    def dense(self, gguf_name, hf_name, shape, gtype, std, mean=0.0, gguf_ne=None):
-        n = 1
-        for s in shape:
-            n *= s
-        raw, vals = self._plain(gtype, n, std, mean)
-        self.gguf.append((gguf_name, gguf_ne or list(reversed(shape)), gtype, raw))
-        if hf_name:
-            self.hf[hf_name] = (list(shape), vals)
-        return vals
-
-    def values(self, gguf_name, ne, vals):
-        """F32 tensor with given values (GGUF only)."""
-        vals = [q.f32_round(v) for v in vals]
-        self.gguf.append((gguf_name, list(ne), q.F32, q.encode(q.F32, vals)))
-        return vals
-
-
 def generate(name, seed):
-    """Returns (config, Gen, tokens) for config `name` with parameters from `seed`."""
+    """Returns (config, TensorGen, tokens) for config `name` with parameters from `seed`."""
     c = derived(CONFIGS[name])
     rng = random.Random(seed)
-    g = Gen(rng)
+    g = TensorGen(rng)
     D, V, T = c["hidden"], c["vocab"], c["types"]
     H, R, KVL, NOPE, ROPE, VH = c["heads"], c["q_lora"], c["kv_lora"], c["qk_nope"], c["qk_rope"], c["v_head"]
     KH, KD, C = c["kda_heads"], c["kda_head_dim"], c["conv"]
@@ -117,7 +82,7 @@ def generate(name, seed):
             # A_log: decay rates exp(A_log) in [0.05, 2]; the GGUF holds -exp(A_log) (llama.cpp's fold)
             a_log = [q.f32_round(math.log(rng.uniform(0.05, 2.0))) for _ in range(KH)]
             g.hf[a + "forget_gate.A_log"] = ([1, 1, KH, 1], a_log)
-            g.values(b + "ssm_a", [KH], [-math.exp(v) for v in a_log])
+            g.values(b + "ssm_a", None, [KH], [-math.exp(v) for v in a_log])
             g.dense(b + "ssm_beta.weight", a + "b_proj.weight", [KH, D], T["small"], 1.5 / math.sqrt(D))
             g.dense(b + "ssm_g_a.weight", a + "g_a_proj.weight", [KD, D], T["kda"], 1.0 / math.sqrt(D))
             g.dense(b + "ssm_g_b.weight", a + "g_b_proj.weight", [Di, KD], T["kda"], 1.5 / math.sqrt(KD))
@@ -145,28 +110,12 @@ def generate(name, seed):
             continue
         g.dense(b + "ffn_gate_inp.weight", m + "gate.weight", [E, D], q.F32, 2.0 / math.sqrt(D))
         g.dense(b + "exp_probs_b.bias", m + "gate.e_score_correction_bias", [E], q.F32, 0.1)
-        gate_raw, up_raw, down_raw = [], [], []
-        gate_v, up_v, down_v = [], [], []
-        for _ in range(E):
-            for raws, vs, rows, cols, t in ((gate_raw, gate_v, F, D, T["exp_gate_up"]),
-                                            (up_raw, up_v, F, D, T["exp_gate_up"]),
-                                            (down_raw, down_v, D, F, T["exp_down"])):
-                if t == q.MXFP4:
-                    raw = q.random_mxfp4(rng, rows * cols)
-                    vals = q.dequant(t, raw)
-                else:
-                    raw, vals = g._plain(t, rows * cols, 1.5 / math.sqrt(cols))
-                raws.append(raw)
-                vs.append(vals)
-        g.gguf.append((b + "ffn_gate_exps.weight", [D, F, E], T["exp_gate_up"], b"".join(gate_raw)))
-        g.gguf.append((b + "ffn_up_exps.weight", [D, F, E], T["exp_gate_up"], b"".join(up_raw)))
-        g.gguf.append((b + "ffn_down_exps.weight", [F, D, E], T["exp_down"], b"".join(down_raw)))
-        gate_up = []
-        for e in range(E):
-            gate_up.extend(gate_v[e])
-            gate_up.extend(up_v[e])
-        g.hf[m + "experts.gate_up_proj"] = ([E, 2 * F, D], gate_up)
-        g.hf[m + "experts.down_proj"] = ([E, D, F], [v for e in range(E) for v in down_v[e]])
+        def expert(t, rows, cols):
+            if t == q.MXFP4:
+                raw = q.random_mxfp4(rng, rows * cols)
+                return raw, q.dequant(t, raw)
+            return g.plain(t, rows * cols, 1.5 / math.sqrt(cols))
+        g.routed_experts(b, m, D, F, E, T["exp_gate_up"], T["exp_down"], expert)
         sh = m + "shared_experts."
         g.dense(b + "ffn_gate_shexp.weight", sh + "gate_proj.weight", [F * S, D], T["shexp"], 1.5 / math.sqrt(D))
         g.dense(b + "ffn_up_shexp.weight", sh + "up_proj.weight", [F * S, D], T["shexp"], 1.5 / math.sqrt(D))
@@ -177,41 +126,43 @@ def generate(name, seed):
     return c, g, tokens
 
 
-def gguf_bytes(c, g):
-    w = GgufWriter()
-    A = "kimi-linear."
-    w.add("general.architecture", "kimi-linear", GGUF_STRING)
-    w.add("general.name", "expertpack tiny Kimi-Linear oracle", GGUF_STRING)
-    w.add(A + "context_length", 4096, GGUF_UINT32)
-    w.add(A + "embedding_length", c["hidden"], GGUF_UINT32)
-    w.add(A + "block_count", c["layers"], GGUF_UINT32)
-    w.add(A + "vocab_size", c["vocab"], GGUF_UINT32)
-    w.add(A + "feed_forward_length", c["ff"], GGUF_UINT32)
-    w.add(A + "attention.head_count", c["heads"], GGUF_UINT32)
-    w.add(A + "attention.head_count_kv", c["head_count_kv"], elem_type=GGUF_INT32)
-    w.add(A + "attention.layer_norm_rms_epsilon", c["rms_eps"], GGUF_FLOAT32)
+def gguf_keys(c):
+    """The kimi-linear.* metadata keys (docs/models/kimi-linear.md), in the order they are written."""
+    keys = [
+        ("context_length", 4096, GGUF_UINT32),
+        ("embedding_length", c["hidden"], GGUF_UINT32),
+        ("block_count", c["layers"], GGUF_UINT32),
+        ("vocab_size", c["vocab"], GGUF_UINT32),
+        ("feed_forward_length", c["ff"], GGUF_UINT32),
+        ("attention.head_count", c["heads"], GGUF_UINT32),
+        ("attention.head_count_kv", c["head_count_kv"], None, GGUF_INT32),
+        ("attention.layer_norm_rms_epsilon", c["rms_eps"], GGUF_FLOAT32),
+    ]
     if c["q_lora"]:
-        w.add(A + "attention.q_lora_rank", c["q_lora"], GGUF_UINT32)
-    w.add(A + "attention.kv_lora_rank", c["kv_lora"], GGUF_UINT32)
-    w.add(A + "attention.key_length", c["kv_lora"] + c["qk_rope"], GGUF_UINT32)
-    w.add(A + "attention.value_length", c["kv_lora"], GGUF_UINT32)
-    w.add(A + "attention.key_length_mla", c["qk_nope"] + c["qk_rope"], GGUF_UINT32)
-    w.add(A + "attention.value_length_mla", c["v_head"], GGUF_UINT32)
-    w.add(A + "rope.dimension_count", c["qk_rope"], GGUF_UINT32)
-    w.add(A + "ssm.conv_kernel", c["conv"], GGUF_UINT32)
-    w.add(A + "kda.head_dim", c["kda_head_dim"], GGUF_UINT32)
-    w.add(A + "kda.head_count", c["kda_heads"], GGUF_UINT32)
-    w.add(A + "expert_count", c["experts"], GGUF_UINT32)
-    w.add(A + "expert_used_count", c["top_k"], GGUF_UINT32)
-    w.add(A + "expert_group_count", 1, GGUF_UINT32)
-    w.add(A + "expert_group_used_count", 1, GGUF_UINT32)
-    w.add(A + "expert_feed_forward_length", c["moe_ff"], GGUF_UINT32)
-    w.add(A + "expert_shared_count", c["n_shared"], GGUF_UINT32)
-    w.add(A + "leading_dense_block_count", c["n_dense"], GGUF_UINT32)
-    w.add(A + "expert_weights_scale", c["routed_scale"], GGUF_FLOAT32)
-    w.add(A + "expert_weights_norm", c["norm_topk"], GGUF_BOOL)
-    w.add(A + "expert_gating_func", 2, GGUF_UINT32)
-    w.add("general.file_type", 38, GGUF_UINT32)
-    for name, ne, t, raw in g.gguf:
-        w.add_tensor(name, ne, t, raw)
-    return w.to_bytes()
+        keys.append(("attention.q_lora_rank", c["q_lora"], GGUF_UINT32))
+    keys += [
+        ("attention.kv_lora_rank", c["kv_lora"], GGUF_UINT32),
+        ("attention.key_length", c["kv_lora"] + c["qk_rope"], GGUF_UINT32),
+        ("attention.value_length", c["kv_lora"], GGUF_UINT32),
+        ("attention.key_length_mla", c["qk_nope"] + c["qk_rope"], GGUF_UINT32),
+        ("attention.value_length_mla", c["v_head"], GGUF_UINT32),
+        ("rope.dimension_count", c["qk_rope"], GGUF_UINT32),
+        ("ssm.conv_kernel", c["conv"], GGUF_UINT32),
+        ("kda.head_dim", c["kda_head_dim"], GGUF_UINT32),
+        ("kda.head_count", c["kda_heads"], GGUF_UINT32),
+        ("expert_count", c["experts"], GGUF_UINT32),
+        ("expert_used_count", c["top_k"], GGUF_UINT32),
+        ("expert_group_count", 1, GGUF_UINT32),
+        ("expert_group_used_count", 1, GGUF_UINT32),
+        ("expert_feed_forward_length", c["moe_ff"], GGUF_UINT32),
+        ("expert_shared_count", c["n_shared"], GGUF_UINT32),
+        ("leading_dense_block_count", c["n_dense"], GGUF_UINT32),
+        ("expert_weights_scale", c["routed_scale"], GGUF_FLOAT32),
+        ("expert_weights_norm", c["norm_topk"], GGUF_BOOL),
+        ("expert_gating_func", 2, GGUF_UINT32),
+    ]
+    return keys
+
+
+def gguf_bytes(c, g):
+    return model_gguf("kimi-linear", "expertpack tiny Kimi-Linear oracle", gguf_keys(c), g)

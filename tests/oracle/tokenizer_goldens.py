@@ -24,7 +24,6 @@ The output is JSON lines (UTF-8):
 Speeds are also printed on stderr.
 """
 import argparse
-import base64
 import hashlib
 import json
 import os

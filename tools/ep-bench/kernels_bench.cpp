@@ -1,8 +1,9 @@
 // ep-bench kernels — measures, in one run on one GPU: the HBM device-to-device copy bandwidth
 // (read + write bytes), the cuBLAS bf16 GEMM rate per shape, and per weight type, expert shape
 // and GEMV kernel the decode GEMV bandwidth (weight bytes read / time, several experts per
-// launch) as a fraction of the copy bandwidth, and the prefill GEMM rate (dequantize + cuBLAS)
-// as a fraction of the cuBLAS bf16 rate. Weights are cycled through a pool much larger than L2
+// launch) as a fraction of the copy bandwidth, and the prefill GEMM rate (dequantize + cuBLAS, in
+// the backend's exact f32 mode by default or its fast bf16 mode with --gemm-mode bf16) as a
+// fraction of the cuBLAS bf16 rate. Weights are cycled through a pool much larger than L2
 // so that HBM is measured.
 #include "bench_common.hpp"
 
@@ -34,6 +35,7 @@ using ep::format::GgmlType;
 struct Options {
   bool json = false;
   bool gemm = true;          // prefill GEMM and cuBLAS references
+  ep::cuda::GemmMode gemm_mode = ep::cuda::GemmMode::exact_f32;  // the backend's prefill GEMM path
   int batch = 8;             // experts per GEMV launch
   int gemv_tokens = 1;       // tokens per GEMV launch
   int passes = 10;           // timed passes over the weight pool
@@ -61,6 +63,12 @@ Options options_from(const Args &args) {
   Options o;
   o.json = args.has("json");
   o.gemm = !args.has("no-gemm");
+  const std::string mode = args.get("gemm-mode", "exact");
+  if (mode == "bf16") {
+    o.gemm_mode = ep::cuda::GemmMode::fast_bf16;
+  } else if (mode != "exact") {
+    ep::fail(ep::Status::invalid_argument, "ep-bench kernels: --gemm-mode is 'exact' or 'bf16', not '{}'", mode);
+  }
   o.batch = std::max(1, static_cast<int>(args.number("batch", 8)));
   o.gemv_tokens = std::clamp(static_cast<int>(args.number("gemv-tokens", 1)), 1, ep::cuda::kGemvMaxTokens);
   o.pool_mib = static_cast<uint64_t>(args.number("pool-mib", 1024));
@@ -80,7 +88,7 @@ Options options_from(const Args &args) {
   for (const auto &name : split_list(args.get("kernels", "auto"))) {
     ep::cuda::GemvKernel k{};
     if (!ep::cuda::parse_gemv_kernel(name.c_str(), k))
-      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|mma-s6|mma-k2|mma-k4)", name);
+      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a)", name);
     o.kernels.push_back(k);
   }
   return o;
@@ -268,10 +276,11 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
     }
     r.gemv.push_back({name, gemv_gbps(o.batch, want), gemv_gbps(1, want)});
   }
-  if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to bf16 + cuBLAS)
+  if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to f32 or bf16 + cuBLAS)
     const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});
     const Tensor yt = Tensor::make(y.p, GgmlType::f32, Device::cuda, {s.n, o.prefill_tokens});
-    auto run = [&](int m) { be.matmul_gemm(Tensor::make(ptrs[m % pool], type, Device::cuda, {s.k, s.n}), xt_t, yt); };
+    auto run = [&](int m) { be.matmul_gemm(Tensor::make(ptrs[m % pool], type, Device::cuda, {s.k, s.n}), xt_t, yt, o.gemm_mode);
+    };
     for (int i = 0; i < 3; ++i) run(i);
     Events ev;
     const int iters = 30;
@@ -333,6 +342,7 @@ int run(const Options &o) {
                             {"gemv_batch1_fraction_of_hbm", g.batch1_gbps / hbm}};
         if (o.gemm) {
           e["gemm_tflops"] = r.gemm_tflops;
+          e["gemm_mode"] = o.gemm_mode == ep::cuda::GemmMode::exact_f32 ? "exact_f32" : "fast_bf16";
           e["cublas_bf16_tflops"] = r.cublas_tflops;
           e["gemm_fraction_of_cublas"] = r.gemm_tflops / r.cublas_tflops;
         }
@@ -350,8 +360,10 @@ int run(const Options &o) {
       fmt::print("cuBLAS bf16 GEMM {}x{} x {} tokens ({}): {:.1f} TFLOP/s\n", shapes[i].k, shapes[i].n, o.prefill_tokens,
                  shapes[i].what, cublas[i]);
   }
-  fmt::print("\ndecode GEMV: {} experts per launch (and 1), {} token(s); prefill GEMM: {} tokens, dequantize to bf16 + cuBLAS\n",
-             o.batch, o.gemv_tokens, o.prefill_tokens);
+  fmt::print("\ndecode GEMV: {} experts per launch (and 1), {} token(s); prefill GEMM: {} tokens, {}\n", o.batch,
+             o.gemv_tokens, o.prefill_tokens,
+             o.gemm_mode == ep::cuda::GemmMode::exact_f32 ? "dequantize to f32 + cuBLAS SGEMM (exact, the default)"
+                                                          : "dequantize to bf16 + cuBLAS bf16 GEMM (fast)");
   fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8}\n", "type", "K x N", "MiB/mat", "kernel",
              "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS");
   for (const auto &r : results)

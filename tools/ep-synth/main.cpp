@@ -1,14 +1,16 @@
-// ep-synth: writes a seeded synthetic DeepSeek-V4 GGUF (llama.cpp `deepseek4` names, keys,
-// shapes and quant types) with any layer count, streaming to disk, and reports the routing
-// distribution its router produces (per-layer expert-frequency entropy and top-10% share).
+// ep-synth: writes a seeded synthetic GGUF with real model shapes, DeepSeek-V4 (llama.cpp
+// `deepseek4` names, keys, shapes and quant types) or Kimi-K3 (`kimi-k3`), with any layer count,
+// streaming to disk, and reports the routing distribution its router produces (per-layer
+// expert-frequency entropy and top-10% share).
 //
-//   ep-synth --out model.gguf [--preset flash|tiny] [--layers N | --disk-budget SIZE]
+//   ep-synth --out model.gguf [--preset flash|tiny|k3|kimi-tiny] [--layers N | --disk-budget SIZE]
 //            [--experts mxfp4|iq2_xxs|q2_K|q4_K] [--down-experts TYPE] [--seed N] [--zipf S]
-//            [--route-samples N] [--no-write] [--json FILE]
+//            [--shards N] [--route-samples N] [--no-write] [--json FILE]
 #include "core/error.hpp"
 #include "format/ggml_type.hpp"
 #include "format/gguf.hpp"
 #include "model/deepseek_v4_synthetic.hpp"
+#include "model/kimi_synthetic.hpp"
 #include "store/synthetic_pack.hpp"
 
 #include <nlohmann/json.hpp>
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -28,22 +31,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using ep::model::Dsv4SyntheticSpec;
+using ep::model::KimiSyntheticSpec;
 
 constexpr const char *kUsage =
     "usage: ep-synth --out PATH [options]\n"
-    "  --preset flash|tiny    flash: DeepSeek-V4-Flash dimensions (hidden 4096, 256 experts x 2048, top-6,\n"
-    "                         vocab 129280, q8_0 dense); tiny: a small runnable model for tests. Default: flash\n"
-    "  --layers N             transformer blocks (default: flash 4, tiny 4)\n"
+    "  --preset P             flash: DeepSeek-V4-Flash dimensions (hidden 4096, 256 experts x 2048, top-6,\n"
+    "                         vocab 129280, q8_0 dense); tiny: a small runnable DeepSeek-V4 for tests;\n"
+    "                         k3: Kimi-K3 dimensions (hidden 7168, 896 latent experts of 3584 x 3072, top-16,\n"
+    "                         2 shared, dense layer 0 with ff 33792, KDA layers with MLA every 4th and the\n"
+    "                         last, vocab 163840, q8_0 dense); kimi-tiny: a small runnable Kimi-K3 for tests.\n"
+    "                         Default: flash\n"
+    "  --layers N             transformer blocks (default: 4; kimi-tiny 6)\n"
     "  --disk-budget SIZE     instead of --layers: the most layers whose GGUF plus its Expert Pack (a second\n"
     "                         copy of the routed experts) fit in SIZE (e.g. 200G); prints the estimate\n"
-    "  --experts TYPE         routed expert type: mxfp4 (default), iq2_xxs, q2_K, q4_K (any ggml block type)\n"
-    "  --down-experts TYPE    type of ffn_down_exps (default: same as --experts)\n"
+    "  --experts TYPE         routed expert type (any ggml block type: mxfp4, iq2_xxs, q2_K, q3_K, q4_K, ...);\n"
+    "                         default: mxfp4 (DeepSeek-V4), q2_K (Kimi, like the published Q2_K GGUF)\n"
+    "  --down-experts TYPE    type of ffn_down_exps (default: --experts; Kimi without --experts: q3_K)\n"
     "  --seed N               default 1\n"
     "  --zipf S               shape expert popularity: per-layer router correction biases\n"
-    "                         -S*0.25*ln(1+rank) and Zipf(S)-weighted hash tables; 0 = uniform.\n"
+    "                         -S*0.25*ln(1+rank) (DeepSeek-V4: also Zipf(S)-weighted hash tables); 0 = uniform.\n"
     "                         Without --zipf: random biases (the library's default synthetic model)\n"
+    "  --shards N             Kimi: write a split set of N files (-0000k-of-0000N.gguf; default 1)\n"
     "  --route-samples N      random hidden states per layer for the routing report (default 512, 0 = off)\n"
-    "  --no-write             only print the size estimate (and nothing else)\n"
+    "  --no-write             only print the size estimate (and the layer count on stdout)\n"
     "  --json FILE            write the size, write speed and routing report as JSON\n";
 
 struct Args {
@@ -128,34 +138,44 @@ LayerRouting summarize(int64_t layer, bool hash, const std::vector<double> &coun
   return r;
 }
 
-std::vector<float> read_f32(const ep::format::GgufFile &f, const std::string &name, size_t n) {
-  const auto *t = f.find_tensor(name);
-  if (!t || t->nbytes != n * 4) ep::fail(ep::Status::format, "{}: tensor {} missing or not {} f32 values", f.path(), name, n);
+std::vector<float> read_f32(const ep::format::GgufSet &f, const std::string &name, size_t n) {
+  const auto t = f.find_tensor(name);
+  if (!t || t->info->nbytes != n * 4)
+    ep::fail(ep::Status::format, "{}: tensor {} missing or not {} f32 values", f.first().path(), name, n);
   std::vector<float> v(n);
-  f.source().read(t->file_offset, v.data(), n * 4);
+  t->file->source().read(t->info->file_offset, v.data(), n * 4);
   return v;
 }
 
+/// What the routing report needs of a model's router.
+struct RouterShape {
+  int64_t n_layers = 0;
+  int64_t first_moe = 0;  ///< dense layers before it are skipped
+  int64_t n_hash = 0;     ///< DeepSeek-V4: hash-routed layers (tid2eid tables) from first_moe on
+  size_t D = 0, E = 0, K = 0, V = 0;
+  uint64_t seed = 1;
+  bool sigmoid = false;   ///< Kimi: sigmoid(x·w) + bias; DeepSeek-V4: sqrt(softplus(x·w)) + bias
+};
+
 /// The routing distribution of the written file: hash layers count their whole tid2eid table
-/// (every token once); the other layers route @p samples random RMS-normalised hidden states
-/// through the file's router (sqrt(softplus(x·w)) + correction bias, top-k) — the model's
-/// selection rule on inputs without structure.
-std::vector<LayerRouting> routing_report(const std::string &path, const Dsv4SyntheticSpec &s, uint32_t samples) {
-  const auto f = ep::format::GgufFile::open(path);
-  const auto D = static_cast<size_t>(s.hidden), E = static_cast<size_t>(s.n_experts), K = static_cast<size_t>(s.n_experts_used),
-             V = static_cast<size_t>(s.vocab);
+/// (every token once); the other MoE layers route @p samples random RMS-normalised hidden states
+/// through the file's router (score + correction bias, top-k) — the model's selection rule on
+/// inputs without structure.
+std::vector<LayerRouting> routing_report(const std::string &path, const RouterShape &s, uint32_t samples) {
+  const auto f = ep::format::GgufSet::open(path);
+  const size_t D = s.D, E = s.E, K = s.K, V = s.V;
   std::vector<LayerRouting> out;
   std::mt19937_64 rng(s.seed * 7919 + 17);
   std::normal_distribution<float> gauss(0.0f, 1.0f);
-  for (int64_t il = 0; il < static_cast<int64_t>(s.compress_ratios.size()); ++il) {
+  for (int64_t il = s.first_moe; il < s.n_layers; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     std::vector<double> count(E, 0.0);
-    const bool hash = il < s.n_hash_layers;
+    const bool hash = il < s.first_moe + s.n_hash;
     if (hash) {
-      const auto *t = f.find_tensor(b + "ffn_gate_tid2eid.weight");
+      const auto t = f.find_tensor(b + "ffn_gate_tid2eid.weight");
       if (!t) ep::fail(ep::Status::format, "{}: no {}ffn_gate_tid2eid.weight", path, b);
       std::vector<int32_t> ids(K * V);
-      f.source().read(t->file_offset, ids.data(), ids.size() * 4);
+      t->file->source().read(t->info->file_offset, ids.data(), ids.size() * 4);
       for (int32_t id : ids)
         if (id >= 0 && static_cast<size_t>(id) < E) count[static_cast<size_t>(id)] += 1;
     } else {
@@ -175,8 +195,8 @@ std::vector<LayerRouting> routing_report(const std::string &path, const Dsv4Synt
           float z = 0;
           for (size_t d = 0; d < D; ++d) z += row[d] * x[d];
           z *= inv;
-          const float sp = z > 20 ? z : std::log1p(std::exp(z));
-          score[e] = {std::sqrt(sp) + bias[e], e};
+          const float sc = s.sigmoid ? 1.0f / (1.0f + std::exp(-z)) : std::sqrt(z > 20 ? z : std::log1p(std::exp(z)));
+          score[e] = {sc + bias[e], e};
         }
         std::partial_sort(score.begin(), score.begin() + static_cast<std::ptrdiff_t>(K), score.end(),
                           [](const auto &a, const auto &c) { return a.first > c.first || (a.first == c.first && a.second < c.second); });
@@ -188,43 +208,108 @@ std::vector<LayerRouting> routing_report(const std::string &path, const Dsv4Synt
   return out;
 }
 
+std::string type_name(ep::format::GgmlType t) {
+  return std::string(ep::format::require_ggml_type(static_cast<uint32_t>(t), "").name);
+}
+
+/// One synthetic model to write, whichever family.
+struct Plan {
+  std::string family;          ///< "DeepSeek-V4" or "Kimi-K3"
+  int64_t layers = 0;
+  uint64_t file_bytes = 0;     ///< estimated GGUF bytes
+  uint64_t pack_bytes = 0;     ///< routed expert bytes (the pack's payload)
+  int64_t experts = 0, top_k = 0, expert_ff = 0;
+  ep::format::GgmlType gate_up{}, down{};
+  uint64_t seed = 1;
+  double zipf = -1;
+  RouterShape router;
+  std::function<std::string(const std::string &, const std::function<void(uint64_t, uint64_t)> &)> write;
+};
+
+/// The fields both spec types name alike.
+template <class Spec>
+void set_common(Plan &p, const Spec &s) {
+  p.experts = s.n_experts;
+  p.top_k = s.n_experts_used;
+  p.expert_ff = s.moe_ff;
+  p.gate_up = s.expert_gate_up;
+  p.down = s.expert_down;
+  p.seed = s.seed;
+  p.zipf = s.router_zipf;
+}
+
+Plan dsv4_plan(const Args &a, const std::string &preset, int64_t layers) {
+  Dsv4SyntheticSpec s = preset == "flash" ? Dsv4SyntheticSpec::flash_shaped(layers) : tiny_spec(layers);
+  if (preset == "flash") s.chat_tokenizer = true;
+  s.seed = std::stoull(a.get("seed", "1"));
+  s.expert_gate_up = type_arg(a.get("experts", "mxfp4"));
+  s.expert_down = type_arg(a.get("down-experts", a.get("experts", "mxfp4")));
+  if (a.has("zipf")) s.router_zipf = std::stod(a.get("zipf", "0"));
+  if (a.has("shards")) ep::fail(ep::Status::invalid_argument, "--shards: only the Kimi presets write split sets");
+  Plan p;
+  p.family = "DeepSeek-V4";
+  p.layers = layers;
+  p.file_bytes = estimate_file_bytes(s);
+  p.pack_bytes = static_cast<uint64_t>(layers) * expert_layer_bytes(s);
+  set_common(p, s);
+  p.router = {layers, 0, s.n_hash_layers, static_cast<size_t>(s.hidden), static_cast<size_t>(s.n_experts),
+              static_cast<size_t>(s.n_experts_used), static_cast<size_t>(s.vocab), s.seed, false};
+  p.write = [s](const std::string &out, const std::function<void(uint64_t, uint64_t)> &progress) {
+    ep::model::write_dsv4_synthetic_gguf(s, out, progress);
+    return out;
+  };
+  return p;
+}
+
+Plan kimi_plan(const Args &a, const std::string &preset, int64_t layers) {
+  KimiSyntheticSpec s = preset == "k3" ? KimiSyntheticSpec::k3_shaped(layers) : KimiSyntheticSpec::tiny(layers);
+  s.seed = std::stoull(a.get("seed", "1"));
+  if (a.has("experts")) {
+    s.expert_gate_up = type_arg(a.get("experts", ""));
+    s.expert_down = s.expert_gate_up;
+  }
+  if (a.has("down-experts")) s.expert_down = type_arg(a.get("down-experts", ""));
+  if (a.has("zipf")) s.router_zipf = std::stod(a.get("zipf", "0"));
+  s.shards = static_cast<uint32_t>(std::stoul(a.get("shards", "1")));
+  Plan p;
+  p.family = "Kimi-K3";
+  p.layers = layers;
+  p.file_bytes = ep::model::kimi_synthetic_tensor_bytes(s);
+  p.pack_bytes = static_cast<uint64_t>(layers - s.n_dense_layers) * ep::model::kimi_synthetic_expert_layer_bytes(s);
+  set_common(p, s);
+  p.router = {layers, s.n_dense_layers, 0, static_cast<size_t>(s.hidden), static_cast<size_t>(s.n_experts),
+              static_cast<size_t>(s.n_experts_used), static_cast<size_t>(s.vocab), s.seed, true};
+  p.write = [s](const std::string &out, const std::function<void(uint64_t, uint64_t)> &progress) {
+    return ep::model::write_kimi_synthetic_gguf(s, out, progress);
+  };
+  return p;
+}
+
 int run(const Args &a) {
   const std::string preset = a.get("preset", "flash");
-  if (preset != "flash" && preset != "tiny") ep::fail(ep::Status::invalid_argument, "--preset: flash or tiny, not '{}'", preset);
-  auto make = [&](int64_t layers) {
-    Dsv4SyntheticSpec s = preset == "flash" ? Dsv4SyntheticSpec::flash_shaped(layers) : tiny_spec(layers);
-    if (preset == "flash") s.chat_tokenizer = true;
-    s.seed = std::stoull(a.get("seed", "1"));
-    s.expert_gate_up = type_arg(a.get("experts", "mxfp4"));
-    s.expert_down = type_arg(a.get("down-experts", a.get("experts", "mxfp4")));
-    if (a.has("zipf")) {
-      s.router_zipf = std::stod(a.get("zipf", "0"));
-      if (!(s.router_zipf >= 0)) ep::fail(ep::Status::invalid_argument, "--zipf must be >= 0");
-    }
-    return s;
-  };
-  int64_t layers = std::stoll(a.get("layers", "4"));
+  const bool kimi = preset == "k3" || preset == "kimi-tiny";
+  if (!kimi && preset != "flash" && preset != "tiny")
+    ep::fail(ep::Status::invalid_argument, "--preset: flash, tiny, k3 or kimi-tiny, not '{}'", preset);
+  if (a.has("zipf") && !(std::stod(a.get("zipf", "0")) >= 0)) ep::fail(ep::Status::invalid_argument, "--zipf must be >= 0");
+  auto make = [&](int64_t layers) { return kimi ? kimi_plan(a, preset, layers) : dsv4_plan(a, preset, layers); };
+  int64_t layers = std::stoll(a.get("layers", preset == "kimi-tiny" ? "6" : "4"));
   if (a.has("disk-budget")) {
     const uint64_t budget = ep::store::parse_size(a.get("disk-budget", "0"));
     layers = 0;
     for (int64_t n = 1; n <= 4096; ++n) {
-      const auto s = make(n);
-      const uint64_t need = estimate_file_bytes(s) + static_cast<uint64_t>(n) * expert_layer_bytes(s);
-      if (need > budget) break;
+      const Plan p = make(n);
+      if (p.file_bytes + p.pack_bytes > budget) break;
       layers = n;
     }
     if (layers < 1) ep::fail(ep::Status::invalid_argument, "--disk-budget {}: not even one layer (and its pack) fits", a.get("disk-budget", ""));
   }
   if (layers < 1) ep::fail(ep::Status::invalid_argument, "--layers must be >= 1");
-  const Dsv4SyntheticSpec spec = make(layers);
-  const uint64_t est = estimate_file_bytes(spec);
-  std::fprintf(stderr, "ep-synth: %s-shaped, %lld layers, %lld experts x %lld (%s/%s), top-%lld, ~%.2f GiB GGUF + ~%.2f GiB pack\n",
-               preset.c_str(), static_cast<long long>(layers), static_cast<long long>(spec.n_experts),
-               static_cast<long long>(spec.moe_ff),
-               std::string(ep::format::require_ggml_type(static_cast<uint32_t>(spec.expert_gate_up), "").name).c_str(),
-               std::string(ep::format::require_ggml_type(static_cast<uint32_t>(spec.expert_down), "").name).c_str(),
-               static_cast<long long>(spec.n_experts_used), static_cast<double>(est) / (1ull << 30),
-               static_cast<double>(static_cast<uint64_t>(layers) * expert_layer_bytes(spec)) / (1ull << 30));
+  const Plan plan = make(layers);
+  std::fprintf(stderr, "ep-synth: %s %s-shaped, %lld layers, %lld experts x %lld (%s/%s), top-%lld, ~%.2f GiB GGUF + ~%.2f GiB pack\n",
+               plan.family.c_str(), preset.c_str(), static_cast<long long>(layers), static_cast<long long>(plan.experts),
+               static_cast<long long>(plan.expert_ff), type_name(plan.gate_up).c_str(), type_name(plan.down).c_str(),
+               static_cast<long long>(plan.top_k), static_cast<double>(plan.file_bytes) / (1ull << 30),
+               static_cast<double>(plan.pack_bytes) / (1ull << 30));
   if (a.has("no-write")) {
     std::printf("%lld\n", static_cast<long long>(layers));
     return 0;
@@ -235,7 +320,7 @@ int run(const Args &a) {
   const auto t0 = Clock::now();
   auto last = t0;
   uint64_t total_bytes = 0;
-  ep::model::write_dsv4_synthetic_gguf(spec, out, [&](uint64_t done, uint64_t total) {
+  const std::string first = plan.write(out, [&](uint64_t done, uint64_t total) {
     total_bytes = total;
     const auto now = Clock::now();
     if (now - last < std::chrono::seconds(2) && done < total) return;
@@ -247,26 +332,29 @@ int run(const Args &a) {
   });
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double mbps = secs > 0 ? static_cast<double>(total_bytes) / secs / 1e6 : 0;
-  std::printf("wrote %s: %.3f GiB in %.1f s, %.0f MB/s (including fsync-free page-cache writeback)\n", out.c_str(),
+  std::printf("wrote %s: %.3f GiB in %.1f s, %.0f MB/s (including fsync-free page-cache writeback)\n", first.c_str(),
               static_cast<double>(total_bytes) / (1ull << 30), secs, mbps);
 
   nlohmann::ordered_json j;
-  j["path"] = out;
+  j["path"] = first;
+  j["family"] = plan.family;
   j["preset"] = preset;
   j["layers"] = layers;
-  j["experts"] = spec.n_experts;
-  j["experts_per_token"] = spec.n_experts_used;
-  j["expert_type"] = std::string(ep::format::require_ggml_type(static_cast<uint32_t>(spec.expert_gate_up), "").name);
-  j["seed"] = spec.seed;
-  if (spec.router_zipf >= 0) j["zipf"] = spec.router_zipf;
+  j["experts"] = plan.experts;
+  j["experts_per_token"] = plan.top_k;
+  j["expert_type"] = type_name(plan.gate_up);
+  j["expert_down_type"] = type_name(plan.down);
+  j["seed"] = plan.seed;
+  if (plan.zipf >= 0) j["zipf"] = plan.zipf;
   else j["zipf"] = nullptr;
   j["file_bytes"] = total_bytes;
+  j["expert_bytes"] = plan.pack_bytes;
   j["write_seconds"] = secs;
   j["write_mbps"] = mbps;
 
   const auto samples = static_cast<uint32_t>(std::stoul(a.get("route-samples", "512")));
-  if (samples > 0) {
-    const auto rep = routing_report(out, spec, samples);
+  if (samples > 0 && plan.router.first_moe < layers) {
+    const auto rep = routing_report(first, plan.router, samples);
     double he = 0, ht = 0;
     std::printf("routing (hash layers: whole tid2eid table; others: %u random hidden states through the router)\n", samples);
     std::printf("layer  kind    entropy/max  top-10%% share\n");
@@ -279,7 +367,7 @@ int run(const Args &a) {
     }
     const auto n = static_cast<double>(rep.size());
     std::printf("mean   all     %11.4f  %13.4f   (uniform: 1.0000 and %.4f)\n", he / n, ht / n,
-                static_cast<double>(std::max<int64_t>(1, (spec.n_experts + 9) / 10)) / static_cast<double>(spec.n_experts));
+                static_cast<double>(std::max<int64_t>(1, (plan.experts + 9) / 10)) / static_cast<double>(plan.experts));
     j["route_samples"] = samples;
     j["routing"] = arr;
     j["mean_entropy_norm"] = he / n;

@@ -1,0 +1,182 @@
+#include "model/causal_lm.hpp"
+
+#include "core/error.hpp"
+#include "format/gguf.hpp"
+#include "model/deepseek_v4.hpp"
+#include "model/kimi_linear.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string_view>
+
+namespace ep::model {
+
+// Kimi on CUDA (helper kimi-cuda's kernels) is enabled here once its GPU tests pass.
+bool kimi_runs_on(backend::Device device) { return device == backend::Device::cpu || device == backend::Device::cuda; }
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A model class's state (DeepseekV4State, KimiLinearState) as an LmState.
+template <class State>
+class StateOf final : public LmState {
+ public:
+  explicit StateOf(State s) : state(std::move(s)) {}
+  int64_t n_past() const override { return state.n_past; }
+  State state;
+};
+
+/// The adapter: the model class's own forward pass, state and experts; @p info and the first
+/// expert block come from its config.
+template <class Model, class State>
+class ModelLm final : public CausalLm {
+ public:
+  ModelLm(std::unique_ptr<Model> m, CausalLmInfo info, int64_t first_expert_layer)
+      : m_(std::move(m)), info_(std::move(info)), first_(first_expert_layer) {}
+  const CausalLmInfo &info() const override { return info_; }
+  std::unique_ptr<LmState> new_state() const override { return std::make_unique<StateOf<State>>(m_->new_state()); }
+  void forward(const int32_t *tokens, int64_t n, LmState &state, float *logits) override {
+    auto *s = dynamic_cast<StateOf<State> *>(&state);
+    if (!s) fail(Status::internal, "{}: forward() with the state of another model", info_.architecture);
+    m_->forward(tokens, n, s->state, logits);
+  }
+  const std::vector<ExpertShape> &expert_shapes() const override { return m_->expert_shapes(); }
+  int64_t first_expert_layer() const override { return first_; }
+  void set_experts(std::unique_ptr<ExpertProvider> experts) override { m_->set_experts(std::move(experts)); }
+  uint64_t weight_bytes() const override { return m_->weight_bytes(); }
+
+ private:
+  std::unique_ptr<Model> m_;
+  CausalLmInfo info_;
+  int64_t first_ = 0;
+};
+
+template <class Config>
+CausalLmInfo info_of(const Config &c, std::string architecture) {
+  CausalLmInfo i;
+  i.architecture = std::move(architecture);
+  i.vocab = c.vocab;
+  i.n_layers = c.n_layers;
+  i.hidden = c.hidden;
+  i.n_experts = c.n_experts;
+  i.n_experts_used = c.n_experts_used;
+  return i;
+}
+
+std::unique_ptr<CausalLm> open_deepseek_v4_lm(const std::string &source, backend::Backend &backend,
+                                              const CausalLmOptions &options) {
+  DeepseekV4LoadOptions lo;
+  lo.resident_experts = options.resident_experts;
+  auto m = DeepseekV4Model::open(source, backend, lo);
+  CausalLmInfo info = info_of(m->config(), "deepseek4");
+  // Every block is MoE (the first ones hash-routed): provider layer = block.
+  return std::make_unique<ModelLm<DeepseekV4Model, DeepseekV4State>>(std::move(m), std::move(info), 0);
+}
+
+std::unique_ptr<CausalLm> open_kimi_lm(const std::string &source, backend::Backend &backend, const CausalLmOptions &options) {
+  KimiLinearLoadOptions lo;
+  lo.resident_experts = options.resident_experts;
+  auto m = KimiLinearModel::open(source, backend, lo);
+  const KimiLinearConfig &c = m->config();
+  // Provider layer i must be MoE layer i = block n_dense_layers + i (moe_index()).
+  const int64_t first = c.n_dense_layers;
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    const int64_t want = il < first ? -1 : il - first;
+    if (m->moe_index(il) != want)
+      fail(Status::internal, "{}: {} layer {} has MoE index {}, expected {}", source, c.arch, il, m->moe_index(il), want);
+  }
+  CausalLmInfo info = info_of(c, c.arch);
+  return std::make_unique<ModelLm<KimiLinearModel, KimiLinearState>>(std::move(m), std::move(info), first);
+}
+
+using OpenFn = std::unique_ptr<CausalLm> (*)(const std::string &, backend::Backend &, const CausalLmOptions &);
+using RunsOnFn = bool (*)(backend::Device);
+
+bool dsv4_runs_on(backend::Device d) { return d == backend::Device::cpu || d == backend::Device::cuda; }
+
+struct Architecture {
+  std::string_view gguf_name;   ///< general.architecture
+  std::string_view hf_type;     ///< config.json model_type
+  OpenFn open;
+  RunsOnFn runs_on;
+};
+
+const std::array<Architecture, 3> kArchitectures = {{
+    {"deepseek4", "deepseek_v4", &open_deepseek_v4_lm, &dsv4_runs_on},
+    {"kimi-linear", "kimi_linear", &open_kimi_lm, &kimi_runs_on},
+    {"kimi-k3", "kimi_k3", &open_kimi_lm, &kimi_runs_on},
+}};
+
+const Architecture *find_architecture(const std::string &name) {
+  for (const Architecture &a : kArchitectures)
+    if (a.gguf_name == name) return &a;
+  return nullptr;
+}
+
+bool has_gguf_magic(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+std::string known_names() {
+  std::string s;
+  for (const Architecture &a : kArchitectures) s += (s.empty() ? "" : ", ") + std::string(a.gguf_name);
+  return s;
+}
+
+}  // namespace
+
+std::string source_architecture(const std::string &source) {
+  std::error_code ec;
+  if (!fs::exists(source, ec)) fail(Status::not_found, "{}: no such file or directory", source);
+  if (fs::is_regular_file(source, ec) && has_gguf_magic(source)) {
+    const format::GgufFile f = format::GgufFile::open(source);
+    const format::GgufValue *a = f.find("general.architecture");
+    if (!a || a->type != format::GgufType::string)
+      fail(Status::format, "{}: general.architecture is missing or not a string", source);
+    return a->s;
+  }
+  const fs::path dir = fs::is_directory(source, ec) ? fs::path(source) : fs::path(source).parent_path();
+  const fs::path config = dir / "config.json";
+  if (!fs::exists(config, ec))
+    fail(Status::format, "{}: neither a GGUF file nor a safetensors checkpoint (no config.json in {})", source, dir.string());
+  std::ifstream in(config);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail_errno(errno, "read " + config.string());
+  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) fail(Status::format, "{}: not a JSON object", config.string());
+  const auto mt = j.find("model_type");
+  if (mt == j.end() || !mt->is_string()) fail(Status::format, "{}: no model_type string", config.string());
+  const std::string type = mt->get<std::string>();
+  for (const Architecture &a : kArchitectures)
+    if (a.hf_type == type) return std::string(a.gguf_name);
+  return type;
+}
+
+bool architecture_known(const std::string &architecture) { return find_architecture(architecture) != nullptr; }
+
+bool architecture_runs_on(const std::string &architecture, backend::Device device) {
+  const Architecture *a = find_architecture(architecture);
+  return a && a->runs_on(device);
+}
+
+std::unique_ptr<CausalLm> open_causal_lm(const std::string &source, backend::Backend &backend, const CausalLmOptions &options) {
+  const std::string arch = source_architecture(source);
+  const Architecture *a = find_architecture(arch);
+  if (!a) fail(Status::unsupported, "{}: architecture '{}' is not supported (supported: {})", source, arch, known_names());
+  if (!a->runs_on(backend.device()))
+    fail(Status::unsupported, "{}: the {} model does not run on the {} backend yet (use the CPU)", source, arch,
+         backend::device_name(backend.device()));
+  return a->open(source, backend, options);
+}
+
+}  // namespace ep::model

@@ -1,0 +1,88 @@
+// The model interface the C API (ep_model, sessions, ep_generate, ep_score, the text API) runs:
+// a causal language model over token ids with a per-sequence state, whose routed experts come
+// from an ExpertProvider. One adapter (causal_lm.cpp) wraps each model class: DeepseekV4Model
+// for `deepseek4`, KimiLinearModel for `kimi-linear` and `kimi-k3`.
+//
+// Architectures are found from the source: a GGUF file's general.architecture, or a safetensors
+// checkpoint's config.json model_type (mapped to the GGUF name: deepseek_v4 → deepseek4,
+// kimi_linear → kimi-linear, kimi_k3 → kimi-k3). Each architecture says which devices it runs
+// on, so that EP_DEVICE_AUTO can pick one before anything is loaded.
+//
+// Expert provider layers: provider layer i is pack layer i is model block
+// first_expert_layer() + i. The MoE layers of every supported architecture are contiguous (the
+// dense layers come first), so this is the MoE ordinal: DeepSeek-V4 starts at block 0, Kimi at
+// leading_dense_block_count (its packs have first_layer = 1 for the published models).
+#pragma once
+
+#include "backend/backend.hpp"
+#include "model/expert_provider.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ep::model {
+
+/// One sequence's decode state on a CausalLm (made by CausalLm::new_state()). It may hold
+/// backend memory of its model: it must not outlive that model.
+class LmState {
+ public:
+  virtual ~LmState() = default;
+  /// Tokens run so far (the next position).
+  virtual int64_t n_past() const = 0;
+};
+
+/// What a model is (ep_model_info()).
+struct CausalLmInfo {
+  std::string architecture;  ///< the GGUF architecture name: "deepseek4", "kimi-linear", "kimi-k3"
+  int64_t vocab = 0;         ///< logits per position
+  int64_t n_layers = 0;      ///< blocks that run
+  int64_t hidden = 0;
+  int64_t n_experts = 0;       ///< routed experts per MoE layer
+  int64_t n_experts_used = 0;  ///< routed experts per token
+};
+
+struct CausalLmOptions {
+  /// true: read every routed expert from the source into backend memory; false: check their
+  /// tensors only and leave them to a provider installed with set_experts() before forward().
+  bool resident_experts = true;
+};
+
+class CausalLm {
+ public:
+  virtual ~CausalLm() = default;
+  virtual const CausalLmInfo &info() const = 0;
+  virtual std::unique_ptr<LmState> new_state() const = 0;
+  /// Runs @p n tokens at positions state.n_past() ... and appends them to @p state (which must
+  /// come from this model's new_state()). When @p logits is not null it receives n rows of
+  /// vocab logits (row t predicts token t+1). After an exception the state must be discarded.
+  virtual void forward(const int32_t *tokens, int64_t n, LmState &state, float *logits) = 0;
+  /// Per provider layer (= pack layer): the routed experts' types and shapes in the source.
+  virtual const std::vector<ExpertShape> &expert_shapes() const = 0;
+  /// The model block of provider / pack layer 0 (the number of leading dense blocks).
+  virtual int64_t first_expert_layer() const = 0;
+  /// Replaces the routed-expert source (e.g. PackedExperts with first_layer = first_expert_layer()).
+  virtual void set_experts(std::unique_ptr<ExpertProvider> experts) = 0;
+  /// Bytes of weights held in backend memory.
+  virtual uint64_t weight_bytes() const = 0;
+};
+
+/// The architecture of a model source (see the file comment): a GGUF file (magic) or a
+/// safetensors checkpoint (directory with config.json, or a file beside it). Status::not_found /
+/// Status::format when it cannot be read; unknown names are returned as they are.
+std::string source_architecture(const std::string &source);
+/// True when @p architecture is one open_causal_lm() opens.
+bool architecture_known(const std::string &architecture);
+/// True when the architecture's model runs on @p device (false for unknown architectures).
+bool architecture_runs_on(const std::string &architecture, backend::Device device);
+/// Opens the model of @p source on @p backend, dispatching on source_architecture().
+/// Status::unsupported (naming the file and the architecture) for an unknown architecture.
+std::unique_ptr<CausalLm> open_causal_lm(const std::string &source, backend::Backend &backend,
+                                         const CausalLmOptions &options = {});
+
+/// Kimi's devices in the C API: the CPU until its CUDA path has passed the GPU tests
+/// (model_kimi_linear_gpu_test, model_kimi_capi_gpu_test); then add Device::cuda here.
+bool kimi_runs_on(backend::Device device);
+
+}  // namespace ep::model
