@@ -23,7 +23,7 @@ const char *kUsage =
     "usage: ep-run --model PATH --tokens 1,2,3 [-n N] [--temp T] [--top-k-sample K] [--top-p P] [--seed S]\n"
     "              [--stop ID] [--cache-mib MIB] [--score] [--dump-topk FILE [--top-k K]] [--stats]\n"
     "              [--pack-dir DIR] [--no-pack-build] [--resident-experts] [--staging-slots N]\n"
-    "              [--queue-depth N] [--read-splits N] [--direct-io 0|1] [--device auto|cpu|cuda]\n"
+    "              [--queue-depth N] [--read-splits N] [--direct-io 0|1] [--device auto|cpu|cuda] [--cpu-threads N]\n"
     "\n"
     "  --model PATH   a .gguf file (first shard), a directory with config.json + safetensors, or an\n"
     "                 Expert Pack (.epk) with its manifest. A source's routed experts are served from\n"
@@ -34,6 +34,8 @@ const char *kUsage =
     "  --no-pack-build  never build: a missing or stale pack is an error\n"
     "  --resident-experts  no pack: read every expert from the source into memory\n"
     "  --device D     auto (default: the GPU when there is one), cpu, or cuda (an error without a GPU)\n"
+    "  --cpu-threads N  threads of the CPU backend (default: EP_CPU_THREADS, else every core); results\n"
+    "                 are identical for any N\n"
     "  --cache-mib MIB  expert cache budget, fractions allowed (default: every expert, at most half\n"
     "                 the physical memory; on CUDA at most the free GPU memory less 2 GiB)\n"
     "  --tokens LIST  prompt token ids, comma-separated\n"
@@ -209,6 +211,7 @@ int main(int argc, char **argv) {
       else if (d == "cuda") mopt.device = EP_DEVICE_CUDA;
       else die("--device must be auto, cpu or cuda");
     }
+    else if (a == "--cpu-threads") mopt.cpu_threads = std::stoi(next());
     else if (a == "--prompt") text.prompt = next();
     else if (a == "--chat") text.chat = true;
     else if (a == "--system") text.system = next();
