@@ -527,43 +527,7 @@ void DeepseekV4Model::moe(int64_t il, const float *x, const Step &s, float *out)
   // The expert ids go to the host: the provider makes those experts resident.
   std::vector<int32_t> ids(static_cast<size_t>(K * n));
   be_.download(ids.data(), ids_d, ids.size() * 4);
-  // Tokens in chunks whose distinct experts fit one acquire (the moe op is per token on the CPU,
-  // so chunking does not change a bit of its result).
-  const int64_t max_unique = std::max<int64_t>(experts_->max_unique(), K);
-  std::vector<uint8_t> seen(static_cast<size_t>(E));
-  for (int64_t t0 = 0; t0 < n;) {
-    std::fill(seen.begin(), seen.end(), 0);
-    int64_t t1 = t0, distinct = 0;
-    while (t1 < n) {
-      int64_t add = 0;
-      for (int64_t j = 0; j < K; ++j) {
-        const int32_t e = ids[static_cast<size_t>(t1 * K + j)];
-        if (e >= 0 && e < E && !seen[static_cast<size_t>(e)]) {
-          bool dup = false;
-          for (int64_t i = 0; i < j; ++i) dup = dup || ids[static_cast<size_t>(t1 * K + i)] == e;
-          if (!dup) ++add;
-        }
-      }
-      if (t1 > t0 && distinct + add > max_unique) break;
-      for (int64_t j = 0; j < K; ++j) {
-        const int32_t e = ids[static_cast<size_t>(t1 * K + j)];
-        if (e >= 0 && e < E) seen[static_cast<size_t>(e)] = 1;
-      }
-      distinct += add;
-      ++t1;
-    }
-    const int64_t m = t1 - t0;
-    const backend::ExpertSlots slots = experts_->acquire(il, ids.data() + t0 * K, K * m);
-    try {
-      be_.moe(dev_f32(dv, x + t0 * D, {D, m}), dev_i32(dv, ids_d + t0 * K, {K, m}), dev_f32(dv, wts + t0 * K, {K, m}), slots,
-              experts_->layout(il), act, dev_f32(dv, out + t0 * D, {D, m}));
-    } catch (...) {
-      experts_->release(il);
-      throw;
-    }
-    experts_->release(il);
-    t0 = t1;
-  }
+  run_routed_experts(be_, *experts_, il, E, ids, ids_d, wts, K, x, out, D, n, act);
   backend::Activation sact = act;
   sact.limit = c.swiglu_limit_shared[static_cast<size_t>(il)];
   be_.ffn(dev_f32(dv, x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, sact, dev_f32(dv, shared, {D, n}));

@@ -253,4 +253,49 @@ store::StoreStats PackedExperts::stats() const { return store_->stats(); }
 uint32_t PackedExperts::num_slots() const { return store_->num_slots(); }
 uint64_t PackedExperts::slot_bytes() const { return store_->slot_bytes(); }
 
+void run_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, int64_t n_experts,
+                        const std::vector<int32_t> &ids, const int32_t *ids_dev, const float *weights_dev, int64_t k,
+                        const float *x, float *y, int64_t d, int64_t n, const backend::Activation &act) {
+  using backend::GgmlType;
+  using backend::Tensor;
+  const backend::Device dv = be.device();
+  const int64_t max_unique = std::max<int64_t>(experts.max_unique(), k);
+  std::vector<uint8_t> seen(static_cast<size_t>(n_experts));
+  for (int64_t t0 = 0; t0 < n;) {
+    std::fill(seen.begin(), seen.end(), 0);
+    int64_t t1 = t0, distinct = 0;
+    while (t1 < n) {
+      // the experts of token t1 not seen yet in this chunk
+      int64_t add = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = ids[static_cast<size_t>(t1 * k + j)];
+        if (e >= 0 && e < n_experts && !seen[static_cast<size_t>(e)]) {
+          bool dup = false;
+          for (int64_t i = 0; i < j; ++i) dup = dup || ids[static_cast<size_t>(t1 * k + i)] == e;
+          if (!dup) ++add;
+        }
+      }
+      if (t1 > t0 && distinct + add > max_unique) break;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = ids[static_cast<size_t>(t1 * k + j)];
+        if (e >= 0 && e < n_experts) seen[static_cast<size_t>(e)] = 1;
+      }
+      distinct += add;
+      ++t1;
+    }
+    const int64_t m = t1 - t0;
+    const backend::ExpertSlots slots = experts.acquire(layer, ids.data() + t0 * k, k * m);
+    try {
+      be.moe(Tensor::make(x + t0 * d, GgmlType::f32, dv, {d, m}), Tensor::make(ids_dev + t0 * k, GgmlType::i32, dv, {k, m}),
+             Tensor::make(weights_dev + t0 * k, GgmlType::f32, dv, {k, m}), slots, experts.layout(layer), act,
+             Tensor::make(y + t0 * d, GgmlType::f32, dv, {d, m}));
+    } catch (...) {
+      experts.release(layer);
+      throw;
+    }
+    experts.release(layer);
+    t0 = t1;
+  }
+}
+
 }  // namespace ep::model

@@ -161,4 +161,13 @@ class PackedExperts final : public ExpertProvider {
   int64_t max_unique_ = 1;
 };
 
+/// The routed-expert FFN of one MoE layer over @p n tokens: Backend::moe on experts from
+/// @p experts' layer @p layer, the tokens in chunks whose distinct experts fit one acquire()
+/// (the moe op is per token, so chunking does not change its result). @p ids: the host copy of
+/// the [n][k] expert ids (ids outside 0 .. n_experts − 1 are skipped); @p ids_dev, @p weights_dev:
+/// the same ids and their weights in backend memory; x, y: [n][d] in backend memory.
+void run_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, int64_t n_experts,
+                        const std::vector<int32_t> &ids, const int32_t *ids_dev, const float *weights_dev, int64_t k,
+                        const float *x, float *y, int64_t d, int64_t n, const backend::Activation &act);
+
 }  // namespace ep::model

@@ -421,40 +421,7 @@ void KimiLinearModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
     be_.matmul(L.routed_down, dev_f32(dv, x, {D, n}), dev_f32(dv, xl, {DX, n}));
     xe = xl;
   }
-  // tokens in chunks whose distinct experts fit one acquire (the moe op is per token, so chunking
-  // does not change its result)
-  const int64_t max_unique = std::max<int64_t>(experts_->max_unique(), K);
-  std::vector<uint8_t> seen(static_cast<size_t>(E));
-  for (int64_t t0 = 0; t0 < n;) {
-    std::fill(seen.begin(), seen.end(), 0);
-    int64_t t1 = t0, distinct = 0;
-    while (t1 < n) {
-      int64_t add = 0;
-      std::vector<int32_t> fresh;
-      for (int64_t j = 0; j < K; ++j) {
-        const int32_t e = ids[static_cast<size_t>(t1 * K + j)];
-        if (e >= 0 && e < E && !seen[static_cast<size_t>(e)] && std::find(fresh.begin(), fresh.end(), e) == fresh.end()) {
-          fresh.push_back(e);
-          ++add;
-        }
-      }
-      if (t1 > t0 && distinct + add > max_unique) break;
-      for (int32_t e : fresh) seen[static_cast<size_t>(e)] = 1;
-      distinct += add;
-      ++t1;
-    }
-    const int64_t m = t1 - t0;
-    const backend::ExpertSlots slots = experts_->acquire(mi, ids.data() + t0 * K, K * m);
-    try {
-      be_.moe(dev_f32(dv, xe + t0 * DX, {DX, m}), dev_i32(dv, ids_d + t0 * K, {K, m}), dev_f32(dv, wts + t0 * K, {K, m}), slots,
-              experts_->layout(mi), act, dev_f32(dv, ye + t0 * DX, {DX, m}));
-    } catch (...) {
-      experts_->release(mi);
-      throw;
-    }
-    experts_->release(mi);
-    t0 = t1;
-  }
+  run_routed_experts(be_, *experts_, mi, E, ids, ids_d, wts, K, xe, ye, DX, n, act);
   if (c.expert_latent_dim > 0) {
     be_.rms_norm(dev_f32(dv, ye, {DX, n}), L.routed_norm.data ? &L.routed_norm : nullptr, c.rms_eps, dev_f32(dv, ye, {DX, n}));
     be_.matmul(L.routed_up, dev_f32(dv, ye, {DX, n}), dev_f32(dv, out, {D, n}));
