@@ -31,6 +31,7 @@ struct ep_model {
   ep::model::PackedExperts *packed = nullptr;  // owned by lm; null with resident experts
   std::string pack_path;
   std::string source_path;  // the dense weights' (and the tokenizer's) file
+  int32_t device_index = -1;  // the CUDA device's ordinal; -1 on the CPU
   /// Serialises forward passes, sampling and state allocation: sessions on several threads
   /// share the backend and the expert store (see the thread-safety rule in model.h).
   mutable std::mutex mutex;
@@ -47,7 +48,7 @@ struct ep_session {
 namespace {
 // The first published sizes: fields are only appended after these.
 constexpr size_t kModelOptionsV1 = offsetof(ep_model_options, pack_dir);
-constexpr size_t kModelPropertiesV1 = sizeof(ep_model_properties);
+constexpr size_t kModelPropertiesV1 = offsetof(ep_model_properties, device);
 // ep_generate_options v1 ended with stop_token; its sizeof (padding included) covers the
 // offset min_p now has, so a v1 struct_size copies only the v1 fields.
 struct GenerateOptionsV1 {
@@ -164,6 +165,13 @@ ep_generate_options read_generate_options(const ep_generate_options *options, bo
   return opts;
 }
 
+/// Bytes the model's expert store has read from its pack so far (0 with resident experts).
+uint64_t expert_read_bytes(ep_model &model) {
+  if (!model.packed) return 0;
+  std::lock_guard<std::mutex> lock(model.mutex);
+  return model.packed->stats().pack_read_bytes;
+}
+
 void generate(ep_session &session, std::span<const int32_t> prompt, const ep_generate_options &opts, const TokenHook &hook,
               ep_generate_stats &st, const char *fn) {
   if (prompt.empty() && session.last_logits.empty())
@@ -174,9 +182,12 @@ void generate(ep_session &session, std::span<const int32_t> prompt, const ep_gen
       ep::fail(ep::Status::invalid_argument, "{}: stop_tokens[{}] is {}", fn, i, opts.stop_tokens[i]);
   st.stop_reason = EP_STOP_LENGTH;
   auto t0 = std::chrono::steady_clock::now();
+  const uint64_t read0 = expert_read_bytes(*session.model);
   if (!prompt.empty()) append(session, prompt.data(), prompt.size(), nullptr);
   st.prompt_tokens = static_cast<uint32_t>(prompt.size());
   st.prefill_seconds = seconds_since(t0);
+  const uint64_t read1 = expert_read_bytes(*session.model);
+  st.prefill_expert_bytes = read1 - read0;
   t0 = std::chrono::steady_clock::now();
   ep::backend::SamplingParams sp;
   sp.temperature = opts.temperature;
@@ -192,6 +203,7 @@ void generate(ep_session &session, std::span<const int32_t> prompt, const ep_gen
     st.prefill_tokens_per_second = st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0;
     st.decode_tokens_per_second = st.decode_seconds > 0 ? st.generated_tokens / st.decode_seconds : 0.0;
     st.session_tokens = session.tokens.size();
+    st.decode_expert_bytes = expert_read_bytes(*session.model) - read1;
   };
   for (uint32_t i = 0; i < opts.max_new_tokens; ++i) {
     if (opts.repetition_penalty != 1.0f) {
@@ -318,6 +330,7 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
     if (use_cuda) {
       auto cuda = std::make_unique<ep::cuda::CudaBackend>(opts.device_index);
       cuda_device = opts.device_index;
+      m->device_index = opts.device_index;
       cuda_stream = cuda->stream();
       m->backend = std::move(cuda);
     }
@@ -411,6 +424,8 @@ EP_API ep_status ep_model_info(ep_model_properties *out_properties, const ep_mod
     p.num_experts = static_cast<uint32_t>(c.n_experts);
     p.experts_per_token = static_cast<uint32_t>(c.n_experts_used);
     p.weight_bytes = model->lm->weight_bytes();
+    p.device = model->backend->device() == ep::backend::Device::cuda ? EP_DEVICE_CUDA : EP_DEVICE_CPU;
+    p.device_index = model->device_index;
     std::memcpy(out_properties, &p, std::min(out_properties->struct_size, sizeof(p)));
   });
 }

@@ -112,6 +112,7 @@ namespace ExpertPack
         public fixed byte architecture[32];
         public uint vocab_size, num_layers, hidden_size, num_experts, experts_per_token;
         public ulong weight_bytes;
+        public int device, device_index;
     }
 
     [StructLayout(LayoutKind.Sequential)]
@@ -478,6 +479,10 @@ namespace ExpertPack
         public string Architecture;
         public uint VocabSize, NumLayers, HiddenSize, NumExperts, ExpertsPerToken;
         public ulong WeightBytes;
+        /// <summary>Where the model runs: Cpu or Cuda (what Auto chose).</summary>
+        public Device Device;
+        /// <summary>The CUDA device's ordinal; -1 on the CPU.</summary>
+        public int DeviceIndex;
     }
 
     /// <summary>An open model. Sessions keep it alive until they are disposed.</summary>
@@ -533,7 +538,7 @@ namespace ExpertPack
             {
                 Architecture = Native.Utf8(new IntPtr(p.architecture)), VocabSize = p.vocab_size, NumLayers = p.num_layers,
                 HiddenSize = p.hidden_size, NumExperts = p.num_experts, ExpertsPerToken = p.experts_per_token,
-                WeightBytes = p.weight_bytes,
+                WeightBytes = p.weight_bytes, Device = (Device)p.device, DeviceIndex = p.device_index,
             };
         }
 

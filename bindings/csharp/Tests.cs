@@ -73,6 +73,9 @@ static class Tests
             {
                 var info = model.Info();
                 Require(info.Architecture == "deepseek4" && info.VocabSize > 0, "model info");
+                // the GPU when there is one (Auto), else the CPU
+                Require(Library.CudaDeviceCount() > 0 || (info.Device == Device.Cpu && info.DeviceIndex == -1),
+                        "no GPU, yet device " + info.Device + " index " + info.DeviceIndex);
                 Require(model.PackPath.EndsWith(".epk"), "pack path " + model.PackPath);
                 var streamed = new List<int>();
                 var indices = new List<uint>();

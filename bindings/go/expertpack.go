@@ -366,6 +366,8 @@ type ModelInfo struct {
 	Architecture                                                  string
 	VocabSize, NumLayers, HiddenSize, NumExperts, ExpertsPerToken uint32
 	WeightBytes                                                   uint64
+	Device                                                        Device // DeviceCPU or DeviceCUDA: what DeviceAuto chose
+	DeviceIndex                                                   int32  // the CUDA device's ordinal; -1 on the CPU
 }
 
 // Model is an open model. Close it after its sessions. Methods may be called from any
@@ -514,6 +516,7 @@ func (m *Model) Info() (ModelInfo, error) {
 		Architecture: C.GoString(&p.architecture[0]), VocabSize: uint32(p.vocab_size), NumLayers: uint32(p.num_layers),
 		HiddenSize: uint32(p.hidden_size), NumExperts: uint32(p.num_experts),
 		ExpertsPerToken: uint32(p.experts_per_token), WeightBytes: uint64(p.weight_bytes),
+		Device: Device(p.device), DeviceIndex: int32(p.device_index),
 	}, nil
 }
 

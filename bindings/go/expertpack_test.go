@@ -97,6 +97,10 @@ func TestStreamMatchesCAPI(t *testing.T) {
 	if err != nil || info.Architecture != "deepseek4" || info.VocabSize == 0 {
 		t.Fatal(info, err)
 	}
+	// the GPU when there is one (DeviceAuto), else the CPU
+	if n, _ := CUDADeviceCount(); n == 0 && (info.Device != DeviceCPU || info.DeviceIndex != -1) {
+		t.Fatalf("no GPU, yet the model runs on device %d index %d", info.Device, info.DeviceIndex)
+	}
 	if filepath.Ext(m.PackPath()) != ".epk" {
 		t.Fatalf("pack path %q", m.PackPath())
 	}

@@ -202,9 +202,11 @@ int main(int argc, char **argv) {
   ep_tokenizer_properties_init(&tprops);
   check(ep_tokenizer_info(&tprops, tok), "tokenizer info");
   const char *pack = ep_model_pack_path(model);
-  std::fprintf(stderr, "ep-chat: %s, %u layers, %u experts (%u per token), vocabulary %u; experts from %s; ready in %.1f s\n",
-               props.architecture, props.num_layers, props.num_experts, props.experts_per_token, tprops.vocab_size,
-               pack ? pack : "memory", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const std::string where =
+      props.device == EP_DEVICE_CUDA ? "CUDA device " + std::to_string(props.device_index) : std::string("the CPU");
+  std::fprintf(stderr, "ep-chat: %s on %s, %u layers, %u experts (%u per token), vocabulary %u; experts from %s; ready in %.1f s\n",
+               props.architecture, where.c_str(), props.num_layers, props.num_experts, props.experts_per_token,
+               tprops.vocab_size, pack ? pack : "memory", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   std::printf("Chat (/help for commands, Ctrl-C stops an answer).\n");
   ep_session *session = nullptr;
   check(ep_session_open(&session, model), "open session");

@@ -146,6 +146,8 @@ typedef struct ep_model_properties {
   uint32_t num_experts;        /**< Routed experts per MoE layer. */
   uint32_t experts_per_token;  /**< Routed experts used per token. */
   uint64_t weight_bytes;       /**< Bytes of weights held by the compute device. */
+  ep_device_kind device;       /**< Where the model runs: #EP_DEVICE_CPU or #EP_DEVICE_CUDA (what #EP_DEVICE_AUTO chose). */
+  int32_t device_index;        /**< The CUDA device's ordinal with #EP_DEVICE_CUDA; -1 on the CPU. */
 } ep_model_properties;
 
 /**
@@ -247,6 +249,9 @@ typedef struct ep_generate_stats {
   double prefill_tokens_per_second; /**< prompt_tokens / prefill_seconds (0 when nothing was processed). */
   double decode_tokens_per_second;  /**< generated_tokens / decode_seconds (0 when nothing was generated). */
   uint64_t session_tokens;     /**< Tokens the session holds afterwards. */
+  uint64_t prefill_expert_bytes; /**< Routed-expert bytes read from the Expert Pack during the prompt pass (0 with resident
+                                      experts). Reads by other sessions of the model in the same interval count too. */
+  uint64_t decode_expert_bytes;  /**< The same during the generation steps: each generated token's forward pass. */
 } ep_generate_stats;
 
 /**

@@ -10,6 +10,7 @@
 //    a different continuation of the fork changes the logits.
 // Also: the CPU reference of the goldens through the same code path (sanity of the harness).
 #include "support/catch.hpp"
+#include "support/golden_filter.hpp"
 
 #include "backend/cpu_backend.hpp"
 #include "core/error.hpp"
@@ -68,10 +69,10 @@ void check_greedy(const std::vector<float> &got, const std::vector<float> &ref, 
 
 }  // namespace
 
-TEST_CASE("kimi on CUDA: logits and greedy tokens match the CPU backend", "[model][kimi_linear][gpu]") {
+TEST_CASE("kimi on CUDA: logits and greedy tokens match the CPU backend", "[model][kimi_linear][gpu][goldens]") {
   ep::cuda::CudaBackend gpu;
   ep::backend::CpuBackend cpu;
-  for (const Case &c : kCases) {
+  for (const Case &c : ep::test::selected_goldens(kCases, [](const Case &k) { return std::string(k.name); })) {
     const Golden g = load_golden(c.name, c.dir);
     auto mc = KimiLinearModel::open(g.gguf, cpu);
     auto mg = KimiLinearModel::open(g.gguf, gpu);
@@ -94,9 +95,9 @@ TEST_CASE("kimi on CUDA: logits and greedy tokens match the CPU backend", "[mode
   }
 }
 
-TEST_CASE("kimi on CUDA: a copied state forks the sequence on the GPU", "[model][kimi_linear][gpu]") {
+TEST_CASE("kimi on CUDA: a copied state forks the sequence on the GPU", "[model][kimi_linear][gpu][goldens]") {
   ep::cuda::CudaBackend gpu;
-  for (const Case &c : kCases) {
+  for (const Case &c : ep::test::selected_goldens(kCases, [](const Case &k) { return std::string(k.name); })) {
     const Golden g = load_golden(c.name, c.dir);
     auto m = KimiLinearModel::open(g.gguf, gpu);
     const int64_t S = g.n_tokens, V = g.vocab, cut = 11;

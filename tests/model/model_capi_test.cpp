@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -75,6 +76,15 @@ TEST_CASE("model C API: info and teacher-forced scoring match the goldens", "[mo
   CHECK(p.num_experts == 6);
   CHECK(p.experts_per_token == 2);
   CHECK(p.weight_bytes > 0);
+  CHECK(p.device == EP_DEVICE_CPU);  // what the fixture asked for
+  CHECK(p.device_index == -1);
+  // a caller built against the first published struct (no device fields) gets those bytes untouched
+  ep_model_properties v1;
+  std::memset(&v1, 0xab, sizeof v1);
+  v1.struct_size = offsetof(ep_model_properties, device);
+  REQUIRE(ep_model_info(&v1, f.model) == EP_OK);
+  CHECK(v1.experts_per_token == 2);
+  CHECK(static_cast<uint32_t>(v1.device) == 0xabababab);
   const size_t V = p.vocab_size, S = f.tokens.size();
 
   ep_session *s = nullptr;
@@ -119,10 +129,19 @@ TEST_CASE("model C API: generation follows the model's own scores", "[model][cap
   ep_generate_stats st;
   ep_generate_stats_init(&st);
   Collect c;
+  ep_store_stats before, after;
+  ep_store_stats_init(&before);
+  ep_store_stats_init(&after);
+  REQUIRE(ep_model_store_stats(&before, f.model) == EP_OK);
   REQUIRE(ep_generate(&st, s, f.tokens.data(), n_prompt, &o, collect, &c) == EP_OK);
+  REQUIRE(ep_model_store_stats(&after, f.model) == EP_OK);
   REQUIRE(c.tokens.size() == 8);
   CHECK(st.prompt_tokens == n_prompt);
   CHECK(st.generated_tokens == 8);
+  // the experts read from the pack, split at the first token: a cold cache reads during the
+  // prompt; the two parts add up to what the store counted over the call
+  CHECK(st.prefill_expert_bytes > 0);
+  CHECK(st.prefill_expert_bytes + st.decode_expert_bytes == after.pack_read_bytes - before.pack_read_bytes);
   uint64_t len = 0;
   REQUIRE(ep_session_length(&len, s) == EP_OK);
   CHECK(len == n_prompt + 8);

@@ -11,6 +11,9 @@
 #include <cstring>
 
 int main(int argc, char **argv) {
+  // Listing the test cases (--list-tests, --list-test-names-only, ...) needs no device.
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], "--list", 6) == 0) return Catch::Session().run(argc, argv);
   int32_t devices = 0;
   if (ep_cuda_device_count(&devices) != EP_OK || devices == 0) {
     const char *require = std::getenv("EP_REQUIRE_GPU");

@@ -6,7 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -109,6 +111,41 @@ TEST_CASE("ep-bench e2e: two requests on a tiny synthetic model, cold cache") {
   CHECK(std::abs(measured - all.at("seconds").get<double>()) <= 1e-9);
   const double eff = j.at("efficiency").get<double>();
   CHECK(std::abs(eff - bound / measured) <= 1e-9 + 1e-6 * eff);
-  CHECK(std::abs(j.at("decode_bound_tps").get<double>() - disk * 1e9 / all.at("ssd_bytes_per_token").get<double>()) <=
-        1e-6 * j.at("decode_bound_tps").get<double>());
+  // Each request's SSD bytes split at its first token; decode's own bound and efficiency come
+  // from decode's bytes and time (1 MiB of slots: the generation steps miss too).
+  uint64_t decode_bytes = 0;
+  for (const auto &r : j["requests"]) {
+    CHECK(r.at("prefill_ssd_bytes").get<uint64_t>() + r.at("decode_ssd_bytes").get<uint64_t>() == r.at("ssd_bytes").get<uint64_t>());
+    decode_bytes += r.at("decode_ssd_bytes").get<uint64_t>();
+  }
+  CHECK(all.at("decode_ssd_bytes").get<uint64_t>() == decode_bytes);
+  REQUIRE(decode_bytes > 0);
+  const double per_token = all.at("decode_ssd_bytes_per_token").get<double>();
+  CHECK(std::abs(per_token - static_cast<double>(decode_bytes) / 8) <= 1e-6 * per_token);
+  CHECK(std::abs(j.at("decode_bound_tps").get<double>() - disk * 1e9 / per_token) <= 1e-6 * j.at("decode_bound_tps").get<double>());
+  const double decode_bound = j.at("decode_io_bound_seconds").get<double>();
+  CHECK(std::abs(decode_bound - static_cast<double>(decode_bytes) / (disk * 1e9)) <= 1e-9 + 1e-6 * decode_bound);
+  CHECK(std::abs(j.at("decode_measured_seconds").get<double>() - all.at("decode_seconds").get<double>()) <= 1e-9);
+  const double decode_eff = j.at("decode_efficiency").get<double>();
+  CHECK(std::abs(decode_eff - decode_bound / all.at("decode_seconds").get<double>()) <= 1e-9 + 1e-6 * decode_eff);
+}
+
+TEST_CASE("ep-bench e2e: --staging-mib sizes staging from the experts of a model whose first layer is dense (Kimi)") {
+  // kimi-tiny: block 0 is a dense FFN, the experts start at block 1. --staging-mib must find them
+  // (it once looked at block 0 only and refused the model).
+  ep::test::TempDir dir;
+  const std::string gguf = dir / "k.gguf";
+  REQUIRE(run(std::string(EP_SYNTH_EXE) + " --preset kimi-tiny --layers 3 --seed 5 --zipf 0 --out '" + gguf + "' >/dev/null 2>&1") == 0);
+  const std::string report = dir / "e2e.json";
+  const std::string cmd = std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --workload '" + EP_WORKLOAD_FILE +
+                          "' --requests 1 --max-new 2 --ignore-eos --device cpu --cache-mib 1 --staging-mib 1 --io-seconds 0.2 --pack-dir '" +
+                          (dir / "packs") + "' --json '" + report + "' >/dev/null 2>&1";
+  REQUIRE(run(cmd) == 0);
+  const auto j = load(report);
+  CHECK(j.at("architecture") == "kimi-k3");
+  const uint64_t slot = j.at("slot_bytes").get<uint64_t>(), staging = j.at("staging_slots").get<uint64_t>();
+  REQUIRE(slot > 0);
+  // 1 MiB of staging in slots of one expert each (slot_bytes is the 4096-aligned expert size)
+  CHECK(staging == std::max<uint64_t>(1, (uint64_t{1} << 20) / slot));
+  CHECK(j.at("requests").at(0).at("generated_tokens").get<uint32_t>() == 2);
 }

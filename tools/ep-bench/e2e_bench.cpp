@@ -19,6 +19,8 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -69,22 +71,23 @@ void check(ep_status st, const char *what) {
 /// Bytes of the largest routed expert (gate + up + down of one expert) of a GGUF source, for
 /// --staging-mib; 0 when the file is not a GGUF with routed experts.
 uint64_t gguf_expert_bytes(const std::string &path) {
+  // The largest (gate + up + down) slice of one expert over the MoE layers; blocks without
+  // experts (a dense first layer, as in Kimi) are skipped.
   try {
     const auto set = format::GgufSet::open(path);
-    uint64_t best = 0;
-    for (uint32_t il = 0; il < 4096; ++il) {
-      const std::string b = fmt::format("blk.{}.", il);
-      uint64_t sum = 0;
-      bool any = false;
-      for (const char *n : {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}) {
-        const auto t = set.find_tensor(b + n);
-        if (!t) continue;
-        any = true;
-        sum += t->info->nbytes / std::max<uint64_t>(1, t->info->ne[2]);
+    std::map<uint64_t, uint64_t> per_layer;
+    for (const format::GgufFile &f : set.shards())
+      for (const format::GgufTensorInfo &t : f.tensors()) {
+        const std::string_view n = t.name;
+        if (!n.starts_with("blk.")) continue;
+        const size_t dot = n.find('.', 4);
+        if (dot == std::string_view::npos) continue;
+        const std::string_view rest = n.substr(dot + 1);
+        if (rest != "ffn_gate_exps.weight" && rest != "ffn_up_exps.weight" && rest != "ffn_down_exps.weight") continue;
+        per_layer[std::stoull(std::string(n.substr(4, dot - 4)))] += t.nbytes / std::max<uint64_t>(1, t.ne[2]);
       }
-      if (!any) break;
-      best = std::max(best, sum);
-    }
+    uint64_t best = 0;
+    for (const auto &[layer, bytes] : per_layer) best = std::max(best, bytes);
     return best;
   } catch (const std::exception &) {
     return 0;
@@ -99,6 +102,7 @@ struct RequestResult {
   double decode_seconds = 0;
   double wall_seconds = 0;  ///< the whole ep_generate_chat call
   uint64_t hits = 0, misses = 0, read_bytes = 0, reads = 0, h2d_bytes = 0, evictions = 0;
+  uint64_t prefill_read_bytes = 0, decode_read_bytes = 0;  ///< read_bytes split at the first token (ep_generate_stats)
   double prefill_tps() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
   double decode_tps() const { return decode_seconds > 0 ? generated_tokens / decode_seconds : 0; }
 };
@@ -107,10 +111,15 @@ struct Summary {
   std::string name;
   uint32_t requests = 0;
   double prefill_tps_mean = 0, decode_tps_mean = 0;
-  uint64_t prompt_tokens = 0, generated_tokens = 0, hits = 0, misses = 0, read_bytes = 0;
-  double seconds = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0, hits = 0, misses = 0, read_bytes = 0, decode_read_bytes = 0;
+  double seconds = 0, decode_seconds = 0;
   double hit_rate() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0; }
+  /// Every SSD byte of the requests (prompt passes included) per generated token.
   double bytes_per_token() const { return generated_tokens ? static_cast<double>(read_bytes) / generated_tokens : 0; }
+  /// SSD bytes of the generation steps only, per generated token: what decode speed depends on.
+  double decode_bytes_per_token() const {
+    return generated_tokens ? static_cast<double>(decode_read_bytes) / generated_tokens : 0;
+  }
 };
 
 Summary summarize(const std::string &name, const std::vector<RequestResult> &rs) {
@@ -126,7 +135,9 @@ Summary summarize(const std::string &name, const std::vector<RequestResult> &rs)
     s.hits += r.hits;
     s.misses += r.misses;
     s.read_bytes += r.read_bytes;
+    s.decode_read_bytes += r.decode_read_bytes;
     s.seconds += r.prefill_seconds + r.decode_seconds;
+    s.decode_seconds += r.decode_seconds;
   }
   if (s.requests) {
     s.prefill_tps_mean /= s.requests;
@@ -147,7 +158,10 @@ nlohmann::ordered_json summary_json(const Summary &s) {
   j["hit_rate"] = s.hit_rate();
   j["ssd_bytes"] = s.read_bytes;
   j["ssd_bytes_per_token"] = s.bytes_per_token();
+  j["decode_ssd_bytes"] = s.decode_read_bytes;
+  j["decode_ssd_bytes_per_token"] = s.decode_bytes_per_token();
   j["seconds"] = s.seconds;
+  j["decode_seconds"] = s.decode_seconds;
   return j;
 }
 
@@ -278,6 +292,8 @@ int cmd_e2e(const Args &args) {
     r.reads = b.pack_reads - a.pack_reads;
     r.h2d_bytes = b.h2d_bytes - a.h2d_bytes;
     r.evictions = b.cache_evictions - a.cache_evictions;
+    r.prefill_read_bytes = gs.prefill_expert_bytes;
+    r.decode_read_bytes = gs.decode_expert_bytes;
     std::fprintf(stderr, "ep-bench e2e: %2d %-28s %4u prompt %4u new  prefill %8.2f tok/s  decode %7.3f tok/s  hit %.3f  %.1f MB read\n",
                  rq.order, rq.id.c_str(), r.prompt_tokens, r.generated_tokens, r.prefill_tps(), r.decode_tps(),
                  r.hits + r.misses ? static_cast<double>(r.hits) / static_cast<double>(r.hits + r.misses) : 0.0,
@@ -297,7 +313,11 @@ int cmd_e2e(const Args &args) {
   const Summary all = summarize("all", results);
   const double bound_seconds = disk_gbps > 0 ? static_cast<double>(all.read_bytes) / (disk_gbps * 1e9) : 0;
   const double efficiency = all.seconds > 0 ? bound_seconds / all.seconds : 0;
-  const double decode_bound_tps = disk_gbps > 0 && all.bytes_per_token() > 0 ? disk_gbps * 1e9 / all.bytes_per_token() : 0;
+  // Decode alone: its own SSD bytes against its own time (the prompt passes read far more per token).
+  const double decode_bound_tps =
+      disk_gbps > 0 && all.decode_bytes_per_token() > 0 ? disk_gbps * 1e9 / all.decode_bytes_per_token() : 0;
+  const double decode_bound_seconds = disk_gbps > 0 ? static_cast<double>(all.decode_read_bytes) / (disk_gbps * 1e9) : 0;
+  const double decode_efficiency = all.decode_seconds > 0 ? decode_bound_seconds / all.decode_seconds : 0;
   ep_store_stats st1;
   ep_store_stats_init(&st1);
   check(ep_model_store_stats(&st1, h.model), "store stats");
@@ -326,6 +346,9 @@ int cmd_e2e(const Args &args) {
   j["measured_seconds"] = all.seconds;
   j["efficiency"] = efficiency;
   j["decode_bound_tps"] = decode_bound_tps;
+  j["decode_io_bound_seconds"] = decode_bound_seconds;
+  j["decode_measured_seconds"] = all.decode_seconds;
+  j["decode_efficiency"] = decode_efficiency;
   j["fallback_count"] = st1.fallback_count;
   j["io_errors"] = st1.io_errors;
   j["all"] = summary_json(all);
@@ -345,6 +368,8 @@ int cmd_e2e(const Args &args) {
                     {"cache_hits", r.hits},
                     {"cache_misses", r.misses},
                     {"ssd_bytes", r.read_bytes},
+                    {"prefill_ssd_bytes", r.prefill_read_bytes},
+                    {"decode_ssd_bytes", r.decode_read_bytes},
                     {"ssd_reads", r.reads},
                     {"h2d_bytes", r.h2d_bytes},
                     {"evictions", r.evictions}});
@@ -363,20 +388,23 @@ int cmd_e2e(const Args &args) {
               static_cast<unsigned long long>(mopt.cache_budget_bytes / mib), static_cast<unsigned long long>(st1.cache_slots),
               static_cast<double>(st1.slot_bytes) / static_cast<double>(mib),
               mopt.staging_slots ? std::to_string(mopt.staging_slots).c_str() : "auto");
-  std::printf("%-8s %4s %12s %12s %9s %14s %12s\n", "dataset", "req", "prefill t/s", "decode t/s", "hit rate", "SSD MB/token",
-              "new tokens");
+  std::printf("%-8s %4s %12s %12s %9s %14s %17s %12s\n", "dataset", "req", "prefill t/s", "decode t/s", "hit rate",
+              "SSD MB/token", "decode MB/token", "new tokens");
   for (const Summary *s : [&] {
          std::vector<const Summary *> v;
          for (const auto &x : sums) v.push_back(&x);
          v.push_back(&all);
          return v;
        }())
-    std::printf("%-8s %4u %12.2f %12.3f %9.4f %14.2f %12llu\n", s->name.c_str(), s->requests, s->prefill_tps_mean, s->decode_tps_mean,
-                s->hit_rate(), s->bytes_per_token() / 1e6, static_cast<unsigned long long>(s->generated_tokens));
+    std::printf("%-8s %4u %12.2f %12.3f %9.4f %14.2f %17.2f %12llu\n", s->name.c_str(), s->requests, s->prefill_tps_mean,
+                s->decode_tps_mean, s->hit_rate(), s->bytes_per_token() / 1e6, s->decode_bytes_per_token() / 1e6,
+                static_cast<unsigned long long>(s->generated_tokens));
   std::printf("disk (raw O_DIRECT, %llu B reads, depth %u): %.3f GB/s; SSD miss bytes %.3f GB\n",
               static_cast<unsigned long long>(block), io_depth, disk_gbps, static_cast<double>(all.read_bytes) / 1e9);
-  std::printf("I/O bound %.2f s vs measured %.2f s (prefill + decode): efficiency %.3f; decode bound %.3f tok/s\n", bound_seconds,
-              all.seconds, efficiency, decode_bound_tps);
+  std::printf("I/O bound %.2f s vs measured %.2f s (prefill + decode): efficiency %.3f\n", bound_seconds, all.seconds,
+              efficiency);
+  std::printf("decode only: I/O bound %.2f s vs measured %.2f s: efficiency %.3f; decode bound %.3f tok/s\n",
+              decode_bound_seconds, all.decode_seconds, decode_efficiency, decode_bound_tps);
   return 0;
 }
 

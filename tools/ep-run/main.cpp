@@ -132,6 +132,14 @@ void on_progress(uint64_t done, uint64_t total, void *payload) {
                static_cast<double>(total) / (1 << 20));
 }
 
+/// The pack bytes one generation read, split at its first token (nothing with resident experts).
+void print_expert_bytes(const ep_generate_stats &st) {
+  if (st.prefill_expert_bytes || st.decode_expert_bytes)
+    std::fprintf(stderr, "ep-run: experts read from the pack: %.2f MiB for the prompt, %.2f MiB while generating (%.2f MiB/token)\n",
+                 static_cast<double>(st.prefill_expert_bytes) / (1 << 20), static_cast<double>(st.decode_expert_bytes) / (1 << 20),
+                 st.generated_tokens ? static_cast<double>(st.decode_expert_bytes) / (1 << 20) / st.generated_tokens : 0.0);
+}
+
 void print_store_stats(const ep_model *model) {
   ep_store_stats s;
   ep_store_stats_init(&s);
@@ -282,6 +290,12 @@ int main(int argc, char **argv) {
   ep_model_properties props;
   ep_model_properties_init(&props);
   check(ep_model_info(&props, model), "model info");
+  if (stats) {
+    if (props.device == EP_DEVICE_CUDA)
+      std::fprintf(stderr, "ep-run: %s model on CUDA device %d\n", props.architecture, props.device_index);
+    else
+      std::fprintf(stderr, "ep-run: %s model on the CPU\n", props.architecture);
+  }
   if (dump_k == 0 || dump_k > props.vocab_size) die("--top-k must be in 1.." + std::to_string(props.vocab_size));
   ep_session *session = nullptr;
   check(ep_session_open(&session, model), "open session");
@@ -313,6 +327,7 @@ int main(int argc, char **argv) {
       std::fprintf(stderr, "ep-run: %u prompt tokens in %.3f s (%.1f tok/s), %u generated in %.3f s (%.2f tok/s), stop: %s\n",
                    st.prompt_tokens, st.prefill_seconds, st.prefill_tokens_per_second, st.generated_tokens, st.decode_seconds,
                    st.decode_tokens_per_second, stop_reason_name(st.stop_reason));
+      print_expert_bytes(st);
       print_store_stats(model);
     }
     ep_tokenizer_close(tok);
@@ -389,6 +404,7 @@ int main(int argc, char **argv) {
                    st.prompt_tokens, st.prefill_seconds, st.generated_tokens, st.decode_seconds,
                    st.decode_seconds > 0 ? st.generated_tokens / st.decode_seconds : 0.0,
                    static_cast<double>(props.weight_bytes) / (1 << 20));
+    if (stats) print_expert_bytes(st);
     if (stats) print_store_stats(model);
   }
   if (!dump_path.empty()) {

@@ -132,7 +132,9 @@ class _ModelOptions(Structure):
 class _ModelProperties(Structure):
     _fields_ = [("struct_size", c_size_t), ("architecture", c_char * 32), ("vocab_size", c_uint32),
                 ("num_layers", c_uint32), ("hidden_size", c_uint32), ("num_experts", c_uint32),
-                ("experts_per_token", c_uint32), ("weight_bytes", c_uint64)]
+                ("experts_per_token", c_uint32), ("weight_bytes", c_uint64),
+                # appended after the first version:
+                ("device", c_int32), ("device_index", c_int32)]
 
 
 class _GenerateOptions(Structure):
@@ -149,7 +151,8 @@ class _GenerateStats(Structure):
                 ("prefill_seconds", c_double), ("decode_seconds", c_double),
                 # appended after the first version:
                 ("stop_reason", c_int32), ("reused_tokens", c_uint32), ("prefill_tokens_per_second", c_double),
-                ("decode_tokens_per_second", c_double), ("session_tokens", c_uint64)]
+                ("decode_tokens_per_second", c_double), ("session_tokens", c_uint64),
+                ("prefill_expert_bytes", c_uint64), ("decode_expert_bytes", c_uint64)]
 
 
 class _TokenizerProperties(Structure):
@@ -459,6 +462,10 @@ class ModelInfo:
     num_experts: int
     experts_per_token: int
     weight_bytes: int
+    device: Optional[str] = None
+    """Where the model runs: "cpu" or "cuda" (what "auto" chose); None with a library older than the field."""
+    device_index: Optional[int] = None
+    """The CUDA device's ordinal, -1 on the CPU; None with an older library."""
 
 
 class StopReason(enum.IntEnum):
@@ -487,6 +494,10 @@ class GenerateStats:
     prefill_tokens_per_second: Optional[float] = None
     decode_tokens_per_second: Optional[float] = None
     session_tokens: Optional[int] = None
+    prefill_expert_bytes: Optional[int] = None
+    """Routed-expert bytes read from the Expert Pack during the prompt pass (0 with resident experts)."""
+    decode_expert_bytes: Optional[int] = None
+    """The same during the generation steps."""
 
     @classmethod
     def _from_c(cls, st: _GenerateStats) -> "GenerateStats":
@@ -500,6 +511,9 @@ class GenerateStats:
             r.prefill_tokens_per_second = st.prefill_tokens_per_second
             r.decode_tokens_per_second = st.decode_tokens_per_second
             r.session_tokens = st.session_tokens
+        if _fits(st, "decode_expert_bytes"):
+            r.prefill_expert_bytes = st.prefill_expert_bytes
+            r.decode_expert_bytes = st.decode_expert_bytes
         return r
 
 
@@ -648,8 +662,12 @@ class Model(_Handle):
     def info(self) -> ModelInfo:
         p = _out_struct(_ModelProperties)
         _check(_ep_model_info(byref(p), self._ptr()), "ep_model_info")
-        return ModelInfo(p.architecture.decode(), p.vocab_size, p.num_layers, p.hidden_size, p.num_experts,
+        info = ModelInfo(p.architecture.decode(), p.vocab_size, p.num_layers, p.hidden_size, p.num_experts,
                          p.experts_per_token, p.weight_bytes)
+        if _fits(p, "device_index"):
+            info.device = {1: "cpu", 2: "cuda"}.get(p.device, str(p.device))
+            info.device_index = p.device_index
+        return info
 
     def store_stats(self) -> StoreStats:
         s = _out_struct(_StoreStats)

@@ -69,6 +69,11 @@ class ModelTest(unittest.TestCase):
         self.assertEqual(info.architecture, "deepseek4")
         self.assertGreater(info.vocab_size, 0)
         self.assertTrue(self.model.pack_path.endswith(".epk"))
+        # where the model runs: the GPU when there is one ("auto"), else the CPU
+        if ep.cuda_device_count() == 0:
+            self.assertEqual((info.device, info.device_index), ("cpu", -1))
+        else:
+            self.assertIn(info.device, ("cpu", "cuda"))
 
     def test_stream_matches_c_api(self):
         streamed = []
@@ -78,6 +83,9 @@ class ModelTest(unittest.TestCase):
             self.assertEqual(len(s), len(self.prompt) + 8)
         self.assertEqual(r.tokens, self.expected)
         self.assertEqual([t for _, t in streamed], self.expected)
+        # a fresh model reads its experts from the pack during the prompt
+        self.assertGreater(r.stats.prefill_expert_bytes, 0)
+        self.assertGreaterEqual(r.stats.decode_expert_bytes, 0)
         self.assertEqual([i for i, _ in streamed], list(range(8)))
         self.assertFalse(r.cancelled)
         self.assertEqual(r.stats.prompt_tokens, len(self.prompt))

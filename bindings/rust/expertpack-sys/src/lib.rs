@@ -176,6 +176,8 @@ pub struct ep_model_properties {
     pub num_experts: u32,
     pub experts_per_token: u32,
     pub weight_bytes: u64,
+    pub device: i32,
+    pub device_index: i32,
 }
 
 #[repr(C)]
@@ -275,8 +277,10 @@ mod layout {
         assert_eq!(size_of::<ep_model_options>(), 72);
         assert_eq!(offset_of!(ep_model_options, pack_dir), 40);
         assert_eq!(offset_of!(ep_model_options, progress), 56);
-        assert_eq!(size_of::<ep_model_properties>(), 72);
+        assert_eq!(size_of::<ep_model_properties>(), 80);
         assert_eq!(offset_of!(ep_model_properties, weight_bytes), 64);
+        assert_eq!(offset_of!(ep_model_properties, device), 72);
+        assert_eq!(offset_of!(ep_model_properties, device_index), 76);
         assert_eq!(size_of::<ep_generate_options>(), 40);
         assert_eq!(offset_of!(ep_generate_options, seed), 24);
         assert_eq!(offset_of!(ep_generate_options, stop_token), 32);

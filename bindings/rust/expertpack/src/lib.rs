@@ -492,6 +492,10 @@ pub struct ModelInfo {
     pub num_experts: u32,
     pub experts_per_token: u32,
     pub weight_bytes: u64,
+    /// Where the model runs: [`Device::Cpu`] or [`Device::Cuda`] (what [`Device::Auto`] chose).
+    pub device: Device,
+    /// The CUDA device's ordinal; -1 on the CPU.
+    pub device_index: i32,
 }
 
 /// An open model. Sessions borrow it; it is `Sync`: sessions on several threads may share it.
@@ -598,6 +602,8 @@ impl Model {
             num_experts: p.num_experts,
             experts_per_token: p.experts_per_token,
             weight_bytes: p.weight_bytes,
+            device: if p.device == Device::Cuda as i32 { Device::Cuda } else { Device::Cpu },
+            device_index: p.device_index,
         })
     }
 

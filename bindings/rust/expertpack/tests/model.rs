@@ -49,6 +49,10 @@ fn stream_8_tokens_matches_the_c_api() {
     let model = Model::open(&f.model, &ModelOptions::default()).unwrap();
     let info = model.info().unwrap();
     assert_eq!(info.architecture, "deepseek4");
+    // the GPU when there is one (Auto), else the CPU
+    if expertpack::cuda_device_count().unwrap() == 0 {
+        assert_eq!((info.device, info.device_index), (Device::Cpu, -1));
+    }
     assert_eq!(model.pack_path().unwrap().extension().unwrap(), "epk");
     let mut session = model.session().unwrap();
     let opts = GenerateOptions { max_new_tokens: 8, temperature: f.temp, seed: f.seed, ..Default::default() };
