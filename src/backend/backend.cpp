@@ -108,6 +108,15 @@ void apply_repetition_penalty(float *z, int64_t n_vocab, const SamplingParams &p
   }
 }
 
+void Backend::moe_pairs(const Tensor &, const Tensor &, const ExpertSlots &, const ExpertLayout &, const Activation &,
+                        std::span<const int32_t>, const Tensor &) {
+  fail(Status::unsupported, "moe_pairs: not implemented by the {} backend (check has_moe_pairs())", device_name(device()));
+}
+
+void Backend::moe_combine(const Tensor &, const Tensor &, const Tensor &) {
+  fail(Status::unsupported, "moe_combine: not implemented by the {} backend (check has_moe_pairs())", device_name(device()));
+}
+
 void Backend::ffn(const Tensor &x, const Tensor &w_gate, const Tensor &w_up, const Tensor &w_down,
                   const Activation &act, const Tensor &y) {
   const int64_t n_ff = w_gate.ne[1];
@@ -203,23 +212,49 @@ void check_matmul(const Tensor &w, const Tensor &x, const Tensor &y, Device devi
          x.n_rows(), y.ne[0], y.n_rows());
 }
 
+namespace {
+/// x, expert_ids and the experts' layout of moe() / moe_pairs().
+void check_moe_inputs(const Tensor &x, const Tensor &expert_ids, const ExpertLayout &l, Device device, const char *op) {
+  check_f32(x, op, "x", device);
+  check_i32(expert_ids, op, "expert_ids", device);
+  for (const SlotWeight *sw : {&l.gate, &l.up, &l.down}) check_weight_type(sw->type, op);
+  const int64_t d = x.ne[0];
+  if (l.gate.ne0 != d || l.up.ne0 != d || l.gate.ne1 != l.up.ne1 || l.down.ne0 != l.gate.ne1 || l.down.ne1 != d)
+    fail(Status::shape, "{}: expert gate [{}, {}], up [{}, {}], down [{}, {}] do not fit hidden size {}", op,
+         l.gate.ne0, l.gate.ne1, l.up.ne0, l.up.ne1, l.down.ne0, l.down.ne1, d);
+  if (expert_ids.n_rows() != x.n_rows())
+    fail(Status::shape, "{}: expert_ids have {} tokens, x has {}", op, expert_ids.n_rows(), x.n_rows());
+  for (const SlotWeight *sw : {&l.gate, &l.up, &l.down})
+    (void)format::ggml_row_bytes(sw->type, static_cast<uint64_t>(sw->ne0), "moe expert weight");
+}
+}  // namespace
+
 void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertLayout &l,
                const Tensor &y, Device device) {
-  check_f32(x, "moe", "x", device);
+  check_moe_inputs(x, expert_ids, l, device, "moe");
   check_f32(y, "moe", "y", device);
-  check_i32(expert_ids, "moe", "expert_ids", device);
   check_f32(weights, "moe", "weights", device);
   check_same_shape(x, y, "moe");
   check_same_shape(expert_ids, weights, "moe");
-  for (const SlotWeight *sw : {&l.gate, &l.up, &l.down}) check_weight_type(sw->type, "moe");
-  const int64_t d = x.ne[0];
-  if (l.gate.ne0 != d || l.up.ne0 != d || l.gate.ne1 != l.up.ne1 || l.down.ne0 != l.gate.ne1 || l.down.ne1 != d)
-    fail(Status::shape, "moe: expert gate [{}, {}], up [{}, {}], down [{}, {}] do not fit hidden size {}",
-         l.gate.ne0, l.gate.ne1, l.up.ne0, l.up.ne1, l.down.ne0, l.down.ne1, d);
-  if (expert_ids.n_rows() != x.n_rows())
-    fail(Status::shape, "moe: expert_ids have {} tokens, x has {}", expert_ids.n_rows(), x.n_rows());
-  for (const SlotWeight *sw : {&l.gate, &l.up, &l.down})
-    (void)format::ggml_row_bytes(sw->type, static_cast<uint64_t>(sw->ne0), "moe expert weight");
+}
+
+void check_moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertLayout &l, const Tensor &pairs, Device device) {
+  check_moe_inputs(x, expert_ids, l, device, "moe_pairs");
+  check_f32(pairs, "moe_pairs", "pairs", device);
+  const int64_t k = expert_ids.ne[0], n = x.n_rows();
+  if (pairs.ne[0] != x.ne[0] || pairs.n_rows() != k * n)
+    fail(Status::shape, "moe_pairs: pairs [{}, {}], expected [{}, {}] ({} picks of {} tokens)", pairs.ne[0], pairs.n_rows(),
+         x.ne[0], k * n, k, n);
+}
+
+void check_moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y, Device device) {
+  check_f32(pairs, "moe_combine", "pairs", device);
+  check_f32(weights, "moe_combine", "weights", device);
+  check_f32(y, "moe_combine", "y", device);
+  const int64_t k = weights.ne[0], n = weights.n_rows();
+  if (y.n_rows() != n || pairs.ne[0] != y.ne[0] || pairs.n_rows() != k * n)
+    fail(Status::shape, "moe_combine: pairs [{}, {}], weights [{}, {}], y [{}, {}] do not fit (pairs must be [D, k·T])",
+         pairs.ne[0], pairs.n_rows(), k, n, y.ne[0], y.n_rows());
 }
 
 namespace {

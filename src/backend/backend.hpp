@@ -157,6 +157,18 @@ class Backend {
   virtual void moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
                    const ExpertSlots &slots, const ExpertLayout &layout, const Activation &act,
                    const Tensor &y) = 0;
+  /// Expert-major MoE (a prompt pass whose experts do not all fit the cache): moe() in two parts.
+  /// moe_pairs() writes, for every (token t, pick j) whose expert is in @p experts, the row
+  /// down(act(gate(x_t), up(x_t))) of that expert to pairs[:, t·k + j]; other rows are left as
+  /// they are, and only the listed experts need slots. moe_combine() then sums each token's rows
+  /// in j order: y[:, t] = Σ_j weights[j, t] · pairs[:, t·k + j]. Calling moe_pairs() for
+  /// disjoint expert sets that cover every pick, then moe_combine(), gives moe()'s bits.
+  /// pairs: f32 [D, k·T]. Backends without it return false from has_moe_pairs() (the model then
+  /// splits the tokens instead).
+  virtual bool has_moe_pairs() const { return false; }
+  virtual void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &layout,
+                         const Activation &act, std::span<const int32_t> experts, const Tensor &pairs);
+  virtual void moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y);
   /// A dense gated FFN (shared experts, dense layers): y = down(act(gate x, up x)).
   void ffn(const Tensor &x, const Tensor &w_gate, const Tensor &w_up, const Tensor &w_down,
            const Activation &act, const Tensor &y);
@@ -302,6 +314,10 @@ void check_copy_2d(const void *dst, uint64_t dst_pitch_bytes, const void *src, u
 void check_matmul(const Tensor &w, const Tensor &x, const Tensor &y, Device device);
 void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
                const ExpertLayout &layout, const Tensor &y, Device device);
+/// moe_pairs(): as check_moe() for x, expert_ids and the layout; pairs f32 [D, k·T].
+void check_moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertLayout &layout, const Tensor &pairs, Device device);
+/// moe_combine(): pairs f32 [D, k·T], weights f32 [k, T], y f32 [D, T].
+void check_moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y, Device device);
 /// Validates host ids against the slot table; returns the slot addresses per (token, j).
 std::vector<const uint8_t *> resolve_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots);
 

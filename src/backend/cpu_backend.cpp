@@ -396,20 +396,57 @@ void CpuBackend::route(const Tensor &logits, const RouterParams &p, const Tensor
 void CpuBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertSlots &slots,
                      const ExpertLayout &l, const Activation &act, const Tensor &y) {
   check_moe(x, expert_ids, weights, l, y, Device::cpu);
+  if (x.n_rows() == 0) return;
+  // Every (token, j) pair gets its own output row, then each token sums its rows in j order.
+  pair_out_.resize(static_cast<size_t>(expert_ids.ne[0] * x.n_rows() * x.ne[0]));
+  compute_pairs(x, expert_ids, slots, l, act, {}, pair_out_.data());
+  combine_pairs(pair_out_.data(), weights, y);
+}
+
+void CpuBackend::moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &l,
+                           const Activation &act, std::span<const int32_t> experts, const Tensor &pairs) {
+  check_moe_pairs(x, expert_ids, l, pairs, Device::cpu);
+  if (x.n_rows() == 0 || experts.empty()) return;
+  compute_pairs(x, expert_ids, slots, l, act, experts, pairs.as<float>());
+}
+
+void CpuBackend::moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) {
+  check_moe_combine(pairs, weights, y, Device::cpu);
+  if (y.n_rows() == 0) return;
+  combine_pairs(pairs.as<float>(), weights, y);
+}
+
+void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &l,
+                               const Activation &act, std::span<const int32_t> only, float *pair_out) {
   const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
-  if (n_tok == 0) return;
   const int32_t *ids = expert_ids.as<int32_t>();
-  const std::vector<const uint8_t *> slot = resolve_expert_slots(ids, pairs, slots);
-  // Every (token, j) pair gets its own output row, computed by its expert's group (all of that
-  // expert's tokens in one batch); then each token sums its rows in j order. Per value this is
-  // the reference's arithmetic, so neither the grouping nor the thread count changes a bit.
+  // Each pair's row is computed by its expert's group (all of that expert's tokens in one batch).
+  // Per value this is the reference's arithmetic, so neither the grouping, nor the thread count,
+  // nor which experts a call covers (moe_pairs) changes a bit.
+  std::vector<uint8_t> wanted;
+  if (!only.empty()) {
+    wanted.assign(static_cast<size_t>(std::max(slots.n_experts, 0)), 0);
+    for (int32_t e : only) {
+      if (e < 0 || e >= slots.n_experts) fail(Status::invalid_argument, "moe_pairs: expert {} is outside 0..{}", e, slots.n_experts - 1);
+      wanted[static_cast<size_t>(e)] = 1;
+    }
+  }
+  std::vector<int32_t> picked, picked_ids;  // the pairs this call computes, and their experts
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int32_t e = ids[p];
+    if (!wanted.empty() && e >= 0 && e < slots.n_experts && !wanted[static_cast<size_t>(e)]) continue;
+    picked.push_back(static_cast<int32_t>(p));
+    picked_ids.push_back(e);
+  }
+  const std::vector<const uint8_t *> slot_of_picked =
+      resolve_expert_slots(picked_ids.data(), static_cast<int64_t>(picked_ids.size()), slots);
+  std::vector<const uint8_t *> slot(static_cast<size_t>(pairs), nullptr);
+  for (size_t i = 0; i < picked.size(); ++i) slot[static_cast<size_t>(picked[i])] = slot_of_picked[i];
   std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
-  for (int64_t p = 0; p < pairs; ++p) by_expert[static_cast<size_t>(ids[p])].push_back(static_cast<int32_t>(p));
+  for (int32_t p : picked) by_expert[static_cast<size_t>(ids[p])].push_back(p);
   std::vector<const std::vector<int32_t> *> groups;
   for (const auto &v : by_expert)
     if (!v.empty()) groups.push_back(&v);
-  pair_out_.resize(static_cast<size_t>(pairs * d));
-  float *pair_out = pair_out_.data();
   const float *xs = x.as<float>();
   const int64_t kmax = std::max(d, f);
   auto packed_len = [](int64_t ne, int64_t kk) { return (ne + kTokenBlock - 1) / kTokenBlock * kTokenBlock * kk; };
@@ -476,6 +513,10 @@ void CpuBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &we
       scatter(g, O);
     }
   }
+}
+
+void CpuBackend::combine_pairs(const float *pair_out, const Tensor &weights, const Tensor &y) {
+  const int64_t d = y.ne[0], k = weights.ne[0], n_tok = y.n_rows();
   const float *wts = weights.as<float>();
   pool_.parallel_for(n_tok, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, k * d)),
                      [&](int64_t t0, int64_t t1, unsigned) {

@@ -41,6 +41,10 @@ class CpuBackend final : public Backend {
              const Tensor &weights) override;
   void moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertSlots &slots,
            const ExpertLayout &layout, const Activation &act, const Tensor &y) override;
+  bool has_moe_pairs() const override { return true; }
+  void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &layout,
+                 const Activation &act, std::span<const int32_t> experts, const Tensor &pairs) override;
+  void moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) override;
   int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) override;
 
   void mul(const Tensor &a, const Tensor &b, const Tensor &y) override;
@@ -81,6 +85,12 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::vector<std::vector<float>> scratch_;  // [worker * 4 + slot]
   std::vector<float> packed_x_;              // matmul's x in blocks of 8 tokens
+  /// The rows of the pairs whose expert @p only lists (every pair when empty) into pair_out
+  /// [k·T rows of D]; moe() and moe_pairs().
+  void compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &layout,
+                     const Activation &act, std::span<const int32_t> only, float *pair_out);
+  /// y[t] = Σ_j weights[j, t] · pair_out[t·k + j], j in order; moe() and moe_combine().
+  void combine_pairs(const float *pair_out, const Tensor &weights, const Tensor &y);
   std::vector<float> pair_out_, moe_x_, moe_h_, moe_o_;  // moe: per-pair rows, one expert's batch
 };
 

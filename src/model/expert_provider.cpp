@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <span>
 
 namespace ep::model {
 
@@ -253,6 +254,64 @@ store::StoreStats PackedExperts::stats() const { return store_->stats(); }
 uint32_t PackedExperts::num_slots() const { return store_->num_slots(); }
 uint64_t PackedExperts::slot_bytes() const { return store_->slot_bytes(); }
 
+namespace {
+
+/// The distinct valid experts of ids[p0 .. p1), ascending.
+std::vector<int32_t> distinct_experts(const std::vector<int32_t> &ids, int64_t n_experts, int64_t p0, int64_t p1) {
+  std::vector<uint8_t> seen(static_cast<size_t>(n_experts));
+  for (int64_t p = p0; p < p1; ++p) {
+    const int32_t e = ids[static_cast<size_t>(p)];
+    if (e >= 0 && e < n_experts) seen[static_cast<size_t>(e)] = 1;
+  }
+  std::vector<int32_t> out;
+  for (int64_t e = 0; e < n_experts; ++e)
+    if (seen[static_cast<size_t>(e)]) out.push_back(static_cast<int32_t>(e));
+  return out;
+}
+
+/// Bytes of per-pick rows one expert-major pass holds at most (the tokens go in chunks below it).
+constexpr uint64_t kPairRowsBytes = uint64_t{256} << 20;
+
+/// Expert-major: for chunks of tokens, every expert the chunk picks goes through the cache once
+/// (max_unique at a time), computing the rows of its picks (Backend::moe_pairs); then each token
+/// sums its rows in pick order (moe_combine) — moe()'s arithmetic, so the same bits, with each
+/// expert read once per chunk instead of once per small group of tokens.
+void run_routed_experts_by_expert(backend::Backend &be, ExpertProvider &experts, int64_t layer, int64_t n_experts,
+                                  const std::vector<int32_t> &ids, const int32_t *ids_dev, const float *weights_dev,
+                                  int64_t k, const float *x, float *y, int64_t d, int64_t n, const backend::Activation &act,
+                                  int64_t max_unique) {
+  using backend::GgmlType;
+  using backend::Tensor;
+  const backend::Device dv = be.device();
+  const int64_t row_bytes = k * d * static_cast<int64_t>(sizeof(float));
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, static_cast<int64_t>(kPairRowsBytes) / row_bytes));
+  DeviceBuffer rows(be, static_cast<uint64_t>(chunk * row_bytes));
+  float *pair_rows = static_cast<float *>(rows.get());
+  for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+    const int64_t m = std::min(chunk, n - t0);
+    const Tensor xc = Tensor::make(x + t0 * d, GgmlType::f32, dv, {d, m});
+    const Tensor idc = Tensor::make(ids_dev + t0 * k, GgmlType::i32, dv, {k, m});
+    const Tensor pc = Tensor::make(pair_rows, GgmlType::f32, dv, {d, k * m});
+    const std::vector<int32_t> need = distinct_experts(ids, n_experts, t0 * k, (t0 + m) * k);
+    for (size_t e0 = 0; e0 < need.size(); e0 += static_cast<size_t>(max_unique)) {
+      const size_t e1 = std::min(need.size(), e0 + static_cast<size_t>(max_unique));
+      const std::span<const int32_t> group(need.data() + e0, e1 - e0);
+      const backend::ExpertSlots slots = experts.acquire(layer, group.data(), static_cast<int64_t>(group.size()));
+      try {
+        be.moe_pairs(xc, idc, slots, experts.layout(layer), act, group, pc);
+      } catch (...) {
+        experts.release(layer);
+        throw;
+      }
+      experts.release(layer);
+    }
+    be.moe_combine(pc, Tensor::make(weights_dev + t0 * k, GgmlType::f32, dv, {k, m}),
+                   Tensor::make(y + t0 * d, GgmlType::f32, dv, {d, m}));
+  }
+}
+
+}  // namespace
+
 void run_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, int64_t n_experts,
                         const std::vector<int32_t> &ids, const int32_t *ids_dev, const float *weights_dev, int64_t k,
                         const float *x, float *y, int64_t d, int64_t n, const backend::Activation &act) {
@@ -260,6 +319,10 @@ void run_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t l
   using backend::Tensor;
   const backend::Device dv = be.device();
   const int64_t max_unique = std::max<int64_t>(experts.max_unique(), k);
+  if (be.has_moe_pairs() && n > 1 && distinct_experts(ids, n_experts, 0, n * k).size() > static_cast<size_t>(max_unique)) {
+    run_routed_experts_by_expert(be, experts, layer, n_experts, ids, ids_dev, weights_dev, k, x, y, d, n, act, max_unique);
+    return;
+  }
   std::vector<uint8_t> seen(static_cast<size_t>(n_experts));
   for (int64_t t0 = 0; t0 < n;) {
     std::fill(seen.begin(), seen.end(), 0);

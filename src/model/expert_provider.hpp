@@ -163,7 +163,9 @@ class PackedExperts final : public ExpertProvider {
 
 /// The routed-expert FFN of one MoE layer over @p n tokens: Backend::moe on experts from
 /// @p experts' layer @p layer, the tokens in chunks whose distinct experts fit one acquire()
-/// (the moe op is per token, so chunking does not change its result). @p ids: the host copy of
+/// (the moe op is per token, so chunking does not change its result). When the step's experts
+/// do not fit one acquire and the backend has moe_pairs(), expert-major instead: each expert
+/// goes through the cache once per (large) chunk of tokens, with the same result bits. @p ids: the host copy of
 /// the [n][k] expert ids (ids outside 0 .. n_experts − 1 are skipped); @p ids_dev, @p weights_dev:
 /// the same ids and their weights in backend memory; x, y: [n][d] in backend memory.
 void run_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, int64_t n_experts,

@@ -196,3 +196,70 @@ TEST_CASE("ffn (shared experts) equals down(act(gate x, up x))", "[moe]") {
   }
   CHECK(bad == 0);
 }
+
+TEST_CASE("moe_pairs over disjoint expert sets, then moe_combine, give moe()'s bits", "[moe]") {
+  // The expert-major prompt pass (model/expert_provider.cpp): each set of experts gets only its
+  // own slots (the others are null, as when the cache holds a few experts at a time).
+  CpuBackend be(3);
+  std::mt19937 rng(7);
+  const int64_t d = 256, f = 256, toks = 37, k = 3;
+  const int n_exp = 8;
+  ExpertSet s = make_experts(n_exp, d, f, GgmlType::q4_k, GgmlType::q8_0, rng);
+  auto x = ep::test::random_floats(static_cast<size_t>(d * toks), rng, -2, 2);
+  auto w = ep::test::random_floats(static_cast<size_t>(k * toks), rng, 0, 1);
+  std::vector<int32_t> ids(static_cast<size_t>(k * toks));
+  for (int64_t t = 0; t < toks; ++t)  // k distinct experts per token
+    for (int64_t j = 0; j < k; ++j) ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>((t * 5 + j * 3) % n_exp);
+  const Activation act{ActivationKind::swiglu, 10.0f};
+  auto X = Tensor::make(x.data(), GgmlType::f32, Device::cpu, {d, toks});
+  auto I = Tensor::make(ids.data(), GgmlType::i32, Device::cpu, {k, toks});
+  auto W = Tensor::make(w.data(), GgmlType::f32, Device::cpu, {k, toks});
+  std::vector<float> want(static_cast<size_t>(d * toks), NAN);
+  be.moe(X, I, W, ExpertSlots{s.table.data(), n_exp}, s.layout, act, Tensor::make(want.data(), GgmlType::f32, Device::cpu, {d, toks}));
+
+  std::vector<float> pairs(static_cast<size_t>(d * k * toks), NAN), got(want.size(), NAN);
+  auto P = Tensor::make(pairs.data(), GgmlType::f32, Device::cpu, {d, k * toks});
+  for (const std::vector<int32_t> &set : {std::vector<int32_t>{5, 0, 3}, {1, 7}, {2, 4, 6}}) {
+    std::vector<const void *> table(static_cast<size_t>(n_exp), nullptr);
+    for (int32_t e : set) table[static_cast<size_t>(e)] = s.table[static_cast<size_t>(e)];
+    be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, set, P);
+  }
+  be.moe_combine(P, W, Tensor::make(got.data(), GgmlType::f32, Device::cpu, {d, toks}));
+  CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+  CHECK(std::isfinite(got[0]));
+
+  // a set leaves the other experts' rows alone: a poisoned row stays poisoned
+  std::vector<float> poisoned(pairs.size(), NAN);
+  auto Q = Tensor::make(poisoned.data(), GgmlType::f32, Device::cpu, {d, k * toks});
+  std::vector<const void *> table(static_cast<size_t>(n_exp), nullptr);
+  table[1] = s.table[1];
+  be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, std::vector<int32_t>{1}, Q);
+  int64_t of_expert_1 = 0, wrong = 0;
+  for (int64_t p = 0; p < k * toks; ++p) {
+    const bool mine = ids[static_cast<size_t>(p)] == 1;
+    of_expert_1 += mine;
+    for (int64_t i = 0; i < d; ++i) wrong += std::isfinite(poisoned[static_cast<size_t>(p * d + i)]) != mine;
+  }
+  CHECK(of_expert_1 > 0);
+  CHECK(wrong == 0);
+
+  // errors: an expert outside the table, a set expert without a slot, pairs of the wrong shape
+  auto status = [](auto &&fn) {
+    try {
+      fn();
+    } catch (const ep::Error &e) {
+      return e.status();
+    }
+    return ep::Status::ok;
+  };
+  CHECK(status([&] { be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, std::vector<int32_t>{8}, Q); }) ==
+        ep::Status::invalid_argument);
+  CHECK(status([&] { be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, std::vector<int32_t>{2}, Q); }) ==
+        ep::Status::not_found);
+  CHECK(status([&] {
+          be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, std::vector<int32_t>{1},
+                       Tensor::make(poisoned.data(), GgmlType::f32, Device::cpu, {d, toks}));
+        }) == ep::Status::shape);
+  CHECK(status([&] { be.moe_combine(Tensor::make(pairs.data(), GgmlType::f32, Device::cpu, {d, toks}), W,
+                                    Tensor::make(got.data(), GgmlType::f32, Device::cpu, {d, toks})); }) == ep::Status::shape);
+}

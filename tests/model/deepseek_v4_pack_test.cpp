@@ -208,6 +208,35 @@ TEST_CASE("deepseek_v4 pack: the smallest cache (forced evictions) gives identic
   }
 }
 
+TEST_CASE("deepseek_v4 pack: a prompt pass with a small cache reads each picked expert once per layer", "[model][deepseek_v4][pack]") {
+  // Expert-major (run_routed_experts with Backend::moe_pairs): the experts a prompt picks go
+  // through the top_k slots once per layer, not once per small group of tokens, with the same
+  // logits as the resident model.
+  ep::backend::CpuBackend cpu;
+  for (const char *name : kConfigs) {
+    const Golden g = load_golden(name);
+    const fs::path dir = scratch_dir(std::string("bypass_") + name);
+    const ep::model::ResolvedModel rm = ep::model::resolve_model(g.gguf, placement(dir));
+    auto resident = DeepseekV4Model::open(g.gguf, cpu);
+    const int64_t K = resident->config().n_experts_used, E = resident->config().n_experts, L = resident->config().n_layers;
+    PackedModel small = open_packed(rm.source, rm.pack, cpu, PackedExperts::min_cache_bytes(rm.pack, K));
+    const std::vector<float> got = run_full(*small.model, g.tokens);  // one pass over every token
+    CHECK(bit_identical(got, run_full(*resident, g.tokens)));
+    const ep::store::StoreStats s = small.experts->inner().stats();
+    std::printf("deepseek_v4 %s, one pass of %zu tokens through %lld slots: %llu acquires, %llu distinct keys, %llu misses (%lld experts x %lld layers)\n",
+                name, g.tokens.size(), static_cast<long long>(K), static_cast<unsigned long long>(s.acquires),
+                static_cast<unsigned long long>(small.experts->unique_keys), static_cast<unsigned long long>(s.cache_misses),
+                static_cast<long long>(E), static_cast<long long>(L));
+    // every (layer, expert) at most once: the acquires of a layer ask for disjoint sets of experts
+    CHECK(small.experts->unique_keys <= static_cast<uint64_t>(E * L));
+    CHECK(s.cache_misses == small.experts->unique_keys);
+    CHECK(small.experts->max_unique_seen <= static_cast<uint64_t>(K));
+    // and there were more picks than slots (the path under test, not one acquire per layer)
+    CHECK(s.acquires > static_cast<uint64_t>(L));
+    fs::remove_all(dir);
+  }
+}
+
 TEST_CASE("deepseek_v4 pack: built once, reused, rebuilt or stale when the source changes", "[model][deepseek_v4][pack]") {
   const Golden g = load_golden("dsv4_b");
   const fs::path dir = scratch_dir("reuse");
