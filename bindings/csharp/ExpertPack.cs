@@ -146,6 +146,7 @@ namespace ExpertPack
         public uint reused_tokens;
         public double prefill_tokens_per_second, decode_tokens_per_second;
         public ulong session_tokens;
+        public ulong prefill_expert_bytes, decode_expert_bytes;
     }
 
     [StructLayout(LayoutKind.Sequential)]
@@ -590,16 +591,23 @@ namespace ExpertPack
         public uint? ReusedTokens;
         public double? PrefillTokensPerSecond, DecodeTokensPerSecond;
         public ulong? SessionTokens;
+        /// <summary>Routed-expert bytes read from the Expert Pack during the prompt pass / the generation steps.</summary>
+        public ulong? PrefillExpertBytes, DecodeExpertBytes;
 
         internal GenerateStats(GenerateStatsRaw s)
         {
             PromptTokens = s.prompt_tokens; GeneratedTokens = s.generated_tokens;
             PrefillSeconds = s.prefill_seconds; DecodeSeconds = s.decode_seconds;
-            if ((long)s.struct_size.ToUInt64() >= Marshal.SizeOf(typeof(GenerateStatsRaw)))
+            long size = (long)s.struct_size.ToUInt64();
+            if (size >= (long)Marshal.OffsetOf(typeof(GenerateStatsRaw), "prefill_expert_bytes"))
             {
                 StopReason = (StopReason)s.stop_reason; ReusedTokens = s.reused_tokens;
                 PrefillTokensPerSecond = s.prefill_tokens_per_second; DecodeTokensPerSecond = s.decode_tokens_per_second;
                 SessionTokens = s.session_tokens;
+            }
+            if (size >= Marshal.SizeOf(typeof(GenerateStatsRaw)))
+            {
+                PrefillExpertBytes = s.prefill_expert_bytes; DecodeExpertBytes = s.decode_expert_bytes;
             }
         }
     }

@@ -84,6 +84,8 @@ static class Tests
                 Require(streamed.SequenceEqual(Expected), "streamed tokens");
                 Require(indices.SequenceEqual(Enumerable.Range(0, 8).Select(i => (uint)i)), "indices");
                 Require(!g.Cancelled && g.Stats.GeneratedTokens == 8 && g.Stats.PromptTokens == Prompt.Length, "stats");
+                // a fresh model reads its experts from the pack during the prompt
+                Require(g.Stats.PrefillExpertBytes > 0 && g.Stats.DecodeExpertBytes.HasValue, "expert bytes");
                 Require(s.Length == (ulong)(Prompt.Length + 8), "session length");
                 var st = model.StoreStats();
                 Require(st.Acquires > 0 && st.CacheHits + st.CacheMisses > 0, "store stats");

@@ -699,6 +699,7 @@ type GenerateStats struct {
 	ReusedTokens                                  uint32
 	PrefillTokensPerSecond, DecodeTokensPerSecond float64
 	SessionTokens                                 uint64
+	PrefillExpertBytes, DecodeExpertBytes         uint64 // routed-expert bytes read from the pack: prompt pass / generation steps
 }
 
 func statsFromC(s *C.ep_generate_stats) GenerateStats {
@@ -708,6 +709,7 @@ func statsFromC(s *C.ep_generate_stats) GenerateStats {
 		StopReason: StopReason(s.stop_reason), ReusedTokens: uint32(s.reused_tokens),
 		PrefillTokensPerSecond: float64(s.prefill_tokens_per_second),
 		DecodeTokensPerSecond:  float64(s.decode_tokens_per_second), SessionTokens: uint64(s.session_tokens),
+		PrefillExpertBytes: uint64(s.prefill_expert_bytes), DecodeExpertBytes: uint64(s.decode_expert_bytes),
 	}
 }
 

@@ -127,6 +127,9 @@ func TestStreamMatchesCAPI(t *testing.T) {
 	if !reflect.DeepEqual(indices, []uint32{0, 1, 2, 3, 4, 5, 6, 7}) || g.Cancelled {
 		t.Fatal(indices, g.Cancelled)
 	}
+	if g.Stats.PrefillExpertBytes == 0 {
+		t.Fatal("a fresh model read no expert bytes during the prompt")
+	}
 	if int(g.Stats.PromptTokens) != len(f.prompt) || g.Stats.GeneratedTokens != 8 {
 		t.Fatalf("stats %+v", g.Stats)
 	}

@@ -126,7 +126,9 @@ class _ModelOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("device", c_int32), ("device_index", c_int32),
                 ("cache_budget_bytes", c_uint64), ("staging_slots", c_uint32), ("queue_depth", c_uint32),
                 ("read_splits", c_uint32), ("direct_io", c_int32), ("pack_dir", c_char_p), ("pack_build", c_int32),
-                ("resident_experts", c_int32), ("progress", _PROGRESS_FN), ("progress_payload", c_void_p)]
+                ("resident_experts", c_int32), ("progress", _PROGRESS_FN), ("progress_payload", c_void_p),
+                # appended after the first version:
+                ("cpu_threads", c_int32)]
 
 
 class _ModelProperties(Structure):
@@ -611,12 +613,13 @@ class _Handle:
 class Model(_Handle):
     """An open model (``ep_model_open``). Keyword options are the fields of ``ep_model_options``:
     device, device_index, cache_budget_bytes, staging_slots, queue_depth, read_splits, direct_io,
-    pack_dir, pack_build, resident_experts, and progress (``callable(done_bytes, total_bytes)``)."""
+    pack_dir, pack_build, resident_experts, cpu_threads (0: EP_CPU_THREADS, else every core) and progress
+    (``callable(done_bytes, total_bytes)``)."""
     _close_fn = staticmethod(_ep_model_close)
 
     def __init__(self, path, *, device: Device = Device.AUTO, device_index: int = 0, cache_budget_bytes: int = 0,
                  staging_slots: int = 0, queue_depth: int = 0, read_splits: int = 0, direct_io: Optional[bool] = None,
-                 pack_dir=None, pack_build: bool = True, resident_experts: bool = False,
+                 pack_dir=None, pack_build: bool = True, resident_experts: bool = False, cpu_threads: int = 0,
                  progress: Optional[Callable[[int, int], None]] = None):
         super().__init__()
         self._sessions = weakref.WeakSet()
@@ -632,6 +635,10 @@ class Model(_Handle):
         opts.pack_dir = pack_dir_b
         opts.pack_build = int(bool(pack_build))
         opts.resident_experts = int(bool(resident_experts))
+        if cpu_threads:
+            if not _fits(opts, "cpu_threads"):
+                raise UnsupportedError(f"cpu_threads: the library ({opts.struct_size}-byte ep_model_options) predates it")
+            opts.cpu_threads = cpu_threads
         errors = []
         if progress is not None:
             def on_progress(done, total, _payload):

@@ -122,6 +122,14 @@ class ModelTest(unittest.TestCase):
             full = s.score(self.prompt[:2], top_k=0)
         self.assertEqual(len(full[0]), self.model.info().vocab_size)
 
+    def test_cpu_threads(self):
+        # the CPU backend gives the same bits for any thread count: the same tokens as the C API
+        with ep.Model(env("EP_TEST_MODEL"), device=ep.Device.CPU, cpu_threads=3) as m, m.session() as s:
+            r = s.generate(self.prompt, max_new_tokens=8, temperature=self.temp, seed=self.seed)
+            self.assertEqual(r.tokens, self.expected)
+        with self.assertRaises(ep.InvalidArgumentError):
+            ep.Model(env("EP_TEST_MODEL"), device=ep.Device.CPU, cpu_threads=-2)
+
     def test_bad_token_raises(self):
         with self.model.session() as s:
             with self.assertRaises(ep.InvalidArgumentError) as cm:

@@ -350,6 +350,8 @@ pub struct ep_generate_stats_v2 {
     pub prefill_tokens_per_second: f64,
     pub decode_tokens_per_second: f64,
     pub session_tokens: u64,
+    pub prefill_expert_bytes: u64,
+    pub decode_expert_bytes: u64,
 }
 
 /// The first published sizes (what a library from before the appended fields accepts).
@@ -431,7 +433,8 @@ mod layout_v2 {
              std::ptr::addr_of!((*base).ignore_eos) as usize - base as usize)
         };
         assert_eq!((min_p, stop_tokens, ignore_eos), (36, 48, 80));
-        assert_eq!(size_of::<ep_generate_stats_v2>(), 64);
+        assert_eq!(size_of::<ep_generate_stats_v2>(), 80);
+        assert_eq!(std::mem::offset_of!(ep_generate_stats_v2, prefill_expert_bytes), 64);
         assert_eq!(size_of::<ep_tokenizer_properties>(), 32);
         assert_eq!(size_of::<ep_chat_message>(), 24);
         assert_eq!(size_of::<ep_chat_options>(), 24);

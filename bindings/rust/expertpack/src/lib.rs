@@ -756,6 +756,10 @@ pub struct GenerateStats {
     pub prefill_tokens_per_second: Option<f64>,
     pub decode_tokens_per_second: Option<f64>,
     pub session_tokens: Option<u64>,
+    /// Routed-expert bytes read from the Expert Pack during the prompt pass (0 with resident experts).
+    pub prefill_expert_bytes: Option<u64>,
+    /// The same during the generation steps.
+    pub decode_expert_bytes: Option<u64>,
 }
 
 fn new_stats() -> sys::ep_generate_stats_v2 {
@@ -765,7 +769,9 @@ fn new_stats() -> sys::ep_generate_stats_v2 {
 
 impl From<sys::ep_generate_stats_v2> for GenerateStats {
     fn from(s: sys::ep_generate_stats_v2) -> Self {
-        let full = struct_size_of(&s) >= std::mem::size_of::<sys::ep_generate_stats_v2>();
+        let size = struct_size_of(&s);
+        let full = size >= std::mem::offset_of!(sys::ep_generate_stats_v2, prefill_expert_bytes);
+        let bytes = size >= std::mem::size_of::<sys::ep_generate_stats_v2>();
         GenerateStats {
             prompt_tokens: s.v1.prompt_tokens,
             generated_tokens: s.v1.generated_tokens,
@@ -786,6 +792,8 @@ impl From<sys::ep_generate_stats_v2> for GenerateStats {
             prefill_tokens_per_second: if full { Some(s.prefill_tokens_per_second) } else { None },
             decode_tokens_per_second: if full { Some(s.decode_tokens_per_second) } else { None },
             session_tokens: if full { Some(s.session_tokens) } else { None },
+            prefill_expert_bytes: if bytes { Some(s.prefill_expert_bytes) } else { None },
+            decode_expert_bytes: if bytes { Some(s.decode_expert_bytes) } else { None },
         }
     }
 }

@@ -69,6 +69,9 @@ fn stream_8_tokens_matches_the_c_api() {
     assert!(!out.cancelled);
     assert_eq!(out.stats.prompt_tokens as usize, f.prompt.len());
     assert_eq!(out.stats.generated_tokens, 8);
+    // a fresh model reads its experts from the pack during the prompt
+    assert!(out.stats.prefill_expert_bytes.unwrap() > 0);
+    assert!(out.stats.decode_expert_bytes.is_some());
     assert_eq!(session.len().unwrap() as usize, f.prompt.len() + 8);
     let st = model.store_stats().unwrap();
     assert!(st.acquires > 0 && st.cache_hits + st.cache_misses > 0);
