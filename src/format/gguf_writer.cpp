@@ -4,7 +4,10 @@
 #include "format/byte_source.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <future>
 
 namespace ep::format {
 namespace {
@@ -103,11 +106,21 @@ std::vector<std::string> GgufWriter::write(const std::string &path, uint32_t n_s
   if (n_shards > 1) {
     if (prefix.size() > 5 && prefix.compare(prefix.size() - 5, 5, ".gguf") == 0) prefix.resize(prefix.size() - 5);
   }
-  std::vector<std::string> paths;
-  std::vector<uint8_t> chunk;
+  // Every shard is written as "<name>.partial" and renamed once all are complete, so a failed or
+  // killed write never leaves a file under a GGUF name (the partial files are removed on failure).
+  std::vector<std::string> paths, partials;
+  struct RemovePartials {
+    std::vector<std::string> *files;
+    ~RemovePartials() {
+      if (files)
+        for (const std::string &f : *files) std::remove(f.c_str());
+    }
+  } cleanup{&partials};
   uint64_t done = 0;
   for (uint32_t s = 0; s < n_shards; ++s) {
     const std::string shard_path = n_shards == 1 ? path : split_path(prefix, s + 1, n_shards);
+    paths.push_back(shard_path);
+    partials.push_back(shard_path + ".partial");
     std::vector<uint8_t> head;
     put<uint32_t>(head, 0x46554747);
     put<uint32_t>(head, 3);
@@ -138,27 +151,50 @@ std::vector<std::string> GgufWriter::write(const std::string &path, uint32_t n_s
       put<uint64_t>(head, rel);
       rel = align_up(rel + ten.nbytes, alignment_);
     }
-    std::unique_ptr<OutputFile> out = create_output_file(shard_path);
+    std::unique_ptr<OutputFile> out = create_output_file(partials.back());
     if (wrap) out = wrap(std::move(out));
     out->write(head.data(), head.size());
     out->write_zeros(align_up(head.size(), alignment_) - head.size());
-    for (size_t t = first[s]; t < first[s + 1]; ++t) {
-      const Tensor &ten = tensors_[t];
-      constexpr uint64_t kChunk = 8u << 20;
-      for (uint64_t off = 0; off < ten.nbytes;) {
-        const size_t n = static_cast<size_t>(std::min(kChunk, ten.nbytes - off));
-        chunk.resize(n);
-        fill(t, off, std::span<uint8_t>(chunk.data(), n));
-        out->write(chunk.data(), n);
-        off += n;
-        done += n;
-        if (progress) progress(done, total);
-      }
-      if (t + 1 < first[s + 1]) out->write_zeros(align_up(ten.nbytes, alignment_) - ten.nbytes);
+    // The shard's tensor bytes in chunks, in file order. The next chunk is filled on a helper
+    // thread while this one is written, so generation and disk writes overlap (the bytes and
+    // their order are the same as filling and writing one after the other).
+    struct Chunk {
+      size_t tensor;
+      uint64_t offset;
+      size_t bytes;
+    };
+    constexpr uint64_t kChunk = 8u << 20;
+    std::vector<Chunk> chunks;
+    for (size_t t = first[s]; t < first[s + 1]; ++t)
+      for (uint64_t off = 0; off < tensors_[t].nbytes; off += kChunk)
+        chunks.push_back({t, off, static_cast<size_t>(std::min(kChunk, tensors_[t].nbytes - off))});
+    std::vector<uint8_t> buffers[2];
+    auto fill_chunk = [&](size_t i) {
+      std::vector<uint8_t> &b = buffers[i % 2];
+      b.resize(chunks[i].bytes);
+      fill(chunks[i].tensor, chunks[i].offset, std::span<uint8_t>(b.data(), b.size()));
+    };
+    std::future<void> next;  // declared after the buffers: destroyed (waited for) first
+    if (!chunks.empty()) next = std::async(std::launch::async, fill_chunk, size_t{0});
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      next.get();  // chunk i is filled (or its fill's exception is rethrown here)
+      if (i + 1 < chunks.size()) next = std::async(std::launch::async, fill_chunk, i + 1);
+      const Chunk &c = chunks[i];
+      out->write(buffers[i % 2].data(), c.bytes);
+      done += c.bytes;
+      if (progress) progress(done, total);
+      const Tensor &ten = tensors_[c.tensor];
+      if (c.offset + c.bytes == ten.nbytes && c.tensor + 1 < first[s + 1])
+        out->write_zeros(align_up(ten.nbytes, alignment_) - ten.nbytes);
     }
     out->sync();
-    paths.push_back(shard_path);
   }
+  for (size_t i = 0; i < paths.size(); ++i)
+    if (std::rename(partials[i].c_str(), paths[i].c_str()) != 0)
+      fail_errno(errno, fmt::format("rename {} to {}", partials[i], paths[i]));
+  cleanup.files = nullptr;
+  const size_t slash = paths.front().find_last_of('/');
+  sync_directory(slash == std::string::npos ? std::string(".") : paths.front().substr(0, slash == 0 ? 1 : slash));
   return paths;
 }
 

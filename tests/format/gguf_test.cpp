@@ -125,6 +125,46 @@ TEST_CASE("GGUF writer and reader round-trip every value type, nested arrays and
   }
 }
 
+TEST_CASE("GGUF writer: tensors of several chunks (filled ahead on a helper thread) and a failing fill", "[format][gguf]") {
+  // The writer fills the next 8 MiB chunk while it writes this one: the bytes must not change,
+  // and a fill that throws must surface as that error from write(), with nothing left running.
+  TempDir dir;
+  GgufWriter w;
+  w.add_tensor("big.weight", GgmlType::f32, {uint64_t{5} << 20});  // 20 MiB: 3 chunks
+  w.add_tensor("small.weight", GgmlType::q8_0, {64, 3});
+  w.add_tensor("odd.weight", GgmlType::f32, {(uint64_t{2} << 20) + 7});  // 8 MiB + 28 B: 2 chunks
+  const auto paths = w.write(dir / "chunks.gguf", 1, fill_pattern);
+  const GgufFile g = GgufFile::open(paths.at(0));
+  REQUIRE(g.tensors().size() == 3);
+  for (size_t t = 0; t < 3; ++t) {
+    const auto &ti = g.tensors()[t];
+    std::vector<uint8_t> want(ti.nbytes), got(ti.nbytes);
+    fill_pattern(t, 0, want);  // the whole tensor at once: chunking must not show
+    g.source().read(ti.file_offset, got.data(), got.size());
+    INFO(ti.name);
+    CHECK(want == got);
+  }
+  int calls = 0;
+  auto failing = [&](size_t t, uint64_t off, std::span<uint8_t> out) {
+    if (++calls == 3) ep::fail(ep::Status::io, "fill of tensor {} at offset {} failed (injected)", t, off);
+    fill_pattern(t, off, out);
+  };
+  try {
+    w.write(dir / "failing.gguf", 1, failing);
+    FAIL("a failing fill was not reported");
+  } catch (const ep::Error &e) {
+    CHECK(e.status() == ep::Status::io);
+    CHECK(std::string(e.what()).find("injected") != std::string::npos);
+  }
+  CHECK(calls == 3);  // nothing filled after the failure
+  // nothing under the GGUF's name, and no partial file left behind
+  CHECK_FALSE(std::filesystem::exists(dir / "failing.gguf"));
+  CHECK_FALSE(std::filesystem::exists(dir / "failing.gguf.partial"));
+  // a complete write leaves only the file itself
+  CHECK(std::filesystem::exists(dir / "chunks.gguf"));
+  CHECK_FALSE(std::filesystem::exists(dir / "chunks.gguf.partial"));
+}
+
 TEST_CASE("GGUF default alignment is 32 and values print", "[format][gguf]") {
   TempDir dir;
   GgufWriter w = all_types_writer();
