@@ -200,6 +200,22 @@ uint64_t GgufValue::as_uint(std::string_view context) const {
   }
 }
 
+int64_t GgufValue::as_int(std::string_view context) const {
+  switch (type) {
+    case GgufType::u8: case GgufType::u16: case GgufType::u32: case GgufType::u64: case GgufType::boolean:
+      return static_cast<int64_t>(u);
+    case GgufType::i8: case GgufType::i16: case GgufType::i32: case GgufType::i64:
+      return i;
+    default:
+      fail(Status::format, "{}: expected an integer, found {}", context, gguf_type_name(type));
+  }
+}
+
+double GgufValue::as_float(std::string_view context) const {
+  if (type == GgufType::f32 || type == GgufType::f64) return f;
+  return static_cast<double>(as_int(context));
+}
+
 std::string GgufValue::to_string(size_t max_elems) const {
   switch (type) {
     case GgufType::u8: case GgufType::u16: case GgufType::u32: case GgufType::u64: return fmt::format("{}", u);

@@ -60,6 +60,10 @@ struct GgufValue {
   bool is_integer() const;
   /// The value as an unsigned integer; throws Status::format if it is not a non-negative integer.
   uint64_t as_uint(std::string_view context) const;
+  /// Any integer (booleans as 0 / 1) as int64_t; throws Status::format naming @p context otherwise.
+  int64_t as_int(std::string_view context) const;
+  /// A float, or an integer converted; throws Status::format naming @p context otherwise.
+  double as_float(std::string_view context) const;
   /// A short text form for listings (arrays abbreviated).
   std::string to_string(size_t max_elems = 8) const;
   bool operator==(const GgufValue &o) const;

@@ -12,6 +12,31 @@
 
 namespace ep::model {
 
+class WeightCatalog;
+
+/// The part of a model's weight loader that both models share: copies weight bytes into
+/// backend memory it keeps in @p bufs (adding their size to @p bytes), taking tensors from @p cat.
+class WeightUploader {
+ public:
+  WeightUploader(WeightCatalog &cat, backend::Backend &be, std::vector<DeviceBuffer> &bufs, uint64_t &bytes)
+      : cat_(cat), be_(be), bufs_(bufs), bytes_(bytes) {}
+  /// @p n_bytes of @p data in backend memory, as a tensor of @p type and @p shape.
+  backend::Tensor upload(const void *data, backend::GgmlType type, std::initializer_list<int64_t> shape, uint64_t n_bytes) {
+    DeviceBuffer buf(be_, n_bytes);
+    be_.upload(buf.get(), data, n_bytes);
+    backend::Tensor t = backend::Tensor::make(buf.get(), type, be_.device(), shape);
+    bufs_.push_back(std::move(buf));
+    bytes_ += n_bytes;
+    return t;
+  }
+
+ protected:
+  WeightCatalog &cat_;
+  backend::Backend &be_;
+  std::vector<DeviceBuffer> &bufs_;
+  uint64_t &bytes_;
+};
+
 /// Reusable activation buffers: get() hands out the smallest free buffer that fits (or a new
 /// one); reset() marks them all free again. Buffers live until the arena is destroyed.
 class BackendScratch {

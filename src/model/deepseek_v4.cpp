@@ -73,19 +73,9 @@ std::vector<float> to_f32(const CatalogEntry &e, const std::vector<uint8_t> &raw
   return out;
 }
 
-class Loader {
+class Loader : public WeightUploader {
  public:
-  Loader(WeightCatalog &cat, backend::Backend &be, std::vector<DeviceBuffer> &bufs, uint64_t &bytes)
-      : cat_(cat), be_(be), bufs_(bufs), bytes_(bytes) {}
-
-  Tensor upload(const void *data, GgmlType type, std::initializer_list<int64_t> shape, uint64_t n_bytes) {
-    DeviceBuffer buf(be_, n_bytes);
-    be_.upload(buf.get(), data, n_bytes);
-    Tensor t = Tensor::make(buf.get(), type, be_.device(), shape);
-    bufs_.push_back(std::move(buf));
-    bytes_ += n_bytes;
-    return t;
-  }
+  using WeightUploader::WeightUploader;
   /// A matmul / embedding weight {ne0, ne1}, kept in its file type. Off the CPU, f32 / f16 /
   /// bf16 rows whose length is not a multiple of 32 (the CUDA GEMV and dequantize kernels need
   /// one; only tiny test models have such rows) are zero-padded to the next multiple when
@@ -137,11 +127,6 @@ class Loader {
   }
   const CatalogEntry *entry(const std::string &name, std::vector<int64_t> ne) { return cat_.take(name, std::move(ne)); }
 
- private:
-  WeightCatalog &cat_;
-  backend::Backend &be_;
-  std::vector<DeviceBuffer> &bufs_;
-  uint64_t &bytes_;
 };
 
 backend::RopeParams rope_params(const DeepseekV4Config &c, bool compressed, int64_t head_dim, bool inverse) {

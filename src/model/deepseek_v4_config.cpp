@@ -29,35 +29,19 @@ const GgufValue &require_key(const format::GgufSet &g, const std::string &key) {
   return *v;
 }
 
-int64_t value_int(const GgufValue &v, const std::string &what) {
-  switch (v.type) {
-    case GgufType::u8: case GgufType::u16: case GgufType::u32: case GgufType::u64: case GgufType::boolean:
-      return static_cast<int64_t>(v.u);
-    case GgufType::i8: case GgufType::i16: case GgufType::i32: case GgufType::i64:
-      return v.i;
-    default:
-      fail(Status::format, "{}: expected an integer, found {}", what, format::gguf_type_name(v.type));
-  }
-}
-
-double value_float(const GgufValue &v, const std::string &what) {
-  if (v.type == GgufType::f32 || v.type == GgufType::f64) return v.f;
-  return static_cast<double>(value_int(v, what));
-}
-
 int64_t get_int(const format::GgufSet &g, const std::string &key) {
-  return value_int(require_key(g, key), g.first().path() + ": " + key);
+  return require_key(g, key).as_int(g.first().path() + ": " + key);
 }
 int64_t get_int_or(const format::GgufSet &g, const std::string &key, int64_t fallback) {
   const GgufValue *v = g.find(key);
-  return v ? value_int(*v, g.first().path() + ": " + key) : fallback;
+  return v ? v->as_int(g.first().path() + ": " + key) : fallback;
 }
 double get_float(const format::GgufSet &g, const std::string &key) {
-  return value_float(require_key(g, key), g.first().path() + ": " + key);
+  return require_key(g, key).as_float(g.first().path() + ": " + key);
 }
 double get_float_or(const format::GgufSet &g, const std::string &key, double fallback) {
   const GgufValue *v = g.find(key);
-  return v ? value_float(*v, g.first().path() + ": " + key) : fallback;
+  return v ? v->as_float(g.first().path() + ": " + key) : fallback;
 }
 
 /// A per-layer float (scalar or array of at least n_layers values).
@@ -69,11 +53,11 @@ std::vector<float> per_layer_floats(const format::GgufSet &g, const std::string 
     fail(Status::format, "{}: missing metadata key {}", g.first().path(), key);
   }
   const std::string what = g.first().path() + ": " + key;
-  if (v->type != GgufType::array) return std::vector<float>(static_cast<size_t>(n_layers), static_cast<float>(value_float(*v, what)));
+  if (v->type != GgufType::array) return std::vector<float>(static_cast<size_t>(n_layers), static_cast<float>(v->as_float(what)));
   if (v->array_size() < static_cast<size_t>(n_layers))
     fail(Status::format, "{}: {} values for {} layers", what, v->array_size(), n_layers);
   std::vector<float> out;
-  for (int64_t i = 0; i < n_layers; ++i) out.push_back(static_cast<float>(value_float(v->at(static_cast<size_t>(i)), what)));
+  for (int64_t i = 0; i < n_layers; ++i) out.push_back(static_cast<float>(v->at(static_cast<size_t>(i)).as_float(what)));
   return out;
 }
 
@@ -127,7 +111,7 @@ DeepseekV4Config DeepseekV4Config::from_gguf(const format::GgufSet &g) {
     fail(Status::format, "{}: {}attention.compress_ratios needs at least {} values, found {}", path, a, c.n_layers,
          ratios.array_size());
   for (int64_t il = 0; il < c.n_layers; ++il) {
-    const int64_t r = value_int(ratios.at(static_cast<size_t>(il)), path + ": compress_ratios");
+    const int64_t r = ratios.at(static_cast<size_t>(il)).as_int(path + ": compress_ratios");
     if (r < 0 || r > (1 << 20)) fail(Status::format, "{}: compress ratio {} of layer {}", path, r, il);
     c.compress_ratio.push_back(static_cast<int32_t>(r));
     const bool has_indexer = g.find_tensor(fmt::format("blk.{}.indexer.proj.weight", il)).has_value();

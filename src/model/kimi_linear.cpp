@@ -46,19 +46,9 @@ namespace {
 Tensor dev_f32(Device d, const float *p, std::initializer_list<int64_t> shape) { return Tensor::make(p, GgmlType::f32, d, shape); }
 Tensor dev_i32(Device d, const int32_t *p, std::initializer_list<int64_t> shape) { return Tensor::make(p, GgmlType::i32, d, shape); }
 
-class KimiLoader {
+class KimiLoader : public WeightUploader {
  public:
-  KimiLoader(WeightCatalog &cat, backend::Backend &be, std::vector<DeviceBuffer> &bufs, uint64_t &bytes)
-      : cat_(cat), be_(be), bufs_(bufs), bytes_(bytes) {}
-
-  Tensor upload(const void *data, GgmlType type, std::initializer_list<int64_t> shape, uint64_t n_bytes) {
-    DeviceBuffer buf(be_, n_bytes);
-    be_.upload(buf.get(), data, n_bytes);
-    Tensor t = Tensor::make(buf.get(), type, be_.device(), shape);
-    bufs_.push_back(std::move(buf));
-    bytes_ += n_bytes;
-    return t;
-  }
+  using WeightUploader::WeightUploader;
   /// A matmul / embedding weight {ne0, ne1}, kept in its file type.
   Tensor matrix(const std::string &name, int64_t ne0, int64_t ne1) {
     const CatalogEntry *e = cat_.take(name, {ne0, ne1});
@@ -96,11 +86,6 @@ class KimiLoader {
   const CatalogEntry *entry(const std::string &name, std::vector<int64_t> ne) { return cat_.take(name, std::move(ne)); }
   bool has(const std::string &name) const { return cat_.has(name); }
 
- private:
-  WeightCatalog &cat_;
-  backend::Backend &be_;
-  std::vector<DeviceBuffer> &bufs_;
-  uint64_t &bytes_;
 };
 
 backend::Activation glu_activation(const KimiLinearConfig &c) {

@@ -14,21 +14,6 @@ namespace {
 using format::GgufType;
 using format::GgufValue;
 
-int64_t as_int(const GgufValue &v, const std::string &what) {
-  switch (v.type) {
-    case GgufType::u8: case GgufType::u16: case GgufType::u32: case GgufType::u64: case GgufType::boolean:
-      return static_cast<int64_t>(v.u);
-    case GgufType::i8: case GgufType::i16: case GgufType::i32: case GgufType::i64:
-      return v.i;
-    default:
-      fail(Status::format, "{}: expected an integer, found {}", what, format::gguf_type_name(v.type));
-  }
-}
-
-double as_float(const GgufValue &v, const std::string &what) {
-  if (v.type == GgufType::f32 || v.type == GgufType::f64) return v.f;
-  return static_cast<double>(as_int(v, what));
-}
 
 class Keys {
  public:
@@ -39,14 +24,14 @@ class Keys {
     if (!v) fail(Status::format, "{}: missing metadata key {}{}", path_, prefix_, key);
     return *v;
   }
-  int64_t i(const std::string &key) const { return as_int(req(key), what(key)); }
+  int64_t i(const std::string &key) const { return req(key).as_int(what(key)); }
   int64_t i_or(const std::string &key, int64_t fallback) const {
     const GgufValue *v = find(key);
-    return v ? as_int(*v, what(key)) : fallback;
+    return v ? v->as_int(what(key)) : fallback;
   }
   double f_or(const std::string &key, double fallback) const {
     const GgufValue *v = find(key);
-    return v ? as_float(*v, what(key)) : fallback;
+    return v ? v->as_float(what(key)) : fallback;
   }
   std::string what(const std::string &key) const { return path_ + ": " + prefix_ + key; }
   const std::string &path() const { return path_; }
@@ -70,14 +55,14 @@ KimiLinearConfig KimiLinearConfig::from_gguf(const format::GgufSet &g) {
   c.hidden = k.i("embedding_length");
   c.n_layers = k.i("block_count");
   c.max_positions = k.i_or("context_length", 0);
-  c.rms_eps = static_cast<float>(as_float(k.req("attention.layer_norm_rms_epsilon"), k.what("attention.layer_norm_rms_epsilon")));
+  c.rms_eps = static_cast<float>(k.req("attention.layer_norm_rms_epsilon").as_float(k.what("attention.layer_norm_rms_epsilon")));
   // per-layer mixer: head_count_kv[i] = 1 for MLA, 0 for KDA (llama.cpp's encoding)
   const GgufValue &kv = k.req("attention.head_count_kv");
   if (kv.type != GgufType::array || kv.array_size() < static_cast<size_t>(c.n_layers))
     fail(Status::format, "{}: needs an array of at least {} values (1 = MLA layer, 0 = KDA layer)", k.what("attention.head_count_kv"),
          c.n_layers);
   for (int64_t il = 0; il < c.n_layers; ++il) {
-    const int64_t v = as_int(kv.at(static_cast<size_t>(il)), k.what("attention.head_count_kv"));
+    const int64_t v = kv.at(static_cast<size_t>(il)).as_int(k.what("attention.head_count_kv"));
     if (v != 0 && v != 1)
       fail(Status::format, "{}: layer {} has {}, expected 0 (KDA) or 1 (MLA)", k.what("attention.head_count_kv"), il, v);
     c.mixer.push_back(v ? KimiMixer::mla : KimiMixer::kda);
