@@ -324,12 +324,10 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
                fn, source, arch);
     [[maybe_unused]] const bool use_cuda = choose_cuda(opts.device, opts.device_index, arch, source, fn);
     auto m = std::make_unique<ep_model>();
-    int cuda_device = -1;
     void *cuda_stream = nullptr;
 #ifdef EP_HAVE_CUDA
     if (use_cuda) {
       auto cuda = std::make_unique<ep::cuda::CudaBackend>(opts.device_index);
-      cuda_device = opts.device_index;
       m->device_index = opts.device_index;
       cuda_stream = cuda->stream();
       m->backend = std::move(cuda);
@@ -350,7 +348,7 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
       po.queue_depth = opts.queue_depth;
       po.read_splits = opts.read_splits;
       po.direct_io = opts.direct_io;
-      po.cuda_device = cuda_device;
+      po.cuda_device = m->device_index;
       po.cuda_stream = cuda_stream;
       po.first_layer = m->lm->first_expert_layer();
       auto packed = std::make_unique<ep::model::PackedExperts>(rm.pack, m->lm->expert_shapes(),

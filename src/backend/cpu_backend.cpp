@@ -438,10 +438,8 @@ void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const 
     picked.push_back(static_cast<int32_t>(p));
     picked_ids.push_back(e);
   }
-  const std::vector<const uint8_t *> slot_of_picked =
-      resolve_expert_slots(picked_ids.data(), static_cast<int64_t>(picked_ids.size()), slots);
-  std::vector<const uint8_t *> slot(static_cast<size_t>(pairs), nullptr);
-  for (size_t i = 0; i < picked.size(); ++i) slot[static_cast<size_t>(picked[i])] = slot_of_picked[i];
+  (void)resolve_expert_slots(picked_ids.data(), static_cast<int64_t>(picked_ids.size()), slots);  // ids and slots valid
+  auto base_of = [&](const std::vector<int32_t> &g) { return static_cast<const uint8_t *>(slots.slot[ids[g.front()]]); };
   std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
   for (int32_t p : picked) by_expert[static_cast<size_t>(ids[p])].push_back(p);
   std::vector<const std::vector<int32_t> *> groups;
@@ -476,7 +474,7 @@ void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const 
       for (int64_t gi = g0; gi < g1; ++gi) {
         const std::vector<int32_t> &g = *groups[static_cast<size_t>(gi)];
         const int64_t ne = static_cast<int64_t>(g.size());
-        const uint8_t *base = slot[static_cast<size_t>(g.front())];
+        const uint8_t *base = base_of(g);
         float *row = worker_scratch(worker, 0, kRowGroup * kmax);
         float *X = worker_scratch(worker, 1, ne * d + packed_len(ne, d));
         float *XT = X + ne * d;
@@ -495,7 +493,7 @@ void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const 
     for (const std::vector<int32_t> *gp : groups) {
       const std::vector<int32_t> &g = *gp;
       const int64_t ne = static_cast<int64_t>(g.size());
-      const uint8_t *base = slot[static_cast<size_t>(g.front())];
+      const uint8_t *base = base_of(g);
       moe_x_.resize(static_cast<size_t>(ne * d + packed_len(ne, d)));
       moe_h_.resize(static_cast<size_t>(2 * ne * f + packed_len(ne, f)));
       moe_o_.resize(static_cast<size_t>(ne * d));

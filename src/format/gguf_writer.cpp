@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <future>
 
 namespace ep::format {
@@ -193,8 +194,8 @@ std::vector<std::string> GgufWriter::write(const std::string &path, uint32_t n_s
     if (std::rename(partials[i].c_str(), paths[i].c_str()) != 0)
       fail_errno(errno, fmt::format("rename {} to {}", partials[i], paths[i]));
   cleanup.files = nullptr;
-  const size_t slash = paths.front().find_last_of('/');
-  sync_directory(slash == std::string::npos ? std::string(".") : paths.front().substr(0, slash == 0 ? 1 : slash));
+  const std::filesystem::path dir = std::filesystem::path(paths.front()).parent_path();
+  sync_directory(dir.empty() ? std::string(".") : dir.string());
   return paths;
 }
 

@@ -126,7 +126,6 @@ class Loader : public WeightUploader {
     return upload(raw.data(), GgmlType::i32, {ne0, ne1}, raw.size());
   }
   const CatalogEntry *entry(const std::string &name, std::vector<int64_t> ne) { return cat_.take(name, std::move(ne)); }
-
 };
 
 backend::RopeParams rope_params(const DeepseekV4Config &c, bool compressed, int64_t head_dim, bool inverse) {

@@ -85,7 +85,6 @@ class KimiLoader : public WeightUploader {
   }
   const CatalogEntry *entry(const std::string &name, std::vector<int64_t> ne) { return cat_.take(name, std::move(ne)); }
   bool has(const std::string &name) const { return cat_.has(name); }
-
 };
 
 backend::Activation glu_activation(const KimiLinearConfig &c) {

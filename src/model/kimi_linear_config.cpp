@@ -14,7 +14,6 @@ namespace {
 using format::GgufType;
 using format::GgufValue;
 
-
 class Keys {
  public:
   Keys(const format::GgufSet &g, std::string prefix) : g_(g), prefix_(std::move(prefix)), path_(g.first().path()) {}

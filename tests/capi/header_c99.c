@@ -36,6 +36,15 @@ int main(void) {
     if (ep_tokenize(NULL, 0, &n, NULL, "a", 1, 0) != EP_ERR_INVALID_ARGUMENT) return 1;
     ep_tokenizer_close(NULL);
   }
+  {
+    /* the appended fields are plain C members, zeroed by the _init functions */
+    ep_model_properties props;
+    ep_generate_stats stats;
+    ep_model_properties_init(&props);
+    ep_generate_stats_init(&stats);
+    if (props.struct_size != sizeof(ep_model_properties) || props.device != EP_DEVICE_AUTO || props.device_index != 0) return 1;
+    if (stats.struct_size != sizeof(ep_generate_stats) || stats.prefill_expert_bytes != 0 || stats.decode_expert_bytes != 0) return 1;
+  }
   printf("C99 consumer: expertpack %s, %d CUDA device(s)\n", ep_version_string(), (int)devices);
   return 0;
 }

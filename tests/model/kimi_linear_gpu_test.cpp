@@ -34,6 +34,11 @@ struct Case {
 };
 const Case kCases[] = {{"kimi_a", "kimi_linear"}, {"kimi_b", "kimi_linear"}, {"k3_a", "kimi_k3"}};
 
+/// The cases this run covers (all, or those EP_TEST_GOLDENS names).
+std::vector<Case> cases() {
+  return ep::test::selected_goldens(kCases, [](const Case &k) { return std::string(k.name); });
+}
+
 std::vector<float> run_steps(KimiLinearModel &m, const std::vector<int32_t> &tokens, size_t step) {
   const size_t V = static_cast<size_t>(m.config().vocab);
   KimiLinearState st = m.new_state();
@@ -72,7 +77,7 @@ void check_greedy(const std::vector<float> &got, const std::vector<float> &ref, 
 TEST_CASE("kimi on CUDA: logits and greedy tokens match the CPU backend", "[model][kimi_linear][gpu][goldens]") {
   ep::cuda::CudaBackend gpu;
   ep::backend::CpuBackend cpu;
-  for (const Case &c : ep::test::selected_goldens(kCases, [](const Case &k) { return std::string(k.name); })) {
+  for (const Case &c : cases()) {
     const Golden g = load_golden(c.name, c.dir);
     auto mc = KimiLinearModel::open(g.gguf, cpu);
     auto mg = KimiLinearModel::open(g.gguf, gpu);
@@ -97,7 +102,7 @@ TEST_CASE("kimi on CUDA: logits and greedy tokens match the CPU backend", "[mode
 
 TEST_CASE("kimi on CUDA: a copied state forks the sequence on the GPU", "[model][kimi_linear][gpu][goldens]") {
   ep::cuda::CudaBackend gpu;
-  for (const Case &c : ep::test::selected_goldens(kCases, [](const Case &k) { return std::string(k.name); })) {
+  for (const Case &c : cases()) {
     const Golden g = load_golden(c.name, c.dir);
     auto m = KimiLinearModel::open(g.gguf, gpu);
     const int64_t S = g.n_tokens, V = g.vocab, cut = 11;
