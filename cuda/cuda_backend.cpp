@@ -297,69 +297,120 @@ void CudaBackend::route(const Tensor &logits, const backend::RouterParams &p, co
 void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const backend::ExpertSlots &slots,
                       const backend::ExpertLayout &l, const backend::Activation &act, const Tensor &y) {
   backend::check_moe(x, expert_ids, weights, l, y, Device::cuda);
-  const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
+  const int64_t d = x.ne[0], k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
   if (pairs == 0) return;
+  // Every (token, j) pair gets its own output row, then each token sums its rows in j order:
+  // deterministic, no atomics, and moe_pairs() + moe_combine() give the same bits.
+  auto *pair_out = static_cast<float *>(workspace(kWsPairs, static_cast<uint64_t>(pairs * d) * 4));
+  compute_pairs(x, expert_ids, slots, l, act, {}, pair_out);
+  launch_moe_combine(pair_out, weights.as<float>(), d, n_tok, static_cast<int32_t>(k), y.as<float>(), impl_->stream);
+  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void CudaBackend::moe_pairs(const Tensor &x, const Tensor &expert_ids, const backend::ExpertSlots &slots,
+                            const backend::ExpertLayout &l, const backend::Activation &act, std::span<const int32_t> experts,
+                            const Tensor &pairs) {
+  backend::check_moe_pairs(x, expert_ids, l, pairs, Device::cuda);
+  if (x.n_rows() == 0 || experts.empty()) return;
+  compute_pairs(x, expert_ids, slots, l, act, experts, pairs.as<float>());
+  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));  // the slots are released after this returns
+}
+
+void CudaBackend::moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) {
+  backend::check_moe_combine(pairs, weights, y, Device::cuda);
+  if (y.n_rows() == 0) return;
+  launch_moe_combine(pairs.as<float>(), weights.as<float>(), y.ne[0], y.n_rows(), static_cast<int32_t>(weights.ne[0]),
+                     y.as<float>(), impl_->stream);
+  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const backend::ExpertSlots &slots,
+                                const backend::ExpertLayout &l, const backend::Activation &act,
+                                std::span<const int32_t> only, float *pair_out) {
+  const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
   std::vector<int32_t> ids(static_cast<size_t>(pairs));
   download(ids.data(), expert_ids.data, ids.size() * sizeof(int32_t));
-  const std::vector<const uint8_t *> slot = backend::resolve_expert_slots(ids.data(), pairs, slots);
+  // The pairs this call computes (those whose expert is in @p only, or all), and their experts.
+  // A pair's row never depends on which other pairs are computed with it.
+  std::vector<uint8_t> wanted;
+  if (!only.empty()) {
+    wanted.assign(static_cast<size_t>(std::max(slots.n_experts, 0)), 0);
+    for (int32_t e : only) {
+      if (e < 0 || e >= slots.n_experts) fail(Status::invalid_argument, "moe_pairs: expert {} is outside 0..{}", e, slots.n_experts - 1);
+      wanted[static_cast<size_t>(e)] = 1;
+    }
+  }
+  std::vector<int32_t> picked, picked_ids;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int32_t e = ids[static_cast<size_t>(p)];
+    if (!wanted.empty() && e >= 0 && e < slots.n_experts && !wanted[static_cast<size_t>(e)]) continue;
+    picked.push_back(static_cast<int32_t>(p));
+    picked_ids.push_back(e);
+  }
+  const int64_t np = static_cast<int64_t>(picked.size());
+  if (np == 0) return;
+  const std::vector<const uint8_t *> slot = backend::resolve_expert_slots(picked_ids.data(), np, slots);
   cudaStream_t s = impl_->stream;
 
-  if (n_tok <= kGemvMaxTokens && pairs <= 65535) {
-    // Decode: one launch each for gate, up and down over all (token, expert) pairs.
-    std::vector<const void *> table(static_cast<size_t>(3 * pairs));
-    std::vector<int32_t> rows(static_cast<size_t>(pairs));
-    for (int64_t p = 0; p < pairs; ++p) {
-      table[p] = slot[p] + l.gate.offset;
-      table[pairs + p] = slot[p] + l.up.offset;
-      table[2 * pairs + p] = slot[p] + l.down.offset;
-      rows[p] = static_cast<int32_t>(p / k);
+  if (n_tok <= kGemvMaxTokens && np <= 65535) {
+    // Decode: one launch each for gate, up and down over the picked (token, expert) pairs; when
+    // not all pairs are picked, the rows are computed compactly and scattered to their pairs.
+    const bool all = np == pairs;
+    std::vector<const void *> table(static_cast<size_t>(3 * np));
+    std::vector<int32_t> lists(static_cast<size_t>(all ? np : 2 * np));  // x row of each pick, then its pair
+    for (int64_t i = 0; i < np; ++i) {
+      table[i] = slot[i] + l.gate.offset;
+      table[np + i] = slot[i] + l.up.offset;
+      table[2 * np + i] = slot[i] + l.down.offset;
+      lists[i] = picked[i] / static_cast<int32_t>(k);
+      if (!all) lists[np + i] = picked[i];
     }
-    auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table.size() * sizeof(void *) + rows.size() * 4));
+    auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table.size() * sizeof(void *) + lists.size() * 4));
     EP_CUDA_CHECK(cudaMemcpyAsync(dev, table.data(), table.size() * sizeof(void *), cudaMemcpyHostToDevice, s));
-    auto *dev_rows = reinterpret_cast<int32_t *>(dev + table.size() * sizeof(void *));
-    EP_CUDA_CHECK(cudaMemcpyAsync(dev_rows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice, s));
-    auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(pairs * f) * 4));
-    auto *u = static_cast<float *>(workspace(kWsUp, static_cast<uint64_t>(pairs * f) * 4));
-    auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(pairs * d) * 4));
+    auto *dev_lists = reinterpret_cast<int32_t *>(dev + table.size() * sizeof(void *));
+    EP_CUDA_CHECK(cudaMemcpyAsync(dev_lists, lists.data(), lists.size() * 4, cudaMemcpyHostToDevice, s));
+    auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(np * f) * 4));
+    auto *u = static_cast<float *>(workspace(kWsUp, static_cast<uint64_t>(np * f) * 4));
+    float *o = all ? pair_out : static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(np * d) * 4));
     const auto *dev_table = reinterpret_cast<const void *const *>(dev);
     GemvArgs a;
     a.x = x.as<float>();
-    a.x_rows = dev_rows;
+    a.x_rows = dev_lists;
     a.k = d;
     a.n = f;
-    a.n_mat = static_cast<int32_t>(pairs);
+    a.n_mat = static_cast<int32_t>(np);
     a.w_ptrs = dev_table;
     a.y = g;
     launch_gemv(type_id(l.gate.type), a, s);
-    a.w_ptrs = dev_table + pairs;
+    a.w_ptrs = dev_table + np;
     a.y = u;
     launch_gemv(type_id(l.up.type), a, s);
-    launch_glu(g, u, pairs * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
+    launch_glu(g, u, np * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
     GemvArgs b;
-    b.w_ptrs = dev_table + 2 * pairs;
+    b.w_ptrs = dev_table + 2 * np;
     b.x = g;
-    b.x_rows = nullptr;  // matrix p reads row p of g
+    b.x_rows = nullptr;  // matrix i reads row i of g
     b.y = o;
     b.k = f;
     b.n = d;
-    b.n_mat = static_cast<int32_t>(pairs);
+    b.n_mat = static_cast<int32_t>(np);
     launch_gemv(type_id(l.down.type), b, s);
-    launch_moe_combine(o, weights.as<float>(), d, n_tok, static_cast<int32_t>(k), y.as<float>(), s);
+    if (!all) launch_scatter_rows(o, dev_lists + np, d, np, pair_out, s);
     EP_CUDA_CHECK(cudaStreamSynchronize(s));  // host tables must outlive the copies
     return;
   }
 
-  // Prefill: group the pairs by expert; per expert gather its tokens, run the three products
-  // (GEMV or dequantize + cuBLAS by batch size) and scatter its rows to their (token, j) pairs.
+  // Prefill: group the picked pairs by expert; per expert gather its tokens, run the three
+  // products (GEMV or dequantize + cuBLAS by batch size) and scatter its rows to their pairs.
   std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
-  for (int64_t p = 0; p < pairs; ++p) by_expert[static_cast<size_t>(ids[p])].push_back(static_cast<int32_t>(p));
+  for (int32_t p : picked) by_expert[static_cast<size_t>(ids[static_cast<size_t>(p)])].push_back(p);
   std::vector<int32_t> lists;  // per expert: tokens then pair indices
   std::vector<std::pair<int32_t, size_t>> order;
   for (int32_t e = 0; e < slots.n_experts; ++e) {
     const auto &v = by_expert[static_cast<size_t>(e)];
     if (v.empty()) continue;
     order.emplace_back(e, lists.size());
-    for (int32_t p : v) lists.push_back(static_cast<int32_t>(p / k));
+    for (int32_t p : v) lists.push_back(p / static_cast<int32_t>(k));
     for (int32_t p : v) lists.push_back(p);
   }
   auto *dev_lists = static_cast<int32_t *>(workspace(kWsTables, lists.size() * 4));
@@ -370,9 +421,6 @@ void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &w
   auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(max_n * f) * 4));
   auto *u = static_cast<float *>(workspace(kWsUp, static_cast<uint64_t>(max_n * f) * 4));
   auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(max_n * d) * 4));
-  // Each (token, j) pair gets its own output row (an expert may appear twice for one token),
-  // then the same weighted combine as the decode path: deterministic, no atomics.
-  auto *pair_out = static_cast<float *>(workspace(kWsPairs, static_cast<uint64_t>(pairs * d) * 4));
   for (const auto &[e, at] : order) {
     const int64_t ne = static_cast<int64_t>(by_expert[static_cast<size_t>(e)].size());
     const uint8_t *base = static_cast<const uint8_t *>(slots.slot[e]);
@@ -387,8 +435,7 @@ void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &w
     matmul(Tensor::make(base + l.down.offset, l.down.type, Device::cuda, {f, d}), gt, ot);
     launch_scatter_rows(o, dev_lists + at + ne, d, ne, pair_out, s);
   }
-  launch_moe_combine(pair_out, weights.as<float>(), d, n_tok, static_cast<int32_t>(k), y.as<float>(), s);
-  EP_CUDA_CHECK(cudaStreamSynchronize(s));
+  EP_CUDA_CHECK(cudaStreamSynchronize(s));  // host lists must outlive the copies
 }
 
 int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams &p, uint64_t counter) {

@@ -53,6 +53,11 @@ class CudaBackend final : public backend::Backend {
   void moe(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::Tensor &weights,
            const backend::ExpertSlots &slots, const backend::ExpertLayout &layout, const backend::Activation &act,
            const backend::Tensor &y) override;
+  bool has_moe_pairs() const override { return true; }
+  void moe_pairs(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::ExpertSlots &slots,
+                 const backend::ExpertLayout &layout, const backend::Activation &act, std::span<const int32_t> experts,
+                 const backend::Tensor &pairs) override;
+  void moe_combine(const backend::Tensor &pairs, const backend::Tensor &weights, const backend::Tensor &y) override;
   int32_t sample(const backend::Tensor &logits, const backend::SamplingParams &params, uint64_t counter) override;
 
   void mul(const backend::Tensor &a, const backend::Tensor &b, const backend::Tensor &y) override;
@@ -102,6 +107,12 @@ class CudaBackend final : public backend::Backend {
   void *workspace(unsigned slot, uint64_t bytes) override;
 
  private:
+  /// The rows of moe() / moe_pairs(): for every (token t, pick j) whose expert is in @p only
+  /// (all when empty), down(act(gate(x_t), up(x_t))) to pair_out[t·k + j] (device, [D, k·T]).
+  void compute_pairs(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::ExpertSlots &slots,
+                     const backend::ExpertLayout &layout, const backend::Activation &act, std::span<const int32_t> only,
+                     float *pair_out);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

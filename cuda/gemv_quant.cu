@@ -1278,7 +1278,7 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
 
 // Which kernel runs a type: the default per type is the fastest measured by `ep-bench kernels`
 // on an H200 (docs/benchmarks.md): for one token dp4a (mxfp4, q2_K, q3_K with k a multiple of 256
-// and at least kDp4aMinRows rows in the launch); for 2..8 tokens mma (same types and k); else
+// and at least kDp4aMinRows rows per matrix); for 2..8 tokens mma (same types and k); else
 // generic for mxfp4, q4_K and q5_K, pipe for the rest. GemvArgs::kernel, else EP_GEMV_KERNEL
 // (a gemv_kernel_name()), overrides; a kernel asked for a type or shape it does not cover falls
 // back to what automatic picks there.
@@ -1292,8 +1292,10 @@ bool dp4a_covers(int type, const GemvArgs &args) {
   return mma_covers(type, args.k) && args.n_tok == 1 && dp4a_smem_bytes(args.k) <= kDp4aMaxSmem &&
          (args.w_ptrs != nullptr || (reinterpret_cast<uintptr_t>(args.w) & align) == 0);
 }
-// Below this many rows per launch (one token) the per-lane f32 kernels are used: they are exact
-// to f32 rounding, and such launches (small test models) are too small for speed to matter.
+// Below this many rows per matrix (one token) the per-lane f32 kernels are used: they are exact
+// to f32 rounding, and such matrices (small test models) are too small for speed to matter. The
+// choice depends on the matrix, not on how many share the launch, so a matrix's result does not
+// change with the launch it is in (the MoE's expert-major pass computes subsets of the pairs).
 constexpr int64_t kDp4aMinRows = 2048;
 GemvKernel pick_gemv_kernel(int type, const GemvArgs &args) {
   GemvKernel want = args.kernel;
@@ -1303,7 +1305,7 @@ GemvKernel pick_gemv_kernel(int type, const GemvArgs &args) {
   }
   const bool mma_ok = mma_covers(type, args.k), dp4a_ok = dp4a_covers(type, args);
   if (want == GemvKernel::automatic || (want == GemvKernel::mma && !mma_ok) || (want == GemvKernel::dp4a && !dp4a_ok)) {
-    if (dp4a_ok && args.n * args.n_mat >= kDp4aMinRows) return GemvKernel::dp4a;
+    if (dp4a_ok && args.n >= kDp4aMinRows) return GemvKernel::dp4a;
     if (mma_ok && args.n_tok > 1) return GemvKernel::mma;
     return type == kQ4_K || type == kQ5_K || type == kMXFP4 ? GemvKernel::generic : GemvKernel::pipe;
   }

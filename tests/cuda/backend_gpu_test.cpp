@@ -266,7 +266,7 @@ TEST_CASE("router: softmax, sigmoid + bias, sqrt-softplus, hash", "[gpu][moe]") 
   }
 }
 
-TEST_CASE("moe (decode and grouped prefill paths) and ffn match the CPU", "[gpu][moe]") {
+TEST_CASE("moe (decode and grouped prefill paths), moe_pairs + moe_combine, and ffn match the CPU", "[gpu][moe]") {
   CudaBackend gpu;
   CpuBackend cpu;
   std::mt19937 rng(25);
@@ -316,6 +316,37 @@ TEST_CASE("moe (decode and grouped prefill paths) and ffn match the CPU", "[gpu]
       INFO("types " << static_cast<int>(ty.gu) << "/" << static_cast<int>(ty.down) << " tokens " << toks << " err " << err);
       // 20 tokens over 6 experts: some experts get > 8 tokens and take the (exact f32) cuBLAS path
       CHECK(err <= 1e-4);
+
+      // Expert-major (a prompt pass with a small cache): moe_pairs over disjoint expert sets, each
+      // with only its own slots, then moe_combine, give moe()'s bits; rows of other experts stay
+      // poisoned.
+      const std::vector<float> whole = dy.get<float>();
+      DevBuf dp(gpu, static_cast<uint64_t>(d * k * toks) * 4), dz(gpu, static_cast<uint64_t>(d * toks) * 4);
+      const Tensor P = t_of(dp.p, GgmlType::f32, Device::cuda, {d, k * toks});
+      for (const std::vector<int32_t> &set : {std::vector<int32_t>{4, 0}, {1, 5, 3}, {2}}) {
+        std::vector<const void *> table(static_cast<size_t>(n_exp), nullptr);
+        for (int32_t e : set) table[static_cast<size_t>(e)] = tg[static_cast<size_t>(e)];
+        gpu.moe_pairs(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}), t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}),
+                      ExpertSlots{table.data(), n_exp}, l, act, set, P);
+        if (set.front() == 4) {
+          const std::vector<float> rows = dp.get<float>();
+          int64_t wrong = 0;
+          for (int64_t p = 0; p < k * toks; ++p) {
+            const bool mine = ids[static_cast<size_t>(p)] == 4 || ids[static_cast<size_t>(p)] == 0;
+            for (int64_t i = 0; i < d; ++i) wrong += std::isfinite(rows[static_cast<size_t>(p * d + i)]) != mine;
+          }
+          CHECK(wrong == 0);
+        }
+      }
+      gpu.moe_combine(P, t_of(dw.p, GgmlType::f32, Device::cuda, {k, toks}), t_of(dz.p, GgmlType::f32, Device::cuda, {d, toks}));
+      const std::vector<float> split = dz.get<float>();
+      CHECK(std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)) == 0);
+      CHECK(std::isfinite(split[0]));
+      std::vector<const void *> none(static_cast<size_t>(n_exp), nullptr);  // a set expert without a slot
+      CHECK_THROWS_AS(gpu.moe_pairs(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}),
+                                    t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}), ExpertSlots{none.data(), n_exp}, l,
+                                    act, std::vector<int32_t>{ids[0]}, P),
+                      ep::Error);
     }
     // shared expert / dense FFN on the first slot
     const int64_t toks = 2;

@@ -186,8 +186,10 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), a) == GemvKernel::dp4a);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::mxfp4), a) == GemvKernel::dp4a);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q6_k), a) == GemvKernel::pipe);
-  a.n_mat = 1;
-  a.n = 1000;  // too few rows for dp4a: the exact per-lane kernels
+  a.n = 1000;
+  a.n_mat = 64;  // many small matrices: the choice goes by rows per matrix, not per launch
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), a) == GemvKernel::pipe);
+  a.n_mat = 1;  // too few rows for dp4a: the exact per-lane kernels
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), a) == GemvKernel::pipe);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::mxfp4), a) == GemvKernel::generic);
   a.n_tok = 2;  // several tokens: one mma covers them all
