@@ -226,7 +226,10 @@ TEST_CASE("deepseek_v4 on CUDA: experts from the ExpertStore's CUDA device, one 
                 static_cast<unsigned long long>(s.cache_hits), static_cast<unsigned long long>(s.cache_misses),
                 static_cast<unsigned long long>(s.cache_evictions), static_cast<double>(s.h2d_bytes) / (1 << 20));
     CHECK(s.cache_evictions > 0);
-    CHECK(s.cache_misses > sb.cache_misses);
+    // the prompt pass goes expert-major when the picks do not fit (CudaBackend::moe_pairs): each
+    // picked (layer, expert) is read once, as with the unlimited cache
+    CHECK(s.cache_misses == sb.cache_misses);
+    CHECK(s.acquires > sb.acquires);
   }
 }
 
