@@ -332,21 +332,8 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
   download(ids.data(), expert_ids.data, ids.size() * sizeof(int32_t));
   // The pairs this call computes (those whose expert is in @p only, or all), and their experts.
   // A pair's row never depends on which other pairs are computed with it.
-  std::vector<uint8_t> wanted;
-  if (!only.empty()) {
-    wanted.assign(static_cast<size_t>(std::max(slots.n_experts, 0)), 0);
-    for (int32_t e : only) {
-      if (e < 0 || e >= slots.n_experts) fail(Status::invalid_argument, "moe_pairs: expert {} is outside 0..{}", e, slots.n_experts - 1);
-      wanted[static_cast<size_t>(e)] = 1;
-    }
-  }
-  std::vector<int32_t> picked, picked_ids;
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int32_t e = ids[static_cast<size_t>(p)];
-    if (!wanted.empty() && e >= 0 && e < slots.n_experts && !wanted[static_cast<size_t>(e)]) continue;
-    picked.push_back(static_cast<int32_t>(p));
-    picked_ids.push_back(e);
-  }
+  const backend::PickedPairs pp = backend::pick_pairs(ids.data(), pairs, slots.n_experts, only);
+  const std::vector<int32_t> &picked = pp.pairs, &picked_ids = pp.experts;
   const int64_t np = static_cast<int64_t>(picked.size());
   if (np == 0) return;
   const std::vector<const uint8_t *> slot = backend::resolve_expert_slots(picked_ids.data(), np, slots);

@@ -380,4 +380,23 @@ std::vector<const uint8_t *> resolve_expert_slots(const int32_t *ids, int64_t n,
   return out;
 }
 
+PickedPairs pick_pairs(const int32_t *ids, int64_t n, int32_t n_experts, std::span<const int32_t> only) {
+  std::vector<uint8_t> wanted;
+  if (!only.empty()) {
+    wanted.assign(static_cast<size_t>(std::max(n_experts, 0)), 0);
+    for (int32_t e : only) {
+      if (e < 0 || e >= n_experts) fail(Status::invalid_argument, "moe_pairs: expert {} is outside 0..{}", e, n_experts - 1);
+      wanted[static_cast<size_t>(e)] = 1;
+    }
+  }
+  PickedPairs out;
+  for (int64_t p = 0; p < n; ++p) {
+    const int32_t e = ids[p];
+    if (!wanted.empty() && e >= 0 && e < n_experts && !wanted[static_cast<size_t>(e)]) continue;
+    out.pairs.push_back(static_cast<int32_t>(p));
+    out.experts.push_back(e);
+  }
+  return out;
+}
+
 }  // namespace ep::backend

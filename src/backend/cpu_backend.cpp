@@ -423,21 +423,8 @@ void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const 
   // Each pair's row is computed by its expert's group (all of that expert's tokens in one batch).
   // Per value this is the reference's arithmetic, so neither the grouping, nor the thread count,
   // nor which experts a call covers (moe_pairs) changes a bit.
-  std::vector<uint8_t> wanted;
-  if (!only.empty()) {
-    wanted.assign(static_cast<size_t>(std::max(slots.n_experts, 0)), 0);
-    for (int32_t e : only) {
-      if (e < 0 || e >= slots.n_experts) fail(Status::invalid_argument, "moe_pairs: expert {} is outside 0..{}", e, slots.n_experts - 1);
-      wanted[static_cast<size_t>(e)] = 1;
-    }
-  }
-  std::vector<int32_t> picked, picked_ids;  // the pairs this call computes, and their experts
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int32_t e = ids[p];
-    if (!wanted.empty() && e >= 0 && e < slots.n_experts && !wanted[static_cast<size_t>(e)]) continue;
-    picked.push_back(static_cast<int32_t>(p));
-    picked_ids.push_back(e);
-  }
+  const PickedPairs pp = pick_pairs(ids, pairs, slots.n_experts, only);
+  const std::vector<int32_t> &picked = pp.pairs, &picked_ids = pp.experts;
   (void)resolve_expert_slots(picked_ids.data(), static_cast<int64_t>(picked_ids.size()), slots);  // ids and slots valid
   auto base_of = [&](const std::vector<int32_t> &g) { return static_cast<const uint8_t *>(slots.slot[ids[g.front()]]); };
   std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
