@@ -1,9 +1,13 @@
 // Decode GEMV (and small-batch GEMM, up to kGemvMaxTokens tokens) on quantized weights, batched
-// over many matrices per launch (the experts of a MoE layer). Four kernels:
-//  - dp4a (mxfp4, q2_K, q3_K; one token; k a multiple of 256): the decode default. x quantized per
+// over many matrices per launch (the experts of a MoE layer). Five kernels:
+//  - dp4a (mxfp4, q2_K, q3_K; one token; k a multiple of 256). x quantized per
 //    block into int8 hi + lo parts per 32 values, packed weights masked in place (2-bit fields) or
 //    mapped through a byte-permute table (e2m1) and multiplied with dp4a; persistent blocks, a
 //    warp reuses each piece of x for 1-4 rows. Details at its section below.
+//  - stream (same types and shapes; the decode default since session 5, faster than dp4a in 10 of
+//    12 type x shape cells): dp4a's x quantization and item layout, the weights streamed
+//    through a per-warp cp.async ring in shared memory, scales folded into the integer dots (q2_K)
+//    and the q3_K high bit merged into the 2-bit field; programmatic dependent launch.
 //  - mma (mxfp4, q2_K, q3_K; k a multiple of 256; used for 2..8 tokens): tensor cores. Each warp
 //    owns 16 rows and streams them through a cp.async ring, 256 values per stage; the block
 //    stages x once per phase as f16 hi + lo halves (x·2^e per token, so that hi + lo carry ~22 bits and never overflow);
@@ -19,6 +23,7 @@
 #include "cuda/kernels.hpp"
 #include "cuda/reduce.cuh"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -907,10 +912,33 @@ struct XQuant {
 };
 
 __device__ __forceinline__ uint32_t ldg32(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned int *>(p)); }
+// Where D::load reads an item's words: global memory through the read-only cache (dp4a) or a
+// shared-memory copy of the rows (stream). Word reads are 4-byte aligned, half reads 2-byte.
+struct GlobalWords {
+  __device__ static uint32_t w(const uint8_t *p) { return ldg32(p); }
+  __device__ static uint32_t h(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned short *>(p)); }
+};
+struct SharedWords {
+  __device__ static uint32_t w(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+  __device__ static uint32_t h(const uint8_t *p) { return *reinterpret_cast<const unsigned short *>(p); }
+};
 __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
   int d;
   asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
+}
+// The dot products of 16 weight bytes (words w[0..3], masked) with x's hi and lo int8 parts.
+template <size_t N>
+__device__ __forceinline__ int2 dp4a_hi_lo(const uint32_t (&w)[N], uint32_t mask, const uint4 &xh, const uint4 &xl) {
+  const uint32_t w0 = w[0] & mask, w1 = w[1] & mask, w2 = w[2] & mask, w3 = w[3] & mask;
+  int sh = dp4a_us(w0, xh.x, 0), sl = dp4a_us(w0, xl.x, 0);
+  sh = dp4a_us(w1, xh.y, sh);
+  sl = dp4a_us(w1, xl.y, sl);
+  sh = dp4a_us(w2, xh.z, sh);
+  sl = dp4a_us(w2, xl.z, sl);
+  sh = dp4a_us(w3, xh.w, sh);
+  sl = dp4a_us(w3, xl.w, sl);
+  return make_int2(sh, sl);
 }
 // Small non-negative integer n (< 2^23) times 2^-e as f32 without a conversion instruction.
 __device__ __forceinline__ float small_int_scaled(uint32_t n, int e = 0) {
@@ -963,6 +991,19 @@ __device__ __forceinline__ void quantize_x(const float *__restrict__ x, int64_t 
   }
 }
 
+// The quantized x at the start of a dp4a / stream block's dynamic shared memory: hi bytes [k],
+// lo bytes [k], then the float2 scales.
+template <typename D>
+__device__ __forceinline__ XQuant x_smem_view(uint8_t *smem, int64_t k) {
+  const int8_t *hi = reinterpret_cast<const int8_t *>(smem);
+  return XQuant{hi, hi + k, reinterpret_cast<const float2 *>(smem + 2 * k), static_cast<int>(k / D::kValues)};
+}
+template <typename D>
+__device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int64_t k, uint8_t *smem) {
+  int8_t *hi = reinterpret_cast<int8_t *>(smem);
+  quantize_x<D>(x, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k));
+}
+
 // q2_K item ii of a row: block ii/4, half h = (ii/2)%2, 16-byte group g = ii%2 of that half's
 // 32 quant bytes, all four 2-bit fields j (values 128h + 32j + 16g + 0..15, scale 8h + 2j + g).
 // x piece j of item ii = those 16 values of field j.
@@ -987,15 +1028,16 @@ struct DpKq {
 };
 struct DpQ2K : DpKq {
   static constexpr int kWords = 7, kBytes256 = 84;
+  template <typename L = GlobalWords>
   __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
     const uint8_t *b = row + (ii >> 2) * 84;
     const int h = (ii >> 1) & 1, g = ii & 1;
     const uint8_t *q = b + 16 + 32 * h + 16 * g;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r[i] = ldg32(q + 4 * i);
-    r[4] = ldg32(b + 8 * h);
-    r[5] = ldg32(b + 8 * h + 4);
-    r[6] = ldg32(b + 80);
+    for (int i = 0; i < 4; ++i) r[i] = L::w(q + 4 * i);
+    r[4] = L::w(b + 8 * h);
+    r[5] = L::w(b + 8 * h + 4);
+    r[6] = L::w(b + 80);
   }
   template <int RW>
   __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
@@ -1012,14 +1054,8 @@ struct DpQ2K : DpKq {
       const uint32_t mask = 0x03030303u << (2 * j);
 #pragma unroll
       for (int rr = 0; rr < RW; ++rr) {
-        const uint32_t w0 = r[rr][0] & mask, w1 = r[rr][1] & mask, w2 = r[rr][2] & mask, w3 = r[rr][3] & mask;
-        int sh = dp4a_us(w0, xh.x, 0), sl = dp4a_us(w0, xl.x, 0);
-        sh = dp4a_us(w1, xh.y, sh);
-        sl = dp4a_us(w1, xl.y, sl);
-        sh = dp4a_us(w2, xh.z, sh);
-        sl = dp4a_us(w2, xl.z, sl);
-        sh = dp4a_us(w3, xh.w, sh);
-        sl = dp4a_us(w3, xl.w, sl);
+        const int2 d = dp4a_hi_lo(r[rr], mask, xh, xl);
+        const int sh = d.x, sl = d.y;
         const uint32_t sc = (r[rr][4 + (j >> 1)] >> (16 * (j & 1) + 8 * g)) & 0xFFu;
         const float dl = small_int_scaled(sc & 0xFu, 2 * j);  // (sc & 15)·4^-j: undoes the in-place mask
         A[rr] = fmaf(dl * xs.x, static_cast<float>(sh * 254 + sl), A[rr]);
@@ -1038,6 +1074,7 @@ struct DpQ2K : DpKq {
 // field of an odd block sits 2 bytes off a word boundary: aligned words + a funnel shift.
 struct DpQ3K : DpKq {
   static constexpr int kWords = 15, kBytes256 = 110;
+  template <typename L = GlobalWords>
   __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
     const uint8_t *b = row + (ii >> 2) * 110;
     const int off = static_cast<int>(reinterpret_cast<uintptr_t>(b) & 3);  // 0 or 2
@@ -1046,17 +1083,17 @@ struct DpQ3K : DpKq {
     const uint8_t *hm = a + 16 * g, *q = a + 32 + 32 * h + 16 * g, *sc = a + 96;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      r[i] = ldg32(hm + 4 * i);
-      r[5 + i] = ldg32(q + 4 * i);
+      r[i] = L::w(hm + 4 * i);
+      r[5 + i] = L::w(q + 4 * i);
     }
-    r[10] = ldg32(sc);
-    r[11] = ldg32(sc + 4);
-    r[12] = ldg32(sc + 8);
+    r[10] = L::w(sc);
+    r[11] = L::w(sc + 4);
+    r[12] = L::w(sc + 8);
     // the fifth word only when misaligned: an aligned block's words end at its last byte
-    r[4] = off ? ldg32(hm + 16) : 0u;
-    r[9] = off ? ldg32(q + 16) : 0u;
-    r[13] = off ? ldg32(sc + 12) : 0u;
-    r[14] = __ldg(reinterpret_cast<const unsigned short *>(b + 108));
+    r[4] = off ? L::w(hm + 16) : 0u;
+    r[9] = off ? L::w(q + 16) : 0u;
+    r[13] = off ? L::w(sc + 12) : 0u;
+    r[14] = L::h(b + 108);
   }
   template <int RW>
   __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *rows, int ii, const XQuant &xq,
@@ -1137,10 +1174,11 @@ struct DpMxfp4 {
     return ((2 * c + part) * ipr + item) * 16 + (v & 15);
   }
   __device__ static int scale_slot(int v, int ipr) { return ((v >> 5) & 3) * ipr + (v >> 7); }
+  template <typename L = GlobalWords>
   __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
     const uint8_t *p = row + ii * 68;
 #pragma unroll
-    for (int i = 0; i < kWords; ++i) r[i] = ldg32(p + 4 * i);
+    for (int i = 0; i < kWords; ++i) r[i] = L::w(p + 4 * i);
   }
   template <int RW>
   __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
@@ -1188,11 +1226,8 @@ constexpr int64_t kDp4aMaxSmem = 200 * 1024;
 template <typename D, int RW>
 __global__ void __launch_bounds__(kDpWarps * 32, 1) gemv_dp4a_kernel(GemvArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  int8_t *xhi = reinterpret_cast<int8_t *>(smem);
-  int8_t *xlo = xhi + a.k;
-  float2 *xs = reinterpret_cast<float2 *>(xlo + a.k);
-  const int ipr = static_cast<int>(a.k / D::kValues);
-  const XQuant xq{xhi, xlo, xs, ipr};
+  const XQuant xq = x_smem_view<D>(smem, a.k);
+  const int ipr = xq.ipr;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m = blockIdx.y;
   const uint8_t *w = static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w);
@@ -1221,7 +1256,7 @@ __global__ void __launch_bounds__(kDpWarps * 32, 1) gemv_dp4a_kernel(GemvArgs a)
 
   uint32_t cur[RW][D::kWords], nxt[RW][D::kWords];
   load_step(cur, 0, 0);  // in flight while x is quantized
-  quantize_x<D>(x, a.k, ipr, xhi, xlo, xs);
+  quantize_x_smem<D>(x, a.k, smem);
   __syncthreads();
 
   float acc[RW];
@@ -1276,6 +1311,333 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
   EP_CUDA_CHECK_LAUNCH("gemv_dp4a_kernel");
 }
 
+// ---- the stream decode kernel (mxfp4, q2_K, q3_K; one token; k a multiple of 256) --------
+// The dp4a kernel's arithmetic (the same x quantization, item layout and dot products), with the
+// weights streamed through shared memory instead of registers: every warp owns a contiguous,
+// balanced range of rows of one matrix (the ranges of all warps of a matrix differ by at most one
+// row) and copies it, RW rows at a time (one contiguous byte range: rows are adjacent), with
+// 16-byte cp.async into its own ring of NS stages. The first NS − 1 stages are issued before the
+// block quantizes x, so DRAM works during the prologue, and the loads in flight cost no
+// registers (more warps per SM than dp4a's register double buffer allows). Warps synchronize only
+// with themselves in the main loop. Launched with programmatic dependent launch (on a created
+// stream): the next launch's blocks start while this one drains and fetch their first weights
+// before griddepcontrol.wait; x is read and y written only after it (see the kernel).
+constexpr int kStreamWarps = 8;
+
+// Programmatic dependent launch (sm_90+; the launcher sets the attribute only there).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+constexpr int64_t stream_x_bytes(int64_t k) { return (dp4a_smem_bytes(k) + 15) / 16 * 16; }
+// One stage: RW rows starting anywhere in a 16-byte granule (≤ 15 bytes before, ≤ 15 after).
+constexpr int64_t stream_stage_bytes(int64_t row_bytes, int rw) { return (rw * row_bytes + 30 + 15) / 16 * 16; }
+
+// q2_K for the stream kernel: dp4a's item and x layout with the sub-block scale folded into the
+// integer dot (sc·(254·hi + lo dot) ≤ 15·(254 + 1)·16·192·127 < 2^31), so a sub-block and row
+// costs one I2F and one FMA, and the 4-bit scales and mins of the item's four sub-blocks come
+// out of one byte permute (the mins become floats through the 2^23 mantissa trick).
+struct SQ2K : DpQ2K {
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const uint32_t sel = (ii & 1) ? 0x7531u : 0x6420u;  // scale bytes 8h + 2j + g, j = 0..3
+    uint32_t scw[RW], mnw[RW];
+    float A[RW], B[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const uint32_t w = __byte_perm(r[rr][4], r[rr][5], sel);
+      scw[rr] = w & 0x0F0F0F0Fu;
+      mnw[rr] = (w >> 4) & 0x0F0F0F0Fu;
+      A[rr] = B[rr] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const XPiece xp = x_piece(xq, j, ii);
+      const uint4 xh = xp.hi, xl = xp.lo;
+      const float xsj = xp.s.x * (1.0f / static_cast<float>(1 << (2 * j)));  // undoes the in-place mask
+      const uint32_t mask = 0x03030303u << (2 * j);
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const int2 d = dp4a_hi_lo(r[rr], mask, xh, xl);
+        const int sh = d.x, sl = d.y;
+        const int sc = static_cast<int>(__byte_perm(scw[rr], 0u, 0x4440u + j));
+        A[rr] = fmaf(static_cast<float>((sh * 254 + sl) * sc), xsj, A[rr]);
+        const float mn = __uint_as_float(__byte_perm(mnw[rr], 0x4B000000u, 0x7440u + j)) - 8388608.0f;
+        B[rr] = fmaf(mn, xp.s.y, B[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const float2 dd = __half22float2(bits_h2(r[rr][6]));
+      acc[rr] += fmaf(dd.x, A[rr], -dd.y * B[rr]);
+    }
+  }
+};
+// q3_K for the stream kernel: the 2-bit field and its high bit are merged into one byte per value
+// before the dp4a pair, (q + 4·hb)·2^e with e = 0, 2, 4, 4 for j = 0..3 (≤ 112), so a value costs
+// one dp4a pair instead of two; Σ(q + 4·hb − 4)·x = 2^-e·dot − 4·Σx. The item's four 6-bit scales
+// come out as bytes with two byte permutes.
+struct SQ3K : DpQ3K {
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *rows, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const int h = (ii >> 1) & 1, g = ii & 1;
+    uint32_t hm[RW][4], q[RW][4], scb[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const uint32_t fs = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(rows[rr] + (ii >> 2) * 110) & 3) * 8;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        hm[rr][i] = __funnelshift_r(r[rr][i], r[rr][i + 1], fs) >> (4 * h);  // bit j of each byte: the high bit
+        q[rr][i] = __funnelshift_r(r[rr][5 + i], r[rr][6 + i], fs);
+      }
+      const uint32_t raw0 = __funnelshift_r(r[rr][10], r[rr][11], fs), raw1 = __funnelshift_r(r[rr][11], r[rr][12], fs),
+                     raw2 = __funnelshift_r(r[rr][12], r[rr][13], fs);
+      // scale 8h + 2j + g: low 4 bits in byte 2j + g (nibble h), high 2 bits in byte 8 + 2(j & 1) + g
+      // at bit 4h + 2(j >> 1)
+      const uint32_t low = (__byte_perm(raw0, raw1, g ? 0x7531u : 0x6420u) >> (4 * h)) & 0x0F0F0F0Fu;
+      const uint32_t hw = __byte_perm(raw2, 0u, g ? 0x3131u : 0x2020u) >> (4 * h);
+      const uint32_t high = (hw & 0x00000303u) | ((hw >> 2) & 0x03030000u);
+      scb[rr] = low | (high << 4);  // scale + 32 per byte j
+    }
+    float sum[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) sum[rr] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const XPiece xp = x_piece(xq, j, ii);
+      const uint32_t xhw[4] = {xp.hi.x, xp.hi.y, xp.hi.z, xp.hi.w}, xlw[4] = {xp.lo.x, xp.lo.y, xp.lo.z, xp.lo.w};
+      const int e = j == 0 ? 0 : j == 1 ? 2 : 4;  // a constant after unrolling
+      const float xsj = xp.s.x * (1.0f / static_cast<float>(1 << e)), m4 = -4.0f * xp.s.y;
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        int th = 0, tl = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t qp = j == 3 ? (q[rr][i] >> 2) & 0x30303030u : q[rr][i] & (0x03030303u << (2 * j));
+          const uint32_t hp = (hm[rr][i] & (0x01010101u << j)) << (j == 3 ? 3 : j + 2);
+          const uint32_t wv = qp | hp;
+          th = dp4a_us(wv, xhw[i], th);
+          tl = dp4a_us(wv, xlw[i], tl);
+        }
+        const float sc = __uint_as_float(__byte_perm(scb[rr], 0x4B000000u, 0x7440u + j)) - 8388640.0f;  // − 2^23 − 32
+        sum[rr] = fmaf(sc, fmaf(static_cast<float>(th * 254 + tl), xsj, m4), sum[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr)
+      acc[rr] = fmaf(__half2float(__ushort_as_half(static_cast<unsigned short>(r[rr][14]))), sum[rr], acc[rr]);
+  }
+};
+template <int T> struct StreamOf { using type = typename DpOf<T>::type; };
+template <> struct StreamOf<kQ2_K> { using type = SQ2K; };
+template <> struct StreamOf<kQ3_K> { using type = SQ3K; };
+
+// A warp works on G = 2^glog rows groups at once: lane group l / (32 / G) takes RW rows of a
+// chunk of G·RW rows and its 32 / G lanes split their items (G > 1 when a row has fewer items
+// than 32, or a number that 32 lanes would leave partly idle: 48 items are 3 steps of 16 lanes).
+template <typename D, int RW, int NS>
+__global__ void __launch_bounds__(kStreamWarps * 32) gemv_stream_kernel(GemvArgs a, int stage_bytes, int glog) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const XQuant xq = x_smem_view<D>(smem, a.k);
+  const int ipr = xq.ipr;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m = blockIdx.y;
+  uint8_t *ring = smem + stream_x_bytes(a.k) + static_cast<int64_t>(warp) * NS * stage_bytes;
+
+  const uint8_t *w = static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w);
+  const int64_t row_bytes = a.k / 256 * D::kBytes256;
+  const int64_t nw = static_cast<int64_t>(gridDim.x) * kStreamWarps, gw = static_cast<int64_t>(blockIdx.x) * kStreamWarps + warp;
+  const int64_t rbeg = gw * a.n / nw, rend = (gw + 1) * a.n / nw;
+  const int lpr = 32 >> glog, grp = lane >> (5 - glog), sub = lane & (lpr - 1);  // lanes per row, group, lane in it
+  const int crows = RW << glog;                                                  // rows per chunk
+  const int chunks = static_cast<int>((rend - rbeg + crows - 1) / crows);
+
+  // chunk c: rows rbeg + crows·c .. (< rend) into stage c % NS; always one commit group per call
+  auto issue = [&](int c) {
+    if (c < chunks) {
+      const int64_t r0 = rbeg + static_cast<int64_t>(c) * crows;
+      const int64_t nr = rend - r0 < crows ? rend - r0 : crows;
+      const uintptr_t src = reinterpret_cast<uintptr_t>(w + r0 * row_bytes);
+      const uintptr_t start = src & ~uintptr_t(15), end = src + static_cast<uintptr_t>(nr * row_bytes);
+      const int n16 = static_cast<int>((end - start + 15) / 16);
+      uint8_t *dst = ring + (c % NS) * stage_bytes;
+      // the granule that reaches past the chunk's end is read byte by byte (copy16_async):
+      // compute-sanitizer memcheck reports a cp.async with a source size below 16 as a 16-byte
+      // read, past the end of the weights' allocation for the last row
+      for (int i = lane; i < n16; i += 32)
+        copy16_async(dst + 16 * i, reinterpret_cast<const uint4 *>(start + 16 * static_cast<uintptr_t>(i)), end);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int c = 0; c < NS - 1; ++c) issue(c);
+  // Up to here only the weights, w_ptrs and the shape were read: the previous kernel may still be
+  // running when this launch's blocks start (programmatic dependent launch). The only kernel that
+  // lets its successor start early is this one, past this wait, and it writes nothing but y; x
+  // (often the previous kernel's output) is read, and y written, after the wait.
+  grid_dependency_wait();
+  grid_dependents_launch();
+  const float *x = a.x + static_cast<int64_t>(a.x_rows ? a.x_rows[m] : m) * a.k;
+  float *y = a.y + static_cast<int64_t>(m) * a.n;
+  quantize_x_smem<D>(x, a.k, smem);
+  __syncthreads();
+
+  const int spt = (ipr + lpr - 1) / lpr;
+  for (int c = 0; c < chunks; ++c) {
+    __syncwarp();  // every lane is done with the stage that chunk c + NS − 1 overwrites
+    issue(c + NS - 1);
+    cp_async_wait<NS - 1>();  // chunk c has landed (this lane's copies) ...
+    __syncwarp();             // ... and every lane's
+    const int64_t c0 = rbeg + static_cast<int64_t>(c) * crows;
+    const uint8_t *stage = ring + (c % NS) * stage_bytes + (reinterpret_cast<uintptr_t>(w + c0 * row_bytes) & 15);
+    const int64_t r0 = c0 + grp * RW;  // this lane group's rows (past rend: computed on row 0, not written)
+    const uint8_t *rp[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) rp[rr] = stage + (r0 + rr < rend ? grp * RW + rr : 0) * row_bytes;
+    float acc[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) acc[rr] = 0.0f;
+    for (int q = 0; q < spt; ++q) {
+      const int ii = sub + lpr * q;
+      if (ii < ipr) {
+        uint32_t words[RW][D::kWords];
+#pragma unroll
+        for (int rr = 0; rr < RW; ++rr) D::template load<SharedWords>(rp[rr], ii, words[rr]);
+        D::template dot<RW>(words, rp, ii, xq, acc);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      float sum = acc[rr];
+      for (int o = lpr >> 1; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (sub == 0 && r0 + rr < rend) y[r0 + rr] = sum;
+    }
+  }
+  cp_async_wait<0>();  // nothing left in flight at exit (the trailing groups are empty)
+}
+
+template <int T> struct StreamConfig;  // rows per warp step, stages
+// The best mean over the four benchmark shapes among the configurations measured on the H200
+// (2026-11-29 23:30, 8 experts per launch): q2_K 2x2 0.427 of HBM (4 blocks per SM at k <= 4096),
+// q3_K 2x3 0.401, mxfp4 2x3 0.379.
+template <> struct StreamConfig<kQ2_K> { static constexpr int rw = 2, ns = 2; };
+template <> struct StreamConfig<kQ3_K> { static constexpr int rw = 2, ns = 3; };
+template <> struct StreamConfig<kMXFP4> { static constexpr int rw = 2, ns = 3; };
+
+constexpr int64_t kStreamMaxSmem = 227 * 1024;
+// Row groups per warp (2^glog, at most max_glog) for a row of ipr items: the fewest lane-steps per
+// row (ceil(ipr / lanes) · lanes for 32, 16 or 8 lanes), ties to more lanes per row.
+constexpr int stream_glog(int64_t ipr, int max_glog) {
+  int best = 0;
+  for (int g = 1; g <= max_glog; ++g)
+    if ((ipr + (32 >> g) - 1) / (32 >> g) * (32 >> g) < (ipr + (32 >> best) - 1) / (32 >> best) * (32 >> best)) best = g;
+  return best;
+}
+// What a launch runs: rows per lane group (the configuration's rows per chunk split over the row
+// groups, so the chunk, the stages and the occupancy stay those of the configuration), stages, row
+// groups and the shared memory.
+struct StreamPlan {
+  int rw, ns, glog;
+  int64_t stage, smem;
+};
+template <int T>
+StreamPlan stream_plan(int64_t k, int rw, int ns) {
+  constexpr int64_t rb = DpOf<T>::type::kBytes256, values = DpOf<T>::type::kValues;
+  StreamPlan p{};
+  rw = rw < 1 ? 1 : rw;
+  p.glog = stream_glog(k / values, rw >= 4 ? 2 : rw >= 2 ? 1 : 0);
+  p.rw = rw >> p.glog;
+  p.ns = ns;
+  p.stage = stream_stage_bytes(k / 256 * rb, p.rw << p.glog);
+  p.smem = stream_x_bytes(k) + kStreamWarps * ns * p.stage;
+  return p;
+}
+template <int T>
+int64_t stream_smem_bytes(int64_t k) {
+  return stream_plan<T>(k, StreamConfig<T>::rw, StreamConfig<T>::ns).smem;
+}
+
+template <int T, int RW, int NS>
+void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_t stream) {
+  using D = typename StreamOf<T>::type;
+  auto *kernel = gemv_stream_kernel<D, RW, NS>;
+  const int64_t stage = plan.stage, smem = plan.smem;
+  // one wave of resident blocks over all matrices, at most one warp per row. The occupancy query
+  // and the shared-memory attribute cost microseconds of host time, about as long as the kernel
+  // runs: they are done once per device and shared-memory size (a cache of a pure function).
+  int device = 0;
+  EP_CUDA_CHECK(cudaGetDevice(&device));
+  static std::atomic<uint64_t> cached{0};  // sm_90+:1 | valid:1 | device:8 | smem:20 | sms:16 | per_sm:8
+  const uint64_t key = (uint64_t{1} << 52) | (static_cast<uint64_t>(device & 0xFF) << 44) | (static_cast<uint64_t>(smem) << 24);
+  constexpr uint64_t kKeyMask = ((uint64_t{1} << 53) - 1) & ~uint64_t{0xFFFFFF};
+  uint64_t hit = cached.load(std::memory_order_relaxed);
+  if ((hit & kKeyMask) != key) {
+    int sms = 0, per_sm = 0, major = 0;
+    if (smem > 48 * 1024)
+      EP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kStreamWarps * 32, static_cast<size_t>(smem)));
+    EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    hit = key | (static_cast<uint64_t>(major >= 9) << 53) | (static_cast<uint64_t>(sms & 0xFFFF) << 8) |
+          static_cast<uint64_t>(per_sm < 1 ? 1 : per_sm > 255 ? 255 : per_sm);
+    cached.store(hit, std::memory_order_relaxed);
+  }
+  const int sms = static_cast<int>((hit >> 8) & 0xFFFF), per_sm = static_cast<int>(hit & 0xFF);
+  // Rounded down: rounding up (as dp4a does) leaves a few blocks for a second wave whenever the
+  // matrices do not divide the slots (3 blocks per SM: 50 x 8 = 400 blocks for 396 slots), which
+  // doubled the time of such configurations in the 23:30 measurement.
+  const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const int64_t per_mat = slots / args.n_mat > 0 ? slots / args.n_mat : 1;
+  const int64_t most = (args.n + kStreamWarps - 1) / kStreamWarps;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(most < per_mat ? most : per_mat), static_cast<unsigned>(args.n_mat));
+  cfg.blockDim = dim3(kStreamWarps * 32);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  // programmatic dependent launch on sm_90+ and a created stream (the legacy default stream serializes)
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = stream != nullptr && (hit >> 53 & 1) != 0 ? 1 : 0;
+  EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args, static_cast<int>(stage), plan.glog));
+  EP_CUDA_CHECK_LAUNCH("gemv_stream_kernel");
+}
+
+// EP_GEMV_STREAM_CFG = "RWxNS" (rows per warp step x stages) overrides the per-type default for
+// measurements; a configuration over the shared-memory limit for this k keeps the default.
+template <int T>
+void launch_stream(const GemvArgs &args, cudaStream_t stream) {
+  using C = StreamConfig<T>;
+  StreamPlan plan = stream_plan<T>(args.k, C::rw, C::ns);
+  if (const char *env = std::getenv("EP_GEMV_STREAM_CFG"); env != nullptr && std::strlen(env) == 3 && env[1] == 'x') {
+    const StreamPlan want = stream_plan<T>(args.k, env[0] - '0', env[2] - '0');
+    if (want.smem <= kStreamMaxSmem) plan = want;
+  }
+  auto run = [&](const StreamPlan &p) {  // false: no kernel instantiated for p
+#define EP_STREAM_CFG(R, N)                            \
+  if (p.rw == R && p.ns == N) {                        \
+    launch_stream_cfg<T, R, N>(args, p, stream);       \
+    return true;                                       \
+  }
+    EP_STREAM_CFG(1, 2) EP_STREAM_CFG(1, 3) EP_STREAM_CFG(1, 4)
+    EP_STREAM_CFG(2, 2) EP_STREAM_CFG(2, 3) EP_STREAM_CFG(2, 4) EP_STREAM_CFG(4, 2)
+#undef EP_STREAM_CFG
+    return false;
+  };
+  // the defaults (rows 2 split over 1, 2 or 4 row groups: 2 or 1 per group) are instantiated
+  static_assert(C::rw == 2 && (C::ns == 2 || C::ns == 3), "instantiate the default configuration");
+  if (!run(plan)) run(stream_plan<T>(args.k, C::rw, C::ns));
+}
+
 // Which kernel runs a type: the default per type is the fastest measured by `ep-bench kernels`
 // on an H200 (docs/benchmarks.md): for one token dp4a (mxfp4, q2_K, q3_K with k a multiple of 256
 // and at least kDp4aMinRows rows per matrix); for 2..8 tokens mma (same types and k); else
@@ -1297,6 +1659,14 @@ bool dp4a_covers(int type, const GemvArgs &args) {
 // choice depends on the matrix, not on how many share the launch, so a matrix's result does not
 // change with the launch it is in (the MoE's expert-major pass computes subsets of the pairs).
 constexpr int64_t kDp4aMinRows = 2048;
+// stream: what dp4a covers, with x and one ring per warp in shared memory
+bool stream_covers(int type, const GemvArgs &args) {
+  if (!dp4a_covers(type, args)) return false;
+  const int64_t smem = type == kQ2_K ? stream_smem_bytes<kQ2_K>(args.k)
+                       : type == kQ3_K ? stream_smem_bytes<kQ3_K>(args.k)
+                                       : stream_smem_bytes<kMXFP4>(args.k);
+  return smem <= kStreamMaxSmem;
+}
 GemvKernel pick_gemv_kernel(int type, const GemvArgs &args) {
   GemvKernel want = args.kernel;
   if (want == GemvKernel::automatic) {
@@ -1304,8 +1674,10 @@ GemvKernel pick_gemv_kernel(int type, const GemvArgs &args) {
     if (v != nullptr && !parse_gemv_kernel(v, want)) want = GemvKernel::automatic;
   }
   const bool mma_ok = mma_covers(type, args.k), dp4a_ok = dp4a_covers(type, args);
+  if (want == GemvKernel::stream && !stream_covers(type, args)) want = GemvKernel::automatic;
   if (want == GemvKernel::automatic || (want == GemvKernel::mma && !mma_ok) || (want == GemvKernel::dp4a && !dp4a_ok)) {
-    if (dp4a_ok && args.n >= kDp4aMinRows) return GemvKernel::dp4a;
+    // stream measured faster than dp4a (docs/benchmarks.md); the same rows-per-matrix rule
+    if (dp4a_ok && args.n >= kDp4aMinRows) return stream_covers(type, args) ? GemvKernel::stream : GemvKernel::dp4a;
     if (mma_ok && args.n_tok > 1) return GemvKernel::mma;
     return type == kQ4_K || type == kQ5_K || type == kMXFP4 ? GemvKernel::generic : GemvKernel::pipe;
   }
@@ -1319,6 +1691,7 @@ void launch_typed(GemvKernel kernel, const GemvArgs &args, cudaStream_t stream) 
   const bool one = args.n_tok == 1;
   if constexpr (T == kMXFP4 || T == kQ2_K || T == kQ3_K) {
     if (kernel == GemvKernel::dp4a) return launch_dp4a<T>(args, stream);
+    if (kernel == GemvKernel::stream) return launch_stream<T>(args, stream);
     if (kernel == GemvKernel::mma) return launch_mma_tokens<T, 4, 4, 1>(args, stream);
   }
   if (kernel == GemvKernel::generic) {
@@ -1348,12 +1721,14 @@ const char *gemv_kernel_name(GemvKernel kernel) {
     case GemvKernel::pipe: return "pipe";
     case GemvKernel::mma: return "mma";
     case GemvKernel::dp4a: return "dp4a";
+    case GemvKernel::stream: return "stream";
   }
   return "?";
 }
 
 bool parse_gemv_kernel(const char *name, GemvKernel &out) {
-  for (GemvKernel k : {GemvKernel::automatic, GemvKernel::generic, GemvKernel::pipe, GemvKernel::mma, GemvKernel::dp4a}) {
+  for (GemvKernel k : {GemvKernel::automatic, GemvKernel::generic, GemvKernel::pipe, GemvKernel::mma, GemvKernel::dp4a,
+                       GemvKernel::stream}) {
     if (std::strcmp(name, gemv_kernel_name(k)) == 0) {
       out = k;
       return true;

@@ -10,10 +10,11 @@
 namespace ep::cuda {
 
 /// GEMV kernels (cuda/gemv_quant.cu). automatic: the fastest for the type and shape (EP_GEMV_KERNEL
-/// = generic|pipe|mma|dp4a overrides it). dp4a (one token) and mma (1..8 tokens) run mxfp4, q2_K
-/// and q3_K with k a multiple of 256; asked for other types or shapes they fall back to what
-/// automatic picks there. generic and pipe run every type exactly (f32 x).
-enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a };
+/// = generic|pipe|mma|dp4a|stream overrides it). dp4a and stream (one token) and mma (1..8 tokens)
+/// run mxfp4, q2_K and q3_K with k a multiple of 256; asked for other types or shapes they fall
+/// back to what automatic picks there. stream is dp4a's arithmetic with the weights streamed
+/// through shared memory (cp.async ring per warp). generic and pipe run every type exactly (f32 x).
+enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream };
 
 /// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =
 /// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of

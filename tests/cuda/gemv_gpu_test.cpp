@@ -3,8 +3,9 @@
 // row tiles, unaligned q3_K rows and blocks, and x far outside the f16 range (the mma kernel
 // carries x as scaled f16 hi + lo halves, the dp4a kernel as int8 hi + lo parts per 32 values).
 // Device outputs are poisoned with NaN before each launch. Thresholds (worst |gpu − ref| over the
-// largest |ref| of each matrix): 5e-5 for mma, 2e-4 for dp4a (x carried with ~15 bits: 5e-5 was
-// measured on the H200), 1e-4 for the exact per-lane kernels on every type.
+// largest |ref| of each matrix): 5e-5 for mma, 2e-4 for dp4a and stream (x carried with ~15 bits:
+// 5e-5 was measured on the H200), 1e-4 for the exact per-lane kernels on every type. Launches go
+// to a created stream (stream uses programmatic dependent launch there).
 #include "backend/dequant.hpp"
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -93,7 +95,15 @@ double run_case(const Case &c, GemvKernel kernel, std::mt19937 &rng) {
   a.n_tok = c.n_tok;
   a.n_mat = c.n_mat;
   a.kernel = kernel;
-  ep::cuda::launch_gemv(static_cast<uint32_t>(c.type), a, nullptr);
+  // a created stream: the stream kernel uses programmatic dependent launch there (not on the
+  // legacy default stream)
+  struct Stream {
+    cudaStream_t s = nullptr;
+    Stream() { EP_CUDA_CHECK(cudaStreamCreate(&s)); }  // blocking: ordered after the memsets and copies
+    ~Stream() { cudaStreamDestroy(s); }
+  } stream;
+  ep::cuda::launch_gemv(static_cast<uint32_t>(c.type), a, stream.s);
+  EP_CUDA_CHECK(cudaStreamSynchronize(stream.s));
   EP_CUDA_CHECK(cudaDeviceSynchronize());
   const auto got = dy.get<float>();
 
@@ -125,8 +135,8 @@ double limit_of(GemvKernel kernel) { return kernel == GemvKernel::mma ? 5e-5 : 2
 
 TEST_CASE("tensor-core and dp4a GEMV match the CPU for mxfp4, q2_K and q3_K", "[gpu][gemv]") {
   std::mt19937 rng(31);
-  // the dp4a kernels run one token; asked for more they fall back to automatic (mma)
-  for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a}) {
+  // the dp4a and stream kernels run one token; asked for more they fall back to automatic (mma)
+  for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a, GemvKernel::stream}) {
     double worst = 0;
     for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
       // 3584: q3_K rows of 1540 bytes (not 16-byte aligned, every other block 2 bytes off a word);
@@ -147,9 +157,84 @@ TEST_CASE("tensor-core and dp4a GEMV match the CPU for mxfp4, q2_K and q3_K", "[
   }
 }
 
+TEST_CASE("the stream kernel's measured configurations match the CPU", "[gpu][gemv]") {
+  // EP_GEMV_STREAM_CFG = rows per warp step x ring stages (ep-bench measures them); over the
+  // shared-memory limit a configuration keeps the default
+  std::mt19937 rng(35);
+  const char *old = std::getenv("EP_GEMV_STREAM_CFG");
+  const std::string keep = old != nullptr ? old : "";
+  for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "4x2"}) {
+    setenv("EP_GEMV_STREAM_CFG", cfg, 1);
+    for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
+      for (Case c : {Case{type, 3584, 45, 2, 1}, Case{type, 768, 67, 3, 1}, Case{type, 4608, 20, 2, 1}}) {
+        const double err = run_case(c, GemvKernel::stream, rng);
+        INFO("stream " << cfg << " type " << static_cast<int>(type) << " k " << c.k << " n " << c.n << " err " << err);
+        CHECK(err <= 2e-4);
+      }
+    }
+  }
+  if (old != nullptr) {
+    setenv("EP_GEMV_STREAM_CFG", keep.c_str(), 1);
+  } else {
+    unsetenv("EP_GEMV_STREAM_CFG");
+  }
+}
+
+TEST_CASE("a stream launch sees the previous launch's output (programmatic dependent launch)", "[gpu][gemv]") {
+  // launch 1: y1 = W1·x (k 512, n 1024); launch 2, right behind it on the same stream: y2 = W2·y1
+  // (k 1024, n 300). The second kernel may start before the first ends; it must still read the
+  // finished y1 (poisoned with NaN before the first launch).
+  std::mt19937 rng(36);
+  for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
+    const auto w1 = ep::test::random_weights(type, 512, 1024, rng);
+    const auto w2 = ep::test::random_weights(type, 1024, 300, rng);
+    const auto x = ep::test::random_floats(512, rng);
+    Dev dw1(w1), dw2(w2), dx(x), dy1(1024 * 4), dy2(300 * 4);
+    cudaStream_t s = nullptr;
+    EP_CUDA_CHECK(cudaStreamCreate(&s));
+    for (int rep = 0; rep < 3; ++rep) {
+      EP_CUDA_CHECK(cudaMemsetAsync(dy1.p, 0xFF, dy1.bytes, s));
+      EP_CUDA_CHECK(cudaMemsetAsync(dy2.p, 0xFF, dy2.bytes, s));
+      GemvArgs a;
+      a.w = dw1.p;
+      a.x = static_cast<const float *>(dx.p);
+      a.y = static_cast<float *>(dy1.p);
+      a.k = 512;
+      a.n = 1024;
+      a.kernel = GemvKernel::stream;
+      ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, s);
+      GemvArgs b = a;
+      b.w = dw2.p;
+      b.x = static_cast<const float *>(dy1.p);
+      b.y = static_cast<float *>(dy2.p);
+      b.k = 1024;
+      b.n = 300;
+      ep::cuda::launch_gemv(static_cast<uint32_t>(type), b, s);
+      EP_CUDA_CHECK(cudaStreamSynchronize(s));
+      const auto y1 = dy1.get<float>();
+      const auto y2 = dy2.get<float>();
+      std::vector<float> deq(1024 * 300);
+      ep::backend::dequantize_row(type, w2.data(), deq.data(), 1024 * 300);
+      double num = 0, den = 0;
+      bool finite = true;
+      for (int r = 0; r < 300; ++r) {
+        double want = 0;
+        for (int i = 0; i < 1024; ++i) want += static_cast<double>(deq[r * 1024 + i]) * y1[i];
+        finite = finite && std::isfinite(y2[r]);
+        num = std::max(num, std::fabs(y2[r] - want));
+        den = std::max(den, std::fabs(want));
+      }
+      INFO("type " << static_cast<int>(type) << " repetition " << rep << " err " << num / den);
+      CHECK(finite);
+      CHECK(num / den <= 2e-4);
+    }
+    EP_CUDA_CHECK(cudaStreamDestroy(s));
+  }
+}
+
 TEST_CASE("tensor-core and dp4a GEMV keep their precision for x far outside the f16 range", "[gpu][gemv]") {
   std::mt19937 rng(32);
-  for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a}) {
+  for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a, GemvKernel::stream}) {
     for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
       for (float scale : {1e-7f, 3e5f, 1e9f}) {
         for (int n_tok : {1, 5}) {
@@ -181,10 +266,10 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   GemvArgs a;
   a.k = 4096;
   a.n = 2048;
-  a.n_mat = 8;  // 8 experts of 2048 rows, one token: dp4a
-  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), a) == GemvKernel::dp4a);
-  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), a) == GemvKernel::dp4a);
-  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::mxfp4), a) == GemvKernel::dp4a);
+  a.n_mat = 8;  // 8 experts of 2048 rows, one token: stream
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), a) == GemvKernel::stream);
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), a) == GemvKernel::stream);
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::mxfp4), a) == GemvKernel::stream);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q6_k), a) == GemvKernel::pipe);
   a.n = 1000;
   a.n_mat = 64;  // many small matrices: the choice goes by rows per matrix, not per launch
@@ -198,6 +283,11 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), a) == GemvKernel::mma);
   a.n_tok = 1;
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), a) == GemvKernel::dp4a);  // asked for: any size
+  a.kernel = GemvKernel::stream;  // asked for: any size; more tokens: automatic's pick
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), a) == GemvKernel::stream);
+  a.n_tok = 3;
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), a) == GemvKernel::mma);
+  a.n_tok = 1;
   a.kernel = GemvKernel::mma;  // asked for a type it does not cover: the type's default
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q4_k), a) == GemvKernel::generic);
   a.k = 96;  // mxfp4 with k not a multiple of 256
@@ -210,12 +300,15 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   b.w = reinterpret_cast<const void *>(uintptr_t{0x10002});
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), b) == GemvKernel::pipe);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::mxfp4), b) == GemvKernel::generic);
-  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), b) == GemvKernel::dp4a);
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), b) == GemvKernel::stream);
   std::mt19937 rng(34);
   CHECK(run_case(Case{GgmlType::mxfp4, 96, 21, 2, 2}, GemvKernel::mma, rng) <= 1e-4);
   CHECK(run_case(Case{GgmlType::mxfp4, 96, 21, 2, 1}, GemvKernel::dp4a, rng) <= 1e-4);
+  CHECK(run_case(Case{GgmlType::mxfp4, 96, 21, 2, 1}, GemvKernel::stream, rng) <= 1e-4);
   GemvKernel k{};
   CHECK(ep::cuda::parse_gemv_kernel("dp4a", k));
   CHECK(k == GemvKernel::dp4a);
+  CHECK(ep::cuda::parse_gemv_kernel("stream", k));
+  CHECK(k == GemvKernel::stream);
   CHECK_FALSE(ep::cuda::parse_gemv_kernel("fast", k));
 }

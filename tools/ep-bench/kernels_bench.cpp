@@ -35,6 +35,7 @@ using ep::format::GgmlType;
 struct Options {
   bool json = false;
   bool gemm = true;          // prefill GEMM and cuBLAS references
+  bool batch1 = true;        // also one matrix per launch (--no-batch1: skip, reported as 0)
   ep::cuda::GemmMode gemm_mode = ep::cuda::GemmMode::exact_f32;  // the backend's prefill GEMM path
   int batch = 8;             // experts per GEMV launch
   int gemv_tokens = 1;       // tokens per GEMV launch
@@ -63,6 +64,7 @@ Options options_from(const Args &args) {
   Options o;
   o.json = args.has("json");
   o.gemm = !args.has("no-gemm");
+  o.batch1 = !args.has("no-batch1");
   const std::string mode = args.get("gemm-mode", "exact");
   if (mode == "bf16") {
     o.gemm_mode = ep::cuda::GemmMode::fast_bf16;
@@ -88,7 +90,7 @@ Options options_from(const Args &args) {
   for (const auto &name : split_list(args.get("kernels", "auto"))) {
     ep::cuda::GemvKernel k{};
     if (!ep::cuda::parse_gemv_kernel(name.c_str(), k))
-      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a)", name);
+      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a|stream)", name);
     o.kernels.push_back(k);
   }
   return o;
@@ -274,7 +276,7 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
     } else if (std::any_of(r.gemv.begin(), r.gemv.end(), [&](const GemvResult &g) { return g.kernel == name; })) {
       continue;  // an mma kernel asked for a type it does not run falls back to one measured already
     }
-    r.gemv.push_back({name, gemv_gbps(o.batch, want), gemv_gbps(1, want)});
+    r.gemv.push_back({name, gemv_gbps(o.batch, want), o.batch1 ? gemv_gbps(1, want) : 0.0});
   }
   if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to f32 or bf16 + cuBLAS)
     const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});

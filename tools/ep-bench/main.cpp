@@ -26,8 +26,8 @@ constexpr const char *kUsage =
     "       raw O_DIRECT read bandwidth at the object size (fio, else a pread loop) vs the engine's reader\n"
     "  h2d  [--object-bytes N | --pack PACK | --create-size SIZE] [--slots 64] [--staging 16] [--bytes 16G] [--json]\n"
     "       the store's staging -> VRAM copy path vs plain pinned cudaMemcpyAsync\n"
-    "  kernels [--kernels auto|generic|pipe|mma|dp4a,...] [--types mxfp4,q2_K,...] [--batch 8]\n"
-    "       [--gemv-tokens 1] [--pool-mib 1024] [--passes 10] [--tokens 512] [--no-gemm] [--gemm-mode exact|bf16] [--json]\n"
+    "  kernels [--kernels auto|generic|pipe|mma|dp4a|stream,...] [--types mxfp4,q2_K,...] [--batch 8]\n"
+    "       [--gemv-tokens 1] [--pool-mib 1024] [--passes 10] [--tokens 512] [--no-gemm] [--no-batch1] [--gemm-mode exact|bf16] [--json]\n"
     "       HBM copy bandwidth, decode GEMV per type/shape/kernel as a fraction of it, prefill GEMM vs cuBLAS\n"
     "  e2e  --model PATH [--tokenizer tokenizer.json|.gguf] [--workload bench/workload/seed-10.jsonl] [--max-new N]\n"
     "       [--requests N] [--device auto|cpu|cuda] [--cache-mib N] [--staging-mib N | --staging-slots N] [--ignore-eos]\n"
@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
     if (cmd == "e2e") return ep::bench::cmd_e2e(ep::bench::parse_args(argc, argv, 2, {"ignore-eos", "json-stdout", "open-only"}));
     if (cmd == "kernels") {
 #ifdef EP_HAVE_CUDA
-      return ep::bench::cmd_kernels(ep::bench::parse_args(argc, argv, 2, {"json", "no-gemm"}));
+      return ep::bench::cmd_kernels(ep::bench::parse_args(argc, argv, 2, {"json", "no-gemm", "no-batch1"}));
 #else
       std::fprintf(stderr, "ep-bench kernels: this build has no CUDA backend (EP_WITH_CUDA=OFF)\n");
       return 2;
