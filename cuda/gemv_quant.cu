@@ -24,6 +24,7 @@
 #include "cuda/reduce.cuh"
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -31,6 +32,23 @@ namespace ep::cuda {
 namespace {
 
 using namespace quant;
+
+// Lets Kernel use up to the device's opt-in shared memory per block, once per device. A launcher
+// whose shared memory depends on k must not set the attribute to its own size per launch: two
+// threads launching one kernel with different k could leave it below what one of them needs.
+template <auto Kernel>
+void allow_max_dynamic_smem(int device) {
+  static std::atomic<uint64_t> done{0};  // bit d: device d (mod 64) set
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((done.load(std::memory_order_acquire) & bit) != 0) return;
+  int optin = 0;
+  cudaFuncAttributes attr{};
+  EP_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  EP_CUDA_CHECK(cudaFuncGetAttributes(&attr, Kernel));
+  EP_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     optin - static_cast<int>(attr.sharedSizeBytes)));
+  done.fetch_or(bit, std::memory_order_release);
+}
 
 constexpr int kWarps = 4;           // warps per block
 constexpr int kRows = 2;            // rows per warp
@@ -969,17 +987,22 @@ __device__ __forceinline__ void quantize_x(const float *__restrict__ x, int64_t 
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
       const float s = m * (1.0f / 127.0f);
-      const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+      const float inv = m > 0.0f ? __frcp_rn(m) * 127.0f : 0.0f, inv254 = inv * 254.0f;
       const float vals[4] = {v[p].x, v[p].y, v[p].z, v[p].w};
-      uint32_t ph = 0, pl = 0;
+      // rint through the f32 mantissa: fma(v, inv, 1.5·2^23) holds rint(v·inv) in its low bits
+      // (two's complement, |v·inv| <= 127·(1 + a few ulp)), so the low byte is the int8 and no
+      // clamp or conversion instruction is needed; |lo| <= 127 likewise since |x - hi·s| <= s/2.
+      constexpr float kMagic = 12582912.0f;
+      uint32_t hb[4], lb[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float h = fminf(fmaxf(rintf(vals[e] * inv), -127.0f), 127.0f);
-        const float r = fmaf(-h, s, vals[e]);
-        const float l = fminf(fmaxf(rintf(r * inv * 254.0f), -127.0f), 127.0f);
-        ph |= (static_cast<uint32_t>(static_cast<int>(h)) & 0xFFu) << (8 * e);
-        pl |= (static_cast<uint32_t>(static_cast<int>(l)) & 0xFFu) << (8 * e);
+        const float hm = fmaf(vals[e], inv, kMagic);
+        const float r = fmaf(-(hm - kMagic), s, vals[e]);
+        hb[e] = __float_as_uint(hm);
+        lb[e] = __float_as_uint(fmaf(r, inv254, kMagic));
       }
+      const uint32_t ph = __byte_perm(__byte_perm(hb[0], hb[1], 0x0040u), __byte_perm(hb[2], hb[3], 0x0040u), 0x5410u);
+      const uint32_t pl = __byte_perm(__byte_perm(lb[0], lb[1], 0x0040u), __byte_perm(lb[2], lb[3], 0x0040u), 0x5410u);
       const int dst = D::piece(4 * i, ipr);
       *reinterpret_cast<uint32_t *>(hi + dst) = ph;
       *reinterpret_cast<uint32_t *>(lo + dst) = pl;
@@ -1296,11 +1319,10 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
   constexpr int RW = T == kQ2_K ? 4 : T == kQ3_K ? 2 : 1;
   auto *kernel = gemv_dp4a_kernel<D, RW>;
   const int64_t smem = dp4a_smem_bytes(args.k);
-  if (smem > 48 * 1024)
-    EP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   // one wave of resident blocks over all matrices (at least one block per matrix)
   int device = 0, sms = 0, per_sm = 0;
   EP_CUDA_CHECK(cudaGetDevice(&device));
+  allow_max_dynamic_smem<gemv_dp4a_kernel<D, RW>>(device);
   EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDpWarps * 32, static_cast<size_t>(smem)));
   const int64_t tiles = (args.n + kDpWarps * RW - 1) / (kDpWarps * RW);
@@ -1322,7 +1344,6 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
 // with themselves in the main loop. Launched with programmatic dependent launch (on a created
 // stream): the next launch's blocks start while this one drains and fetch their first weights
 // before griddepcontrol.wait; x is read and y written only after it (see the kernel).
-constexpr int kStreamWarps = 8;
 
 // Programmatic dependent launch (sm_90+; the launcher sets the attribute only there).
 __device__ __forceinline__ void grid_dependency_wait() {
@@ -1441,11 +1462,18 @@ template <int T> struct StreamOf { using type = typename DpOf<T>::type; };
 template <> struct StreamOf<kQ2_K> { using type = SQ2K; };
 template <> struct StreamOf<kQ3_K> { using type = SQ3K; };
 
+#if defined(EP_GEMV_SWEEP)
+// Measurement probe (sweep builds only, EP_GEMV_PROBE): bit 0 skips the dot products, bit 1 the
+// weight copies, so that ep-bench can time the kernel's parts.
+__device__ int g_gemv_probe = 0;
+#endif
 // A warp works on G = 2^glog rows groups at once: lane group l / (32 / G) takes RW rows of a
 // chunk of G·RW rows and its 32 / G lanes split their items (G > 1 when a row has fewer items
 // than 32, or a number that 32 lanes would leave partly idle: 48 items are 3 steps of 16 lanes).
-template <typename D, int RW, int NS>
-__global__ void __launch_bounds__(kStreamWarps * 32) gemv_stream_kernel(GemvArgs a, int stage_bytes, int glog) {
+// WARPS warps per block: x is quantized once per block, so fewer, larger blocks spend less on it.
+// Blocks of 16 or more warps ask for registers that let 32 warps share an SM.
+template <typename D, int RW, int NS, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 1) gemv_stream_kernel(GemvArgs a, int stage_bytes, int glog) {
   extern __shared__ __align__(16) uint8_t smem[];
   const XQuant xq = x_smem_view<D>(smem, a.k);
   const int ipr = xq.ipr;
@@ -1454,26 +1482,38 @@ __global__ void __launch_bounds__(kStreamWarps * 32) gemv_stream_kernel(GemvArgs
 
   const uint8_t *w = static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w);
   const int64_t row_bytes = a.k / 256 * D::kBytes256;
-  const int64_t nw = static_cast<int64_t>(gridDim.x) * kStreamWarps, gw = static_cast<int64_t>(blockIdx.x) * kStreamWarps + warp;
-  const int64_t rbeg = gw * a.n / nw, rend = (gw + 1) * a.n / nw;
+  // rows of this warp: n / warps each, one more for the first n % warps (32-bit: launch_gemv
+  // checks n < 2^31; a 64-bit division costs ~100 instructions per warp)
+  const int nw = static_cast<int>(gridDim.x) * WARPS, gw = static_cast<int>(blockIdx.x) * WARPS + warp;
+  const int per = static_cast<int>(a.n) / nw, extra = static_cast<int>(a.n) % nw;
+  const int64_t rbeg = static_cast<int64_t>(gw) * per + (gw < extra ? gw : extra);
+  const int64_t rend = rbeg + per + (gw < extra ? 1 : 0);
   const int lpr = 32 >> glog, grp = lane >> (5 - glog), sub = lane & (lpr - 1);  // lanes per row, group, lane in it
   const int crows = RW << glog;                                                  // rows per chunk
   const int chunks = static_cast<int>((rend - rbeg + crows - 1) / crows);
+  // whole 16-byte granules up to here can be copied with cp.async (the matrix's last row may end
+  // inside a granule: compute-sanitizer memcheck reports a cp.async with a cut source size as a
+  // 16-byte read past the allocation, so that granule is read byte by byte)
+  const uintptr_t mat_end = reinterpret_cast<uintptr_t>(w + a.n * row_bytes);
 
   // chunk c: rows rbeg + crows·c .. (< rend) into stage c % NS; always one commit group per call
+#if defined(EP_GEMV_SWEEP)
+  const int probe = g_gemv_probe;
+#else
+  constexpr int probe = 0;
+#endif
   auto issue = [&](int c) {
-    if (c < chunks) {
+    if (c < chunks && (probe & 2) == 0) {
       const int64_t r0 = rbeg + static_cast<int64_t>(c) * crows;
       const int64_t nr = rend - r0 < crows ? rend - r0 : crows;
       const uintptr_t src = reinterpret_cast<uintptr_t>(w + r0 * row_bytes);
       const uintptr_t start = src & ~uintptr_t(15), end = src + static_cast<uintptr_t>(nr * row_bytes);
       const int n16 = static_cast<int>((end - start + 15) / 16);
+      const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;  // granules inside the matrix
+      const uint8_t *from = reinterpret_cast<const uint8_t *>(start);
       uint8_t *dst = ring + (c % NS) * stage_bytes;
-      // the granule that reaches past the chunk's end is read byte by byte (copy16_async):
-      // compute-sanitizer memcheck reports a cp.async with a source size below 16 as a 16-byte
-      // read, past the end of the weights' allocation for the last row
-      for (int i = lane; i < n16; i += 32)
-        copy16_async(dst + 16 * i, reinterpret_cast<const uint4 *>(start + 16 * static_cast<uintptr_t>(i)), end);
+      for (int i = lane; i < whole; i += 32) cp_async16(dst + 16 * i, from + 16 * i);
+      if (whole < n16 && lane == 0) copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
     }
     cp_async_commit();
   };
@@ -1507,30 +1547,36 @@ __global__ void __launch_bounds__(kStreamWarps * 32) gemv_stream_kernel(GemvArgs
     for (int rr = 0; rr < RW; ++rr) acc[rr] = 0.0f;
     for (int q = 0; q < spt; ++q) {
       const int ii = sub + lpr * q;
-      if (ii < ipr) {
+      if (ii < ipr && (probe & 1) == 0) {
         uint32_t words[RW][D::kWords];
 #pragma unroll
         for (int rr = 0; rr < RW; ++rr) D::template load<SharedWords>(rp[rr], ii, words[rr]);
         D::template dot<RW>(words, rp, ii, xq, acc);
       }
     }
+    // sum over the lpr lanes of a row group: every lane shuffles (no divergent branch around a
+    // shuffle), the offsets at or past lpr are dropped
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr) {
       float sum = acc[rr];
-      for (int o = lpr >> 1; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, sum, o);
+        if (o < lpr) sum += other;
+      }
       if (sub == 0 && r0 + rr < rend) y[r0 + rr] = sum;
     }
   }
   cp_async_wait<0>();  // nothing left in flight at exit (the trailing groups are empty)
 }
 
-template <int T> struct StreamConfig;  // rows per warp step, stages
+template <int T> struct StreamConfig;  // rows per warp step, stages, warps per block
 // The best mean over the four benchmark shapes among the configurations measured on the H200
-// (2026-11-29 23:30, 8 experts per launch): q2_K 2x2 0.427 of HBM (4 blocks per SM at k <= 4096),
-// q3_K 2x3 0.401, mxfp4 2x3 0.379.
-template <> struct StreamConfig<kQ2_K> { static constexpr int rw = 2, ns = 2; };
-template <> struct StreamConfig<kQ3_K> { static constexpr int rw = 2, ns = 3; };
-template <> struct StreamConfig<kMXFP4> { static constexpr int rw = 2, ns = 3; };
+// (docs/benchmarks.md, "Kernels", session 6: 1, 2 or 4 rows x 2-4 stages x 8, 16 or 32 warps):
+// 4 rows per warp step, 2 stages, 8 warps for all three types.
+template <> struct StreamConfig<kQ2_K> { static constexpr int rw = 4, ns = 2, warps = 8; };
+template <> struct StreamConfig<kQ3_K> { static constexpr int rw = 4, ns = 2, warps = 8; };
+template <> struct StreamConfig<kMXFP4> { static constexpr int rw = 4, ns = 2, warps = 8; };
 
 constexpr int64_t kStreamMaxSmem = 227 * 1024;
 // Row groups per warp (2^glog, at most max_glog) for a row of ipr items: the fewest lane-steps per
@@ -1542,33 +1588,34 @@ constexpr int stream_glog(int64_t ipr, int max_glog) {
   return best;
 }
 // What a launch runs: rows per lane group (the configuration's rows per chunk split over the row
-// groups, so the chunk, the stages and the occupancy stay those of the configuration), stages, row
-// groups and the shared memory.
+// groups, so the chunk, the stages and the occupancy stay those of the configuration), stages,
+// warps per block, row groups and the shared memory.
 struct StreamPlan {
-  int rw, ns, glog;
+  int rw, ns, warps, glog;
   int64_t stage, smem;
 };
 template <int T>
-StreamPlan stream_plan(int64_t k, int rw, int ns) {
+StreamPlan stream_plan(int64_t k, int rw, int ns, int warps) {
   constexpr int64_t rb = DpOf<T>::type::kBytes256, values = DpOf<T>::type::kValues;
   StreamPlan p{};
   rw = rw < 1 ? 1 : rw;
   p.glog = stream_glog(k / values, rw >= 4 ? 2 : rw >= 2 ? 1 : 0);
   p.rw = rw >> p.glog;
   p.ns = ns;
+  p.warps = warps;
   p.stage = stream_stage_bytes(k / 256 * rb, p.rw << p.glog);
-  p.smem = stream_x_bytes(k) + kStreamWarps * ns * p.stage;
+  p.smem = stream_x_bytes(k) + warps * ns * p.stage;
   return p;
 }
 template <int T>
 int64_t stream_smem_bytes(int64_t k) {
-  return stream_plan<T>(k, StreamConfig<T>::rw, StreamConfig<T>::ns).smem;
+  return stream_plan<T>(k, StreamConfig<T>::rw, StreamConfig<T>::ns, StreamConfig<T>::warps).smem;
 }
 
-template <int T, int RW, int NS>
+template <int T, int RW, int NS, int WARPS>
 void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_t stream) {
   using D = typename StreamOf<T>::type;
-  auto *kernel = gemv_stream_kernel<D, RW, NS>;
+  auto *kernel = gemv_stream_kernel<D, RW, NS, WARPS>;
   const int64_t stage = plan.stage, smem = plan.smem;
   // one wave of resident blocks over all matrices, at most one warp per row. The occupancy query
   // and the shared-memory attribute cost microseconds of host time, about as long as the kernel
@@ -1581,10 +1628,9 @@ void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_
   uint64_t hit = cached.load(std::memory_order_relaxed);
   if ((hit & kKeyMask) != key) {
     int sms = 0, per_sm = 0, major = 0;
-    if (smem > 48 * 1024)
-      EP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    allow_max_dynamic_smem<gemv_stream_kernel<D, RW, NS, WARPS>>(device);
     EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kStreamWarps * 32, static_cast<size_t>(smem)));
+    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WARPS * 32, static_cast<size_t>(smem)));
     EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     hit = key | (static_cast<uint64_t>(major >= 9) << 53) | (static_cast<uint64_t>(sms & 0xFFFF) << 8) |
           static_cast<uint64_t>(per_sm < 1 ? 1 : per_sm > 255 ? 255 : per_sm);
@@ -1596,10 +1642,10 @@ void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_
   // doubled the time of such configurations in the 23:30 measurement.
   const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   const int64_t per_mat = slots / args.n_mat > 0 ? slots / args.n_mat : 1;
-  const int64_t most = (args.n + kStreamWarps - 1) / kStreamWarps;
+  const int64_t most = (args.n + WARPS - 1) / WARPS;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(most < per_mat ? most : per_mat), static_cast<unsigned>(args.n_mat));
-  cfg.blockDim = dim3(kStreamWarps * 32);
+  cfg.blockDim = dim3(WARPS * 32);
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
   // programmatic dependent launch on sm_90+ and a created stream (the legacy default stream serializes)
@@ -1612,30 +1658,49 @@ void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_
   EP_CUDA_CHECK_LAUNCH("gemv_stream_kernel");
 }
 
-// EP_GEMV_STREAM_CFG = "RWxNS" (rows per warp step x stages) overrides the per-type default for
-// measurements; a configuration over the shared-memory limit for this k keeps the default.
+// EP_GEMV_STREAM_CFG = "RWxNS" (rows per warp step x stages) or "RWxNSxW" (and W warps per
+// block) overrides the per-type default for measurements; a configuration over the
+// shared-memory limit for this k, or not compiled in, keeps the default.
 template <int T>
 void launch_stream(const GemvArgs &args, cudaStream_t stream) {
   using C = StreamConfig<T>;
-  StreamPlan plan = stream_plan<T>(args.k, C::rw, C::ns);
-  if (const char *env = std::getenv("EP_GEMV_STREAM_CFG"); env != nullptr && std::strlen(env) == 3 && env[1] == 'x') {
-    const StreamPlan want = stream_plan<T>(args.k, env[0] - '0', env[2] - '0');
+  StreamPlan plan = stream_plan<T>(args.k, C::rw, C::ns, C::warps);
+  if (const char *env = std::getenv("EP_GEMV_STREAM_CFG"); env != nullptr && std::strlen(env) >= 3 && env[1] == 'x') {
+    const int warps = env[3] == 'x' ? std::atoi(env + 4) : C::warps;
+    const StreamPlan want = stream_plan<T>(args.k, env[0] - '0', env[2] - '0', warps);
     if (want.smem <= kStreamMaxSmem) plan = want;
   }
+#if defined(EP_GEMV_SWEEP)
+  static const int probe = [] {
+    const char *v = std::getenv("EP_GEMV_PROBE");
+    const int p = v != nullptr ? std::atoi(v) : 0;
+    EP_CUDA_CHECK(cudaMemcpyToSymbol(g_gemv_probe, &p, sizeof p));
+    return p;
+  }();
+  (void)probe;
+#endif
   auto run = [&](const StreamPlan &p) {  // false: no kernel instantiated for p
-#define EP_STREAM_CFG(R, N)                            \
-  if (p.rw == R && p.ns == N) {                        \
-    launch_stream_cfg<T, R, N>(args, p, stream);       \
+#define EP_STREAM_CFG(R, N, W)                         \
+  if (p.rw == R && p.ns == N && p.warps == W) {        \
+    launch_stream_cfg<T, R, N, W>(args, p, stream);    \
     return true;                                       \
   }
-    EP_STREAM_CFG(1, 2) EP_STREAM_CFG(1, 3) EP_STREAM_CFG(1, 4)
-    EP_STREAM_CFG(2, 2) EP_STREAM_CFG(2, 3) EP_STREAM_CFG(2, 4) EP_STREAM_CFG(4, 2)
+#define EP_STREAM_CFGS(W)                                                                       \
+  EP_STREAM_CFG(1, 2, W) EP_STREAM_CFG(1, 3, W) EP_STREAM_CFG(1, 4, W) EP_STREAM_CFG(2, 2, W) \
+  EP_STREAM_CFG(2, 3, W) EP_STREAM_CFG(2, 4, W) EP_STREAM_CFG(4, 2, W) EP_STREAM_CFG(4, 3, W)
+    EP_STREAM_CFGS(C::warps)
+#if defined(EP_GEMV_SWEEP)  // every block size, for ep-bench sweeps (-DEP_GEMV_SWEEP)
+    if constexpr (C::warps != 8) { EP_STREAM_CFGS(8) }
+    if constexpr (C::warps != 16) { EP_STREAM_CFGS(16) }
+    if constexpr (C::warps != 32) { EP_STREAM_CFGS(32) }
+#endif
+#undef EP_STREAM_CFGS
 #undef EP_STREAM_CFG
     return false;
   };
-  // the defaults (rows 2 split over 1, 2 or 4 row groups: 2 or 1 per group) are instantiated
-  static_assert(C::rw == 2 && (C::ns == 2 || C::ns == 3), "instantiate the default configuration");
-  if (!run(plan)) run(stream_plan<T>(args.k, C::rw, C::ns));
+  // the defaults (rows 2 or 4 split over 1, 2 or 4 row groups) are instantiated
+  static_assert((C::rw == 2 || C::rw == 4) && (C::ns == 2 || C::ns == 3), "instantiate the default configuration");
+  if (!run(plan)) run(stream_plan<T>(args.k, C::rw, C::ns, C::warps));
 }
 
 // Which kernel runs a type: the default per type is the fastest measured by `ep-bench kernels`
@@ -1746,6 +1811,9 @@ void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
     throw Error(Status::invalid_argument, "launch_gemv: n_mat " + std::to_string(args.n_mat) + " outside 1..65535");
   if (args.k % 32 != 0 || (reinterpret_cast<uintptr_t>(args.x) & 15) != 0)
     throw Error(Status::invalid_argument, "launch_gemv: k must be a multiple of 32 and x 16-byte aligned");
+  if (args.n < 0 || args.n > INT32_MAX || args.k > INT32_MAX)
+    throw Error(Status::invalid_argument, "launch_gemv: n = " + std::to_string(args.n) + ", k = " + std::to_string(args.k) +
+                                              ": both must be below 2^31");
   if (args.n == 0) return;
   dispatch_type(type, "launch_gemv", [&](auto tag) {
     constexpr int T = decltype(tag)::value;

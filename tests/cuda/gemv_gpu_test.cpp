@@ -7,6 +7,7 @@
 // 5e-5 was measured on the H200), 1e-4 for the exact per-lane kernels on every type. Launches go
 // to a created stream (stream uses programmatic dependent launch there).
 #include "backend/dequant.hpp"
+#include "core/status.hpp"
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
 #include "../backend/random_weights.hpp"
@@ -157,13 +158,35 @@ TEST_CASE("tensor-core and dp4a GEMV match the CPU for mxfp4, q2_K and q3_K", "[
   }
 }
 
+TEST_CASE("launch_gemv rejects shapes it cannot run, before any launch", "[gpu][gemv]") {
+  GemvArgs a;  // no buffers: every check comes before the first CUDA call
+  a.k = 4096;
+  a.n = int64_t{1} << 31;  // rows are counted in 32 bits on the device
+  auto message = [&] {
+    try {
+      ep::cuda::launch_gemv(static_cast<uint32_t>(GgmlType::q2_k), a, nullptr);
+    } catch (const ep::Error &e) {
+      CHECK(e.status() == ep::Status::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message().find("below 2^31") != std::string::npos);
+  a.n = 16;
+  a.n_tok = 9;
+  CHECK(message().find("n_tok 9 outside 1..8") != std::string::npos);
+  a.n_tok = 1;
+  a.k = 100;
+  CHECK(message().find("multiple of 32") != std::string::npos);
+}
+
 TEST_CASE("the stream kernel's measured configurations match the CPU", "[gpu][gemv]") {
   // EP_GEMV_STREAM_CFG = rows per warp step x ring stages (ep-bench measures them); over the
   // shared-memory limit a configuration keeps the default
   std::mt19937 rng(35);
   const char *old = std::getenv("EP_GEMV_STREAM_CFG");
   const std::string keep = old != nullptr ? old : "";
-  for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "4x2"}) {
+  for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "4x2", "4x3"}) {
     setenv("EP_GEMV_STREAM_CFG", cfg, 1);
     for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
       for (Case c : {Case{type, 3584, 45, 2, 1}, Case{type, 768, 67, 3, 1}, Case{type, 4608, 20, 2, 1}}) {
