@@ -340,24 +340,30 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
   cudaStream_t s = impl_->stream;
 
   if (n_tok <= kGemvMaxTokens && np <= 65535) {
-    // Decode: one launch each for gate, up and down over the picked (token, expert) pairs; when
-    // not all pairs are picked, the rows are computed compactly and scattered to their pairs.
+    // Decode: one launch for gate and up together (when they share a type and fit one launch:
+    // each launch has a fixed cost of a few microseconds) and one for down, over the picked
+    // (token, expert) pairs; when not all pairs are picked, the rows are computed compactly and
+    // scattered to their pairs.
     const bool all = np == pairs;
+    const bool fused = l.gate.type == l.up.type && 2 * np <= 65535;
     std::vector<const void *> table(static_cast<size_t>(3 * np));
-    std::vector<int32_t> lists(static_cast<size_t>(all ? np : 2 * np));  // x row of each pick, then its pair
+    // x row of each gate matrix, of each up matrix, then (not all) the pair of each pick
+    std::vector<int32_t> lists(static_cast<size_t>(all ? 2 * np : 3 * np));
     for (int64_t i = 0; i < np; ++i) {
       table[i] = slot[i] + l.gate.offset;
       table[np + i] = slot[i] + l.up.offset;
       table[2 * np + i] = slot[i] + l.down.offset;
-      lists[i] = picked[i] / static_cast<int32_t>(k);
-      if (!all) lists[np + i] = picked[i];
+      lists[i] = lists[np + i] = picked[i] / static_cast<int32_t>(k);
+      if (!all) lists[2 * np + i] = picked[i];
     }
+    // cudaMemcpyAsync from pageable memory has consumed the host buffer when it returns: the
+    // vectors may go out of scope before the copies run
     auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table.size() * sizeof(void *) + lists.size() * 4));
     EP_CUDA_CHECK(cudaMemcpyAsync(dev, table.data(), table.size() * sizeof(void *), cudaMemcpyHostToDevice, s));
     auto *dev_lists = reinterpret_cast<int32_t *>(dev + table.size() * sizeof(void *));
     EP_CUDA_CHECK(cudaMemcpyAsync(dev_lists, lists.data(), lists.size() * 4, cudaMemcpyHostToDevice, s));
-    auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(np * f) * 4));
-    auto *u = static_cast<float *>(workspace(kWsUp, static_cast<uint64_t>(np * f) * 4));
+    auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(2 * np * f) * 4));
+    float *u = g + np * f;  // right after the gate rows: one launch writes both
     float *o = all ? pair_out : static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(np * d) * 4));
     const auto *dev_table = reinterpret_cast<const void *const *>(dev);
     GemvArgs a;
@@ -365,13 +371,15 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
     a.x_rows = dev_lists;
     a.k = d;
     a.n = f;
-    a.n_mat = static_cast<int32_t>(np);
+    a.n_mat = static_cast<int32_t>(fused ? 2 * np : np);
     a.w_ptrs = dev_table;
     a.y = g;
     launch_gemv(type_id(l.gate.type), a, s);
-    a.w_ptrs = dev_table + np;
-    a.y = u;
-    launch_gemv(type_id(l.up.type), a, s);
+    if (!fused) {
+      a.w_ptrs = dev_table + np;
+      a.y = u;
+      launch_gemv(type_id(l.up.type), a, s);
+    }
     launch_glu(g, u, np * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
     GemvArgs b;
     b.w_ptrs = dev_table + 2 * np;
@@ -382,9 +390,8 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
     b.n = d;
     b.n_mat = static_cast<int32_t>(np);
     launch_gemv(type_id(l.down.type), b, s);
-    if (!all) launch_scatter_rows(o, dev_lists + np, d, np, pair_out, s);
-    EP_CUDA_CHECK(cudaStreamSynchronize(s));  // host tables must outlive the copies
-    return;
+    if (!all) launch_scatter_rows(o, dev_lists + 2 * np, d, np, pair_out, s);
+    return;  // the callers synchronize before the slots are released
   }
 
   // Prefill: group the picked pairs by expert; per expert gather its tokens, run the three
@@ -422,7 +429,8 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
     matmul(Tensor::make(base + l.down.offset, l.down.type, Device::cuda, {f, d}), gt, ot);
     launch_scatter_rows(o, dev_lists + at + ne, d, ne, pair_out, s);
   }
-  EP_CUDA_CHECK(cudaStreamSynchronize(s));  // host lists must outlive the copies
+  // no synchronization here: the host lists were consumed by cudaMemcpyAsync (pageable memory)
+  // and the callers synchronize before the slots are released
 }
 
 int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams &p, uint64_t counter) {

@@ -109,6 +109,8 @@ class CudaBackend final : public backend::Backend {
  private:
   /// The rows of moe() / moe_pairs(): for every (token t, pick j) whose expert is in @p only
   /// (all when empty), down(act(gate(x_t), up(x_t))) to pair_out[t·k + j] (device, [D, k·T]).
+  /// Returns with the work queued on the backend's stream: the caller synchronizes before the
+  /// expert slots may be released.
   void compute_pairs(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::ExpertSlots &slots,
                      const backend::ExpertLayout &layout, const backend::Activation &act, std::span<const int32_t> only,
                      float *pair_out);

@@ -3,8 +3,10 @@
 // and GEMV kernel the decode GEMV bandwidth (weight bytes read / time, several experts per
 // launch) as a fraction of the copy bandwidth, and the prefill GEMM rate (dequantize + cuBLAS, in
 // the backend's exact f32 mode by default or its fast bf16 mode with --gemm-mode bf16) as a
-// fraction of the cuBLAS bf16 rate. Weights are cycled through a pool much larger than L2
-// so that HBM is measured.
+// fraction of the cuBLAS bf16 rate. --batch N (or N1,N2,N3,N4, one per shape) sets the experts
+// per GEMV launch: the engine launches gate and up of all picked experts together and down apart,
+// i.e. 12/6/32/16 for DeepSeek-V4-Flash (top-6) and Kimi-K3 (top-16). Weights are cycled through
+// a pool much larger than L2 so that HBM is measured.
 #include "bench_common.hpp"
 
 #include "backend/tensor.hpp"
@@ -37,7 +39,7 @@ struct Options {
   bool gemm = true;          // prefill GEMM and cuBLAS references
   bool batch1 = true;        // also one matrix per launch (--no-batch1: skip, reported as 0)
   ep::cuda::GemmMode gemm_mode = ep::cuda::GemmMode::exact_f32;  // the backend's prefill GEMM path
-  int batch = 8;             // experts per GEMV launch
+  int batch[4] = {8, 8, 8, 8};  // experts per GEMV launch, per shape (--batch N or N1,N2,N3,N4)
   int gemv_tokens = 1;       // tokens per GEMV launch
   int passes = 10;           // timed passes over the weight pool
   uint64_t pool_mib = 1024;  // weight bytes cycled per type and shape
@@ -71,7 +73,19 @@ Options options_from(const Args &args) {
   } else if (mode != "exact") {
     ep::fail(ep::Status::invalid_argument, "ep-bench kernels: --gemm-mode is 'exact' or 'bf16', not '{}'", mode);
   }
-  o.batch = std::max(1, static_cast<int>(args.number("batch", 8)));
+  {  // one number for every shape, or one per shape in the printed order
+    const auto items = split_list(args.get("batch", "8"));
+    if (items.size() != 1 && items.size() != 4)
+      ep::fail(ep::Status::invalid_argument, "--batch: one number or four (one per shape), not '{}'", args.get("batch", ""));
+    for (size_t i = 0; i < 4; ++i) {
+      const std::string &v = items[items.size() == 1 ? 0 : i];
+      char *end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < 1 || n > 65535)
+        ep::fail(ep::Status::invalid_argument, "--batch: '{}' is not a number of experts in 1..65535", v);
+      o.batch[i] = static_cast<int>(n);
+    }
+  }
   o.gemv_tokens = std::clamp(static_cast<int>(args.number("gemv-tokens", 1)), 1, ep::cuda::kGemvMaxTokens);
   o.pool_mib = static_cast<uint64_t>(args.number("pool-mib", 1024));
   o.passes = std::max(1, static_cast<int>(args.number("passes", 10)));
@@ -175,18 +189,19 @@ struct Result {
   Shape shape;
   uint64_t matrix_bytes;
   int pool_matrices;
+  int batch;                     // experts per GEMV launch
   std::vector<GemvResult> gemv;  // one per distinct kernel asked for
   double gemm_tflops, cublas_tflops;
 };
 
-Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const Options &o, double cublas_tflops) {
+Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int batch, const Options &o, double cublas_tflops) {
   const auto info = *ep::format::ggml_type_info(static_cast<uint32_t>(type));
   const uint64_t row_bytes = ep::format::ggml_row_bytes(type, static_cast<uint64_t>(s.k), "bench");
   const uint64_t mat_bytes = row_bytes * static_cast<uint64_t>(s.n);
   const uint64_t mat_stride = (mat_bytes + 4095) / 4096 * 4096;  // experts are 4096-aligned in a pack
   int pool = static_cast<int>((o.pool_mib << 20) / mat_stride);
-  pool = std::max(pool, 2 * o.batch);
-  pool -= pool % o.batch;
+  pool = std::max(pool, 2 * batch);
+  pool -= pool % batch;
   cudaStream_t stream = be.stream();
   DeviceMem weights(mat_stride * static_cast<uint64_t>(pool));
   {  // random bytes with finite f16 scales (timing does not depend on values; keep them sane)
@@ -215,8 +230,8 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
   DeviceMem dptrs(ptrs.size() * sizeof(void *));
   EP_CUDA_CHECK(cudaMemcpy(dptrs.p, ptrs.data(), ptrs.size() * sizeof(void *), cudaMemcpyHostToDevice));
   // x: matrix m of a launch reads rows m .. m + gemv_tokens − 1; y: n per matrix and token
-  const int64_t xt = std::max<int64_t>(o.batch + o.gemv_tokens, o.prefill_tokens);
-  const int64_t yt_rows = std::max<int64_t>(xt, static_cast<int64_t>(o.batch) * o.gemv_tokens);
+  const int64_t xt = std::max<int64_t>(batch + o.gemv_tokens, o.prefill_tokens);
+  const int64_t yt_rows = std::max<int64_t>(xt, static_cast<int64_t>(batch) * o.gemv_tokens);
   DeviceMem x(static_cast<uint64_t>(s.k * xt) * 4), y(static_cast<uint64_t>(s.n * yt_rows) * 4);
   {
     std::vector<float> hx(static_cast<size_t>(s.k * xt));
@@ -225,19 +240,19 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
     for (auto &v : hx) v = d(rng);
     EP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
   }
-  auto gemv_gbps = [&](int batch, ep::cuda::GemvKernel kernel) {
+  auto gemv_gbps = [&](int per_launch, ep::cuda::GemvKernel kernel) {
     ep::cuda::GemvArgs a;
     a.x = static_cast<float *>(x.p);
     a.y = static_cast<float *>(y.p);
     a.k = s.k;
     a.n = s.n;
-    a.n_mat = batch;
+    a.n_mat = per_launch;
     a.n_tok = o.gemv_tokens;
     a.kernel = kernel;
     const auto *table = static_cast<const void *const *>(dptrs.p);
-    const int launches_per_pass = pool / batch;
+    const int launches_per_pass = pool / per_launch;
     for (int i = 0; i < launches_per_pass; ++i) {  // warm-up pass
-      a.w_ptrs = table + i * batch;
+      a.w_ptrs = table + i * per_launch;
       ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
     }
     Events ev;
@@ -245,25 +260,25 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
     EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
     for (int p = 0; p < passes; ++p)
       for (int i = 0; i < launches_per_pass; ++i) {
-        a.w_ptrs = table + i * batch;
+        a.w_ptrs = table + i * per_launch;
         ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
       }
     EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
-    const double bytes = static_cast<double>(mat_bytes) * batch * launches_per_pass * passes;
+    const double bytes = static_cast<double>(mat_bytes) * per_launch * launches_per_pass * passes;
     return bytes / (ev.ms() * 1e6);
   };
-  Result r{std::string(info.name), s, mat_bytes, pool, {}, 0, cublas_tflops};
+  Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, 0, cublas_tflops};
   for (ep::cuda::GemvKernel want : o.kernels) {
-    auto resolved = [&](int batch) {  // the kernel launch_gemv runs for this batch
+    auto resolved = [&](int mats) {  // the kernel launch_gemv runs for this many matrices per launch
       ep::cuda::GemvArgs probe;
       probe.k = s.k;
       probe.n = s.n;
-      probe.n_mat = batch;
+      probe.n_mat = mats;
       probe.n_tok = o.gemv_tokens;
       probe.kernel = want;
       return std::string(ep::cuda::gemv_kernel_name(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(type), probe)));
     };
-    std::string name = resolved(o.batch);
+    std::string name = resolved(batch);
     if (want == ep::cuda::GemvKernel::automatic) {  // "auto:<kernel at --batch>[/<kernel at batch 1>]"
       const std::string one = resolved(1);
       std::string label = "auto:";
@@ -276,7 +291,7 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, const
     } else if (std::any_of(r.gemv.begin(), r.gemv.end(), [&](const GemvResult &g) { return g.kernel == name; })) {
       continue;  // an mma kernel asked for a type it does not run falls back to one measured already
     }
-    r.gemv.push_back({name, gemv_gbps(o.batch, want), o.batch1 ? gemv_gbps(1, want) : 0.0});
+    r.gemv.push_back({name, gemv_gbps(batch, want), o.batch1 ? gemv_gbps(1, want) : 0.0});
   }
   if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to f32 or bf16 + cuBLAS)
     const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});
@@ -317,7 +332,7 @@ int run(const Options &o) {
   }
   std::vector<Result> results;
   for (GgmlType t : o.types)
-    for (int i = 0; i < 4; ++i) results.push_back(bench_one(be, t, shapes[i], o, cublas[i]));
+    for (int i = 0; i < 4; ++i) results.push_back(bench_one(be, t, shapes[i], o.batch[i], o, cublas[i]));
   cublasDestroy(h);
   const double hbm_after = hbm_copy_gbps(stream);  // the copy reference again, after the kernels
 
@@ -326,7 +341,6 @@ int run(const Options &o) {
     j["device"] = device;
     j["hbm_copy_gbps"] = hbm;
     j["hbm_copy_gbps_after"] = hbm_after;
-    j["gemv_batch"] = o.batch;
     j["gemv_tokens"] = o.gemv_tokens;
     j["prefill_tokens"] = o.prefill_tokens;
     j["cublas_bf16_tflops_8192"] = cublas_big;
@@ -338,6 +352,7 @@ int run(const Options &o) {
                             {"kernel", g.kernel},
                             {"matrix_bytes", r.matrix_bytes},
                             {"pool_matrices", r.pool_matrices},
+                            {"gemv_batch", r.batch},
                             {"gemv_gbps", g.gbps},
                             {"gemv_fraction_of_hbm", g.gbps / hbm},
                             {"gemv_batch1_gbps", g.batch1_gbps},
@@ -362,18 +377,18 @@ int run(const Options &o) {
       fmt::print("cuBLAS bf16 GEMM {}x{} x {} tokens ({}): {:.1f} TFLOP/s\n", shapes[i].k, shapes[i].n, o.prefill_tokens,
                  shapes[i].what, cublas[i]);
   }
-  fmt::print("\ndecode GEMV: {} experts per launch (and 1), {} token(s); prefill GEMM: {} tokens, {}\n", o.batch,
-             o.gemv_tokens, o.prefill_tokens,
+  fmt::print("\ndecode GEMV: {} experts per launch by shape (and 1), {} token(s); prefill GEMM: {} tokens, {}\n",
+             fmt::format("{}/{}/{}/{}", o.batch[0], o.batch[1], o.batch[2], o.batch[3]), o.gemv_tokens, o.prefill_tokens,
              o.gemm_mode == ep::cuda::GemmMode::exact_f32 ? "dequantize to f32 + cuBLAS SGEMM (exact, the default)"
                                                           : "dequantize to bf16 + cuBLAS bf16 GEMM (fast)");
-  fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8}\n", "type", "K x N", "MiB/mat", "kernel",
-             "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS");
+  fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5}\n", "type", "K x N", "MiB/mat", "kernel",
+             "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS", "mats");
   for (const auto &r : results)
     for (const auto &g : r.gemv)
-      fmt::print("{:<8} {:>11} {:>9.2f} {:<18} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f}\n", r.type,
+      fmt::print("{:<8} {:>11} {:>9.2f} {:<18} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f} {:>5}\n", r.type,
                  fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), g.kernel,
                  g.gbps, g.gbps / hbm, g.batch1_gbps, g.batch1_gbps / hbm, r.gemm_tflops,
-                 o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0);
+                 o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0, r.batch);
   return 0;
 }
 
