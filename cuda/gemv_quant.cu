@@ -1464,8 +1464,10 @@ template <> struct StreamOf<kQ3_K> { using type = SQ3K; };
 
 #if defined(EP_GEMV_SWEEP)
 // Measurement probe (sweep builds only, EP_GEMV_PROBE): bit 0 skips the dot products, bit 1 the
-// weight copies, so that ep-bench can time the kernel's parts.
+// weight copies (results are then wrong), bit 2 launches without programmatic dependent launch,
+// so that ep-bench can time the kernel's parts.
 __device__ int g_gemv_probe = 0;
+int g_gemv_probe_host = 0;
 #endif
 // A warp works on G = 2^glog rows groups at once: lane group l / (32 / G) takes RW rows of a
 // chunk of G·RW rows and its 32 / G lanes split their items (G > 1 when a row has fewer items
@@ -1654,6 +1656,9 @@ void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = stream != nullptr && (hit >> 53 & 1) != 0 ? 1 : 0;
+#if defined(EP_GEMV_SWEEP)
+  if ((g_gemv_probe_host & 4) != 0) cfg.numAttrs = 0;
+#endif
   EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args, static_cast<int>(stage), plan.glog));
   EP_CUDA_CHECK_LAUNCH("gemv_stream_kernel");
 }
@@ -1675,6 +1680,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
     const char *v = std::getenv("EP_GEMV_PROBE");
     const int p = v != nullptr ? std::atoi(v) : 0;
     EP_CUDA_CHECK(cudaMemcpyToSymbol(g_gemv_probe, &p, sizeof p));
+    g_gemv_probe_host = p;
     return p;
   }();
   (void)probe;
