@@ -367,16 +367,20 @@ void check_set_visible(const Tensor &indices, const Tensor &values, int64_t offs
          indices.n_rows(), offset, mask.ne[0], mask.n_rows());
 }
 
-std::vector<const uint8_t *> resolve_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots) {
-  std::vector<const uint8_t *> out(static_cast<size_t>(n));
+void check_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots) {
   for (int64_t i = 0; i < n; ++i) {
     const int32_t e = ids[i];
     if (e < 0 || e >= slots.n_experts)
       fail(Status::corrupt, "moe: expert id {} at position {} is outside 0..{}", e, i, slots.n_experts - 1);
     if (slots.slot[e] == nullptr)
       fail(Status::not_found, "moe: expert {} (position {}) has no resident slot", e, i);
-    out[static_cast<size_t>(i)] = static_cast<const uint8_t *>(slots.slot[e]);
   }
+}
+
+std::vector<const uint8_t *> resolve_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots) {
+  check_expert_slots(ids, n, slots);
+  std::vector<const uint8_t *> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<const uint8_t *>(slots.slot[ids[i]]);
   return out;
 }
 

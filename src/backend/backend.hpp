@@ -318,15 +318,18 @@ void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
 void check_moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertLayout &layout, const Tensor &pairs, Device device);
 /// moe_combine(): pairs f32 [D, k·T], weights f32 [k, T], y f32 [D, T].
 void check_moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y, Device device);
-/// Validates host ids against the slot table; returns the slot addresses per (token, j).
+/// Validates host ids against the slot table: every id inside it and resident (Status::corrupt
+/// for an id outside it, Status::not_found for an expert without a slot, naming the position).
+void check_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots);
+/// check_expert_slots(), then the slot address of every id.
 std::vector<const uint8_t *> resolve_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots);
 /// The (token, pick) pairs a moe() / moe_pairs() call computes, in pair order.
 struct PickedPairs {
   std::vector<int32_t> pairs;    ///< pair index t·k + j
-  std::vector<int32_t> experts;  ///< its expert id (not yet validated: see resolve_expert_slots)
+  std::vector<int32_t> experts;  ///< its expert id (not yet validated: see check_expert_slots)
 };
 /// The pairs of host ids[0, n) whose expert is in @p only, or all of them when @p only is empty.
-/// Ids outside the table are kept so that resolve_expert_slots() reports them; an expert of
+/// Ids outside the table are kept so that check_expert_slots() reports them; an expert of
 /// @p only outside 0..n_experts−1 fails with Status::invalid_argument.
 PickedPairs pick_pairs(const int32_t *ids, int64_t n, int32_t n_experts, std::span<const int32_t> only);
 

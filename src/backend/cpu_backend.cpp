@@ -425,7 +425,7 @@ void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const 
   // nor which experts a call covers (moe_pairs) changes a bit.
   const PickedPairs pp = pick_pairs(ids, pairs, slots.n_experts, only);
   const std::vector<int32_t> &picked = pp.pairs, &picked_ids = pp.experts;
-  (void)resolve_expert_slots(picked_ids.data(), static_cast<int64_t>(picked_ids.size()), slots);  // ids and slots valid
+  check_expert_slots(picked_ids.data(), static_cast<int64_t>(picked_ids.size()), slots);
   auto base_of = [&](const std::vector<int32_t> &g) { return static_cast<const uint8_t *>(slots.slot[ids[g.front()]]); };
   std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
   for (int32_t p : picked) by_expert[static_cast<size_t>(ids[p])].push_back(p);

@@ -53,6 +53,16 @@ struct Dev {
   }
 };
 
+// A created stream (blocking: ordered after the legacy-stream memsets and copies), destroyed on
+// every exit. The stream kernel uses programmatic dependent launch on a created stream only.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { EP_CUDA_CHECK(cudaStreamCreate(&s)); }
+  ~Stream() { cudaStreamDestroy(s); }
+  Stream(const Stream &) = delete;
+  Stream &operator=(const Stream &) = delete;
+};
+
 struct Case {
   GgmlType type;
   int64_t k, n;
@@ -96,16 +106,9 @@ double run_case(const Case &c, GemvKernel kernel, std::mt19937 &rng) {
   a.n_tok = c.n_tok;
   a.n_mat = c.n_mat;
   a.kernel = kernel;
-  // a created stream: the stream kernel uses programmatic dependent launch there (not on the
-  // legacy default stream)
-  struct Stream {
-    cudaStream_t s = nullptr;
-    Stream() { EP_CUDA_CHECK(cudaStreamCreate(&s)); }  // blocking: ordered after the memsets and copies
-    ~Stream() { cudaStreamDestroy(s); }
-  } stream;
+  Stream stream;
   ep::cuda::launch_gemv(static_cast<uint32_t>(c.type), a, stream.s);
   EP_CUDA_CHECK(cudaStreamSynchronize(stream.s));
-  EP_CUDA_CHECK(cudaDeviceSynchronize());
   const auto got = dy.get<float>();
 
   double worst = 0;
@@ -213,8 +216,8 @@ TEST_CASE("a stream launch sees the previous launch's output (programmatic depen
     const auto w2 = ep::test::random_weights(type, 1024, 300, rng);
     const auto x = ep::test::random_floats(512, rng);
     Dev dw1(w1), dw2(w2), dx(x), dy1(1024 * 4), dy2(300 * 4);
-    cudaStream_t s = nullptr;
-    EP_CUDA_CHECK(cudaStreamCreate(&s));
+    Stream stream;
+    const cudaStream_t s = stream.s;
     for (int rep = 0; rep < 3; ++rep) {
       EP_CUDA_CHECK(cudaMemsetAsync(dy1.p, 0xFF, dy1.bytes, s));
       EP_CUDA_CHECK(cudaMemsetAsync(dy2.p, 0xFF, dy2.bytes, s));
@@ -251,7 +254,6 @@ TEST_CASE("a stream launch sees the previous launch's output (programmatic depen
       CHECK(finite);
       CHECK(num / den <= 2e-4);
     }
-    EP_CUDA_CHECK(cudaStreamDestroy(s));
   }
 }
 

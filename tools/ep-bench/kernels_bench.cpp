@@ -6,8 +6,11 @@
 // fraction of the cuBLAS bf16 rate. --batch N (or N1,N2,N3,N4, one per shape) sets the experts
 // per GEMV launch: the engine launches gate and up of all picked experts together and down apart,
 // i.e. 12/6/32/16 for DeepSeek-V4-Flash (top-6) and Kimi-K3 (top-16). Weights are cycled through
-// a pool much larger than L2 so that HBM is measured.
+// a pool much larger than L2 so that HBM is measured. The "read" column is a kernel that only
+// reads the same matrices with the same launch pattern (read_ceiling.cu), as a fraction of the
+// copy bandwidth: what a launch of that shape could reach.
 #include "bench_common.hpp"
+#include "read_ceiling.hpp"
 
 #include "backend/tensor.hpp"
 #include "core/error.hpp"
@@ -191,6 +194,7 @@ struct Result {
   int pool_matrices;
   int batch;                     // experts per GEMV launch
   std::vector<GemvResult> gemv;  // one per distinct kernel asked for
+  double read_gbps;              // a kernel that only reads the same matrices, launched the same way
   double gemm_tflops, cublas_tflops;
 };
 
@@ -267,7 +271,7 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
     const double bytes = static_cast<double>(mat_bytes) * per_launch * launches_per_pass * passes;
     return bytes / (ev.ms() * 1e6);
   };
-  Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, 0, cublas_tflops};
+  Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, 0, 0, cublas_tflops};
   for (ep::cuda::GemvKernel want : o.kernels) {
     auto resolved = [&](int mats) {  // the kernel launch_gemv runs for this many matrices per launch
       ep::cuda::GemvArgs probe;
@@ -293,6 +297,7 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
     }
     r.gemv.push_back({name, gemv_gbps(batch, want), o.batch1 ? gemv_gbps(1, want) : 0.0});
   }
+  r.read_gbps = read_ceiling_gbps(static_cast<const void *const *>(dptrs.p), pool, batch, mat_bytes, o.passes, stream);
   if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to f32 or bf16 + cuBLAS)
     const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});
     const Tensor yt = Tensor::make(y.p, GgmlType::f32, Device::cuda, {s.n, o.prefill_tokens});
@@ -353,6 +358,8 @@ int run(const Options &o) {
                             {"matrix_bytes", r.matrix_bytes},
                             {"pool_matrices", r.pool_matrices},
                             {"gemv_batch", r.batch},
+                            {"read_ceiling_gbps", r.read_gbps},
+                            {"read_ceiling_fraction_of_hbm", r.read_gbps / hbm},
                             {"gemv_gbps", g.gbps},
                             {"gemv_fraction_of_hbm", g.gbps / hbm},
                             {"gemv_batch1_gbps", g.batch1_gbps},
@@ -381,14 +388,14 @@ int run(const Options &o) {
              fmt::format("{}/{}/{}/{}", o.batch[0], o.batch[1], o.batch[2], o.batch[3]), o.gemv_tokens, o.prefill_tokens,
              o.gemm_mode == ep::cuda::GemmMode::exact_f32 ? "dequantize to f32 + cuBLAS SGEMM (exact, the default)"
                                                           : "dequantize to bf16 + cuBLAS bf16 GEMM (fast)");
-  fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5}\n", "type", "K x N", "MiB/mat", "kernel",
-             "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS", "mats");
+  fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5} {:>6}\n", "type", "K x N", "MiB/mat", "kernel",
+             "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS", "mats", "read");
   for (const auto &r : results)
     for (const auto &g : r.gemv)
-      fmt::print("{:<8} {:>11} {:>9.2f} {:<18} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f} {:>5}\n", r.type,
+      fmt::print("{:<8} {:>11} {:>9.2f} {:<18} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f} {:>5} {:>6.3f}\n", r.type,
                  fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), g.kernel,
                  g.gbps, g.gbps / hbm, g.batch1_gbps, g.batch1_gbps / hbm, r.gemm_tflops,
-                 o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0, r.batch);
+                 o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0, r.batch, r.read_gbps / hbm);
   return 0;
 }
 
