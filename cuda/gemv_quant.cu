@@ -1710,8 +1710,9 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
 }
 
 // Which kernel runs a type: the default per type is the fastest measured by `ep-bench kernels`
-// on an H200 (docs/benchmarks.md): for one token dp4a (mxfp4, q2_K, q3_K with k a multiple of 256
-// and at least kDp4aMinRows rows per matrix); for 2..8 tokens mma (same types and k); else
+// on an H200 (docs/benchmarks.md): for one token stream (mxfp4, q2_K, q3_K with k a multiple of
+// 256 and at least kDp4aMinRows rows per matrix; dp4a where stream's shared memory would not fit);
+// for 2..8 tokens mma (same types and k); else
 // generic for mxfp4, q4_K and q5_K, pipe for the rest. GemvArgs::kernel, else EP_GEMV_KERNEL
 // (a gemv_kernel_name()), overrides; a kernel asked for a type or shape it does not cover falls
 // back to what automatic picks there.
