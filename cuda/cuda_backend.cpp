@@ -45,6 +45,11 @@ struct CudaBackend::Impl {
   std::vector<void *> ws = std::vector<void *>(kWsCount, nullptr);
   std::vector<uint64_t> ws_bytes = std::vector<uint64_t>(kWsCount, 0);
   GemmMode gemm_mode = GemmMode::exact_f32;
+  // compute_pairs' host tables: they must outlive its asynchronous copies (cudaMemcpyAsync from
+  // pageable memory is not guaranteed to have read them when it returns), so they live here until
+  // the next call, which comes after the caller's synchronization
+  std::vector<const void *> pair_table;
+  std::vector<int32_t> pair_lists;
 };
 
 CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
@@ -346,9 +351,11 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
     // scattered to their pairs.
     const bool all = np == pairs;
     const bool fused = l.gate.type == l.up.type && 2 * np <= 65535;
-    std::vector<const void *> table(static_cast<size_t>(3 * np));
+    std::vector<const void *> &table = impl_->pair_table;
+    table.assign(static_cast<size_t>(3 * np), nullptr);
     // x row of each gate matrix, of each up matrix, then (not all) the pair of each pick
-    std::vector<int32_t> lists(static_cast<size_t>(all ? 2 * np : 3 * np));
+    std::vector<int32_t> &lists = impl_->pair_lists;
+    lists.assign(static_cast<size_t>(all ? 2 * np : 3 * np), 0);
     for (int64_t i = 0; i < np; ++i) {
       table[i] = slot[i] + l.gate.offset;
       table[np + i] = slot[i] + l.up.offset;
@@ -356,8 +363,6 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
       lists[i] = lists[np + i] = picked[i] / static_cast<int32_t>(k);
       if (!all) lists[2 * np + i] = picked[i];
     }
-    // cudaMemcpyAsync from pageable memory has consumed the host buffer when it returns: the
-    // vectors may go out of scope before the copies run
     auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table.size() * sizeof(void *) + lists.size() * 4));
     EP_CUDA_CHECK(cudaMemcpyAsync(dev, table.data(), table.size() * sizeof(void *), cudaMemcpyHostToDevice, s));
     auto *dev_lists = reinterpret_cast<int32_t *>(dev + table.size() * sizeof(void *));
@@ -398,7 +403,8 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
   // products (GEMV or dequantize + cuBLAS by batch size) and scatter its rows to their pairs.
   std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
   for (int32_t p : picked) by_expert[static_cast<size_t>(ids[static_cast<size_t>(p)])].push_back(p);
-  std::vector<int32_t> lists;  // per expert: tokens then pair indices
+  std::vector<int32_t> &lists = impl_->pair_lists;  // per expert: tokens then pair indices
+  lists.clear();
   std::vector<std::pair<int32_t, size_t>> order;
   for (int32_t e = 0; e < slots.n_experts; ++e) {
     const auto &v = by_expert[static_cast<size_t>(e)];
@@ -429,8 +435,8 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
     matmul(Tensor::make(base + l.down.offset, l.down.type, Device::cuda, {f, d}), gt, ot);
     launch_scatter_rows(o, dev_lists + at + ne, d, ne, pair_out, s);
   }
-  // no synchronization here: the host lists were consumed by cudaMemcpyAsync (pageable memory)
-  // and the callers synchronize before the slots are released
+  // no synchronization here: the host lists live in impl_ until the next call, and the callers
+  // synchronize before the slots are released
 }
 
 int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams &p, uint64_t counter) {
