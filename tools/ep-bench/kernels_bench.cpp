@@ -7,8 +7,8 @@
 // per GEMV launch: the engine launches gate and up of all picked experts together and down apart,
 // i.e. 12/6/32/16 for DeepSeek-V4-Flash (top-6) and Kimi-K3 (top-16). Weights are cycled through
 // a pool much larger than L2 so that HBM is measured. The "read" column is a kernel that only
-// reads the same matrices with the same launch pattern (read_ceiling.cu), as a fraction of the
-// copy bandwidth: what a launch of that shape could reach.
+// reads the same matrices with the same launch pattern (read_ceiling.cu, timed by the same loop),
+// as a fraction of the copy bandwidth: what a launch of that shape could reach.
 #include "bench_common.hpp"
 #include "read_ceiling.hpp"
 
@@ -244,6 +244,20 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
     for (auto &v : hx) v = d(rng);
     EP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
   }
+  // GB/s of launch(table + i·per_launch) over the whole pool: one warm-up pass, then o.passes
+  // timed passes, bytes_per_matrix read per matrix
+  const auto *table = static_cast<const void *const *>(dptrs.p);
+  auto pass_gbps = [&](int per_launch, uint64_t bytes_per_matrix, const auto &launch) {
+    const int launches_per_pass = pool / per_launch;
+    for (int i = 0; i < launches_per_pass; ++i) launch(table + i * per_launch);  // warm-up pass
+    Events ev;
+    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+    for (int p = 0; p < o.passes; ++p)
+      for (int i = 0; i < launches_per_pass; ++i) launch(table + i * per_launch);
+    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+    const double bytes = static_cast<double>(bytes_per_matrix) * per_launch * launches_per_pass * o.passes;
+    return bytes / (ev.ms() * 1e6);
+  };
   auto gemv_gbps = [&](int per_launch, ep::cuda::GemvKernel kernel) {
     ep::cuda::GemvArgs a;
     a.x = static_cast<float *>(x.p);
@@ -253,23 +267,10 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
     a.n_mat = per_launch;
     a.n_tok = o.gemv_tokens;
     a.kernel = kernel;
-    const auto *table = static_cast<const void *const *>(dptrs.p);
-    const int launches_per_pass = pool / per_launch;
-    for (int i = 0; i < launches_per_pass; ++i) {  // warm-up pass
-      a.w_ptrs = table + i * per_launch;
+    return pass_gbps(per_launch, mat_bytes, [&](const void *const *mats) {
+      a.w_ptrs = mats;
       ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
-    }
-    Events ev;
-    const int passes = o.passes;
-    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
-    for (int p = 0; p < passes; ++p)
-      for (int i = 0; i < launches_per_pass; ++i) {
-        a.w_ptrs = table + i * per_launch;
-        ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
-      }
-    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
-    const double bytes = static_cast<double>(mat_bytes) * per_launch * launches_per_pass * passes;
-    return bytes / (ev.ms() * 1e6);
+    });
   };
   Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, 0, 0, cublas_tflops};
   for (ep::cuda::GemvKernel want : o.kernels) {
@@ -297,7 +298,10 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
     }
     r.gemv.push_back({name, gemv_gbps(batch, want), o.batch1 ? gemv_gbps(1, want) : 0.0});
   }
-  r.read_gbps = read_ceiling_gbps(static_cast<const void *const *>(dptrs.p), pool, batch, mat_bytes, o.passes, stream);
+  {
+    const ReadProbe read(batch, mat_bytes);
+    r.read_gbps = pass_gbps(batch, read.bytes_per_matrix(), [&](const void *const *mats) { read.launch(mats, stream); });
+  }
   if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to f32 or bf16 + cuBLAS)
     const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});
     const Tensor yt = Tensor::make(y.p, GgmlType::f32, Device::cuda, {s.n, o.prefill_tokens});

@@ -37,42 +37,31 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const uint4 *const *mats
 
 }  // namespace
 
-double read_ceiling_gbps(const void *const *table, int pool, int batch, uint64_t bytes, int passes, cudaStream_t stream) {
+ReadProbe::ReadProbe(int batch, uint64_t bytes) : batch_(batch), granules_(static_cast<int64_t>(bytes / 16)) {
   int device = 0, sms = 0, per_sm = 0, major = 0;
   EP_CUDA_CHECK(cudaGetDevice(&device));
   EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_kernel, kThreads, 0));
-  const int per_mat = sms * (per_sm > 0 ? per_sm : 1) / batch > 0 ? sms * (per_sm > 0 ? per_sm : 1) / batch : 1;
-  unsigned *sink = nullptr;
-  EP_CUDA_CHECK(cudaMalloc(&sink, static_cast<size_t>(per_mat) * sizeof(unsigned)));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  EP_CUDA_CHECK(cudaEventCreate(&start));
-  EP_CUDA_CHECK(cudaEventCreate(&stop));
+  const int slots = sms * (per_sm > 0 ? per_sm : 1);
+  blocks_per_matrix_ = slots / batch > 0 ? slots / batch : 1;
+  dependent_launch_ = major >= 9;
+  EP_CUDA_CHECK(cudaMalloc(&sink_, static_cast<size_t>(blocks_per_matrix_) * sizeof(unsigned)));
+}
+
+ReadProbe::~ReadProbe() { cudaFree(sink_); }
+
+void ReadProbe::launch(const void *const *mats, cudaStream_t stream) const {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(per_mat), static_cast<unsigned>(batch));
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks_per_matrix_), static_cast<unsigned>(batch_));
   cfg.blockDim = dim3(kThreads);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = major >= 9 ? 1 : 0;
-  const auto *mats = reinterpret_cast<const uint4 *const *>(table);
-  const int64_t n16 = static_cast<int64_t>(bytes / 16);
-  const int launches = pool / batch;
-  float ms = 0;
-  for (int pass = 0; pass <= passes; ++pass) {  // pass 0 warms up
-    if (pass == 1) EP_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < launches; ++i) EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, read_kernel, mats + i * batch, n16, sink));
-  }
-  EP_CUDA_CHECK(cudaEventRecord(stop, stream));
-  EP_CUDA_CHECK(cudaEventSynchronize(stop));
-  EP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaFree(sink);
-  return static_cast<double>(n16) * 16.0 * batch * launches * passes / (static_cast<double>(ms) * 1e6);
+  cfg.numAttrs = dependent_launch_ ? 1 : 0;
+  EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, read_kernel, reinterpret_cast<const uint4 *const *>(mats), granules_, sink_));
 }
 
 }  // namespace ep::bench
