@@ -67,33 +67,49 @@ EP_IMMA_HD uint32_t load_u32(const uint8_t *p) {
 /// Whether the lane's non-zero B register is b1 (columns 4..7: slots 2, 3, k 16..31).
 EP_IMMA_HD bool frag_is_b1(int lane) { return (lane >> 2) >= 4; }
 
-/// max |x| of group (slot c, field j) of one block (xb: its 256 values); a slot's x scale comes
-/// from the largest of its four groups.
-EP_IMMA_HD float group_absmax(const float *xb, int c, int j) {
+/// The 16 values of group (slot c, field j) of one block (xb: its 256 values): 64 bytes at a
+/// 64-byte offset (16-byte loads on the device, where x is 16-byte aligned).
+EP_IMMA_HD void load_group(const float *xb, int c, int j, float (&v)[16]) {
   const float *g = xb + 128 * (c >> 1) + 32 * j + 16 * (c & 1);
+#if defined(__CUDA_ARCH__)
+  EP_IMMA_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const float4 q = __ldg(reinterpret_cast<const float4 *>(g) + i);
+    v[4 * i] = q.x;
+    v[4 * i + 1] = q.y;
+    v[4 * i + 2] = q.z;
+    v[4 * i + 3] = q.w;
+  }
+#else
+  for (int l = 0; l < 16; ++l) v[l] = g[l];
+#endif
+}
+
+/// max |x| of a group; a slot's x scale comes from the largest of its four groups.
+EP_IMMA_HD float group_absmax(const float (&v)[16]) {
   float mx = 0.0f;
   EP_IMMA_UNROLL
-  for (int l = 0; l < 16; ++l) mx = fmaxf(mx, fabsf(g[l]));
+  for (int l = 0; l < 16; ++l) mx = fmaxf(mx, fabsf(v[l]));
   return mx;
 }
 
-/// Quantizes group (slot c, field j) of one block with its slot's max |x| (slot_max): the group's
-/// sum, its B fragment words in the two mmas of set j (the 8 lanes whose columns are the slot's,
-/// 2c and 2c + 1; zero where the lane's k range is another slot's), and for j = 0 the slot's scale.
-/// The rounding of quantize_x (cuda/gemv_quant.cu): hi = rint(x·127/max), lo = rint((x − hi·s)·254/s).
-EP_IMMA_HD void quantize_group(const float *xb, int c, int j, float slot_max, XBlock &xq) {
-  const float *g = xb + 128 * (c >> 1) + 32 * j + 16 * (c & 1);
+/// Quantizes group (slot c, field j) of one block, its values v, with its slot's max |x|
+/// (slot_max): the group's sum, its B fragment words in the two mmas of set j (the 8 lanes whose
+/// columns are the slot's, 2c and 2c + 1; zero where the lane's k range is another slot's), and
+/// for j = 0 the slot's scale. The rounding of quantize_x (cuda/gemv_quant.cu):
+/// hi = rint(x·127/max), lo = rint((x − hi·s)·254/s).
+EP_IMMA_HD void quantize_group(const float (&v)[16], int c, int j, float slot_max, XBlock &xq) {
   const float scale = slot_max * (1.0f / 127.0f);
   const float inv = slot_max > 0.0f ? 127.0f / slot_max : 0.0f;
   int8_t hi[16], lo[16];
   float sum = 0.0f;
   EP_IMMA_UNROLL
   for (int l = 0; l < 16; ++l) {
-    const float hq = fminf(fmaxf(rintf(g[l] * inv), -127.0f), 127.0f);
-    const float lq = fminf(fmaxf(rintf((g[l] - hq * scale) * inv * 254.0f), -127.0f), 127.0f);
+    const float hq = fminf(fmaxf(rintf(v[l] * inv), -127.0f), 127.0f);
+    const float lq = fminf(fmaxf(rintf((v[l] - hq * scale) * inv * 254.0f), -127.0f), 127.0f);
     hi[l] = static_cast<int8_t>(hq);
     lo[l] = static_cast<int8_t>(lq);
-    sum += g[l];
+    sum += v[l];
   }
   xq.sum[c][j] = sum;
   if (j == 0) xq.scale[c] = scale * (1.0f / 254.0f);
@@ -139,6 +155,9 @@ EP_IMMA_HD uint32_t slot_scales(const uint8_t *block, int lane) {
   const int t = lane & 3;
   const uint32_t w0 = load_u32(block + 8 * (t >> 1)), w1 = load_u32(block + 8 * (t >> 1) + 4);
   // bytes s, s + 2, s + 4, s + 6 of the 8 bytes w0:w1
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(w0, w1, (t & 1) ? 0x7531u : 0x6420u);
+#endif
   uint32_t out = 0;
   EP_IMMA_UNROLL
   for (int j = 0; j < 4; ++j) {

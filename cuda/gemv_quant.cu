@@ -1785,11 +1785,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
     const int item = base + static_cast<int>(threadIdx.x), valid = item < nb * 16;
     const int it = valid ? item : nb * 16 - 1;
     const int b = it >> 4, c = (it >> 2) & 3, j = it & 3;
-    const float *xb = x + static_cast<int64_t>(b) * 256;
-    float mx = imma::group_absmax(xb, c, j);
+    float v[16];
+    imma::load_group(x + static_cast<int64_t>(b) * 256, c, j, v);
+    float mx = imma::group_absmax(v);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    if (valid) imma::quantize_group(xb, c, j, mx, xq[b]);
+    if (valid) imma::quantize_group(v, c, j, mx, xq[b]);
   }
   __syncthreads();
 

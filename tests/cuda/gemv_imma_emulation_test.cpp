@@ -54,9 +54,13 @@ std::vector<float> imma_gemv(const std::vector<uint8_t> &w, const std::vector<fl
   for (int64_t b = 0; b < nb; ++b)
     for (int c = 0; c < 4; ++c) {
       const float *xb = x.data() + b * imma::kBlockValues;
+      float v[4][16];
       float mx = 0.0f;
-      for (int j = 0; j < 4; ++j) mx = std::max(mx, imma::group_absmax(xb, c, j));
-      for (int j = 0; j < 4; ++j) imma::quantize_group(xb, c, j, mx, xq[static_cast<size_t>(b)]);
+      for (int j = 0; j < 4; ++j) {
+        imma::load_group(xb, c, j, v[j]);
+        mx = std::max(mx, imma::group_absmax(v[j]));
+      }
+      for (int j = 0; j < 4; ++j) imma::quantize_group(v[j], c, j, mx, xq[static_cast<size_t>(b)]);
     }
   std::vector<float> y(static_cast<size_t>(n));
   for (int64_t r0 = 0; r0 < n; r0 += 16) {
