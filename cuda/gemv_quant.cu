@@ -20,6 +20,7 @@
 // Numbers: docs/benchmarks.md, "Kernels".
 #include "cuda/check.hpp"
 #include "cuda/dispatch.cuh"
+#include "cuda/gemv_imma.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/reduce.cuh"
 
@@ -1709,6 +1710,175 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
   if (!run(plan)) run(stream_plan<T>(args.k, C::rw, C::ns, C::warps));
 }
 
+// ---- the int8 tensor-core decode kernel (q2_K; one token; k a multiple of 256) ---------
+// The arithmetic is cuda/gemv_imma.cuh's (checked on a CPU with an emulated warp). Each warp owns
+// 16-row tiles of one matrix (tiles tile_i = blockIdx.x·WARPS + warp + i·gridDim.x·WARPS) and
+// streams each tile's rows through its own ring of NS stages, SB blocks of k (SB·84 bytes of each
+// of the 16 rows) at a time, with 16-byte cp.async; two lanes copy a row. The block quantizes x
+// once into the B fragments of every block (one thread per group of 16 values). A lane holds two
+// rows' sums (g and g + 8) for its slot of every block; the four lanes of a quad add theirs at
+// the end of a tile. Programmatic dependent launch as the stream kernel.
+__device__ __forceinline__ void mma_u8s8(int32_t (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// Bytes of one row's stage segment: SB blocks starting 0..12 bytes into a granule, whole granules.
+constexpr int imma_seg_stride(int sb) { return (12 + sb * imma::kBlockBytes + 15) / 16 * 16; }
+constexpr int64_t imma_smem_bytes(int64_t k, int warps, int sb, int ns) {
+  return k / 256 * static_cast<int64_t>(sizeof(imma::XBlock)) + static_cast<int64_t>(warps) * ns * 16 * imma_seg_stride(sb);
+}
+
+template <int WARPS, int SB, int NS>
+__global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kSeg = imma_seg_stride(SB), kStage = 16 * kSeg;
+  const int nb = static_cast<int>(a.k / 256);
+  imma::XBlock *xq = reinterpret_cast<imma::XBlock *>(smem);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m = blockIdx.y;
+  uint8_t *ring = smem + static_cast<int64_t>(nb) * sizeof(imma::XBlock) + warp * NS * kStage;
+  const uint8_t *w = static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w);
+  const int n = static_cast<int>(a.n);
+  const int64_t row_bytes = static_cast<int64_t>(nb) * imma::kBlockBytes;
+  const uintptr_t mat_end = reinterpret_cast<uintptr_t>(w + n * row_bytes);
+  const int tiles = (n + 15) / 16, slices = (nb + SB - 1) / SB;
+  const int stride = static_cast<int>(gridDim.x) * WARPS, first = static_cast<int>(blockIdx.x) * WARPS + warp;
+  const int my_tiles = first < tiles ? (tiles - first + stride - 1) / stride : 0;
+  const int chunks = my_tiles * slices;
+  auto row_src = [&](int tile, int r, int b0) {  // rows past n read the last row (not stored)
+    const int row = min(tile * 16 + r, n - 1);
+    return w + row * row_bytes + b0 * imma::kBlockBytes;
+  };
+  // chunk q: slice q % slices of tile (q / slices) into stage q % NS; one commit group per call
+  auto issue = [&](int q) {
+    if (q < chunks) {
+      const int tile = first + (q / slices) * stride, b0 = (q % slices) * SB;
+      const int bytes = min(SB, nb - b0) * imma::kBlockBytes;
+      const int r = lane >> 1;
+      const uintptr_t src = reinterpret_cast<uintptr_t>(row_src(tile, r, b0));
+      const uintptr_t start = src & ~uintptr_t(15);
+      const int n16 = static_cast<int>((src - start + bytes + 15) / 16);
+      uint8_t *dst = ring + (q % NS) * kStage + r * kSeg;
+      for (int i = lane & 1; i < n16; i += 2) {
+        const uintptr_t at = start + 16 * static_cast<uintptr_t>(i);
+        if (at + 16 <= mat_end) {
+          cp_async16(dst + 16 * i, reinterpret_cast<const void *>(at));
+        } else {
+          copy16_async(dst + 16 * i, reinterpret_cast<const uint4 *>(at), mat_end);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int q = 0; q < NS - 1; ++q) issue(q);
+  grid_dependency_wait();  // as the stream kernel: x read and y written only after it
+  grid_dependents_launch();
+  const float *x = a.x + static_cast<int64_t>(a.x_rows ? a.x_rows[m] : m) * a.k;
+  float *y = a.y + static_cast<int64_t>(m) * a.n;
+  // x: one thread per (block, slot, field) group; the slot's four groups are lanes 4i..4i+3
+  for (int base = 0; base < nb * 16; base += blockDim.x) {
+    const int item = base + static_cast<int>(threadIdx.x), valid = item < nb * 16;
+    const int it = valid ? item : nb * 16 - 1;
+    const int b = it >> 4, c = (it >> 2) & 3, j = it & 3;
+    float v[16];
+    imma::load_group(x + static_cast<int64_t>(b) * 256, c, j, v);
+    float mx = imma::group_absmax(v);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (valid) imma::quantize_group(v, c, j, mx, xq[b]);
+  }
+  __syncthreads();
+
+  const int g = lane >> 2;
+  float acc_g = 0.0f, acc_g8 = 0.0f;
+  for (int q = 0; q < chunks; ++q) {
+    __syncwarp();  // every lane is done with the stage that chunk q + NS − 1 overwrites
+    issue(q + NS - 1);
+    cp_async_wait<NS - 1>();
+    __syncwarp();
+    const int tile = first + (q / slices) * stride, sl = q % slices, b0 = sl * SB;
+    const int nbs = min(SB, nb - b0);
+    const uint8_t *stage = ring + (q % NS) * kStage;
+    const uint8_t *base_g = stage + g * kSeg + (reinterpret_cast<uintptr_t>(row_src(tile, g, b0)) & 15);
+    const uint8_t *base_g8 = stage + (g + 8) * kSeg + (reinterpret_cast<uintptr_t>(row_src(tile, g + 8, b0)) & 15);
+    for (int bb = 0; bb < nbs; ++bb) {
+      const uint8_t *blk_g = base_g + bb * imma::kBlockBytes, *blk_g8 = base_g8 + bb * imma::kBlockBytes;
+      const imma::XBlock &xb = xq[b0 + bb];
+      const uint32_t sg = imma::slot_scales(blk_g, lane), sg8 = imma::slot_scales(blk_g8, lane);
+      int32_t blk_acc_g = 0, blk_acc_g8 = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int32_t cc[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          uint32_t av[4], bv[2];
+          imma::a_regs(blk_g, blk_g8, lane, j, mi, av);
+          imma::b_regs(xb, lane, j, mi, bv);
+          mma_u8s8(cc, av, bv);
+        }
+        imma::add_set(cc, j, sg, sg8, blk_acc_g, blk_acc_g8);
+      }
+      const float2 dg = __half22float2(bits_h2(imma::load_u32(blk_g + 80)));
+      const float2 dg8 = __half22float2(bits_h2(imma::load_u32(blk_g8 + 80)));
+      acc_g += imma::block_term(blk_acc_g, sg, dg.x, dg.y, xb, lane);
+      acc_g8 += imma::block_term(blk_acc_g8, sg8, dg8.x, dg8.y, xb, lane);
+    }
+    if (sl == slices - 1) {  // the tile's last slice: the quad's four slots, then the two rows
+      acc_g += __shfl_xor_sync(0xffffffffu, acc_g, 1);
+      acc_g += __shfl_xor_sync(0xffffffffu, acc_g, 2);
+      acc_g8 += __shfl_xor_sync(0xffffffffu, acc_g8, 1);
+      acc_g8 += __shfl_xor_sync(0xffffffffu, acc_g8, 2);
+      const int r0 = tile * 16 + g;
+      if ((lane & 3) == 0 && r0 < n) y[r0] = acc_g;
+      if ((lane & 3) == 0 && r0 + 8 < n) y[r0 + 8] = acc_g8;
+      acc_g = acc_g8 = 0.0f;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+constexpr int kImmaWarps = 8, kImmaSb = 4, kImmaNs = 3;
+constexpr int64_t kImmaMaxSmem = 227 * 1024;
+// imma reads words of the rows' shared-memory copies: matrices must start 4-byte aligned (w_ptrs
+// entries are pack slots + tensor offsets, aligned by construction; a single w is checked).
+bool imma_covers(int type, const GemvArgs &args) {
+  return type == kQ2_K && args.n_tok == 1 && args.k % 256 == 0 &&
+         imma_smem_bytes(args.k, kImmaWarps, kImmaSb, kImmaNs) <= kImmaMaxSmem &&
+         (args.w_ptrs != nullptr || (reinterpret_cast<uintptr_t>(args.w) & 3) == 0);
+}
+
+void launch_imma(const GemvArgs &args, cudaStream_t stream) {
+  auto *kernel = gemv_imma_kernel<kImmaWarps, kImmaSb, kImmaNs>;
+  const int64_t smem = imma_smem_bytes(args.k, kImmaWarps, kImmaSb, kImmaNs);
+  int device = 0, sms = 0, per_sm = 0, major = 0;
+  EP_CUDA_CHECK(cudaGetDevice(&device));
+  allow_max_dynamic_smem<gemv_imma_kernel<kImmaWarps, kImmaSb, kImmaNs>>(device);
+  EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kImmaWarps * 32, static_cast<size_t>(smem)));
+  const int64_t tiles = (args.n + 15) / 16;
+  const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const int64_t per_mat = slots / args.n_mat > 0 ? slots / args.n_mat : 1;
+  const int64_t most = (tiles + kImmaWarps - 1) / kImmaWarps;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(most < per_mat ? most : per_mat), static_cast<unsigned>(args.n_mat));
+  cfg.blockDim = dim3(kImmaWarps * 32);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = stream != nullptr && major >= 9 ? 1 : 0;
+  EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+  EP_CUDA_CHECK_LAUNCH("gemv_imma_kernel");
+}
+
 // Which kernel runs a type: the default per type is the fastest measured by `ep-bench kernels`
 // on an H200 (docs/benchmarks.md): for one token stream (mxfp4, q2_K, q3_K with k a multiple of
 // 256 and at least kDp4aMinRows rows per matrix; dp4a where stream's shared memory would not fit);
@@ -1747,6 +1917,7 @@ GemvKernel pick_gemv_kernel(int type, const GemvArgs &args) {
   }
   const bool mma_ok = mma_covers(type, args.k), dp4a_ok = dp4a_covers(type, args);
   if (want == GemvKernel::stream && !stream_covers(type, args)) want = GemvKernel::automatic;
+  if (want == GemvKernel::imma && !imma_covers(type, args)) want = GemvKernel::automatic;
   if (want == GemvKernel::automatic || (want == GemvKernel::mma && !mma_ok) || (want == GemvKernel::dp4a && !dp4a_ok)) {
     // stream measured faster than dp4a (docs/benchmarks.md); the same rows-per-matrix rule
     if (dp4a_ok && args.n >= kDp4aMinRows) return stream_covers(type, args) ? GemvKernel::stream : GemvKernel::dp4a;
@@ -1764,6 +1935,9 @@ void launch_typed(GemvKernel kernel, const GemvArgs &args, cudaStream_t stream) 
   if constexpr (T == kMXFP4 || T == kQ2_K || T == kQ3_K) {
     if (kernel == GemvKernel::dp4a) return launch_dp4a<T>(args, stream);
     if (kernel == GemvKernel::stream) return launch_stream<T>(args, stream);
+    if constexpr (T == kQ2_K) {
+      if (kernel == GemvKernel::imma) return launch_imma(args, stream);
+    }
     if (kernel == GemvKernel::mma) return launch_mma_tokens<T, 4, 4, 1>(args, stream);
   }
   if (kernel == GemvKernel::generic) {
@@ -1794,13 +1968,14 @@ const char *gemv_kernel_name(GemvKernel kernel) {
     case GemvKernel::mma: return "mma";
     case GemvKernel::dp4a: return "dp4a";
     case GemvKernel::stream: return "stream";
+    case GemvKernel::imma: return "imma";
   }
   return "?";
 }
 
 bool parse_gemv_kernel(const char *name, GemvKernel &out) {
   for (GemvKernel k : {GemvKernel::automatic, GemvKernel::generic, GemvKernel::pipe, GemvKernel::mma, GemvKernel::dp4a,
-                       GemvKernel::stream}) {
+                       GemvKernel::stream, GemvKernel::imma}) {
     if (std::strcmp(name, gemv_kernel_name(k)) == 0) {
       out = k;
       return true;

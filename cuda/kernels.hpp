@@ -13,8 +13,10 @@ namespace ep::cuda {
 /// = generic|pipe|mma|dp4a|stream overrides it). dp4a and stream (one token) and mma (1..8 tokens)
 /// run mxfp4, q2_K and q3_K with k a multiple of 256; asked for other types or shapes they fall
 /// back to what automatic picks there. stream is dp4a's arithmetic with the weights streamed
-/// through shared memory (cp.async ring per warp). generic and pipe run every type exactly (f32 x).
-enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream };
+/// through shared memory (cp.async ring per warp). imma (asked for only; q2_K, one token, k a
+/// multiple of 256) runs q2_K on int8 tensor cores (cuda/gemv_imma.cuh; same x precision as
+/// dp4a). generic and pipe run every type exactly (f32 x).
+enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream, imma };
 
 /// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =
 /// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of

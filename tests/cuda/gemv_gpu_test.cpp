@@ -140,7 +140,7 @@ double limit_of(GemvKernel kernel) { return kernel == GemvKernel::mma ? 5e-5 : 2
 TEST_CASE("tensor-core and dp4a GEMV match the CPU for mxfp4, q2_K and q3_K", "[gpu][gemv]") {
   std::mt19937 rng(31);
   // the dp4a and stream kernels run one token; asked for more they fall back to automatic (mma)
-  for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a, GemvKernel::stream}) {
+  for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a, GemvKernel::stream, GemvKernel::imma}) {
     double worst = 0;
     for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
       // 3584: q3_K rows of 1540 bytes (not 16-byte aligned, every other block 2 bytes off a word);
@@ -259,7 +259,7 @@ TEST_CASE("a stream launch sees the previous launch's output (programmatic depen
 
 TEST_CASE("tensor-core and dp4a GEMV keep their precision for x far outside the f16 range", "[gpu][gemv]") {
   std::mt19937 rng(32);
-  for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a, GemvKernel::stream}) {
+  for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a, GemvKernel::stream, GemvKernel::imma}) {
     for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
       for (float scale : {1e-7f, 3e5f, 1e9f}) {
         for (int n_tok : {1, 5}) {
@@ -335,5 +335,16 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   CHECK(k == GemvKernel::dp4a);
   CHECK(ep::cuda::parse_gemv_kernel("stream", k));
   CHECK(k == GemvKernel::stream);
+  CHECK(ep::cuda::parse_gemv_kernel("imma", k));
+  CHECK(k == GemvKernel::imma);
+  GemvArgs c;  // imma: asked for only, q2_K with one token
+  c.k = 4096;
+  c.n = 2048;
+  c.n_mat = 8;
+  c.kernel = GemvKernel::imma;
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), c) == GemvKernel::imma);
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), c) == GemvKernel::stream);
+  c.n_tok = 2;
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), c) == GemvKernel::mma);
   CHECK_FALSE(ep::cuda::parse_gemv_kernel("fast", k));
 }

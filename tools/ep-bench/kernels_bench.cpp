@@ -107,7 +107,7 @@ Options options_from(const Args &args) {
   for (const auto &name : split_list(args.get("kernels", "auto"))) {
     ep::cuda::GemvKernel k{};
     if (!ep::cuda::parse_gemv_kernel(name.c_str(), k))
-      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a|stream)", name);
+      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a|stream|imma)", name);
     o.kernels.push_back(k);
   }
   return o;
