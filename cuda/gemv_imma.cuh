@@ -1,5 +1,5 @@
 // q2_K decode GEMV on int8 tensor cores: the per-lane arithmetic of gemv_imma_kernel
-// (cuda/gemv_quant.cu), host-callable so that tests/cuda/gemv_imma_emulation_test.cu checks it on
+// (cuda/gemv_quant.cu), host-callable so that tests/cuda/gemv_imma_emulation_test.cpp checks it on
 // a CPU against a reference, with the tensor-core instruction emulated from its documented
 // fragment layout.
 //
@@ -11,18 +11,23 @@
 //
 // The warp's 16 rows are the A rows (a tile). A q2_K block (256 values) has 16 groups of 16 values
 // with a 4-bit scale and min each: group G = 8h + 2j + s holds the 2-bit field j of qs bytes
-// 32h + 16s + l (l < 16). Four groups with the same field j — slots c = 2h + s, c = 0..3 — share
-// one "set" of two mmas: the mma's 32 k are 8 values of each slot (k 8c..8c+7 = values l = 8m..8m+7
-// of slot c in mma m = 0, 1), so that a lane's A register holds one word of qs masked to field j
-// (values ·4^j, in place). B's eight columns are x's hi and lo parts of slot c (columns 2c, 2c+1),
-// zero outside that slot's k: after the two mmas lane t holds the hi and lo sums of slot t for its
-// rows g and g+8, i.e. one whole 16-value group per lane and row, every lane of a quad busy.
+// 32h + 16s + l (l < 16), i.e. of qs bytes 16c + l for the block's "slot" c = 2h + s. Four groups
+// with the same field j — the four slots — share one "set" of two mmas (m = 0, 1): slot c owns the
+// k of lane t = c, {4c..4c+3} ∪ {16+4c..16+4c+3}, which hold its values l = 8m..8m+7, so a lane's
+// A registers a0, a2 (a1, a3: row g+8) are the 8 adjacent qs bytes 16t + 8m.. of its own slot,
+// masked to field j (values ·4^j, in place). B's eight columns are x's hi and lo parts of slot c
+// (columns 2c, 2c+1), zero outside that slot's k: after the two mmas lane t holds the hi and lo
+// sums of slot t for its rows g and g+8, i.e. one whole 16-value group per lane and row, every
+// lane of a quad busy. Only the lanes with t = g / 2 hold non-zero B registers: their x words are
+// stored once (8 lanes per set), and the other lanes read an all-zero table.
 //
 // x is carried like the dp4a kernels' (int8 hi + lo, x ≈ s/254·(254·hi + lo), ~15 bits) with one
-// scale s per slot of a block ("item": the 64 values of the slot's four groups), so that a lane's
-// four group sums of a block add up in int32 before one conversion:
-//   row result += d·s/254·Σ_j sc_G·((254·hi_sum + lo_sum) >> 2j) − dmin·Σ_j m_G·Σx_G.
-// |254·hi_sum + lo_sum| <= 4^j·255·127·3·16 < 2^27, the int32 sum of a lane's block < 2^27.
+// scale s per slot of a block (the 64 values of the slot's four groups), so that a lane's four
+// group sums of a block add up in int32 before one conversion:
+//   row result += s/254·(d·Σ_j sc_G·((254·hi_sum + lo_sum) >> 2j) − dmin·Σ_j m_G·X_G),
+// with X_G = Σ (254·hi + lo) over the group (the quantized x's sum, |X_G| < 2^19), the mins' sum
+// taken by three dp4a over X_G's bytes. |254·hi_sum + lo_sum| <= 4^j·255·127·3·16 < 2^27, the
+// int32 sums of a lane's block < 2^27.
 #pragma once
 
 #include <cmath>
@@ -44,14 +49,17 @@ namespace ep::cuda::imma {
 
 inline constexpr int kBlockValues = 256, kBlockBytes = 84;  // q2_K: scales[16], qs[64], d, dmin
 
-/// x of one 256-value block as the B fragments of its eight mmas (set j = 0..3, half m = 0, 1:
-/// frag[2j + m][lane], the one non-zero register of the lane), the x scale s/254 of each slot and
-/// the exact f32 sum of each group (slot c, field j).
+/// x of one 256-value block: the non-zero B registers of its eight mmas (set j = 0..3, half
+/// m = 0, 1: b[2j + m][2c + p] = {b0, b1} of the lane whose column is slot c's part p, 0 hi,
+/// 1 lo), the bytes of each group's quantized sum X (planes[c][4·i + j] = byte i of X of slot c,
+/// field j; i = 2 the signed top byte, i = 3 unused) and the x scale s/254 of each slot.
 struct XBlock {
-  uint32_t frag[8][32];
+  uint32_t b[8][8][2];
+  uint8_t planes[4][16];
   float scale[4];
-  float sum[4][4];
 };
+/// Bytes of the all-zero B table the lanes without x words read (one set's worth per (j, m)).
+inline constexpr int kZeroTableBytes = 8 * 8 * 2 * 4;
 
 /// The 4-byte word at p (4-byte aligned on the device: shared memory).
 EP_IMMA_HD uint32_t load_u32(const uint8_t *p) {
@@ -64,8 +72,29 @@ EP_IMMA_HD uint32_t load_u32(const uint8_t *p) {
 #endif
 }
 
-/// Whether the lane's non-zero B register is b1 (columns 4..7: slots 2, 3, k 16..31).
-EP_IMMA_HD bool frag_is_b1(int lane) { return (lane >> 2) >= 4; }
+/// Σ of the four byte products a_i·b_i plus c, a's bytes unsigned and b's unsigned (dp4a.u32.u32).
+EP_IMMA_HD int32_t dp4a_uu(uint32_t a, uint32_t b, int32_t c) {
+#if defined(__CUDA_ARCH__)
+  int32_t d;
+  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  for (int i = 0; i < 4; ++i) c += static_cast<int32_t>((a >> (8 * i)) & 0xFFu) * static_cast<int32_t>((b >> (8 * i)) & 0xFFu);
+  return c;
+#endif
+}
+/// As dp4a_uu with b's bytes signed (dp4a.u32.s32).
+EP_IMMA_HD int32_t dp4a_us(uint32_t a, uint32_t b, int32_t c) {
+#if defined(__CUDA_ARCH__)
+  int32_t d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#else
+  for (int i = 0; i < 4; ++i)
+    c += static_cast<int32_t>((a >> (8 * i)) & 0xFFu) * static_cast<int32_t>(static_cast<int8_t>((b >> (8 * i)) & 0xFFu));
+  return c;
+#endif
+}
 
 /// The 16 values of group (slot c, field j) of one block (xb: its 256 values): 64 bytes at a
 /// 64-byte offset (16-byte loads on the device, where x is 16-byte aligned).
@@ -94,59 +123,64 @@ EP_IMMA_HD float group_absmax(const float (&v)[16]) {
 }
 
 /// Quantizes group (slot c, field j) of one block, its values v, with its slot's max |x|
-/// (slot_max): the group's sum, its B fragment words in the two mmas of set j (the 8 lanes whose
-/// columns are the slot's, 2c and 2c + 1; zero where the lane's k range is another slot's), and
-/// for j = 0 the slot's scale. The rounding of quantize_x (cuda/gemv_quant.cu):
+/// (slot_max): its B words in the two mmas of set j, the bytes of its quantized sum, and for
+/// j = 0 the slot's scale. The rounding of quantize_x (cuda/gemv_quant.cu):
 /// hi = rint(x·127/max), lo = rint((x − hi·s)·254/s).
 EP_IMMA_HD void quantize_group(const float (&v)[16], int c, int j, float slot_max, XBlock &xq) {
   const float scale = slot_max * (1.0f / 127.0f);
   const float inv = slot_max > 0.0f ? 127.0f / slot_max : 0.0f;
-  int8_t hi[16], lo[16];
-  float sum = 0.0f;
+  uint32_t hw[4] = {0, 0, 0, 0}, lw[4] = {0, 0, 0, 0};
+  int32_t sum = 0;
   EP_IMMA_UNROLL
   for (int l = 0; l < 16; ++l) {
     const float hq = fminf(fmaxf(rintf(v[l] * inv), -127.0f), 127.0f);
     const float lq = fminf(fmaxf(rintf((v[l] - hq * scale) * inv * 254.0f), -127.0f), 127.0f);
-    hi[l] = static_cast<int8_t>(hq);
-    lo[l] = static_cast<int8_t>(lq);
-    sum += v[l];
+    const int hi = static_cast<int>(hq), lo = static_cast<int>(lq);
+    hw[l >> 2] |= static_cast<uint32_t>(hi & 0xFF) << (8 * (l & 3));
+    lw[l >> 2] |= static_cast<uint32_t>(lo & 0xFF) << (8 * (l & 3));
+    sum += 254 * hi + lo;
   }
-  xq.sum[c][j] = sum;
   if (j == 0) xq.scale[c] = scale * (1.0f / 254.0f);
   EP_IMMA_UNROLL
-  for (int m = 0; m < 2; ++m)
-    EP_IMMA_UNROLL
-    for (int col = 0; col < 2; ++col)
-      EP_IMMA_UNROLL
-      for (int t = 0; t < 4; ++t) {
-        uint32_t word = 0;
-        if ((t >> 1) == (c & 1)) {  // this lane's k range (4t.. or 16 + 4t..) lies in slot c
-          const int8_t *src = (col ? lo : hi) + 8 * m + 4 * (t & 1);
-          EP_IMMA_UNROLL
-          for (int i = 0; i < 4; ++i) word |= uint32_t(static_cast<uint8_t>(src[i])) << (8 * i);
-        }
-        xq.frag[2 * j + m][4 * (2 * c + col) + t] = word;
-      }
+  for (int m = 0; m < 2; ++m) {
+    xq.b[2 * j + m][2 * c][0] = hw[2 * m];
+    xq.b[2 * j + m][2 * c][1] = hw[2 * m + 1];
+    xq.b[2 * j + m][2 * c + 1][0] = lw[2 * m];
+    xq.b[2 * j + m][2 * c + 1][1] = lw[2 * m + 1];
+  }
+  const uint32_t u = static_cast<uint32_t>(sum);
+  xq.planes[c][j] = static_cast<uint8_t>(u);
+  xq.planes[c][4 + j] = static_cast<uint8_t>(u >> 8);
+  xq.planes[c][8 + j] = static_cast<uint8_t>(u >> 16);  // sum >> 16 in [-8, 7]: the signed top byte
 }
+
+/// Whether the lane's B registers hold x words (column g = lane / 4 is slot t = lane % 4's).
+EP_IMMA_HD bool b_active(int lane) { return ((lane >> 2) >> 1) == (lane & 3); }
+/// Byte offset of the lane's B words of set (j, m) = (0, 0) in an XBlock (active lanes).
+EP_IMMA_HD int b_offset(int lane) { return 8 * (2 * (lane & 3) + ((lane >> 2) & 1)); }
+/// Byte offset of set (j, m)'s words from those of (0, 0).
+EP_IMMA_HD int b_set_offset(int j, int m) { return 64 * (2 * j + m); }
+
+/// The lane's B registers of set j, half m.
+EP_IMMA_HD void b_regs(const XBlock &xq, int lane, int j, int m, uint32_t (&b)[2]) {
+  const bool on = b_active(lane);
+  const int e = b_offset(lane) / 8;
+  b[0] = on ? xq.b[2 * j + m][e][0] : 0u;
+  b[1] = on ? xq.b[2 * j + m][e][1] : 0u;
+}
+
+/// Byte offset, in a block, of the lane's A words of half m: qs bytes 16t + 8m .. + 7.
+EP_IMMA_HD int a_offset(int lane, int m) { return 16 + 16 * (lane & 3) + 8 * m; }
 
 /// The lane's A registers of set j, half m: qs words of the blocks of rows g (bg) and g+8 (bg8)
 /// masked to field j.
 EP_IMMA_HD void a_regs(const uint8_t *bg, const uint8_t *bg8, int lane, int j, int m, uint32_t (&a)[4]) {
-  const int t = lane & 3;
-  const int off = 16 + 16 * (t >> 1) + 4 * (t & 1) + 8 * m;  // qs starts at byte 16
+  const int off = a_offset(lane, m);
   const uint32_t mask = 0x03030303u << (2 * j);
   a[0] = load_u32(bg + off) & mask;
   a[1] = load_u32(bg8 + off) & mask;
-  a[2] = load_u32(bg + off + 32) & mask;
-  a[3] = load_u32(bg8 + off + 32) & mask;
-}
-
-/// The lane's B registers of set j, half m.
-EP_IMMA_HD void b_regs(const XBlock &xq, int lane, int j, int m, uint32_t (&b)[2]) {
-  const uint32_t w = xq.frag[2 * j + m][lane];
-  const bool one = frag_is_b1(lane);
-  b[0] = one ? 0u : w;
-  b[1] = one ? w : 0u;
+  a[2] = load_u32(bg + off + 4) & mask;
+  a[3] = load_u32(bg8 + off + 4) & mask;
 }
 
 /// The four scale bytes (sc | m << 4) of the lane's groups in a block: G = 8h + 2j + s for slot
@@ -167,22 +201,39 @@ EP_IMMA_HD uint32_t slot_scales(const uint8_t *block, int lane) {
   return out;
 }
 
-/// Adds set j's group of the lane (c0, c1: row g; c2, c3: row g+8) to the int32 block sums.
-EP_IMMA_HD void add_set(const int32_t (&c)[4], int j, uint32_t scales_g, uint32_t scales_g8, int32_t &acc_g,
-                        int32_t &acc_g8) {
-  const int32_t vg = (254 * c[0] + c[1]) >> (2 * j), vg8 = (254 * c[2] + c[3]) >> (2 * j);  // exact: divisible
-  acc_g += static_cast<int32_t>((scales_g >> (8 * j)) & 0xFu) * vg;
-  acc_g8 += static_cast<int32_t>((scales_g8 >> (8 * j)) & 0xFu) * vg8;
+/// Byte j of w.
+EP_IMMA_HD int32_t byte_of(uint32_t w, int j) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int32_t>(__byte_perm(w, 0u, 0x4440u + j));
+#else
+  return static_cast<int32_t>((w >> (8 * j)) & 0xFFu);
+#endif
 }
 
-/// One row's contribution of a block: d·s/254·acc − dmin·Σ_j m_j·Σx_j (d, dmin the block's f16
-/// values as f32).
-EP_IMMA_HD float block_term(int32_t acc, uint32_t scales, float d, float dmin, const XBlock &xq, int lane) {
-  const int t = lane & 3;
-  float mins = 0.0f;
+/// Adds set j's group of the lane (c0, c1: row g; c2, c3: row g+8) times its scale to the int32
+/// block sums; sc_g, sc_g8: the rows' slot_scales & 0x0F0F0F0F.
+EP_IMMA_HD void add_set(const int32_t (&c)[4], int j, uint32_t sc_g, uint32_t sc_g8, int32_t &acc_g, int32_t &acc_g8) {
+  const int32_t vg = (254 * c[0] + c[1]) >> (2 * j), vg8 = (254 * c[2] + c[3]) >> (2 * j);  // exact: divisible
+  acc_g += byte_of(sc_g, j) * vg;
+  acc_g8 += byte_of(sc_g8, j) * vg8;
+}
+
+/// Σ_j m_G·X_G of the lane's four groups (scales: slot_scales; planes: XBlock::planes[t] as words).
+EP_IMMA_HD int32_t min_sum(uint32_t scales, const uint32_t (&planes)[3]) {
+  const uint32_t mins = (scales >> 4) & 0x0F0F0F0Fu;
+  return dp4a_uu(mins, planes[0], 0) + dp4a_uu(mins, planes[1], 0) * 256 + dp4a_us(mins, planes[2], 0) * 65536;
+}
+
+/// The XBlock planes of slot t as words.
+EP_IMMA_HD void plane_words(const XBlock &xq, int t, uint32_t (&planes)[3]) {
   EP_IMMA_UNROLL
-  for (int j = 0; j < 4; ++j) mins = fmaf(static_cast<float>((scales >> (8 * j + 4)) & 0xFu), xq.sum[t][j], mins);
-  return fmaf(d * xq.scale[t], static_cast<float>(acc), -dmin * mins);
+  for (int i = 0; i < 3; ++i) planes[i] = load_u32(xq.planes[t] + 4 * i);
+}
+
+/// One row's contribution of a block: s/254·(d·acc − dmin·mins) (d, dmin the block's f16 values
+/// as f32, xs = XBlock::scale[t]).
+EP_IMMA_HD float block_term(int32_t acc, int32_t mins, float d, float dmin, float xs) {
+  return xs * fmaf(d, static_cast<float>(acc), -dmin * static_cast<float>(mins));
 }
 
 }  // namespace ep::cuda::imma

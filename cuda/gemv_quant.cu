@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -1464,11 +1465,23 @@ template <> struct StreamOf<kQ2_K> { using type = SQ2K; };
 template <> struct StreamOf<kQ3_K> { using type = SQ3K; };
 
 #if defined(EP_GEMV_SWEEP)
-// Measurement probe (sweep builds only, EP_GEMV_PROBE): bit 0 skips the dot products, bit 1 the
-// weight copies (results are then wrong), bit 2 launches without programmatic dependent launch,
-// so that ep-bench can time the kernel's parts.
+// Measurement probe (sweep builds only, EP_GEMV_PROBE): bit 0 skips the stream kernel's dot
+// products, bit 1 its weight copies (results are then wrong), bit 2 launches it without
+// programmatic dependent launch, bit 4 (16) skips the imma kernel's x prologue, so that ep-bench
+// can time the kernels' parts.
 __device__ int g_gemv_probe = 0;
 int g_gemv_probe_host = 0;
+// EP_GEMV_PROBE, read and copied to the device once
+int sweep_probe() {
+  static const int probe = [] {
+    const char *v = std::getenv("EP_GEMV_PROBE");
+    const int p = v != nullptr ? std::atoi(v) : 0;
+    EP_CUDA_CHECK(cudaMemcpyToSymbol(g_gemv_probe, &p, sizeof p));
+    g_gemv_probe_host = p;
+    return p;
+  }();
+  return probe;
+}
 #endif
 // A warp works on G = 2^glog rows groups at once: lane group l / (32 / G) takes RW rows of a
 // chunk of G·RW rows and its 32 / G lanes split their items (G > 1 when a row has fewer items
@@ -1677,14 +1690,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
     if (want.smem <= kStreamMaxSmem) plan = want;
   }
 #if defined(EP_GEMV_SWEEP)
-  static const int probe = [] {
-    const char *v = std::getenv("EP_GEMV_PROBE");
-    const int p = v != nullptr ? std::atoi(v) : 0;
-    EP_CUDA_CHECK(cudaMemcpyToSymbol(g_gemv_probe, &p, sizeof p));
-    g_gemv_probe_host = p;
-    return p;
-  }();
-  (void)probe;
+  sweep_probe();
 #endif
   auto run = [&](const StreamPlan &p) {  // false: no kernel instantiated for p
 #define EP_STREAM_CFG(R, N, W)                         \
@@ -1711,13 +1717,21 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
 }
 
 // ---- the int8 tensor-core decode kernel (q2_K; one token; k a multiple of 256) ---------
-// The arithmetic is cuda/gemv_imma.cuh's (checked on a CPU with an emulated warp). Each warp owns
-// 16-row tiles of one matrix (tiles tile_i = blockIdx.x·WARPS + warp + i·gridDim.x·WARPS) and
-// streams each tile's rows through its own ring of NS stages, SB blocks of k (SB·84 bytes of each
-// of the 16 rows) at a time, with 16-byte cp.async; two lanes copy a row. The block quantizes x
-// once into the B fragments of every block (one thread per group of 16 values). A lane holds two
-// rows' sums (g and g + 8) for its slot of every block; the four lanes of a quad add theirs at
-// the end of a tile. Programmatic dependent launch as the stream kernel.
+// The arithmetic is cuda/gemv_imma.cuh's (checked on a CPU with an emulated warp). Warps form
+// groups of KS (the k-split); a group owns 16-row tiles of one matrix (tile_i = blockIdx.x·groups +
+// group + i·gridDim.x·groups) and warp kp of the group takes the blocks [kp·nb/KS, (kp+1)·nb/KS)
+// of each row, streaming them through its own ring of NS stages, SB blocks of k (SB·84 bytes of
+// each of the 16 rows) at a time, with 16-byte cp.async; two lanes copy a row. The block
+// quantizes x once into the B words of every block (one thread per group of 16 values). A lane
+// holds two rows' sums (g and g + 8) for its slot of every block; the four lanes of a quad add
+// theirs at the end of a tile, and with KS > 1 the group's warps add theirs through shared memory
+// behind a named barrier. Programmatic dependent launch as the stream kernel.
+//
+// Measured (docs/benchmarks.md, "Kernels", session 7): about 40 % fewer instructions than the
+// stream kernel but slower (0.38–0.40 of HBM at 8 experts against 0.46–0.53): a chunk reads 16
+// rows' SB·84-byte pieces 1 row apart, and that strided pattern, not the arithmetic, sets its
+// speed — the same kernel reading contiguous chunks (the IL timing probe, as if each tile were
+// stored block-interleaved) reaches 0.51–0.55 at 8 experts and 0.77–0.81 at 32.
 __device__ __forceinline__ void mma_u8s8(int32_t (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
@@ -1729,48 +1743,77 @@ __device__ __forceinline__ void mma_u8s8(int32_t (&c)[4], const uint32_t (&a)[4]
 
 // Bytes of one row's stage segment: SB blocks starting 0..12 bytes into a granule, whole granules.
 constexpr int imma_seg_stride(int sb) { return (12 + sb * imma::kBlockBytes + 15) / 16 * 16; }
+// x's XBlocks, the all-zero B table, the k-split partial sums (two tiles' worth: 16 floats per
+// warp each), then each warp's ring
 constexpr int64_t imma_smem_bytes(int64_t k, int warps, int sb, int ns) {
-  return k / 256 * static_cast<int64_t>(sizeof(imma::XBlock)) + static_cast<int64_t>(warps) * ns * 16 * imma_seg_stride(sb);
+  return k / 256 * static_cast<int64_t>(sizeof(imma::XBlock)) + imma::kZeroTableBytes + 2 * 64 * warps +
+         static_cast<int64_t>(warps) * ns * 16 * imma_seg_stride(sb);
 }
+// Named barrier `id` (1..15; 0 is __syncthreads) of `threads` threads.
+[[maybe_unused]] __device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+static_assert(sizeof(imma::XBlock) % 16 == 0 && imma::kZeroTableBytes % 16 == 0, "16-byte aligned XBlocks and ring");
 
-template <int WARPS, int SB, int NS>
+// IL (sweep builds only, a timing probe): read the weights as if each 16-row tile were stored
+// block-interleaved (block b of rows 0..15 adjacent), so that a chunk is one contiguous range as
+// in the stream kernel; the results are then wrong for row-major matrices.
+template <int WARPS, int SB, int NS, int KS, bool IL = false>
 __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
+  static_assert(WARPS % KS == 0 && WARPS / KS <= 15, "whole k-split groups, one named barrier each");
+  constexpr int kGroups = WARPS / KS;
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kSeg = imma_seg_stride(SB), kStage = 16 * kSeg;
   const int nb = static_cast<int>(a.k / 256);
   imma::XBlock *xq = reinterpret_cast<imma::XBlock *>(smem);
+  uint8_t *zero = smem + static_cast<int64_t>(nb) * sizeof(imma::XBlock);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m = blockIdx.y;
-  uint8_t *ring = smem + static_cast<int64_t>(nb) * sizeof(imma::XBlock) + warp * NS * kStage;
+  float *partial = reinterpret_cast<float *>(zero + imma::kZeroTableBytes);  // [2][WARPS][16]
+  uint8_t *ring = zero + imma::kZeroTableBytes + 2 * 64 * WARPS + warp * NS * kStage;
   const uint8_t *w = static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w);
   const int n = static_cast<int>(a.n);
   const int64_t row_bytes = static_cast<int64_t>(nb) * imma::kBlockBytes;
   const uintptr_t mat_end = reinterpret_cast<uintptr_t>(w + n * row_bytes);
-  const int tiles = (n + 15) / 16, slices = (nb + SB - 1) / SB;
-  const int stride = static_cast<int>(gridDim.x) * WARPS, first = static_cast<int>(blockIdx.x) * WARPS + warp;
+  // k-split: the KS warps of a group share tiles, warp kp of the group takes blocks
+  // [kp·nbk, (kp + 1)·nbk) of each row; the group adds its partial sums through shared memory
+  const int kp = warp % KS, grp = warp / KS;
+  const int nbk = (nb + KS - 1) / KS, kb0 = kp * nbk, kb1 = min(nb, kb0 + nbk);
+  const int tiles = (n + 15) / 16, slices = kb1 > kb0 ? (kb1 - kb0 + SB - 1) / SB : 0;
+  const int stride = static_cast<int>(gridDim.x) * kGroups, first = static_cast<int>(blockIdx.x) * kGroups + grp;
   const int my_tiles = first < tiles ? (tiles - first + stride - 1) / stride : 0;
   const int chunks = my_tiles * slices;
+  const int tile_count = my_tiles;  // the same for the group's KS warps
   auto row_src = [&](int tile, int r, int b0) {  // rows past n read the last row (not stored)
     const int row = min(tile * 16 + r, n - 1);
     return w + row * row_bytes + b0 * imma::kBlockBytes;
   };
-  // chunk q: slice q % slices of tile (q / slices) into stage q % NS; one commit group per call
+  // chunk q: slice q % slices of tile (q / slices) into stage q % NS, two lanes per row taking
+  // alternate granules; whole granules inside the matrix by cp.async, a granule past its end (the
+  // last row's) byte by byte; one commit group per call
   auto issue = [&](int q) {
-    if (q < chunks) {
-      const int tile = first + (q / slices) * stride, b0 = (q % slices) * SB;
-      const int bytes = min(SB, nb - b0) * imma::kBlockBytes;
+    if (IL && q < chunks) {
+      const int tile = first + (q / slices) * stride, b0 = kb0 + (q % slices) * SB;
+      const uintptr_t src = reinterpret_cast<uintptr_t>(w + tile * 16 * row_bytes + b0 * 16 * imma::kBlockBytes);
+      const uintptr_t start = src & ~uintptr_t(15);
+      const int n16 = static_cast<int>((src - start + 16 * min(SB, kb1 - b0) * imma::kBlockBytes + 15) / 16);
+      const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;
+      const uint8_t *from = reinterpret_cast<const uint8_t *>(start);
+      uint8_t *dst = ring + (q % NS) * kStage;
+      for (int i = lane; i < whole; i += 32) cp_async16(dst + 16 * i, from + 16 * i);
+      if (whole < n16 && lane == 0) copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
+    } else if (q < chunks) {
+      const int tile = first + (q / slices) * stride, b0 = kb0 + (q % slices) * SB;
+      const int bytes = min(SB, kb1 - b0) * imma::kBlockBytes;
       const int r = lane >> 1;
       const uintptr_t src = reinterpret_cast<uintptr_t>(row_src(tile, r, b0));
       const uintptr_t start = src & ~uintptr_t(15);
       const int n16 = static_cast<int>((src - start + bytes + 15) / 16);
+      const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;
+      const uint8_t *from = reinterpret_cast<const uint8_t *>(start);
       uint8_t *dst = ring + (q % NS) * kStage + r * kSeg;
-      for (int i = lane & 1; i < n16; i += 2) {
-        const uintptr_t at = start + 16 * static_cast<uintptr_t>(i);
-        if (at + 16 <= mat_end) {
-          cp_async16(dst + 16 * i, reinterpret_cast<const void *>(at));
-        } else {
-          copy16_async(dst + 16 * i, reinterpret_cast<const uint4 *>(at), mat_end);
-        }
-      }
+      for (int i = lane & 1; i < whole; i += 2) cp_async16(dst + 16 * i, from + 16 * i);
+      if (whole < n16 && (lane & 1) == (whole & 1))
+        copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
     }
     cp_async_commit();
   };
@@ -1780,8 +1823,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
   grid_dependents_launch();
   const float *x = a.x + static_cast<int64_t>(a.x_rows ? a.x_rows[m] : m) * a.k;
   float *y = a.y + static_cast<int64_t>(m) * a.n;
+  for (int i = static_cast<int>(threadIdx.x); i < imma::kZeroTableBytes / 4; i += static_cast<int>(blockDim.x))
+    reinterpret_cast<uint32_t *>(zero)[i] = 0u;
   // x: one thread per (block, slot, field) group; the slot's four groups are lanes 4i..4i+3
-  for (int base = 0; base < nb * 16; base += blockDim.x) {
+#if defined(EP_GEMV_SWEEP)
+  const int x_groups = (g_gemv_probe & 16) != 0 ? 0 : nb * 16;
+#else
+  const int x_groups = nb * 16;
+#endif
+  for (int base = 0; base < x_groups; base += blockDim.x) {
     const int item = base + static_cast<int>(threadIdx.x), valid = item < nb * 16;
     const int it = valid ? item : nb * 16 - 1;
     const int b = it >> 4, c = (it >> 2) & 3, j = it & 3;
@@ -1794,39 +1844,58 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
   }
   __syncthreads();
 
-  const int g = lane >> 2;
+  const int g = lane >> 2, t = lane & 3;
+  const bool b_on = imma::b_active(lane);
+  const int b_off = imma::b_offset(lane);
   float acc_g = 0.0f, acc_g8 = 0.0f;
   for (int q = 0; q < chunks; ++q) {
     __syncwarp();  // every lane is done with the stage that chunk q + NS − 1 overwrites
     issue(q + NS - 1);
     cp_async_wait<NS - 1>();
     __syncwarp();
-    const int tile = first + (q / slices) * stride, sl = q % slices, b0 = sl * SB;
-    const int nbs = min(SB, nb - b0);
+    const int tile = first + (q / slices) * stride, sl = q % slices, b0 = kb0 + sl * SB;
+    const int nbs = min(SB, kb1 - b0);
     const uint8_t *stage = ring + (q % NS) * kStage;
-    const uint8_t *base_g = stage + g * kSeg + (reinterpret_cast<uintptr_t>(row_src(tile, g, b0)) & 15);
-    const uint8_t *base_g8 = stage + (g + 8) * kSeg + (reinterpret_cast<uintptr_t>(row_src(tile, g + 8, b0)) & 15);
+    const uint8_t *base_g, *base_g8;
+    int blk_step;
+    if constexpr (IL) {
+      const uint8_t *base =
+          stage + (reinterpret_cast<uintptr_t>(w + tile * 16 * row_bytes + b0 * 16 * imma::kBlockBytes) & 15);
+      base_g = base + g * imma::kBlockBytes;
+      base_g8 = base + (g + 8) * imma::kBlockBytes;
+      blk_step = 16 * imma::kBlockBytes;
+    } else {
+      base_g = stage + g * kSeg + (reinterpret_cast<uintptr_t>(row_src(tile, g, b0)) & 15);
+      base_g8 = stage + (g + 8) * kSeg + (reinterpret_cast<uintptr_t>(row_src(tile, g + 8, b0)) & 15);
+      blk_step = imma::kBlockBytes;
+    }
     for (int bb = 0; bb < nbs; ++bb) {
-      const uint8_t *blk_g = base_g + bb * imma::kBlockBytes, *blk_g8 = base_g8 + bb * imma::kBlockBytes;
+      const uint8_t *blk_g = base_g + bb * blk_step, *blk_g8 = base_g8 + bb * blk_step;
       const imma::XBlock &xb = xq[b0 + bb];
+      const uint8_t *bsrc = b_on ? reinterpret_cast<const uint8_t *>(&xb) + b_off : zero;
       const uint32_t sg = imma::slot_scales(blk_g, lane), sg8 = imma::slot_scales(blk_g8, lane);
+      const uint32_t scg = sg & 0x0F0F0F0Fu, scg8 = sg8 & 0x0F0F0F0Fu;
       int32_t blk_acc_g = 0, blk_acc_g8 = 0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         int32_t cc[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          uint32_t av[4], bv[2];
+          uint32_t av[4];
           imma::a_regs(blk_g, blk_g8, lane, j, mi, av);
-          imma::b_regs(xb, lane, j, mi, bv);
+          const uint2 bw = *reinterpret_cast<const uint2 *>(bsrc + imma::b_set_offset(j, mi));
+          const uint32_t bv[2] = {bw.x, bw.y};
           mma_u8s8(cc, av, bv);
         }
-        imma::add_set(cc, j, sg, sg8, blk_acc_g, blk_acc_g8);
+        imma::add_set(cc, j, scg, scg8, blk_acc_g, blk_acc_g8);
       }
+      const uint4 pw = *reinterpret_cast<const uint4 *>(xb.planes[t]);
+      const uint32_t planes[3] = {pw.x, pw.y, pw.z};
+      const float xs = xb.scale[t];
       const float2 dg = __half22float2(bits_h2(imma::load_u32(blk_g + 80)));
       const float2 dg8 = __half22float2(bits_h2(imma::load_u32(blk_g8 + 80)));
-      acc_g += imma::block_term(blk_acc_g, sg, dg.x, dg.y, xb, lane);
-      acc_g8 += imma::block_term(blk_acc_g8, sg8, dg8.x, dg8.y, xb, lane);
+      acc_g += imma::block_term(blk_acc_g, imma::min_sum(sg, planes), dg.x, dg.y, xs);
+      acc_g8 += imma::block_term(blk_acc_g8, imma::min_sum(sg8, planes), dg8.x, dg8.y, xs);
     }
     if (sl == slices - 1) {  // the tile's last slice: the quad's four slots, then the two rows
       acc_g += __shfl_xor_sync(0xffffffffu, acc_g, 1);
@@ -1834,15 +1903,39 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
       acc_g8 += __shfl_xor_sync(0xffffffffu, acc_g8, 1);
       acc_g8 += __shfl_xor_sync(0xffffffffu, acc_g8, 2);
       const int r0 = tile * 16 + g;
-      if ((lane & 3) == 0 && r0 < n) y[r0] = acc_g;
-      if ((lane & 3) == 0 && r0 + 8 < n) y[r0 + 8] = acc_g8;
+      if constexpr (KS == 1) {
+        if (t == 0 && r0 < n) y[r0] = acc_g;
+        if (t == 0 && r0 + 8 < n) y[r0 + 8] = acc_g8;
+      } else {
+        // the group's tile number i = q / slices: partial buffer i % 2, reused two tiles later,
+        // after the barrier of tile i + 1 (which warp kp = 0 reaches only after reading tile i's)
+        float *part = partial + ((q / slices) & 1) * 16 * WARPS + 16 * warp;
+        if (t == 0) {
+          part[g] = acc_g;
+          part[g + 8] = acc_g8;
+        }
+        named_barrier(1 + grp, KS * 32);
+        if (kp == 0 && lane < 16 && tile * 16 + lane < n) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int p = 0; p < KS; ++p) sum += part[16 * p + lane];
+          y[tile * 16 + lane] = sum;
+        }
+      }
       acc_g = acc_g8 = 0.0f;
     }
+  }
+  if constexpr (KS > 1) {  // a warp with no blocks (kb1 <= kb0) adds zeros and joins the barriers
+    if (slices == 0)
+      for (int i = 0; i < tile_count; ++i) {
+        if (lane < 16) partial[(i & 1) * 16 * WARPS + 16 * warp + lane] = 0.0f;
+        named_barrier(1 + grp, KS * 32);
+      }
   }
   cp_async_wait<0>();
 }
 
-constexpr int kImmaWarps = 8, kImmaSb = 4, kImmaNs = 3;
+constexpr int kImmaWarps = 8, kImmaSb = 8, kImmaNs = 2, kImmaKs = 1;
 constexpr int64_t kImmaMaxSmem = 227 * 1024;
 // imma reads words of the rows' shared-memory copies: matrices must start 4-byte aligned (w_ptrs
 // entries are pack slots + tensor offsets, aligned by construction; a single w is checked).
@@ -1852,19 +1945,21 @@ bool imma_covers(int type, const GemvArgs &args) {
          (args.w_ptrs != nullptr || (reinterpret_cast<uintptr_t>(args.w) & 3) == 0);
 }
 
-void launch_imma(const GemvArgs &args, cudaStream_t stream) {
-  auto *kernel = gemv_imma_kernel<kImmaWarps, kImmaSb, kImmaNs>;
-  const int64_t smem = imma_smem_bytes(args.k, kImmaWarps, kImmaSb, kImmaNs);
+template <int WARPS, int SB, int NS, int KS, bool IL = false>
+void launch_imma_cfg(const GemvArgs &args, cudaStream_t stream) {
+  constexpr int kImmaWarps = WARPS;
+  auto *kernel = gemv_imma_kernel<WARPS, SB, NS, KS, IL>;
+  const int64_t smem = imma_smem_bytes(args.k, WARPS, SB, NS);
   int device = 0, sms = 0, per_sm = 0, major = 0;
   EP_CUDA_CHECK(cudaGetDevice(&device));
-  allow_max_dynamic_smem<gemv_imma_kernel<kImmaWarps, kImmaSb, kImmaNs>>(device);
+  allow_max_dynamic_smem<gemv_imma_kernel<WARPS, SB, NS, KS, IL>>(device);
   EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kImmaWarps * 32, static_cast<size_t>(smem)));
   const int64_t tiles = (args.n + 15) / 16;
   const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   const int64_t per_mat = slots / args.n_mat > 0 ? slots / args.n_mat : 1;
-  const int64_t most = (tiles + kImmaWarps - 1) / kImmaWarps;
+  const int64_t most = (tiles + kImmaWarps / KS - 1) / (kImmaWarps / KS);  // a tile per warp group at least
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(most < per_mat ? most : per_mat), static_cast<unsigned>(args.n_mat));
   cfg.blockDim = dim3(kImmaWarps * 32);
@@ -1877,6 +1972,34 @@ void launch_imma(const GemvArgs &args, cudaStream_t stream) {
   cfg.numAttrs = stream != nullptr && major >= 9 ? 1 : 0;
   EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
   EP_CUDA_CHECK_LAUNCH("gemv_imma_kernel");
+}
+
+void launch_imma(const GemvArgs &args, cudaStream_t stream) {
+#if defined(EP_GEMV_SWEEP)
+  sweep_probe();
+  // EP_GEMV_IMMA_CFG = "SBxNSxWxKS" (blocks per stage x stages x warps x k-split) picks a
+  // measured configuration
+  if (const char *env = std::getenv("EP_GEMV_IMMA_CFG"); env != nullptr && std::strlen(env) >= 7) {
+    int sb = 0, ns = 0, warps = 0, ks = 0;
+    const bool il = std::strchr(env, 'i') != nullptr;  // "...i": the interleaved-layout timing probe
+    if (std::sscanf(env, "%dx%dx%dx%d", &sb, &ns, &warps, &ks) == 4) {
+#define EP_IMMA_CFG(S, N, W, K)                                                                                \
+  if (sb == S && ns == N && warps == W && ks == K && imma_smem_bytes(args.k, W, S, N) <= kImmaMaxSmem) { \
+    if (il) {                                                                                            \
+      launch_imma_cfg<W, S, N, K, true>(args, stream);                                                   \
+    } else {                                                                                             \
+      launch_imma_cfg<W, S, N, K>(args, stream);                                                         \
+    }                                                                                                    \
+    return;                                                                                              \
+  }
+      EP_IMMA_CFG(4, 3, 8, 1) EP_IMMA_CFG(2, 3, 16, 2) EP_IMMA_CFG(4, 2, 16, 2) EP_IMMA_CFG(2, 3, 16, 4)
+      EP_IMMA_CFG(2, 3, 8, 2) EP_IMMA_CFG(1, 4, 16, 4) EP_IMMA_CFG(4, 4, 8, 1) EP_IMMA_CFG(8, 2, 8, 1)
+      EP_IMMA_CFG(16, 1, 8, 1) EP_IMMA_CFG(8, 2, 8, 2)
+#undef EP_IMMA_CFG
+    }
+  }
+#endif
+  launch_imma_cfg<kImmaWarps, kImmaSb, kImmaNs, kImmaKs>(args, stream);
 }
 
 // Which kernel runs a type: the default per type is the fastest measured by `ep-bench kernels`

@@ -15,7 +15,8 @@ namespace ep::cuda {
 /// back to what automatic picks there. stream is dp4a's arithmetic with the weights streamed
 /// through shared memory (cp.async ring per warp). imma (asked for only; q2_K, one token, k a
 /// multiple of 256) runs q2_K on int8 tensor cores (cuda/gemv_imma.cuh; same x precision as
-/// dp4a). generic and pipe run every type exactly (f32 x).
+/// dp4a; slower than stream on row-major matrices, docs/benchmarks.md). generic and pipe run every
+/// type exactly (f32 x).
 enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream, imma };
 
 /// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =

@@ -80,15 +80,19 @@ std::vector<float> imma_gemv(const std::vector<uint8_t> &w, const std::vector<fl
           emulate_mma(a, bb, c);
         }
         for (int lane = 0; lane < 32; ++lane)
-          imma::add_set(c[lane], j, imma::slot_scales(block_of(r0 + (lane >> 2)), lane),
-                        imma::slot_scales(block_of(r0 + (lane >> 2) + 8), lane), blk[lane][0], blk[lane][1]);
+          imma::add_set(c[lane], j, imma::slot_scales(block_of(r0 + (lane >> 2)), lane) & 0x0F0F0F0Fu,
+                        imma::slot_scales(block_of(r0 + (lane >> 2) + 8), lane) & 0x0F0F0F0Fu, blk[lane][0],
+                        blk[lane][1]);
       }
       for (int lane = 0; lane < 32; ++lane)
         for (int h = 0; h < 2; ++h) {
           const uint8_t *blkp = block_of(r0 + (lane >> 2) + 8 * h);
           const float d = ep::backend::fp16_to_fp32(static_cast<uint16_t>(blkp[80] | (blkp[81] << 8)));
           const float dmin = ep::backend::fp16_to_fp32(static_cast<uint16_t>(blkp[82] | (blkp[83] << 8)));
-          acc[lane][h] += imma::block_term(blk[lane][h], imma::slot_scales(blkp, lane), d, dmin, xb, lane);
+          uint32_t planes[3];
+          imma::plane_words(xb, lane & 3, planes);
+          const int32_t mins = imma::min_sum(imma::slot_scales(blkp, lane), planes);
+          acc[lane][h] += imma::block_term(blk[lane][h], mins, d, dmin, xb.scale[lane & 3]);
         }
     }
     for (int g = 0; g < 8; ++g)
