@@ -1467,8 +1467,9 @@ template <> struct StreamOf<kQ3_K> { using type = SQ3K; };
 #if defined(EP_GEMV_SWEEP)
 // Measurement probe (sweep builds only, EP_GEMV_PROBE): bit 0 skips the stream kernel's dot
 // products, bit 1 its weight copies (results are then wrong), bit 2 launches it without
-// programmatic dependent launch, bit 4 (16) skips the imma kernel's x prologue, so that ep-bench
-// can time the kernels' parts.
+// programmatic dependent launch, bit 4 (16) skips the imma kernel's x prologue, bits 5 and 6 (32,
+// 64) address the imma kernel's shared memory as the other layout's (see the kernel), so that
+// ep-bench can time the kernels' parts.
 __device__ int g_gemv_probe = 0;
 int g_gemv_probe_host = 0;
 // EP_GEMV_PROBE, read and copied to the device once
@@ -1731,7 +1732,8 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
 // stream kernel but slower (0.38–0.40 of HBM at 8 experts against 0.46–0.53): a chunk reads 16
 // rows' SB·84-byte pieces 1 row apart, and that strided pattern, not the arithmetic, sets its
 // speed — the same kernel reading contiguous chunks (the IL timing probe, as if each tile were
-// stored block-interleaved) reaches 0.51–0.55 at 8 experts and 0.77–0.81 at 32.
+// stored block-interleaved) reaches 0.51–0.55 at 8 experts and 0.77–0.81 at 32; the row-major
+// stage's 4-way bank conflicts on the A loads cost a further 5–13 % (probes 32 and 64).
 __device__ __forceinline__ void mma_u8s8(int32_t (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
@@ -1858,7 +1860,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
     const uint8_t *stage = ring + (q % NS) * kStage;
     const uint8_t *base_g, *base_g8;
     int blk_step;
-    if constexpr (IL) {
+#if defined(EP_GEMV_SWEEP)
+    // timing probes that separate the global read order from the shared-memory bank pattern:
+    // 32: row-major copies, blocks addressed as the IL layout's; 64: IL copies, addressed as rows
+    const bool il_addr = IL ? (g_gemv_probe & 64) == 0 : (g_gemv_probe & 32) != 0;
+#else
+    constexpr bool il_addr = IL;
+#endif
+    if (il_addr) {
       const uint8_t *base =
           stage + (reinterpret_cast<uintptr_t>(w + tile * 16 * row_bytes + b0 * 16 * imma::kBlockBytes) & 15);
       base_g = base + g * imma::kBlockBytes;
