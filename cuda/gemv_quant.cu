@@ -942,11 +942,7 @@ struct SharedWords {
   __device__ static uint32_t w(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
   __device__ static uint32_t h(const uint8_t *p) { return *reinterpret_cast<const unsigned short *>(p); }
 };
-__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
+using imma::dp4a_us;  // dp4a.u32.s32 (cuda/gemv_imma.cuh, host-callable for its emulation test)
 // The dot products of 16 weight bytes (words w[0..3], masked) with x's hi and lo int8 parts.
 template <size_t N>
 __device__ __forceinline__ int2 dp4a_hi_lo(const uint32_t (&w)[N], uint32_t mask, const uint4 &xh, const uint4 &xl) {
