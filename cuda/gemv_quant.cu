@@ -929,6 +929,7 @@ struct XQuant {
   const int8_t *hi, *lo;  // permuted: 16-byte piece p of item ii at (p·ipr + ii)·16
   const float2 *xs;       // q2_K/q3_K: (s/254, Σx of the 16 values) at p·ipr + ii; mxfp4: (s/254, -) at c·ipr + ii
   int ipr;                // items per row
+  const uint2 *tab = nullptr;  // the decoder's lookup tables in shared memory (D::kTableBytes; iq2_xxs)
 };
 
 __device__ __forceinline__ uint32_t ldg32(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned int *>(p)); }
@@ -1031,6 +1032,8 @@ __device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int
 struct DpKq {
   static constexpr int kValues = 64;
   static constexpr bool kSums = true;
+  static constexpr int kTableBytes = 0;  // no lookup tables (see DpIq2xxs)
+  __device__ static void init_tables(uint2 *) {}
   __device__ static int piece(int v, int ipr) {
     const int item = 4 * (v >> 8) + 2 * ((v >> 7) & 1) + ((v >> 4) & 1), j = (v >> 5) & 3;
     return (j * ipr + item) * 16 + (v & 15);
@@ -1190,6 +1193,8 @@ __device__ __forceinline__ int2 mxfp4_ints(uint32_t q) {
 struct DpMxfp4 {
   static constexpr int kWords = 17, kValues = 128, kBytes256 = 136;
   static constexpr bool kSums = false;
+  static constexpr int kTableBytes = 0;
+  __device__ static void init_tables(uint2 *) {}
   __device__ static int piece(int v, int ipr) {
     const int item = v >> 7, c = (v >> 5) & 3, part = (v >> 4) & 1;
     return ((2 * c + part) * ipr + item) * 16 + (v & 15);
@@ -1233,7 +1238,95 @@ struct DpMxfp4 {
   }
 };
 
+// iq2_xxs (stream kernel only): an item is half a block, 128 values = four 32-value sub-blocks of
+// 8 bytes (four 8-bit grid indices; four 7-bit sign indices and a 4-bit scale), x laid out and
+// quantized as for mxfp4 (one x scale per 32 values, the sub-block). A grid entry is 8 unsigned
+// bytes (8, 25 or 43), its sign pattern a byte mask (0xFF: negative): (g ^ m) + (m & 1) negates
+// the masked bytes (no carries: g <= 43), and dp4a takes the signed bytes against x's hi and lo.
+// Both tables sit in shared memory (the __constant__ tables serialize lanes reading different
+// entries). The sub-block's integer sum times 2·scale + 1 stays below 2^31 (31·255·32·43·127),
+// then d/8 (ggml: d·(0.5 + scale)·0.25 = d·(2·scale + 1)/8) per block.
+__device__ const uint64_t kIq2xxsGridGlobal[256] = {EP_IQ2XXS_GRID_VALUES};
+__device__ const uint8_t kIq2xxsSignsGlobal[128] = {EP_IQ2XXS_KSIGNS_VALUES};
+struct DpIq2xxs : DpMxfp4 {
+  static constexpr int kWords = 9, kBytes256 = 66;
+  static constexpr int kTableBytes = (256 + 128) * 8;  // grid [256], then sign masks [128]
+  // by the whole block, before anything reads them (the block synchronizes after x)
+  __device__ static void init_tables(uint2 *tab) {
+    for (int i = static_cast<int>(threadIdx.x); i < 256 + 128; i += static_cast<int>(blockDim.x)) {
+      if (i < 256) {
+        const uint64_t g = kIq2xxsGridGlobal[i];
+        tab[i] = make_uint2(static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32));
+      } else {
+        const uint32_t sg = kIq2xxsSignsGlobal[i - 256];
+        uint32_t m[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) m[j >> 2] |= ((sg >> j) & 1u) * (0xFFu << (8 * (j & 3)));
+        tab[i] = make_uint2(m[0], m[1]);
+      }
+    }
+  }
+  // words 0..7: the item's 32 quant bytes (2-byte aligned in a row: rows of whole 66-byte blocks
+  // start 2-byte aligned, checked by the launcher); word 8: the block's d (f16 bits)
+  template <typename L = SharedWords>
+  __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
+    const uint8_t *blk = row + (ii >> 1) * 66;
+    const uintptr_t q = reinterpret_cast<uintptr_t>(blk + 2 + 32 * (ii & 1));
+    const uint8_t *base = reinterpret_cast<const uint8_t *>(q & ~uintptr_t(3));
+    if ((q & 2) != 0) {
+      uint32_t t[9];
+#pragma unroll
+      for (int i = 0; i < 9; ++i) t[i] = L::w(base + 4 * i);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r[i] = __funnelshift_r(t[i], t[i + 1], 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r[i] = L::w(base + 4 * i);
+    }
+    r[8] = L::h(blk);
+  }
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const uint2 *grid = xq.tab, *masks = xq.tab + 256;
+    float part[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) part[rr] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint4 xa = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c) * xq.ipr + ii));
+      const uint4 xb = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c + 1) * xq.ipr + ii));
+      const uint4 la = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c) * xq.ipr + ii));
+      const uint4 lb = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c + 1) * xq.ipr + ii));
+      const float sx = xq.xs[c * xq.ipr + ii].x;
+      const uint32_t xh[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+      const uint32_t xl[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const uint32_t idx = r[rr][2 * c], aux = r[rr][2 * c + 1];
+        int sh = 0, sl = 0;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+          const uint2 g = grid[(idx >> (8 * l)) & 0xFFu], m = masks[(aux >> (7 * l)) & 127u];
+          const int g0 = static_cast<int>((g.x ^ m.x) + (m.x & 0x01010101u));
+          const int g1 = static_cast<int>((g.y ^ m.y) + (m.y & 0x01010101u));
+          sh = __dp4a(g0, static_cast<int>(xh[2 * l]), sh);
+          sl = __dp4a(g0, static_cast<int>(xl[2 * l]), sl);
+          sh = __dp4a(g1, static_cast<int>(xh[2 * l + 1]), sh);
+          sl = __dp4a(g1, static_cast<int>(xl[2 * l + 1]), sl);
+        }
+        const int isum = static_cast<int>(2 * (aux >> 28) + 1) * (sh * 254 + sl);
+        part[rr] = fmaf(static_cast<float>(isum), sx, part[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr)
+      acc[rr] = fmaf(__half2float(__ushort_as_half(static_cast<unsigned short>(r[rr][8]))) * 0.125f, part[rr], acc[rr]);
+  }
+};
+
 template <int T> struct DpOf;
+template <> struct DpOf<kIQ2_XXS> { using type = DpIq2xxs; };
 template <> struct DpOf<kQ2_K> { using type = DpQ2K; };
 template <> struct DpOf<kQ3_K> { using type = DpQ3K; };
 template <> struct DpOf<kMXFP4> { using type = DpMxfp4; };
@@ -1331,7 +1424,7 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
   EP_CUDA_CHECK_LAUNCH("gemv_dp4a_kernel");
 }
 
-// ---- the stream decode kernel (mxfp4, q2_K, q3_K; one token; k a multiple of 256) --------
+// ---- the stream decode kernel (mxfp4, q2_K, q3_K, iq2_xxs; one token; k a multiple of 256) --
 // The dp4a kernel's arithmetic (the same x quantization, item layout and dot products), with the
 // weights streamed through shared memory instead of registers: every warp owns a contiguous,
 // balanced range of rows of one matrix (the ranges of all warps of a matrix differ by at most one
@@ -1488,10 +1581,13 @@ int sweep_probe() {
 template <typename D, int RW, int NS, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 1) gemv_stream_kernel(GemvArgs a, int stage_bytes, int glog) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const XQuant xq = x_smem_view<D>(smem, a.k);
+  XQuant xq = x_smem_view<D>(smem, a.k);
   const int ipr = xq.ipr;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m = blockIdx.y;
-  uint8_t *ring = smem + stream_x_bytes(a.k) + static_cast<int64_t>(warp) * NS * stage_bytes;
+  // after x: the decoder's tables (iq2_xxs), then one ring per warp
+  uint2 *tables = reinterpret_cast<uint2 *>(smem + stream_x_bytes(a.k));
+  if constexpr (D::kTableBytes > 0) xq.tab = tables;
+  uint8_t *ring = smem + stream_x_bytes(a.k) + D::kTableBytes + static_cast<int64_t>(warp) * NS * stage_bytes;
 
   const uint8_t *w = static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w);
   const int64_t row_bytes = a.k / 256 * D::kBytes256;
@@ -1532,6 +1628,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 1) gemv
   };
 #pragma unroll
   for (int c = 0; c < NS - 1; ++c) issue(c);
+  D::init_tables(tables);  // constants: before the wait too
   // Up to here only the weights, w_ptrs and the shape were read: the previous kernel may still be
   // running when this launch's blocks start (programmatic dependent launch). The only kernel that
   // lets its successor start early is this one, past this wait, and it writes nothing but y; x
@@ -1590,6 +1687,8 @@ template <int T> struct StreamConfig;  // rows per warp step, stages, warps per 
 template <> struct StreamConfig<kQ2_K> { static constexpr int rw = 4, ns = 2, warps = 8; };
 template <> struct StreamConfig<kQ3_K> { static constexpr int rw = 4, ns = 2, warps = 8; };
 template <> struct StreamConfig<kMXFP4> { static constexpr int rw = 4, ns = 2, warps = 8; };
+// iq2_xxs: the same configuration (not swept)
+template <> struct StreamConfig<kIQ2_XXS> { static constexpr int rw = 4, ns = 2, warps = 8; };
 
 constexpr int64_t kStreamMaxSmem = 227 * 1024;
 // Row groups per warp (2^glog, at most max_glog) for a row of ipr items: the fewest lane-steps per
@@ -1617,7 +1716,7 @@ StreamPlan stream_plan(int64_t k, int rw, int ns, int warps) {
   p.ns = ns;
   p.warps = warps;
   p.stage = stream_stage_bytes(k / 256 * rb, p.rw << p.glog);
-  p.smem = stream_x_bytes(k) + warps * ns * p.stage;
+  p.smem = stream_x_bytes(k) + DpOf<T>::type::kTableBytes + warps * ns * p.stage;
   return p;
 }
 template <int T>
@@ -1625,14 +1724,17 @@ int64_t stream_smem_bytes(int64_t k) {
   return stream_plan<T>(k, StreamConfig<T>::rw, StreamConfig<T>::ns, StreamConfig<T>::warps).smem;
 }
 
-template <int T, int RW, int NS, int WARPS>
-void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_t stream) {
-  using D = typename StreamOf<T>::type;
-  auto *kernel = gemv_stream_kernel<D, RW, NS, WARPS>;
-  const int64_t stage = plan.stage, smem = plan.smem;
-  // one wave of resident blocks over all matrices, at most one warp per row. The occupancy query
-  // and the shared-memory attribute cost microseconds of host time, about as long as the kernel
-  // runs: they are done once per device and shared-memory size (a cache of a pure function).
+// How many blocks of Kernel (at its block size and `smem` bytes of dynamic shared memory) an SM
+// holds, the device's SMs, and whether it has programmatic dependent launch (sm_90+). The
+// occupancy query and the shared-memory attribute cost microseconds of host time, about as long
+// as a decode GEMV runs: they are done once per kernel, device and shared-memory size (a cache of
+// a pure function; the last key asked is kept).
+struct Residency {
+  int sms, per_sm;
+  bool pdl;
+};
+template <auto Kernel>
+Residency residency(int threads, int64_t smem) {
   int device = 0;
   EP_CUDA_CHECK(cudaGetDevice(&device));
   static std::atomic<uint64_t> cached{0};  // sm_90+:1 | valid:1 | device:8 | smem:20 | sms:16 | per_sm:8
@@ -1641,37 +1743,54 @@ void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_
   uint64_t hit = cached.load(std::memory_order_relaxed);
   if ((hit & kKeyMask) != key) {
     int sms = 0, per_sm = 0, major = 0;
-    allow_max_dynamic_smem<gemv_stream_kernel<D, RW, NS, WARPS>>(device);
+    allow_max_dynamic_smem<Kernel>(device);
     EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WARPS * 32, static_cast<size_t>(smem)));
+    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, static_cast<size_t>(smem)));
     EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     hit = key | (static_cast<uint64_t>(major >= 9) << 53) | (static_cast<uint64_t>(sms & 0xFFFF) << 8) |
           static_cast<uint64_t>(per_sm < 1 ? 1 : per_sm > 255 ? 255 : per_sm);
     cached.store(hit, std::memory_order_relaxed);
   }
-  const int sms = static_cast<int>((hit >> 8) & 0xFFFF), per_sm = static_cast<int>(hit & 0xFF);
-  // Rounded down: rounding up (as dp4a does) leaves a few blocks for a second wave whenever the
-  // matrices do not divide the slots (3 blocks per SM: 50 x 8 = 400 blocks for 396 slots), which
-  // doubled the time of such configurations in the 23:30 measurement.
-  const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
-  const int64_t per_mat = slots / args.n_mat > 0 ? slots / args.n_mat : 1;
-  const int64_t most = (args.n + WARPS - 1) / WARPS;
+  return {static_cast<int>((hit >> 8) & 0xFFFF), static_cast<int>(hit & 0xFF), ((hit >> 53) & 1) != 0};
+}
+
+// Launches Kernel once over one wave of resident blocks shared by the launch's matrices: per
+// matrix (blockIdx.y) min(most, SMs · blocks per SM / matrices) blocks, at least one. Rounded
+// down: rounding up leaves a few blocks for a second wave whenever the matrices do not divide the
+// slots (3 blocks per SM: 50 x 8 = 400 blocks for 396 slots), which doubled the time of such
+// configurations in session 5's measurements. With programmatic dependent launch on sm_90+ and a
+// created stream (the legacy default stream serializes), unless `pdl` is false.
+template <auto Kernel, typename... Args>
+void launch_one_wave(const char *name, int threads, int64_t smem, int64_t n_mat, int64_t most, bool pdl,
+                     cudaStream_t stream, Args... args) {
+  const Residency r = residency<Kernel>(threads, smem);
+  const int64_t slots = static_cast<int64_t>(r.sms) * r.per_sm;
+  const int64_t per_mat = slots / n_mat > 0 ? slots / n_mat : 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(most < per_mat ? most : per_mat), static_cast<unsigned>(args.n_mat));
-  cfg.blockDim = dim3(WARPS * 32);
+  cfg.gridDim = dim3(static_cast<unsigned>(most < per_mat ? most : per_mat), static_cast<unsigned>(n_mat));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
-  // programmatic dependent launch on sm_90+ and a created stream (the legacy default stream serializes)
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = stream != nullptr && (hit >> 53 & 1) != 0 ? 1 : 0;
+  cfg.numAttrs = pdl && stream != nullptr && r.pdl ? 1 : 0;
+  EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, Kernel, args...));
+  EP_CUDA_CHECK_LAUNCH(name);
+}
+
+template <int T, int RW, int NS, int WARPS>
+void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_t stream) {
+  using D = typename StreamOf<T>::type;
+  bool pdl = true;
 #if defined(EP_GEMV_SWEEP)
-  if ((g_gemv_probe_host & 4) != 0) cfg.numAttrs = 0;
+  pdl = (g_gemv_probe_host & 4) == 0;
 #endif
-  EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args, static_cast<int>(stage), plan.glog));
-  EP_CUDA_CHECK_LAUNCH("gemv_stream_kernel");
+  // at most one warp per row
+  launch_one_wave<gemv_stream_kernel<D, RW, NS, WARPS>>("gemv_stream_kernel", WARPS * 32, plan.smem, args.n_mat,
+                                                        (args.n + WARPS - 1) / WARPS, pdl, stream, args,
+                                                        static_cast<int>(plan.stage), plan.glog);
 }
 
 // EP_GEMV_STREAM_CFG = "RWxNS" (rows per warp step x stages) or "RWxNSxW" (and W warps per
@@ -1952,31 +2071,11 @@ bool imma_covers(int type, const GemvArgs &args) {
 
 template <int WARPS, int SB, int NS, int KS, bool IL = false>
 void launch_imma_cfg(const GemvArgs &args, cudaStream_t stream) {
-  constexpr int kImmaWarps = WARPS;
-  auto *kernel = gemv_imma_kernel<WARPS, SB, NS, KS, IL>;
-  const int64_t smem = imma_smem_bytes(args.k, WARPS, SB, NS);
-  int device = 0, sms = 0, per_sm = 0, major = 0;
-  EP_CUDA_CHECK(cudaGetDevice(&device));
-  allow_max_dynamic_smem<gemv_imma_kernel<WARPS, SB, NS, KS, IL>>(device);
-  EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kImmaWarps * 32, static_cast<size_t>(smem)));
-  const int64_t tiles = (args.n + 15) / 16;
-  const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
-  const int64_t per_mat = slots / args.n_mat > 0 ? slots / args.n_mat : 1;
-  const int64_t most = (tiles + kImmaWarps / KS - 1) / (kImmaWarps / KS);  // a tile per warp group at least
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(most < per_mat ? most : per_mat), static_cast<unsigned>(args.n_mat));
-  cfg.blockDim = dim3(kImmaWarps * 32);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = stream != nullptr && major >= 9 ? 1 : 0;
-  EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
-  EP_CUDA_CHECK_LAUNCH("gemv_imma_kernel");
+  // at least one 16-row tile per warp group
+  launch_one_wave<gemv_imma_kernel<WARPS, SB, NS, KS, IL>>("gemv_imma_kernel", WARPS * 32,
+                                                          imma_smem_bytes(args.k, WARPS, SB, NS), args.n_mat,
+                                                          ((args.n + 15) / 16 + WARPS / KS - 1) / (WARPS / KS), true,
+                                                          stream, args);
 }
 
 void launch_imma(const GemvArgs &args, cudaStream_t stream) {
@@ -2008,8 +2107,9 @@ void launch_imma(const GemvArgs &args, cudaStream_t stream) {
 }
 
 // Which kernel runs a type: the default per type is the fastest measured by `ep-bench kernels`
-// on an H200 (docs/benchmarks.md): for one token stream (mxfp4, q2_K, q3_K with k a multiple of
-// 256 and at least kDp4aMinRows rows per matrix; dp4a where stream's shared memory would not fit);
+// on an H200 (docs/benchmarks.md): for one token stream (mxfp4, q2_K, q3_K and iq2_xxs with k a
+// multiple of 256 and at least kDp4aMinRows rows per matrix; dp4a where stream's shared memory
+// would not fit, except iq2_xxs, which has no dp4a kernel);
 // for 2..8 tokens mma (same types and k); else
 // generic for mxfp4, q4_K and q5_K, pipe for the rest. GemvArgs::kernel, else EP_GEMV_KERNEL
 // (a gemv_kernel_name()), overrides; a kernel asked for a type or shape it does not cover falls
@@ -2031,6 +2131,9 @@ bool dp4a_covers(int type, const GemvArgs &args) {
 constexpr int64_t kDp4aMinRows = 2048;
 // stream: what dp4a covers, with x and one ring per warp in shared memory
 bool stream_covers(int type, const GemvArgs &args) {
+  if (type == kIQ2_XXS)  // its blocks are read as 16-bit halves and aligned words: 2-byte aligned rows
+    return args.n_tok == 1 && args.k % 256 == 0 && stream_smem_bytes<kIQ2_XXS>(args.k) <= kStreamMaxSmem &&
+           (args.w_ptrs != nullptr || (reinterpret_cast<uintptr_t>(args.w) & 1) == 0);
   if (!dp4a_covers(type, args)) return false;
   const int64_t smem = type == kQ2_K ? stream_smem_bytes<kQ2_K>(args.k)
                        : type == kQ3_K ? stream_smem_bytes<kQ3_K>(args.k)
@@ -2049,6 +2152,7 @@ GemvKernel pick_gemv_kernel(int type, const GemvArgs &args) {
   if (want == GemvKernel::automatic || (want == GemvKernel::mma && !mma_ok) || (want == GemvKernel::dp4a && !dp4a_ok)) {
     // stream measured faster than dp4a (docs/benchmarks.md); the same rows-per-matrix rule
     if (dp4a_ok && args.n >= kDp4aMinRows) return stream_covers(type, args) ? GemvKernel::stream : GemvKernel::dp4a;
+    if (type == kIQ2_XXS && args.n >= kDp4aMinRows && stream_covers(type, args)) return GemvKernel::stream;
     if (mma_ok && args.n_tok > 1) return GemvKernel::mma;
     return type == kQ4_K || type == kQ5_K || type == kMXFP4 ? GemvKernel::generic : GemvKernel::pipe;
   }
@@ -2067,6 +2171,9 @@ void launch_typed(GemvKernel kernel, const GemvArgs &args, cudaStream_t stream) 
       if (kernel == GemvKernel::imma) return launch_imma(args, stream);
     }
     if (kernel == GemvKernel::mma) return launch_mma_tokens<T, 4, 4, 1>(args, stream);
+  }
+  if constexpr (T == kIQ2_XXS) {
+    if (kernel == GemvKernel::stream) return launch_stream<T>(args, stream);
   }
   if (kernel == GemvKernel::generic) {
     if (one) {

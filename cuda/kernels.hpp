@@ -10,10 +10,11 @@
 namespace ep::cuda {
 
 /// GEMV kernels (cuda/gemv_quant.cu). automatic: the fastest for the type and shape (EP_GEMV_KERNEL
-/// = generic|pipe|mma|dp4a|stream overrides it). dp4a and stream (one token) and mma (1..8 tokens)
-/// run mxfp4, q2_K and q3_K with k a multiple of 256; asked for other types or shapes they fall
-/// back to what automatic picks there. stream is dp4a's arithmetic with the weights streamed
-/// through shared memory (cp.async ring per warp). imma (asked for only; q2_K, one token, k a
+/// = generic|pipe|mma|dp4a|stream|imma overrides it). dp4a and stream (one token) and mma (1..8
+/// tokens) run mxfp4, q2_K and q3_K with k a multiple of 256, stream also iq2_xxs (one token, k a
+/// multiple of 256, 2-byte-aligned matrices); asked for other types or shapes they fall back to
+/// what automatic picks there. stream is dp4a's arithmetic with the weights streamed through
+/// shared memory (cp.async ring per warp). imma (asked for only; q2_K, one token, k a
 /// multiple of 256) runs q2_K on int8 tensor cores (cuda/gemv_imma.cuh; same x precision as
 /// dp4a; slower than stream on row-major matrices, docs/benchmarks.md). generic and pipe run every
 /// type exactly (f32 x).

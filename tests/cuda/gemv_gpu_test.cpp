@@ -142,7 +142,8 @@ TEST_CASE("tensor-core and dp4a GEMV match the CPU for mxfp4, q2_K and q3_K", "[
   // the dp4a and stream kernels run one token; asked for more they fall back to automatic (mma)
   for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a, GemvKernel::stream, GemvKernel::imma}) {
     double worst = 0;
-    for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
+    // iq2_xxs runs on stream only (asked for another of these kernels: automatic's pick, pipe)
+    for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::iq2_xxs}) {
       // 3584: q3_K rows of 1540 bytes (not 16-byte aligned, every other block 2 bytes off a word);
       // 768: q3_K rows of 330 bytes (every other row 2 bytes off); 256: one block per row (many
       // rows per warp step); odd n: partial warp and block tiles; 4608 with one token: three mma
@@ -191,7 +192,7 @@ TEST_CASE("the stream kernel's measured configurations match the CPU", "[gpu][ge
   const std::string keep = old != nullptr ? old : "";
   for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "4x2", "4x3"}) {
     setenv("EP_GEMV_STREAM_CFG", cfg, 1);
-    for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
+    for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::iq2_xxs}) {
       for (Case c : {Case{type, 3584, 45, 2, 1}, Case{type, 768, 67, 3, 1}, Case{type, 4608, 20, 2, 1}}) {
         const double err = run_case(c, GemvKernel::stream, rng);
         INFO("stream " << cfg << " type " << static_cast<int>(type) << " k " << c.k << " n " << c.n << " err " << err);
@@ -260,7 +261,7 @@ TEST_CASE("a stream launch sees the previous launch's output (programmatic depen
 TEST_CASE("tensor-core and dp4a GEMV keep their precision for x far outside the f16 range", "[gpu][gemv]") {
   std::mt19937 rng(32);
   for (GemvKernel kernel : {GemvKernel::mma, GemvKernel::dp4a, GemvKernel::stream, GemvKernel::imma}) {
-    for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k}) {
+    for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::iq2_xxs}) {
       for (float scale : {1e-7f, 3e5f, 1e9f}) {
         for (int n_tok : {1, 5}) {
           const double err = run_case(Case{type, 2048, 40, 2, n_tok, scale}, kernel, rng);
@@ -295,7 +296,11 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), a) == GemvKernel::stream);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), a) == GemvKernel::stream);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::mxfp4), a) == GemvKernel::stream);
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::iq2_xxs), a) == GemvKernel::stream);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q6_k), a) == GemvKernel::pipe);
+  a.n_tok = 2;  // iq2_xxs has no tensor-core kernel for several tokens
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::iq2_xxs), a) == GemvKernel::pipe);
+  a.n_tok = 1;
   a.n = 1000;
   a.n_mat = 64;  // many small matrices: the choice goes by rows per matrix, not per launch
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), a) == GemvKernel::pipe);
@@ -326,6 +331,9 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), b) == GemvKernel::pipe);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::mxfp4), b) == GemvKernel::generic);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), b) == GemvKernel::stream);
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::iq2_xxs), b) == GemvKernel::stream);  // 2-byte aligned
+  b.w = reinterpret_cast<const void *>(uintptr_t{0x10001});
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::iq2_xxs), b) == GemvKernel::pipe);
   std::mt19937 rng(34);
   CHECK(run_case(Case{GgmlType::mxfp4, 96, 21, 2, 2}, GemvKernel::mma, rng) <= 1e-4);
   CHECK(run_case(Case{GgmlType::mxfp4, 96, 21, 2, 1}, GemvKernel::dp4a, rng) <= 1e-4);

@@ -45,6 +45,7 @@ struct Options {
   int batch[4] = {8, 8, 8, 8};  // experts per GEMV launch, per shape (--batch N or N1,N2,N3,N4)
   int gemv_tokens = 1;       // tokens per GEMV launch
   int passes = 10;           // timed passes over the weight pool
+  bool graph = false;        // --graph: the timed passes captured once as a CUDA graph and replayed
   uint64_t pool_mib = 1024;  // weight bytes cycled per type and shape
   int64_t prefill_tokens = 512;
   std::vector<GgmlType> types;
@@ -92,6 +93,7 @@ Options options_from(const Args &args) {
   o.gemv_tokens = std::clamp(static_cast<int>(args.number("gemv-tokens", 1)), 1, ep::cuda::kGemvMaxTokens);
   o.pool_mib = static_cast<uint64_t>(args.number("pool-mib", 1024));
   o.passes = std::max(1, static_cast<int>(args.number("passes", 10)));
+  o.graph = args.has("graph");
   o.prefill_tokens = std::max<int64_t>(1, static_cast<int64_t>(args.number("tokens", 512)));
   for (const auto &name : split_list(args.get("types", ""))) {
     bool found = false;
@@ -129,6 +131,28 @@ struct Events {
     EP_CUDA_CHECK(cudaEventElapsedTime(&v, start, stop));
     return v;
   }
+};
+
+// The launches `record` makes on `stream`, captured once into a CUDA graph (programmatic
+// dependent launches become programmatic edges) and replayed by launch(): no host work per kernel.
+struct CapturedLaunches {
+  cudaGraphExec_t exec{};
+  template <typename F>
+  CapturedLaunches(cudaStream_t stream, const F &record) {
+    cudaGraph_t graph{};
+    EP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    record();
+    EP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    EP_CUDA_CHECK(made);
+  }
+  ~CapturedLaunches() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+  CapturedLaunches(const CapturedLaunches &) = delete;
+  CapturedLaunches &operator=(const CapturedLaunches &) = delete;
+  void launch(cudaStream_t stream) const { EP_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }
 };
 
 struct DeviceMem {
@@ -245,16 +269,29 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
     EP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
   }
   // GB/s of launch(table + i·per_launch) over the whole pool: one warm-up pass, then o.passes
-  // timed passes, bytes_per_matrix read per matrix
+  // timed passes, bytes_per_matrix read per matrix; with --graph the timed passes are captured
+  // as one CUDA graph after the warm-up (which also fills the launchers' caches), replayed once
+  // untimed and once timed
   const auto *table = static_cast<const void *const *>(dptrs.p);
   auto pass_gbps = [&](int per_launch, uint64_t bytes_per_matrix, const auto &launch) {
     const int launches_per_pass = pool / per_launch;
     for (int i = 0; i < launches_per_pass; ++i) launch(table + i * per_launch);  // warm-up pass
+    auto timed_passes = [&] {
+      for (int p = 0; p < o.passes; ++p)
+        for (int i = 0; i < launches_per_pass; ++i) launch(table + i * per_launch);
+    };
     Events ev;
-    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
-    for (int p = 0; p < o.passes; ++p)
-      for (int i = 0; i < launches_per_pass; ++i) launch(table + i * per_launch);
-    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+    if (o.graph) {
+      const CapturedLaunches graph(stream, timed_passes);
+      graph.launch(stream);
+      EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+      graph.launch(stream);
+      EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+    } else {
+      EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+      timed_passes();
+      EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+    }
     const double bytes = static_cast<double>(bytes_per_matrix) * per_launch * launches_per_pass * o.passes;
     return bytes / (ev.ms() * 1e6);
   };
@@ -351,6 +388,7 @@ int run(const Options &o) {
     j["hbm_copy_gbps"] = hbm;
     j["hbm_copy_gbps_after"] = hbm_after;
     j["gemv_tokens"] = o.gemv_tokens;
+    j["gemv_graph"] = o.graph;
     j["prefill_tokens"] = o.prefill_tokens;
     j["cublas_bf16_tflops_8192"] = cublas_big;
     for (const auto &r : results) {
@@ -388,8 +426,9 @@ int run(const Options &o) {
       fmt::print("cuBLAS bf16 GEMM {}x{} x {} tokens ({}): {:.1f} TFLOP/s\n", shapes[i].k, shapes[i].n, o.prefill_tokens,
                  shapes[i].what, cublas[i]);
   }
-  fmt::print("\ndecode GEMV: {} experts per launch by shape (and 1), {} token(s); prefill GEMM: {} tokens, {}\n",
-             fmt::format("{}/{}/{}/{}", o.batch[0], o.batch[1], o.batch[2], o.batch[3]), o.gemv_tokens, o.prefill_tokens,
+  fmt::print("\ndecode GEMV: {} experts per launch by shape (and 1), {} token(s){}; prefill GEMM: {} tokens, {}\n",
+             fmt::format("{}/{}/{}/{}", o.batch[0], o.batch[1], o.batch[2], o.batch[3]), o.gemv_tokens,
+             o.graph ? ", launches replayed from a CUDA graph" : "", o.prefill_tokens,
              o.gemm_mode == ep::cuda::GemmMode::exact_f32 ? "dequantize to f32 + cuBLAS SGEMM (exact, the default)"
                                                           : "dequantize to bf16 + cuBLAS bf16 GEMM (fast)");
   fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5} {:>6}\n", "type", "K x N", "MiB/mat", "kernel",
