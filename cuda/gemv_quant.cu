@@ -52,6 +52,36 @@ void allow_max_dynamic_smem(int device) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
+// How many blocks of Kernel (at its block size and `smem` bytes of dynamic shared memory) an SM
+// holds, the device's SMs, and whether it has programmatic dependent launch (sm_90+). The
+// occupancy query and the shared-memory attribute cost microseconds of host time, about as long
+// as a decode GEMV runs: they are done once per kernel, device and shared-memory size (a cache of
+// a pure function; the last key asked is kept).
+struct Residency {
+  int sms, per_sm;
+  bool pdl;
+};
+template <auto Kernel>
+Residency residency(int threads, int64_t smem) {
+  int device = 0;
+  EP_CUDA_CHECK(cudaGetDevice(&device));
+  static std::atomic<uint64_t> cached{0};  // sm_90+:1 | valid:1 | device:8 | smem:20 | sms:16 | per_sm:8
+  const uint64_t key = (uint64_t{1} << 52) | (static_cast<uint64_t>(device & 0xFF) << 44) | (static_cast<uint64_t>(smem) << 24);
+  constexpr uint64_t kKeyMask = ((uint64_t{1} << 53) - 1) & ~uint64_t{0xFFFFFF};
+  uint64_t hit = cached.load(std::memory_order_relaxed);
+  if ((hit & kKeyMask) != key) {
+    int sms = 0, per_sm = 0, major = 0;
+    allow_max_dynamic_smem<Kernel>(device);
+    EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, static_cast<size_t>(smem)));
+    EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    hit = key | (static_cast<uint64_t>(major >= 9) << 53) | (static_cast<uint64_t>(sms & 0xFFFF) << 8) |
+          static_cast<uint64_t>(per_sm < 1 ? 1 : per_sm > 255 ? 255 : per_sm);
+    cached.store(hit, std::memory_order_relaxed);
+  }
+  return {static_cast<int>((hit >> 8) & 0xFFFF), static_cast<int>(hit & 0xFF), ((hit >> 53) & 1) != 0};
+}
+
 constexpr int kWarps = 4;           // warps per block
 constexpr int kRows = 2;            // rows per warp
 constexpr int kChunkBytes = 2048;   // bytes of one row staged at a time (whole blocks)
@@ -1411,13 +1441,9 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
   auto *kernel = gemv_dp4a_kernel<D, RW>;
   const int64_t smem = dp4a_smem_bytes(args.k);
   // one wave of resident blocks over all matrices (at least one block per matrix)
-  int device = 0, sms = 0, per_sm = 0;
-  EP_CUDA_CHECK(cudaGetDevice(&device));
-  allow_max_dynamic_smem<gemv_dp4a_kernel<D, RW>>(device);
-  EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kDpWarps * 32, static_cast<size_t>(smem)));
+  const Residency r = residency<gemv_dp4a_kernel<D, RW>>(kDpWarps * 32, smem);
   const int64_t tiles = (args.n + kDpWarps * RW - 1) / (kDpWarps * RW);
-  const int64_t slots = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const int64_t slots = static_cast<int64_t>(r.sms) * r.per_sm;
   const int64_t per_mat = (slots + args.n_mat - 1) / args.n_mat;
   const dim3 grid(static_cast<unsigned>(tiles < per_mat ? tiles : per_mat), static_cast<unsigned>(args.n_mat));
   kernel<<<grid, kDpWarps * 32, static_cast<size_t>(smem), stream>>>(args);
@@ -1722,36 +1748,6 @@ StreamPlan stream_plan(int64_t k, int rw, int ns, int warps) {
 template <int T>
 int64_t stream_smem_bytes(int64_t k) {
   return stream_plan<T>(k, StreamConfig<T>::rw, StreamConfig<T>::ns, StreamConfig<T>::warps).smem;
-}
-
-// How many blocks of Kernel (at its block size and `smem` bytes of dynamic shared memory) an SM
-// holds, the device's SMs, and whether it has programmatic dependent launch (sm_90+). The
-// occupancy query and the shared-memory attribute cost microseconds of host time, about as long
-// as a decode GEMV runs: they are done once per kernel, device and shared-memory size (a cache of
-// a pure function; the last key asked is kept).
-struct Residency {
-  int sms, per_sm;
-  bool pdl;
-};
-template <auto Kernel>
-Residency residency(int threads, int64_t smem) {
-  int device = 0;
-  EP_CUDA_CHECK(cudaGetDevice(&device));
-  static std::atomic<uint64_t> cached{0};  // sm_90+:1 | valid:1 | device:8 | smem:20 | sms:16 | per_sm:8
-  const uint64_t key = (uint64_t{1} << 52) | (static_cast<uint64_t>(device & 0xFF) << 44) | (static_cast<uint64_t>(smem) << 24);
-  constexpr uint64_t kKeyMask = ((uint64_t{1} << 53) - 1) & ~uint64_t{0xFFFFFF};
-  uint64_t hit = cached.load(std::memory_order_relaxed);
-  if ((hit & kKeyMask) != key) {
-    int sms = 0, per_sm = 0, major = 0;
-    allow_max_dynamic_smem<Kernel>(device);
-    EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, static_cast<size_t>(smem)));
-    EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    hit = key | (static_cast<uint64_t>(major >= 9) << 53) | (static_cast<uint64_t>(sms & 0xFFFF) << 8) |
-          static_cast<uint64_t>(per_sm < 1 ? 1 : per_sm > 255 ? 255 : per_sm);
-    cached.store(hit, std::memory_order_relaxed);
-  }
-  return {static_cast<int>((hit >> 8) & 0xFFFF), static_cast<int>(hit & 0xFF), ((hit >> 53) & 1) != 0};
 }
 
 // Launches Kernel once over one wave of resident blocks shared by the launch's matrices: per
