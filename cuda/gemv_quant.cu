@@ -21,6 +21,7 @@
 #include "cuda/check.hpp"
 #include "cuda/dispatch.cuh"
 #include "cuda/gemv_imma.cuh"
+#include "cuda/iq2xxs_dot.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/reduce.cuh"
 
@@ -959,7 +960,7 @@ struct XQuant {
   const int8_t *hi, *lo;  // permuted: 16-byte piece p of item ii at (p·ipr + ii)·16
   const float2 *xs;       // q2_K/q3_K: (s/254, Σx of the 16 values) at p·ipr + ii; mxfp4: (s/254, -) at c·ipr + ii
   int ipr;                // items per row
-  const uint2 *tab = nullptr;  // the decoder's lookup tables in shared memory (D::kTableBytes; iq2_xxs)
+  const uint8_t *tab = nullptr;  // the decoder's lookup tables in shared memory (D::kTableBytes; iq2_xxs)
 };
 
 __device__ __forceinline__ uint32_t ldg32(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned int *>(p)); }
@@ -1063,7 +1064,7 @@ struct DpKq {
   static constexpr int kValues = 64;
   static constexpr bool kSums = true;
   static constexpr int kTableBytes = 0;  // no lookup tables (see DpIq2xxs)
-  __device__ static void init_tables(uint2 *) {}
+  __device__ static void init_tables(uint8_t *) {}
   __device__ static int piece(int v, int ipr) {
     const int item = 4 * (v >> 8) + 2 * ((v >> 7) & 1) + ((v >> 4) & 1), j = (v >> 5) & 3;
     return (j * ipr + item) * 16 + (v & 15);
@@ -1224,7 +1225,7 @@ struct DpMxfp4 {
   static constexpr int kWords = 17, kValues = 128, kBytes256 = 136;
   static constexpr bool kSums = false;
   static constexpr int kTableBytes = 0;
-  __device__ static void init_tables(uint2 *) {}
+  __device__ static void init_tables(uint8_t *) {}
   __device__ static int piece(int v, int ipr) {
     const int item = v >> 7, c = (v >> 5) & 3, part = (v >> 4) & 1;
     return ((2 * c + part) * ipr + item) * 16 + (v & 15);
@@ -1269,30 +1270,24 @@ struct DpMxfp4 {
 };
 
 // iq2_xxs (stream kernel only): an item is half a block, 128 values = four 32-value sub-blocks of
-// 8 bytes (four 8-bit grid indices; four 7-bit sign indices and a 4-bit scale), x laid out and
-// quantized as for mxfp4 (one x scale per 32 values, the sub-block). A grid entry is 8 unsigned
-// bytes (8, 25 or 43), its sign pattern a byte mask (0xFF: negative): (g ^ m) + (m & 1) negates
-// the masked bytes (no carries: g <= 43), and dp4a takes the signed bytes against x's hi and lo.
-// Both tables sit in shared memory (the __constant__ tables serialize lanes reading different
-// entries). The sub-block's integer sum times 2·scale + 1 stays below 2^31 (31·255·32·43·127),
-// then d/8 (ggml: d·(0.5 + scale)·0.25 = d·(2·scale + 1)/8) per block.
+// 8 bytes, x laid out and quantized as for mxfp4 (one x scale per 32 values, the sub-block); each
+// sub-block's integer sum is cuda/iq2xxs_dot.cuh's (checked on a CPU by
+// tests/cuda/iq2xxs_dot_test.cpp), then d/8 per block. The grid and the sign patterns' byte masks
+// sit in shared memory (the __constant__ tables serialize lanes reading different entries).
 __device__ const uint64_t kIq2xxsGridGlobal[256] = {EP_IQ2XXS_GRID_VALUES};
 __device__ const uint8_t kIq2xxsSignsGlobal[128] = {EP_IQ2XXS_KSIGNS_VALUES};
 struct DpIq2xxs : DpMxfp4 {
   static constexpr int kWords = 9, kBytes256 = 66;
   static constexpr int kTableBytes = (256 + 128) * 8;  // grid [256], then sign masks [128]
   // by the whole block, before anything reads them (the block synchronizes after x)
-  __device__ static void init_tables(uint2 *tab) {
+  __device__ static void init_tables(uint8_t *tab) {
+    auto *pairs = reinterpret_cast<iq2xxs::WordPair *>(tab);
     for (int i = static_cast<int>(threadIdx.x); i < 256 + 128; i += static_cast<int>(blockDim.x)) {
       if (i < 256) {
         const uint64_t g = kIq2xxsGridGlobal[i];
-        tab[i] = make_uint2(static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32));
+        pairs[i] = {static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32)};
       } else {
-        const uint32_t sg = kIq2xxsSignsGlobal[i - 256];
-        uint32_t m[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) m[j >> 2] |= ((sg >> j) & 1u) * (0xFFu << (8 * (j & 3)));
-        tab[i] = make_uint2(m[0], m[1]);
+        pairs[i] = iq2xxs::sign_masks(kIq2xxsSignsGlobal[i - 256]);
       }
     }
   }
@@ -1318,7 +1313,7 @@ struct DpIq2xxs : DpMxfp4 {
   template <int RW>
   __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
                              float (&acc)[RW]) {
-    const uint2 *grid = xq.tab, *masks = xq.tab + 256;
+    const auto *grid = reinterpret_cast<const iq2xxs::WordPair *>(xq.tab), *masks = grid + 256;
     float part[RW];
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr) part[rr] = 0.0f;
@@ -1332,22 +1327,9 @@ struct DpIq2xxs : DpMxfp4 {
       const uint32_t xh[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
       const uint32_t xl[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
 #pragma unroll
-      for (int rr = 0; rr < RW; ++rr) {
-        const uint32_t idx = r[rr][2 * c], aux = r[rr][2 * c + 1];
-        int sh = 0, sl = 0;
-#pragma unroll
-        for (int l = 0; l < 4; ++l) {
-          const uint2 g = grid[(idx >> (8 * l)) & 0xFFu], m = masks[(aux >> (7 * l)) & 127u];
-          const int g0 = static_cast<int>((g.x ^ m.x) + (m.x & 0x01010101u));
-          const int g1 = static_cast<int>((g.y ^ m.y) + (m.y & 0x01010101u));
-          sh = __dp4a(g0, static_cast<int>(xh[2 * l]), sh);
-          sl = __dp4a(g0, static_cast<int>(xl[2 * l]), sl);
-          sh = __dp4a(g1, static_cast<int>(xh[2 * l + 1]), sh);
-          sl = __dp4a(g1, static_cast<int>(xl[2 * l + 1]), sl);
-        }
-        const int isum = static_cast<int>(2 * (aux >> 28) + 1) * (sh * 254 + sl);
-        part[rr] = fmaf(static_cast<float>(isum), sx, part[rr]);
-      }
+      for (int rr = 0; rr < RW; ++rr)
+        part[rr] = fmaf(static_cast<float>(iq2xxs::subblock_sum(r[rr][2 * c], r[rr][2 * c + 1], grid, masks, xh, xl)),
+                        sx, part[rr]);
     }
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr)
@@ -1611,7 +1593,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 1) gemv
   const int ipr = xq.ipr;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m = blockIdx.y;
   // after x: the decoder's tables (iq2_xxs), then one ring per warp
-  uint2 *tables = reinterpret_cast<uint2 *>(smem + stream_x_bytes(a.k));
+  uint8_t *tables = smem + stream_x_bytes(a.k);
   if constexpr (D::kTableBytes > 0) xq.tab = tables;
   uint8_t *ring = smem + stream_x_bytes(a.k) + D::kTableBytes + static_cast<int64_t>(warp) * NS * stage_bytes;
 
