@@ -34,6 +34,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/dp4a.cuh"
+
 #if defined(__CUDACC__)
 #define EP_IMMA_HD __host__ __device__ __forceinline__
 #else
@@ -69,30 +71,6 @@ EP_IMMA_HD uint32_t load_u32(const uint8_t *p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
-#endif
-}
-
-/// Σ of the four byte products a_i·b_i plus c, a's bytes unsigned and b's unsigned (dp4a.u32.u32).
-EP_IMMA_HD int32_t dp4a_uu(uint32_t a, uint32_t b, int32_t c) {
-#if defined(__CUDA_ARCH__)
-  int32_t d;
-  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-#else
-  for (int i = 0; i < 4; ++i) c += static_cast<int32_t>((a >> (8 * i)) & 0xFFu) * static_cast<int32_t>((b >> (8 * i)) & 0xFFu);
-  return c;
-#endif
-}
-/// As dp4a_uu with b's bytes signed (dp4a.u32.s32).
-EP_IMMA_HD int32_t dp4a_us(uint32_t a, uint32_t b, int32_t c) {
-#if defined(__CUDA_ARCH__)
-  int32_t d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-#else
-  for (int i = 0; i < 4; ++i)
-    c += static_cast<int32_t>((a >> (8 * i)) & 0xFFu) * static_cast<int32_t>(static_cast<int8_t>((b >> (8 * i)) & 0xFFu));
-  return c;
 #endif
 }
 
@@ -221,7 +199,8 @@ EP_IMMA_HD void add_set(const int32_t (&c)[4], int j, uint32_t sc_g, uint32_t sc
 /// Σ_j m_G·X_G of the lane's four groups (scales: slot_scales; planes: XBlock::planes[t] as words).
 EP_IMMA_HD int32_t min_sum(uint32_t scales, const uint32_t (&planes)[3]) {
   const uint32_t mins = (scales >> 4) & 0x0F0F0F0Fu;
-  return dp4a_uu(mins, planes[0], 0) + dp4a_uu(mins, planes[1], 0) * 256 + dp4a_us(mins, planes[2], 0) * 65536;
+  return dp4a<false, false>(mins, planes[0], 0) + dp4a<false, false>(mins, planes[1], 0) * 256 +
+         dp4a<false, true>(mins, planes[2], 0) * 65536;
 }
 
 /// The XBlock planes of slot t as words.

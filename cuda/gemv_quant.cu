@@ -974,18 +974,17 @@ struct SharedWords {
   __device__ static uint32_t w(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
   __device__ static uint32_t h(const uint8_t *p) { return *reinterpret_cast<const unsigned short *>(p); }
 };
-using imma::dp4a_us;  // dp4a.u32.s32 (cuda/gemv_imma.cuh, host-callable for its emulation test)
 // The dot products of 16 weight bytes (words w[0..3], masked) with x's hi and lo int8 parts.
 template <size_t N>
 __device__ __forceinline__ int2 dp4a_hi_lo(const uint32_t (&w)[N], uint32_t mask, const uint4 &xh, const uint4 &xl) {
   const uint32_t w0 = w[0] & mask, w1 = w[1] & mask, w2 = w[2] & mask, w3 = w[3] & mask;
-  int sh = dp4a_us(w0, xh.x, 0), sl = dp4a_us(w0, xl.x, 0);
-  sh = dp4a_us(w1, xh.y, sh);
-  sl = dp4a_us(w1, xl.y, sl);
-  sh = dp4a_us(w2, xh.z, sh);
-  sl = dp4a_us(w2, xl.z, sl);
-  sh = dp4a_us(w3, xh.w, sh);
-  sl = dp4a_us(w3, xl.w, sl);
+  int sh = dp4a<false, true>(w0, xh.x, 0), sl = dp4a<false, true>(w0, xl.x, 0);
+  sh = dp4a<false, true>(w1, xh.y, sh);
+  sl = dp4a<false, true>(w1, xl.y, sl);
+  sh = dp4a<false, true>(w2, xh.z, sh);
+  sl = dp4a<false, true>(w2, xl.z, sl);
+  sh = dp4a<false, true>(w3, xh.w, sh);
+  sl = dp4a<false, true>(w3, xl.w, sl);
   return make_int2(sh, sl);
 }
 // Small non-negative integer n (< 2^23) times 2^-e as f32 without a conversion instruction.
@@ -1186,10 +1185,10 @@ struct DpQ3K : DpKq {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const uint32_t wq = q[rr][i] & qm, wh = hm[rr][i] & hmk;
-          qh = dp4a_us(wq, xhw[i], qh);
-          ql = dp4a_us(wq, xlw[i], ql);
-          bh = dp4a_us(wh, xhw[i], bh);
-          bl = dp4a_us(wh, xlw[i], bl);
+          qh = dp4a<false, true>(wq, xhw[i], qh);
+          ql = dp4a<false, true>(wq, xlw[i], ql);
+          bh = dp4a<false, true>(wh, xhw[i], bh);
+          bl = dp4a<false, true>(wh, xlw[i], bl);
         }
         const uint32_t low4 = ((j < 2 ? S0[rr] : S1[rr]) >> (16 * (j & 1))) & 0xFu;
         const uint32_t high2 = (S2[rr] >> (16 * (j & 1) + 2 * (j >> 1))) & 3u;
@@ -1231,6 +1230,20 @@ struct DpMxfp4 {
     return ((2 * c + part) * ipr + item) * 16 + (v & 15);
   }
   __device__ static int scale_slot(int v, int ipr) { return ((v >> 5) & 3) * ipr + (v >> 7); }
+  // x of 32-value chunk c of item ii: hi and lo bytes in value order (words 0..3 the first 16
+  // values, 4..7 the second 16) and s/254 (DpIq2xxs shares the layout)
+  struct XChunk {
+    uint32_t hi[8], lo[8];
+    float s;
+  };
+  __device__ static XChunk x_chunk(const XQuant &xq, int c, int ii) {
+    const uint4 xa = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c) * xq.ipr + ii));
+    const uint4 xb = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c + 1) * xq.ipr + ii));
+    const uint4 la = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c) * xq.ipr + ii));
+    const uint4 lb = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c + 1) * xq.ipr + ii));
+    return {{xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w}, {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w},
+            xq.xs[c * xq.ipr + ii].x};
+  }
   template <typename L = GlobalWords>
   __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
     const uint8_t *p = row + ii * 68;
@@ -1243,13 +1256,7 @@ struct DpMxfp4 {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int off = 17 * c, start = off + 1, wi = start / 4, fs = 8 * (start % 4);
-      const uint4 xa = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c) * xq.ipr + ii));
-      const uint4 xb = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c + 1) * xq.ipr + ii));
-      const uint4 la = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c) * xq.ipr + ii));
-      const uint4 lb = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c + 1) * xq.ipr + ii));
-      const float sx = xq.xs[c * xq.ipr + ii].x;
-      const uint32_t xaw[4] = {xa.x, xa.y, xa.z, xa.w}, xbw[4] = {xb.x, xb.y, xb.z, xb.w};
-      const uint32_t law[4] = {la.x, la.y, la.z, la.w}, lbw[4] = {lb.x, lb.y, lb.z, lb.w};
+      const XChunk x = x_chunk(xq, c, ii);
 #pragma unroll
       for (int rr = 0; rr < RW; ++rr) {
         const uint32_t e = (r[rr][off / 4] >> (8 * (off % 4))) & 0xFFu;
@@ -1258,12 +1265,12 @@ struct DpMxfp4 {
         for (int t = 0; t < 4; ++t) {
           const uint32_t q = fs ? __funnelshift_r(r[rr][wi + t], r[rr][wi + t + 1], fs) : r[rr][wi + t];
           const int2 v = mxfp4_ints(q);
-          sh = __dp4a(v.x, static_cast<int>(xaw[t]), sh);
-          sl = __dp4a(v.x, static_cast<int>(law[t]), sl);
-          sh = __dp4a(v.y, static_cast<int>(xbw[t]), sh);
-          sl = __dp4a(v.y, static_cast<int>(lbw[t]), sl);
+          sh = __dp4a(v.x, static_cast<int>(x.hi[t]), sh);
+          sl = __dp4a(v.x, static_cast<int>(x.lo[t]), sl);
+          sh = __dp4a(v.y, static_cast<int>(x.hi[4 + t]), sh);
+          sl = __dp4a(v.y, static_cast<int>(x.lo[4 + t]), sl);
         }
-        acc[rr] = fmaf(e8m0_half(static_cast<uint8_t>(e)) * sx, static_cast<float>(sh * 254 + sl), acc[rr]);
+        acc[rr] = fmaf(e8m0_half(static_cast<uint8_t>(e)) * x.s, static_cast<float>(sh * 254 + sl), acc[rr]);
       }
     }
   }
@@ -1319,17 +1326,11 @@ struct DpIq2xxs : DpMxfp4 {
     for (int rr = 0; rr < RW; ++rr) part[rr] = 0.0f;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint4 xa = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c) * xq.ipr + ii));
-      const uint4 xb = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c + 1) * xq.ipr + ii));
-      const uint4 la = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c) * xq.ipr + ii));
-      const uint4 lb = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c + 1) * xq.ipr + ii));
-      const float sx = xq.xs[c * xq.ipr + ii].x;
-      const uint32_t xh[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-      const uint32_t xl[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+      const XChunk x = x_chunk(xq, c, ii);
 #pragma unroll
       for (int rr = 0; rr < RW; ++rr)
-        part[rr] = fmaf(static_cast<float>(iq2xxs::subblock_sum(r[rr][2 * c], r[rr][2 * c + 1], grid, masks, xh, xl)),
-                        sx, part[rr]);
+        part[rr] = fmaf(static_cast<float>(iq2xxs::subblock_sum(r[rr][2 * c], r[rr][2 * c + 1], grid, masks, x.hi, x.lo)),
+                        x.s, part[rr]);
     }
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr)
@@ -1545,8 +1546,8 @@ struct SQ3K : DpQ3K {
           const uint32_t qp = j == 3 ? (q[rr][i] >> 2) & 0x30303030u : q[rr][i] & (0x03030303u << (2 * j));
           const uint32_t hp = (hm[rr][i] & (0x01010101u << j)) << (j == 3 ? 3 : j + 2);
           const uint32_t wv = qp | hp;
-          th = dp4a_us(wv, xhw[i], th);
-          tl = dp4a_us(wv, xlw[i], tl);
+          th = dp4a<false, true>(wv, xhw[i], th);
+          tl = dp4a<false, true>(wv, xlw[i], tl);
         }
         const float sc = __uint_as_float(__byte_perm(scb[rr], 0x4B000000u, 0x7440u + j)) - 8388640.0f;  // − 2^23 − 32
         sum[rr] = fmaf(sc, fmaf(static_cast<float>(th * 254 + tl), xsj, m4), sum[rr]);

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "cuda/dp4a.cuh"
+
 #if defined(__CUDACC__)
 #define EP_IQ2_HD __host__ __device__ __forceinline__
 #else
@@ -46,18 +48,6 @@ EP_IQ2_HD WordPair sign_masks(uint32_t signs) {
   return {m[0], m[1]};
 }
 
-/// dp4a with both operands signed: c + Σ_i a.byte_i · b.byte_i.
-EP_IQ2_HD int32_t dp4a_ss(uint32_t a, uint32_t b, int32_t c) {
-#if defined(__CUDA_ARCH__)
-  return __dp4a(static_cast<int>(a), static_cast<int>(b), c);
-#else
-  for (int i = 0; i < 4; ++i)
-    c += static_cast<int32_t>(static_cast<int8_t>((a >> (8 * i)) & 0xFFu)) *
-         static_cast<int32_t>(static_cast<int8_t>((b >> (8 * i)) & 0xFFu));
-  return c;
-#endif
-}
-
 /// (2s + 1)·(254·Σ w·hi + Σ w·lo) over one sub-block: `idx` its four grid indices, `aux` its sign
 /// indices and scale, w its signed grid values; grid[256] and masks[128] the tables (masks[i] =
 /// sign_masks(ksigns_iq2xs[i])); xh / xl x's hi and lo bytes of the sub-block's 32 values, 4 per
@@ -69,10 +59,10 @@ EP_IQ2_HD int32_t subblock_sum(uint32_t idx, uint32_t aux, const WordPair *grid,
   for (int l = 0; l < 4; ++l) {
     const WordPair g = grid[(idx >> (8 * l)) & 0xFFu], m = masks[(aux >> (7 * l)) & 127u];
     const uint32_t w0 = signed_word(g.lo, m.lo), w1 = signed_word(g.hi, m.hi);
-    sh = dp4a_ss(w0, xh[2 * l], sh);
-    sl = dp4a_ss(w0, xl[2 * l], sl);
-    sh = dp4a_ss(w1, xh[2 * l + 1], sh);
-    sl = dp4a_ss(w1, xl[2 * l + 1], sl);
+    sh = dp4a<true, true>(w0, xh[2 * l], sh);
+    sl = dp4a<true, true>(w0, xl[2 * l], sl);
+    sh = dp4a<true, true>(w1, xh[2 * l + 1], sh);
+    sl = dp4a<true, true>(w1, xl[2 * l + 1], sl);
   }
   return static_cast<int32_t>(2 * (aux >> 28) + 1) * (sh * 254 + sl);
 }
