@@ -347,8 +347,9 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
   if (n_tok <= kGemvMaxTokens && np <= 65535) {
     // Decode: one launch for gate and up together (when they share a type and fit one launch:
     // each launch has a fixed cost of a few microseconds) and one for down, over the picked
-    // (token, expert) pairs; when not all pairs are picked, the rows are computed compactly and
-    // scattered to their pairs.
+    // (token, expert) pairs, the activation applied as down's kernel reads its input (GemvGlu;
+    // its own launch where that kernel cannot); when not all pairs are picked, the rows are
+    // computed compactly and scattered to their pairs.
     const bool all = np == pairs;
     const bool fused = l.gate.type == l.up.type && 2 * np <= 65535;
     std::vector<const void *> &table = impl_->pair_table;
@@ -385,7 +386,6 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
       a.y = u;
       launch_gemv(type_id(l.up.type), a, s);
     }
-    launch_glu(g, u, np * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
     GemvArgs b;
     b.w_ptrs = dev_table + 2 * np;
     b.x = g;
@@ -394,6 +394,11 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
     b.k = f;
     b.n = d;
     b.n_mat = static_cast<int32_t>(np);
+    b.glu = GemvGlu{u, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u};
+    if (!gemv_takes_glu(type_id(l.down.type), b)) {  // the activation in its own launch
+      launch_glu(g, u, np * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
+      b.glu = GemvGlu{};
+    }
     launch_gemv(type_id(l.down.type), b, s);
     if (!all) launch_scatter_rows(o, dev_lists + 2 * np, d, np, pair_out, s);
     return;  // the callers synchronize before the slots are released

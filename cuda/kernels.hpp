@@ -30,6 +30,15 @@ enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, strea
 /// by a power of two, any f32 range; within 5e-5 of the largest output of an f64 reference in
 /// tests/cuda/gemv_gpu_test.cpp), the dp4a kernel as two int8 parts per 32 values (~15 bits, any
 /// f32 range; within 2e-4 there, 5.2e-5 measured).
+/// A gated activation applied to a GEMV's input as the kernel reads it (GemvArgs::glu): the
+/// input row is act(x_row, up_row) elementwise, with up_row at the same row of `up` as x_row of x
+/// and act launch_glu's (kind 0: SwiGLU clamped by limit when limit > 0; kind 1: SiTU(beta_g,
+/// beta_u)). The same f32 values as launch_glu followed by the GEMV, without the extra launch.
+struct GemvGlu {
+  const float *up = nullptr;  ///< null: no activation, the input is x
+  int32_t kind = 0;
+  float limit = 0.0f, beta_g = 1.0f, beta_u = 1.0f;
+};
 struct GemvArgs {
   const void *const *w_ptrs = nullptr;  ///< device array [n_mat], or null: every matrix is `w`
   const void *w = nullptr;
@@ -41,11 +50,16 @@ struct GemvArgs {
   int32_t n_tok = 1;
   int32_t n_mat = 1;
   GemvKernel kernel = GemvKernel::automatic;
+  /// Only with the dp4a and stream kernels (gemv_takes_glu); launch_gemv throws for the others.
+  GemvGlu glu;
 };
 inline constexpr int32_t kGemvMaxTokens = 8;
 void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream);
 /// The kernel launch_gemv runs for this type and these arguments.
 GemvKernel gemv_kernel_for(uint32_t type, const GemvArgs &args);
+/// Whether launch_gemv can apply args.glu for this type and these arguments (the kernel it runs
+/// is dp4a or stream: they read x once per block, into their quantized copy).
+bool gemv_takes_glu(uint32_t type, const GemvArgs &args);
 const char *gemv_kernel_name(GemvKernel kernel);
 /// Parses a gemv_kernel_name(); false for an unknown name.
 bool parse_gemv_kernel(const char *name, GemvKernel &out);

@@ -1,5 +1,6 @@
 // Row-wise and elementwise ops: RMSNorm, RoPE (partial, interleaved pairs, YaRN frequencies
 // computed on the host), softmax, gated activations (clamped SwiGLU, SiTU), add.
+#include "cuda/activation.cuh"
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/reduce.cuh"
@@ -55,21 +56,9 @@ __global__ void softmax_kernel(const float *__restrict__ x, int64_t n, float *y)
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = expf(xr[i] - m) / sum;
 }
 
-__device__ __forceinline__ float activation(float g, float u, int kind, float limit, float bg, float bu) {
-  if (kind == 1) {
-    const float sig = 1.0f / (1.0f + expf(-g));
-    return bg * tanhf(g / bg) * sig * (bu * tanhf(u / bu));
-  }
-  if (limit > 0.0f) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
-  }
-  return g / (1.0f + expf(-g)) * u;
-}
-
 __global__ void glu_kernel(const float *g, const float *u, int64_t n, int kind, float limit, float bg, float bu, float *y) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = activation(g[i], u[i], kind, limit, bg, bu);
+  if (i < n) y[i] = glu_activation(g[i], u[i], kind, limit, bg, bu);
 }
 
 __global__ void add_kernel(const float *a, const float *b, int64_t n, float *y) {

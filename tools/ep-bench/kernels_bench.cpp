@@ -8,7 +8,10 @@
 // i.e. 12/6/32/16 for DeepSeek-V4-Flash (top-6) and Kimi-K3 (top-16). Weights are cycled through
 // a pool much larger than L2 so that HBM is measured. The "read" column is a kernel that only
 // reads the same matrices with the same launch pattern (read_ceiling.cu, timed by the same loop),
-// as a fraction of the copy bandwidth: what a launch of that shape could reach.
+// as a fraction of the copy bandwidth: what a launch of that shape could reach. --ffn adds (and
+// --ffn-only runs only) the decode MoE FFN per model (bench_ffn): gate+up, activation and down of
+// one token's experts as three launches, and as the engine runs them, two (the activation applied
+// as down's kernel reads its input).
 #include "bench_common.hpp"
 #include "read_ceiling.hpp"
 
@@ -46,6 +49,8 @@ struct Options {
   int gemv_tokens = 1;       // tokens per GEMV launch
   int passes = 10;           // timed passes over the weight pool
   bool graph = false;        // --graph: the timed passes captured once as a CUDA graph and replayed
+  bool ffn = false;          // --ffn: also the decode MoE FFN, three launches against one (bench_ffn)
+  bool ffn_only = false;     // --ffn-only: only that
   uint64_t pool_mib = 1024;  // weight bytes cycled per type and shape
   int64_t prefill_tokens = 512;
   std::vector<GgmlType> types;
@@ -94,6 +99,8 @@ Options options_from(const Args &args) {
   o.pool_mib = static_cast<uint64_t>(args.number("pool-mib", 1024));
   o.passes = std::max(1, static_cast<int>(args.number("passes", 10)));
   o.graph = args.has("graph");
+  o.ffn_only = args.has("ffn-only");
+  o.ffn = o.ffn_only || args.has("ffn");
   o.prefill_tokens = std::max<int64_t>(1, static_cast<int64_t>(args.number("tokens", 512)));
   for (const auto &name : split_list(args.get("types", ""))) {
     bool found = false;
@@ -202,6 +209,29 @@ double cublas_bf16_tflops(cublasHandle_t h, cudaStream_t stream, int64_t k, int6
   return 2.0 * static_cast<double>(k) * static_cast<double>(n) * static_cast<double>(t) * iters / (ev.ms() * 1e9);
 }
 
+// One matrix of n rows of k values of `type`: random bytes with finite f16 scales (timing does not
+// depend on the values; keep them sane).
+std::vector<uint8_t> random_matrix(GgmlType type, int64_t k, int64_t n, uint32_t seed) {
+  const auto info = *ep::format::ggml_type_info(static_cast<uint32_t>(type));
+  const uint64_t mat_bytes = ep::format::ggml_row_bytes(type, static_cast<uint64_t>(k), "bench") * static_cast<uint64_t>(n);
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> host(mat_bytes);
+  for (auto &b : host) b = static_cast<uint8_t>(rng());
+  if (info.quantized && type != GgmlType::mxfp4) {
+    const uint32_t d_off = type == GgmlType::q2_k ? 80 : type == GgmlType::q3_k ? 108 : type == GgmlType::q6_k ? 208 : 0;
+    for (uint64_t b = 0; b + info.block_bytes <= host.size(); b += info.block_bytes) {
+      host[b + d_off] = 0x00;
+      host[b + d_off + 1] = 0x20;  // f16 0.0078125
+      if (type == GgmlType::q2_k || type == GgmlType::q4_k || type == GgmlType::q5_k) {
+        const uint32_t m_off = type == GgmlType::q2_k ? 82 : 2;
+        host[b + m_off] = 0x00;
+        host[b + m_off + 1] = 0x20;
+      }
+    }
+  }
+  return host;
+}
+
 struct Shape {
   int64_t k, n;  // input dim (ggml ne0) × output rows
   const char *what;
@@ -232,22 +262,8 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
   pool -= pool % batch;
   cudaStream_t stream = be.stream();
   DeviceMem weights(mat_stride * static_cast<uint64_t>(pool));
-  {  // random bytes with finite f16 scales (timing does not depend on values; keep them sane)
-    std::mt19937 rng(static_cast<uint32_t>(s.k * 31 + s.n));
-    std::vector<uint8_t> host(mat_bytes);
-    for (auto &b : host) b = static_cast<uint8_t>(rng());
-    if (info.quantized && type != GgmlType::mxfp4) {
-      const uint32_t d_off = type == GgmlType::q2_k ? 80 : type == GgmlType::q3_k ? 108 : type == GgmlType::q6_k ? 208 : 0;
-      for (uint64_t b = 0; b + info.block_bytes <= host.size(); b += info.block_bytes) {
-        host[b + d_off] = 0x00;
-        host[b + d_off + 1] = 0x20;  // f16 0.0078125
-        if (type == GgmlType::q2_k || type == GgmlType::q4_k || type == GgmlType::q5_k) {
-          const uint32_t m_off = type == GgmlType::q2_k ? 82 : 2;
-          host[b + m_off] = 0x00;
-          host[b + m_off + 1] = 0x20;
-        }
-      }
-    }
+  {
+    const std::vector<uint8_t> host = random_matrix(type, s.k, s.n, static_cast<uint32_t>(s.k * 31 + s.n));
     auto *base = static_cast<uint8_t *>(weights.p);
     EP_CUDA_CHECK(cudaMemcpy(base, host.data(), mat_bytes, cudaMemcpyHostToDevice));
     for (int m = 1; m < pool; ++m)
@@ -356,6 +372,111 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
   return r;
 }
 
+
+// The routed experts' decode FFN of one token (gate, up, GLU, down of `experts` experts): three
+// launches (launch_gemv of gate and up, launch_glu, launch_gemv of down) against the engine's two
+// (the GLU applied by down's kernel, GemvArgs::glu), in GB/s of expert weights read (each FFN's
+// experts cycled through a pool much larger than L2, launches back to back on one stream as
+// decode issues them).
+struct FfnModel {
+  const char *name;
+  int64_t d, f;
+  int top_k;
+};
+struct FfnResult {
+  std::string type;
+  const FfnModel *model;
+  int experts;
+  uint64_t expert_bytes;  // gate + up + down of one expert
+  double three_gbps, two_gbps;  // three launches; two (the engine's)
+};
+
+FfnResult bench_ffn(ep::cuda::CudaBackend &be, GgmlType type, const FfnModel &mdl, int experts, const Options &o) {
+  const auto info = *ep::format::ggml_type_info(static_cast<uint32_t>(type));
+  const uint64_t gu_bytes = ep::format::ggml_row_bytes(type, static_cast<uint64_t>(mdl.d), "bench") * static_cast<uint64_t>(mdl.f);
+  const uint64_t down_bytes = ep::format::ggml_row_bytes(type, static_cast<uint64_t>(mdl.f), "bench") * static_cast<uint64_t>(mdl.d);
+  auto aligned = [](uint64_t b) { return (b + 4095) / 4096 * 4096; };  // experts are 4096-aligned in a pack
+  const uint64_t expert_stride = 2 * aligned(gu_bytes) + aligned(down_bytes);
+  int pool = static_cast<int>((o.pool_mib << 20) / expert_stride);
+  pool = std::max(pool, 2 * experts);
+  pool -= pool % experts;
+  cudaStream_t stream = be.stream();
+  DeviceMem weights(expert_stride * static_cast<uint64_t>(pool));
+  auto *base = static_cast<uint8_t *>(weights.p);
+  {
+    const auto gu = random_matrix(type, mdl.d, mdl.f, static_cast<uint32_t>(mdl.d * 7 + mdl.f));
+    const auto dn = random_matrix(type, mdl.f, mdl.d, static_cast<uint32_t>(mdl.f * 7 + mdl.d));
+    EP_CUDA_CHECK(cudaMemcpy(base, gu.data(), gu_bytes, cudaMemcpyHostToDevice));
+    EP_CUDA_CHECK(cudaMemcpy(base + aligned(gu_bytes), gu.data(), gu_bytes, cudaMemcpyHostToDevice));
+    EP_CUDA_CHECK(cudaMemcpy(base + 2 * aligned(gu_bytes), dn.data(), down_bytes, cudaMemcpyHostToDevice));
+    for (int e = 1; e < pool; ++e)
+      EP_CUDA_CHECK(cudaMemcpyAsync(base + e * expert_stride, base, expert_stride, cudaMemcpyDeviceToDevice, stream));
+  }
+  // per launch: the gate matrices of its experts, then up, then down (compute_pairs' table)
+  const int launches = pool / experts;
+  std::vector<const void *> table;
+  for (int l = 0; l < launches; ++l)
+    for (int role = 0; role < 3; ++role)
+      for (int e = 0; e < experts; ++e) table.push_back(base + (l * experts + e) * expert_stride + role * aligned(gu_bytes));
+  DeviceMem dtable(table.size() * sizeof(void *));
+  EP_CUDA_CHECK(cudaMemcpy(dtable.p, table.data(), table.size() * sizeof(void *), cudaMemcpyHostToDevice));
+  const std::vector<int32_t> rows(static_cast<size_t>(2 * experts), 0);  // one token: every matrix reads x row 0
+  DeviceMem drows(rows.size() * 4), x(static_cast<uint64_t>(mdl.d) * 4), gate_up(static_cast<uint64_t>(2 * experts * mdl.f) * 4),
+      h(static_cast<uint64_t>(experts * mdl.f) * 4), y(static_cast<uint64_t>(experts * mdl.d) * 4);
+  EP_CUDA_CHECK(cudaMemcpy(drows.p, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+  {
+    std::vector<float> hx(static_cast<size_t>(mdl.d));
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    for (auto &v : hx) v = dist(rng);
+    EP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+  }
+  const auto *tbl = static_cast<const void *const *>(dtable.p);
+  auto *gu_out = static_cast<float *>(gate_up.p);
+  // gate and up, then down of launch l's experts; the activation in its own launch (three) or in
+  // down's (two)
+  auto ffn = [&](int l, bool glu_in_down) {
+    ep::cuda::GemvArgs a;
+    a.w_ptrs = tbl + 3 * l * experts;
+    a.x = static_cast<const float *>(x.p);
+    a.x_rows = static_cast<const int32_t *>(drows.p);
+    a.y = gu_out;
+    a.k = mdl.d;
+    a.n = mdl.f;
+    a.n_mat = 2 * experts;
+    ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
+    ep::cuda::GemvArgs b;
+    b.w_ptrs = tbl + 3 * l * experts + 2 * experts;
+    b.y = static_cast<float *>(y.p);
+    b.k = mdl.f;
+    b.n = mdl.d;
+    b.n_mat = experts;
+    if (glu_in_down) {
+      b.x = gu_out;
+      b.glu = ep::cuda::GemvGlu{gu_out + experts * mdl.f, 0, 7.0f, 1.0f, 1.0f};
+    } else {
+      ep::cuda::launch_glu(gu_out, gu_out + experts * mdl.f, experts * mdl.f, 0, 7.0f, 1.0f, 1.0f, static_cast<float *>(h.p),
+                           stream);
+      b.x = static_cast<const float *>(h.p);
+    }
+    ep::cuda::launch_gemv(static_cast<uint32_t>(type), b, stream);
+  };
+  auto gbps = [&](const auto &launch) {
+    for (int l = 0; l < launches; ++l) launch(l);  // warm-up pass
+    Events ev;
+    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+    for (int p = 0; p < o.passes; ++p)
+      for (int l = 0; l < launches; ++l) launch(l);
+    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+    const double bytes = static_cast<double>(2 * gu_bytes + down_bytes) * experts * launches * o.passes;
+    return bytes / (ev.ms() * 1e6);
+  };
+  FfnResult r{std::string(info.name), &mdl, experts, 2 * gu_bytes + down_bytes, 0.0, 0.0};
+  r.three_gbps = gbps([&](int l) { ffn(l, false); });
+  r.two_gbps = gbps([&](int l) { ffn(l, true); });
+  return r;
+}
+
 int run(const Options &o) {
   std::string why;
   if (ep::cuda::device_count(&why) == 0) ep::fail(ep::Status::no_device, "{}", why);
@@ -377,8 +498,23 @@ int run(const Options &o) {
     cublas_big = cublas_bf16_tflops(h, stream, 8192, 8192, 8192);
   }
   std::vector<Result> results;
-  for (GgmlType t : o.types)
-    for (int i = 0; i < 4; ++i) results.push_back(bench_one(be, t, shapes[i], o.batch[i], o, cublas[i]));
+  if (!o.ffn_only)
+    for (GgmlType t : o.types)
+      for (int i = 0; i < 4; ++i) results.push_back(bench_one(be, t, shapes[i], o.batch[i], o, cublas[i]));
+  static const FfnModel models[] = {{"DeepSeek-V4-Flash", 4096, 2048, 6}, {"Kimi-K3 (latent)", 3584, 3072, 16}};
+  std::vector<FfnResult> ffn;
+  if (o.ffn)
+    for (GgmlType t : o.types)
+      for (const FfnModel &m : models)
+        for (int e : {m.top_k, 8}) {
+          if (e == 8 && m.top_k == 8) continue;
+          ep::cuda::GemvArgs down;  // where the engine applies the activation in down's kernel
+          down.w_ptrs = reinterpret_cast<const void *const *>(uintptr_t{16});
+          down.k = m.f;
+          down.n = m.d;
+          down.n_mat = e;
+          if (ep::cuda::gemv_takes_glu(static_cast<uint32_t>(t), down)) ffn.push_back(bench_ffn(be, t, m, e, o));
+        }
   cublasDestroy(h);
   const double hbm_after = hbm_copy_gbps(stream);  // the copy reference again, after the kernels
 
@@ -415,6 +551,17 @@ int run(const Options &o) {
         j["results"].push_back(e);
       }
     }
+    for (const auto &r : ffn)
+      j["ffn_results"].push_back({{"type", r.type},
+                                  {"model", r.model->name},
+                                  {"d", r.model->d},
+                                  {"f", r.model->f},
+                                  {"experts", r.experts},
+                                  {"expert_bytes", r.expert_bytes},
+                                  {"three_launches_gbps", r.three_gbps},
+                                  {"three_launches_fraction_of_hbm", r.three_gbps / hbm},
+                                  {"two_launches_gbps", r.two_gbps},
+                                  {"two_launches_fraction_of_hbm", r.two_gbps / hbm}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -426,6 +573,17 @@ int run(const Options &o) {
       fmt::print("cuBLAS bf16 GEMM {}x{} x {} tokens ({}): {:.1f} TFLOP/s\n", shapes[i].k, shapes[i].n, o.prefill_tokens,
                  shapes[i].what, cublas[i]);
   }
+  if (!ffn.empty()) {
+    fmt::print("\ndecode MoE FFN, one token (gate, up, GLU, down of each expert; expert weight bytes read / time):\n"
+               "three launches (GEMV gate+up, GLU, GEMV down) and the engine's two (the GLU applied by down's GEMV)\n");
+    fmt::print("{:<8} {:<18} {:>7} {:>10} {:>12} {:>8} {:>12} {:>8} {:>8}\n", "type", "model (d x f)", "experts", "MiB/exp",
+               "3 launches", "of HBM", "2 launches", "of HBM", "speedup");
+    for (const auto &r : ffn)
+      fmt::print("{:<8} {:<18} {:>7} {:>10.2f} {:>12.0f} {:>8.3f} {:>12.0f} {:>8.3f} {:>8.2f}\n", r.type,
+                 fmt::format("{}x{}", r.model->d, r.model->f), r.experts, static_cast<double>(r.expert_bytes) / (1 << 20),
+                 r.three_gbps, r.three_gbps / hbm, r.two_gbps, r.two_gbps / hbm, r.two_gbps / r.three_gbps);
+  }
+  if (o.ffn_only) return 0;
   fmt::print("\ndecode GEMV: {} experts per launch by shape (and 1), {} token(s){}; prefill GEMM: {} tokens, {}\n",
              fmt::format("{}/{}/{}/{}", o.batch[0], o.batch[1], o.batch[2], o.batch[3]), o.gemv_tokens,
              o.graph ? ", launches replayed from a CUDA graph" : "", o.prefill_tokens,

@@ -27,9 +27,10 @@ constexpr const char *kUsage =
     "  h2d  [--object-bytes N | --pack PACK | --create-size SIZE] [--slots 64] [--staging 16] [--bytes 16G] [--json]\n"
     "       the store's staging -> VRAM copy path vs plain pinned cudaMemcpyAsync\n"
     "  kernels [--kernels auto|generic|pipe|mma|dp4a|stream|imma,...] [--types mxfp4,q2_K,...] [--batch 8 | --batch 12,6,32,16]\n"
-    "       [--gemv-tokens 1] [--pool-mib 1024] [--passes 10] [--tokens 512] [--no-gemm] [--no-batch1] [--gemm-mode exact|bf16] [--graph] [--json]\n"
+    "       [--gemv-tokens 1] [--pool-mib 1024] [--passes 10] [--tokens 512] [--no-gemm] [--no-batch1] [--gemm-mode exact|bf16] [--graph] [--ffn | --ffn-only] [--json]\n"
     "       HBM copy bandwidth, decode GEMV per type/shape/kernel as a fraction of it, prefill GEMM vs cuBLAS\n"
-    "       (--graph: the timed GEMV launches replayed from a CUDA graph, without host work per launch)\n"
+    "       (--graph: the timed GEMV launches replayed from a CUDA graph, without host work per launch;\n"
+    "       --ffn: also the decode MoE FFN per model, three launches against the engine's two; --ffn-only: only that)\n"
     "  e2e  --model PATH [--tokenizer tokenizer.json|.gguf] [--workload bench/workload/seed-10.jsonl] [--max-new N]\n"
     "       [--requests N] [--device auto|cpu|cuda] [--cache-mib N] [--staging-mib N | --staging-slots N] [--ignore-eos]\n"
     "       [--io-seconds 5] [--io-depth 32] [--pack-dir DIR] [--json FILE] [--json-stdout] [--open-only]\n"
@@ -51,7 +52,7 @@ int main(int argc, char **argv) {
     if (cmd == "e2e") return ep::bench::cmd_e2e(ep::bench::parse_args(argc, argv, 2, {"ignore-eos", "json-stdout", "open-only"}));
     if (cmd == "kernels") {
 #ifdef EP_HAVE_CUDA
-      return ep::bench::cmd_kernels(ep::bench::parse_args(argc, argv, 2, {"json", "no-gemm", "no-batch1", "graph"}));
+      return ep::bench::cmd_kernels(ep::bench::parse_args(argc, argv, 2, {"json", "no-gemm", "no-batch1", "graph", "ffn", "ffn-only"}));
 #else
       std::fprintf(stderr, "ep-bench kernels: this build has no CUDA backend (EP_WITH_CUDA=OFF)\n");
       return 2;

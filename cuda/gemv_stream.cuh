@@ -1,0 +1,861 @@
+// The decode-GEMV pieces of the dp4a and stream kernels (cuda/gemv_quant.cu), apart from the
+// kernels themselves: launch helpers (occupancy, one wave of resident blocks, programmatic
+// dependent launch), cp.async, the x quantization (with an optional gated activation on the
+// input, GemvGlu) and item decoders of the dp4a family, and StreamWarp, one warp's share of a
+// matrix streamed through shared memory — so that a kernel built from them (e.g. the fused decode
+// FFN of docs/experiments/moe-decode-fused.patch) can live in its own file. Everything is in an
+// anonymous namespace: each including .cu file has its own copy.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "cuda/activation.cuh"
+#include "cuda/check.hpp"
+#include "cuda/dp4a.cuh"
+#include "cuda/iq2xxs_dot.cuh"
+#include "cuda/kernels.hpp"
+#include "cuda/quant_unit.cuh"
+
+namespace ep::cuda {
+namespace {
+
+using namespace quant;
+
+// Lets Kernel use up to the device's opt-in shared memory per block, once per device. A launcher
+// whose shared memory depends on k must not set the attribute to its own size per launch: two
+// threads launching one kernel with different k could leave it below what one of them needs.
+template <auto Kernel>
+void allow_max_dynamic_smem(int device) {
+  static std::atomic<uint64_t> done{0};  // bit d: device d (mod 64) set
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((done.load(std::memory_order_acquire) & bit) != 0) return;
+  int optin = 0;
+  cudaFuncAttributes attr{};
+  EP_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  EP_CUDA_CHECK(cudaFuncGetAttributes(&attr, Kernel));
+  EP_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     optin - static_cast<int>(attr.sharedSizeBytes)));
+  done.fetch_or(bit, std::memory_order_release);
+}
+
+// How many blocks of Kernel (at its block size and `smem` bytes of dynamic shared memory) an SM
+// holds, the device's SMs, and whether it has programmatic dependent launch (sm_90+). The
+// occupancy query and the shared-memory attribute cost microseconds of host time, about as long
+// as a decode GEMV runs: they are done once per kernel, device and shared-memory size (a cache of
+// a pure function; the last key asked is kept).
+struct Residency {
+  int sms, per_sm;
+  bool pdl;
+};
+template <auto Kernel>
+Residency residency(int threads, int64_t smem) {
+  int device = 0;
+  EP_CUDA_CHECK(cudaGetDevice(&device));
+  static std::atomic<uint64_t> cached{0};  // sm_90+:1 | valid:1 | device:8 | smem:20 | sms:16 | per_sm:8
+  const uint64_t key = (uint64_t{1} << 52) | (static_cast<uint64_t>(device & 0xFF) << 44) | (static_cast<uint64_t>(smem) << 24);
+  constexpr uint64_t kKeyMask = ((uint64_t{1} << 53) - 1) & ~uint64_t{0xFFFFFF};
+  uint64_t hit = cached.load(std::memory_order_relaxed);
+  if ((hit & kKeyMask) != key) {
+    int sms = 0, per_sm = 0, major = 0;
+    allow_max_dynamic_smem<Kernel>(device);
+    EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, static_cast<size_t>(smem)));
+    EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    hit = key | (static_cast<uint64_t>(major >= 9) << 53) | (static_cast<uint64_t>(sms & 0xFFFF) << 8) |
+          static_cast<uint64_t>(per_sm < 1 ? 1 : per_sm > 255 ? 255 : per_sm);
+    cached.store(hit, std::memory_order_relaxed);
+  }
+  return {static_cast<int>((hit >> 8) & 0xFFFF), static_cast<int>(hit & 0xFF), ((hit >> 53) & 1) != 0};
+}
+
+
+__device__ __forceinline__ uint4 load_stream(const uint4 *p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// The 16 bytes at p, or only those below end (zeros after): a row's staged bytes start at a
+// 16-byte boundary at or before the row, so the row's last 16-byte chunk can reach up to 15
+// bytes past the last row's end, which is past the end of the weights' allocation.
+__device__ __forceinline__ uint4 load16_bounded(const uint4 *p, uintptr_t end) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  if (at + 16 <= end) return load_stream(p);
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  uint8_t *vb = reinterpret_cast<uint8_t *>(&v);
+  const uint8_t *pb = reinterpret_cast<const uint8_t *>(p);
+  for (uintptr_t j = 0; at + j < end; ++j) vb[j] = pb[j];
+  return v;
+}
+
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async_wait1() { cp_async_wait<1>(); }
+// One granule of a RowSpan into shared memory: cp.async, or a bounded load for a granule that
+// reaches past the span's end (only the last row's tail: never read past the weights).
+__device__ __forceinline__ void copy16_async(uint8_t *dst, const uint4 *src, uintptr_t end) {
+  if (reinterpret_cast<uintptr_t>(src) + 16 <= end) {
+    cp_async16(dst, src);
+  } else {
+    *reinterpret_cast<uint4 *>(dst) = load16_bounded(src, end);
+  }
+}
+
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<const uint32_t *>(&h); }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<const __half2 *>(&u); }
+
+// ---- the dp4a decode kernel (mxfp4, q2_K, q3_K; one token; k a multiple of 256) ----------
+// Each block first quantizes its matrix's x into shared memory, per group of 32 values, as two
+// int8 parts: hi = rint(x/s), lo = rint((x − hi·s)·254/s) with s = max|x|/127, so that
+// x ≈ s/254·(254·hi + lo) (~15 bits, any f32 range); q2_K/q3_K also get the exact f32 sum of
+// every 16 values (for the min / −4 offsets). x is stored permuted so that the 16-byte pieces
+// the lanes of a warp read at one time are consecutive (no bank conflicts). Weights stay packed:
+// 2-bit fields are masked in place (value·4^j) and fed to dp4a against hi and lo; mxfp4 nibbles
+// go through a byte-permute table to int8. Block scales are applied per 16 (q2_K, q3_K) or 32
+// (mxfp4) values in f32. A warp owns RW consecutive rows; lane l takes work items l, l + 32, ..
+// (64 or 128 values) of every one of them, so each piece of x read from shared memory serves
+// RW rows; the next item's weights load while the current one is computed.
+constexpr int kDpWarps = 8;
+
+struct XQuant {
+  const int8_t *hi, *lo;  // permuted: 16-byte piece p of item ii at (p·ipr + ii)·16
+  const float2 *xs;       // q2_K/q3_K: (s/254, Σx of the 16 values) at p·ipr + ii; mxfp4: (s/254, -) at c·ipr + ii
+  int ipr;                // items per row
+  const uint8_t *tab = nullptr;  // the decoder's lookup tables in shared memory (D::kTableBytes; iq2_xxs)
+};
+
+__device__ __forceinline__ uint32_t ldg32(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned int *>(p)); }
+// Where D::load reads an item's words: global memory through the read-only cache (dp4a) or a
+// shared-memory copy of the rows (stream). Word reads are 4-byte aligned, half reads 2-byte.
+struct GlobalWords {
+  __device__ static uint32_t w(const uint8_t *p) { return ldg32(p); }
+  __device__ static uint32_t h(const uint8_t *p) { return __ldg(reinterpret_cast<const unsigned short *>(p)); }
+};
+struct SharedWords {
+  __device__ static uint32_t w(const uint8_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+  __device__ static uint32_t h(const uint8_t *p) { return *reinterpret_cast<const unsigned short *>(p); }
+};
+// The dot products of 16 weight bytes (words w[0..3], masked) with x's hi and lo int8 parts.
+template <size_t N>
+__device__ __forceinline__ int2 dp4a_hi_lo(const uint32_t (&w)[N], uint32_t mask, const uint4 &xh, const uint4 &xl) {
+  const uint32_t w0 = w[0] & mask, w1 = w[1] & mask, w2 = w[2] & mask, w3 = w[3] & mask;
+  int sh = dp4a<false, true>(w0, xh.x, 0), sl = dp4a<false, true>(w0, xl.x, 0);
+  sh = dp4a<false, true>(w1, xh.y, sh);
+  sl = dp4a<false, true>(w1, xl.y, sl);
+  sh = dp4a<false, true>(w2, xh.z, sh);
+  sl = dp4a<false, true>(w2, xl.z, sl);
+  sh = dp4a<false, true>(w3, xh.w, sh);
+  sl = dp4a<false, true>(w3, xl.w, sl);
+  return make_int2(sh, sl);
+}
+// Small non-negative integer n (< 2^23) times 2^-e as f32 without a conversion instruction.
+__device__ __forceinline__ float small_int_scaled(uint32_t n, int e = 0) {
+  const uint32_t bits = (150u - static_cast<uint32_t>(e)) << 23;
+  return __uint_as_float(bits | n) - __uint_as_float(bits);
+}
+
+// Quantizes x[0, k) (load(i): values 4i .. 4i + 3) into the permuted XQuant layout of D (D::piece:
+// value index (a multiple of 4) → byte offset of its 4 values; D::scale_slot: value index → xs slot).
+template <typename D, typename Load>
+__device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr, int8_t *hi, int8_t *lo,
+                                           float2 *xs) {
+  const int n4 = static_cast<int>(k / 4);  // a multiple of 64: whole warps are in or out
+  constexpr int kBatch = 4;                 // float4 loads in flight per thread
+  for (int base = 0; base < n4; base += kBatch * blockDim.x) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int p = 0; p < kBatch; ++p) {
+      const int i = base + p * blockDim.x + threadIdx.x;
+      if (i < n4) v[p] = load(i);
+    }
+#pragma unroll
+    for (int p = 0; p < kBatch; ++p) {
+      const int i = base + p * blockDim.x + threadIdx.x;
+      if (i >= n4) break;
+      float m = fmaxf(fmaxf(fabsf(v[p].x), fabsf(v[p].y)), fmaxf(fabsf(v[p].z), fabsf(v[p].w)));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      const float s = m * (1.0f / 127.0f);
+      const float inv = m > 0.0f ? __frcp_rn(m) * 127.0f : 0.0f, inv254 = inv * 254.0f;
+      const float vals[4] = {v[p].x, v[p].y, v[p].z, v[p].w};
+      // rint through the f32 mantissa: fma(v, inv, 1.5·2^23) holds rint(v·inv) in its low bits
+      // (two's complement, |v·inv| <= 127·(1 + a few ulp)), so the low byte is the int8 and no
+      // clamp or conversion instruction is needed; |lo| <= 127 likewise since |x - hi·s| <= s/2.
+      constexpr float kMagic = 12582912.0f;
+      uint32_t hb[4], lb[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float hm = fmaf(vals[e], inv, kMagic);
+        const float r = fmaf(-(hm - kMagic), s, vals[e]);
+        hb[e] = __float_as_uint(hm);
+        lb[e] = __float_as_uint(fmaf(r, inv254, kMagic));
+      }
+      const uint32_t ph = __byte_perm(__byte_perm(hb[0], hb[1], 0x0040u), __byte_perm(hb[2], hb[3], 0x0040u), 0x5410u);
+      const uint32_t pl = __byte_perm(__byte_perm(lb[0], lb[1], 0x0040u), __byte_perm(lb[2], lb[3], 0x0040u), 0x5410u);
+      const int dst = D::piece(4 * i, ipr);
+      *reinterpret_cast<uint32_t *>(hi + dst) = ph;
+      *reinterpret_cast<uint32_t *>(lo + dst) = pl;
+      float t = (vals[0] + vals[1]) + (vals[2] + vals[3]);
+      t += __shfl_xor_sync(0xffffffffu, t, 1);
+      t += __shfl_xor_sync(0xffffffffu, t, 2);
+      if ((i & (D::kSums ? 3 : 7)) == 0) xs[D::scale_slot(4 * i, ipr)] = make_float2(s * (1.0f / 254.0f), t);
+    }
+  }
+}
+
+// The quantized x at the start of a dp4a / stream block's dynamic shared memory: hi bytes [k],
+// lo bytes [k], then the float2 scales.
+template <typename D>
+__device__ __forceinline__ XQuant x_smem_view(uint8_t *smem, int64_t k) {
+  const int8_t *hi = reinterpret_cast<const int8_t *>(smem);
+  return XQuant{hi, hi + k, reinterpret_cast<const float2 *>(smem + 2 * k), static_cast<int>(k / D::kValues)};
+}
+// x's values 4i .. 4i + 3 (quantize_x's loader): a row of f32 in global memory.
+struct LoadRow {
+  const float *x;
+  __device__ float4 operator()(int i) const { return __ldg(reinterpret_cast<const float4 *>(x) + i); }
+};
+template <typename D, typename Load>
+__device__ __forceinline__ void quantize_x_smem(const Load &load, int64_t k, uint8_t *smem) {
+  int8_t *hi = reinterpret_cast<int8_t *>(smem);
+  quantize_x<D>(load, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k));
+}
+template <typename D>
+__device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int64_t k, uint8_t *smem) {
+  quantize_x_smem<D>(LoadRow{x}, k, smem);
+}
+// act(gate, up) of two f32 rows, values 4i .. 4i + 3 (GemvGlu): glu_activation, the f32 function
+// of launch_glu, on the same inputs, so the values are those launch_glu would have written.
+struct LoadGlu {
+  const float *gate, *up;
+  GemvGlu act;
+  __device__ float4 operator()(int i) const {
+    const float4 g = __ldg(reinterpret_cast<const float4 *>(gate) + i), u = __ldg(reinterpret_cast<const float4 *>(up) + i);
+    return make_float4(glu_activation(g.x, u.x, act.kind, act.limit, act.beta_g, act.beta_u),
+                       glu_activation(g.y, u.y, act.kind, act.limit, act.beta_g, act.beta_u),
+                       glu_activation(g.z, u.z, act.kind, act.limit, act.beta_g, act.beta_u),
+                       glu_activation(g.w, u.w, act.kind, act.limit, act.beta_g, act.beta_u));
+  }
+};
+// The GEMV input of matrix m into the block's quantized x: row x_rows[m] (or m) of x, or with
+// GLU of act(x, glu.up) (GemvArgs::glu; a template parameter: the activation's code in every
+// kernel cost the others registers, 4-9 % of mxfp4 and q3_K decode speed, session 9). After
+// griddepcontrol.wait (x is often the previous kernel's output); the caller synchronizes the
+// block before reading it.
+template <typename D, bool GLU>
+__device__ __forceinline__ void quantize_input_smem(const GemvArgs &a, int m, uint8_t *smem) {
+  const int64_t row = static_cast<int64_t>(a.x_rows ? a.x_rows[m] : m) * a.k;
+  if constexpr (GLU) {
+    quantize_x_smem<D>(LoadGlu{a.x + row, a.glu.up + row, a.glu}, a.k, smem);
+  } else {
+    quantize_x_smem<D>(a.x + row, a.k, smem);
+  }
+}
+
+// q2_K item ii of a row: block ii/4, half h = (ii/2)%2, 16-byte group g = ii%2 of that half's
+// 32 quant bytes, all four 2-bit fields j (values 128h + 32j + 16g + 0..15, scale 8h + 2j + g).
+// x piece j of item ii = those 16 values of field j.
+struct DpKq {
+  static constexpr int kValues = 64;
+  static constexpr bool kSums = true;
+  static constexpr int kTableBytes = 0;  // no lookup tables (see DpIq2xxs)
+  __device__ static void init_tables(uint8_t *) {}
+  __device__ static int piece(int v, int ipr) {
+    const int item = 4 * (v >> 8) + 2 * ((v >> 7) & 1) + ((v >> 4) & 1), j = (v >> 5) & 3;
+    return (j * ipr + item) * 16 + (v & 15);
+  }
+  __device__ static int scale_slot(int v, int ipr) { return piece(v, ipr) >> 4; }
+  struct XPiece {
+    uint4 hi, lo;
+    float2 s;
+  };
+  // x piece j of item ii: hi, lo and (s/254, Σx)
+  __device__ static XPiece x_piece(const XQuant &xq, int j, int ii) {
+    const int slot = j * xq.ipr + ii;
+    return {*reinterpret_cast<const uint4 *>(xq.hi + 16 * slot), *reinterpret_cast<const uint4 *>(xq.lo + 16 * slot),
+            xq.xs[slot]};
+  }
+};
+struct DpQ2K : DpKq {
+  static constexpr int kWords = 7, kBytes256 = 84;
+  template <typename L = GlobalWords>
+  __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
+    const uint8_t *b = row + (ii >> 2) * 84;
+    const int h = (ii >> 1) & 1, g = ii & 1;
+    const uint8_t *q = b + 16 + 32 * h + 16 * g;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = L::w(q + 4 * i);
+    r[4] = L::w(b + 8 * h);
+    r[5] = L::w(b + 8 * h + 4);
+    r[6] = L::w(b + 80);
+  }
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const int g = ii & 1;
+    float A[RW], B[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) A[rr] = B[rr] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const XPiece xp = x_piece(xq, j, ii);
+      const uint4 xh = xp.hi, xl = xp.lo;
+      const float2 xs = xp.s;
+      const uint32_t mask = 0x03030303u << (2 * j);
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const int2 d = dp4a_hi_lo(r[rr], mask, xh, xl);
+        const int sh = d.x, sl = d.y;
+        const uint32_t sc = (r[rr][4 + (j >> 1)] >> (16 * (j & 1) + 8 * g)) & 0xFFu;
+        const float dl = small_int_scaled(sc & 0xFu, 2 * j);  // (sc & 15)·4^-j: undoes the in-place mask
+        A[rr] = fmaf(dl * xs.x, static_cast<float>(sh * 254 + sl), A[rr]);
+        B[rr] = fmaf(small_int_scaled(sc >> 4), xs.y, B[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const float2 dd = __half22float2(bits_h2(r[rr][6]));
+      acc[rr] += fmaf(dd.x, A[rr], -dd.y * B[rr]);
+    }
+  }
+};
+
+// q3_K item: as q2_K (hmask bytes 16g..16g+15, bit 4h + j). Blocks are 110 bytes, so every
+// field of an odd block sits 2 bytes off a word boundary: aligned words + a funnel shift.
+struct DpQ3K : DpKq {
+  static constexpr int kWords = 15, kBytes256 = 110;
+  template <typename L = GlobalWords>
+  __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
+    const uint8_t *b = row + (ii >> 2) * 110;
+    const int off = static_cast<int>(reinterpret_cast<uintptr_t>(b) & 3);  // 0 or 2
+    const uint8_t *a = b - off;
+    const int h = (ii >> 1) & 1, g = ii & 1;
+    const uint8_t *hm = a + 16 * g, *q = a + 32 + 32 * h + 16 * g, *sc = a + 96;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r[i] = L::w(hm + 4 * i);
+      r[5 + i] = L::w(q + 4 * i);
+    }
+    r[10] = L::w(sc);
+    r[11] = L::w(sc + 4);
+    r[12] = L::w(sc + 8);
+    // the fifth word only when misaligned: an aligned block's words end at its last byte
+    r[4] = off ? L::w(hm + 16) : 0u;
+    r[9] = off ? L::w(q + 16) : 0u;
+    r[13] = off ? L::w(sc + 12) : 0u;
+    r[14] = L::h(b + 108);
+  }
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *rows, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const int h = (ii >> 1) & 1, g = ii & 1;
+    const float hb_scale0 = h ? 0.25f : 4.0f;  // 4·2^-(4h): the high bit sits at bit 4h + j
+    uint32_t hm[RW][4], q[RW][4], S0[RW], S1[RW], S2[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const uint32_t fs = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(rows[rr] + (ii >> 2) * 110) & 3) * 8;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        hm[rr][i] = __funnelshift_r(r[rr][i], r[rr][i + 1], fs);
+        q[rr][i] = __funnelshift_r(r[rr][5 + i], r[rr][6 + i], fs);
+      }
+      const uint32_t sh_sc = 8 * g + 4 * h;
+      S0[rr] = __funnelshift_r(r[rr][10], r[rr][11], fs) >> sh_sc;
+      S1[rr] = __funnelshift_r(r[rr][11], r[rr][12], fs) >> sh_sc;
+      S2[rr] = __funnelshift_r(r[rr][12], r[rr][13], fs) >> sh_sc;
+    }
+    float sum[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) sum[rr] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const XPiece xp = x_piece(xq, j, ii);
+      const uint4 xh = xp.hi, xl = xp.lo;
+      const float2 xs = xp.s;
+      const uint32_t xhw[4] = {xh.x, xh.y, xh.z, xh.w}, xlw[4] = {xl.x, xl.y, xl.z, xl.w};
+      const uint32_t qm = 0x03030303u << (2 * j), hmk = 0x01010101u << (4 * h + j);
+      const float hscale = hb_scale0 * (1.0f / static_cast<float>(1 << j)), qscale = 1.0f / static_cast<float>(1 << (2 * j));
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        int qh = 0, ql = 0, bh = 0, bl = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t wq = q[rr][i] & qm, wh = hm[rr][i] & hmk;
+          qh = dp4a<false, true>(wq, xhw[i], qh);
+          ql = dp4a<false, true>(wq, xlw[i], ql);
+          bh = dp4a<false, true>(wh, xhw[i], bh);
+          bl = dp4a<false, true>(wh, xlw[i], bl);
+        }
+        const uint32_t low4 = ((j < 2 ? S0[rr] : S1[rr]) >> (16 * (j & 1))) & 0xFu;
+        const uint32_t high2 = (S2[rr] >> (16 * (j & 1) + 2 * (j >> 1))) & 3u;
+        const float sc = small_int_scaled(low4 | (high2 << 4)) - 32.0f;
+        // Σx·(ql + 4·hb − 4) in x units: ql·4^j and hb·2^(4h+j) come out of the in-place masks
+        const float inner = fmaf(static_cast<float>(bh * 254 + bl), hscale, static_cast<float>(qh * 254 + ql) * qscale);
+        sum[rr] = fmaf(sc, fmaf(xs.x, inner, -4.0f * xs.y), sum[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr)
+      acc[rr] = fmaf(__half2float(__ushort_as_half(static_cast<unsigned short>(r[rr][14]))), sum[rr], acc[rr]);
+  }
+};
+
+// mxfp4 item: 4 blocks of 32 values (68 bytes, word-aligned since rows are multiples of 136).
+// Each byte's low nibble is value i, its high nibble value i + 16; kvalues_mxfp4 via __byte_perm.
+// x pieces 2c, 2c + 1 of item ii = values 0..15, 16..31 of its block c.
+__device__ __forceinline__ int2 mxfp4_ints(uint32_t q) {
+  constexpr uint32_t pos0 = 0x03020100u, pos1 = 0x0C080604u, neg0 = 0xFDFEFF00u, neg1 = 0xF4F8FAFCu;
+  const uint32_t sel = 0x32103210u | ((q & 0x88888888u) >> 1);
+  uint32_t tmp[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t qs = q >> (16 * i);
+    const uint32_t lo = __byte_perm(pos0, pos1, qs), hi = __byte_perm(neg0, neg1, qs);
+    tmp[i] = __byte_perm(lo, hi, sel >> (16 * i));
+  }
+  return make_int2(static_cast<int>(__byte_perm(tmp[0], tmp[1], 0x6420)),
+                   static_cast<int>(__byte_perm(tmp[0], tmp[1], 0x7531)));
+}
+struct DpMxfp4 {
+  static constexpr int kWords = 17, kValues = 128, kBytes256 = 136;
+  static constexpr bool kSums = false;
+  static constexpr int kTableBytes = 0;
+  __device__ static void init_tables(uint8_t *) {}
+  __device__ static int piece(int v, int ipr) {
+    const int item = v >> 7, c = (v >> 5) & 3, part = (v >> 4) & 1;
+    return ((2 * c + part) * ipr + item) * 16 + (v & 15);
+  }
+  __device__ static int scale_slot(int v, int ipr) { return ((v >> 5) & 3) * ipr + (v >> 7); }
+  // x of 32-value chunk c of item ii: hi and lo bytes in value order (words 0..3 the first 16
+  // values, 4..7 the second 16) and s/254 (DpIq2xxs shares the layout)
+  struct XChunk {
+    uint32_t hi[8], lo[8];
+    float s;
+  };
+  __device__ static XChunk x_chunk(const XQuant &xq, int c, int ii) {
+    const uint4 xa = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c) * xq.ipr + ii));
+    const uint4 xb = *reinterpret_cast<const uint4 *>(xq.hi + 16 * ((2 * c + 1) * xq.ipr + ii));
+    const uint4 la = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c) * xq.ipr + ii));
+    const uint4 lb = *reinterpret_cast<const uint4 *>(xq.lo + 16 * ((2 * c + 1) * xq.ipr + ii));
+    return {{xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w}, {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w},
+            xq.xs[c * xq.ipr + ii].x};
+  }
+  template <typename L = GlobalWords>
+  __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
+    const uint8_t *p = row + ii * 68;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) r[i] = L::w(p + 4 * i);
+  }
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int off = 17 * c, start = off + 1, wi = start / 4, fs = 8 * (start % 4);
+      const XChunk x = x_chunk(xq, c, ii);
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const uint32_t e = (r[rr][off / 4] >> (8 * (off % 4))) & 0xFFu;
+        int sh = 0, sl = 0;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const uint32_t q = fs ? __funnelshift_r(r[rr][wi + t], r[rr][wi + t + 1], fs) : r[rr][wi + t];
+          const int2 v = mxfp4_ints(q);
+          sh = __dp4a(v.x, static_cast<int>(x.hi[t]), sh);
+          sl = __dp4a(v.x, static_cast<int>(x.lo[t]), sl);
+          sh = __dp4a(v.y, static_cast<int>(x.hi[4 + t]), sh);
+          sl = __dp4a(v.y, static_cast<int>(x.lo[4 + t]), sl);
+        }
+        acc[rr] = fmaf(e8m0_half(static_cast<uint8_t>(e)) * x.s, static_cast<float>(sh * 254 + sl), acc[rr]);
+      }
+    }
+  }
+};
+
+// iq2_xxs (stream kernel only): an item is half a block, 128 values = four 32-value sub-blocks of
+// 8 bytes, x laid out and quantized as for mxfp4 (one x scale per 32 values, the sub-block); each
+// sub-block's integer sum is cuda/iq2xxs_dot.cuh's (checked on a CPU by
+// tests/cuda/iq2xxs_dot_test.cpp), then d/8 per block. The grid and the sign patterns' byte masks
+// sit in shared memory (the __constant__ tables serialize lanes reading different entries).
+__device__ const uint64_t kIq2xxsGridGlobal[256] = {EP_IQ2XXS_GRID_VALUES};
+__device__ const uint8_t kIq2xxsSignsGlobal[128] = {EP_IQ2XXS_KSIGNS_VALUES};
+struct DpIq2xxs : DpMxfp4 {
+  static constexpr int kWords = 9, kBytes256 = 66;
+  static constexpr int kTableBytes = (256 + 128) * 8;  // grid [256], then sign masks [128]
+  // by the whole block, before anything reads them (the block synchronizes after x)
+  __device__ static void init_tables(uint8_t *tab) {
+    auto *pairs = reinterpret_cast<iq2xxs::WordPair *>(tab);
+    for (int i = static_cast<int>(threadIdx.x); i < 256 + 128; i += static_cast<int>(blockDim.x)) {
+      if (i < 256) {
+        const uint64_t g = kIq2xxsGridGlobal[i];
+        pairs[i] = {static_cast<uint32_t>(g), static_cast<uint32_t>(g >> 32)};
+      } else {
+        pairs[i] = iq2xxs::sign_masks(kIq2xxsSignsGlobal[i - 256]);
+      }
+    }
+  }
+  // words 0..7: the item's 32 quant bytes (2-byte aligned in a row: rows of whole 66-byte blocks
+  // start 2-byte aligned, checked by the launcher); word 8: the block's d (f16 bits)
+  template <typename L = SharedWords>
+  __device__ static void load(const uint8_t *row, int ii, uint32_t (&r)[kWords]) {
+    const uint8_t *blk = row + (ii >> 1) * 66;
+    const uintptr_t q = reinterpret_cast<uintptr_t>(blk + 2 + 32 * (ii & 1));
+    const uint8_t *base = reinterpret_cast<const uint8_t *>(q & ~uintptr_t(3));
+    if ((q & 2) != 0) {
+      uint32_t t[9];
+#pragma unroll
+      for (int i = 0; i < 9; ++i) t[i] = L::w(base + 4 * i);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r[i] = __funnelshift_r(t[i], t[i + 1], 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r[i] = L::w(base + 4 * i);
+    }
+    r[8] = L::h(blk);
+  }
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const auto *grid = reinterpret_cast<const iq2xxs::WordPair *>(xq.tab), *masks = grid + 256;
+    float part[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) part[rr] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const XChunk x = x_chunk(xq, c, ii);
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr)
+        part[rr] = fmaf(static_cast<float>(iq2xxs::subblock_sum(r[rr][2 * c], r[rr][2 * c + 1], grid, masks, x.hi, x.lo)),
+                        x.s, part[rr]);
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr)
+      acc[rr] = fmaf(__half2float(__ushort_as_half(static_cast<unsigned short>(r[rr][8]))) * 0.125f, part[rr], acc[rr]);
+  }
+};
+
+template <int T> struct DpOf;
+template <> struct DpOf<kIQ2_XXS> { using type = DpIq2xxs; };
+template <> struct DpOf<kQ2_K> { using type = DpQ2K; };
+template <> struct DpOf<kQ3_K> { using type = DpQ3K; };
+template <> struct DpOf<kMXFP4> { using type = DpMxfp4; };
+
+constexpr int64_t dp4a_smem_bytes(int64_t k) { return 2 * k + k / 16 * 8; }
+constexpr int64_t kDp4aMaxSmem = 200 * 1024;
+
+// ---- the stream decode kernel (mxfp4, q2_K, q3_K, iq2_xxs; one token; k a multiple of 256) --
+// The dp4a kernel's arithmetic (the same x quantization, item layout and dot products), with the
+// weights streamed through shared memory instead of registers: every warp owns a contiguous,
+// balanced range of rows of one matrix (the ranges of all warps of a matrix differ by at most one
+// row) and copies it, RW rows at a time (one contiguous byte range: rows are adjacent), with
+// 16-byte cp.async into its own ring of NS stages. The first NS − 1 stages are issued before the
+// block quantizes x, so DRAM works during the prologue, and the loads in flight cost no
+// registers (more warps per SM than dp4a's register double buffer allows). Warps synchronize only
+// with themselves in the main loop. Launched with programmatic dependent launch (on a created
+// stream): the next launch's blocks start while this one drains and fetch their first weights
+// before griddepcontrol.wait; x is read and y written only after it (see the kernel).
+
+// Programmatic dependent launch (sm_90+; the launcher sets the attribute only there).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+constexpr int64_t stream_x_bytes(int64_t k) { return (dp4a_smem_bytes(k) + 15) / 16 * 16; }
+// One stage: RW rows starting anywhere in a 16-byte granule (≤ 15 bytes before, ≤ 15 after).
+constexpr int64_t stream_stage_bytes(int64_t row_bytes, int rw) { return (rw * row_bytes + 30 + 15) / 16 * 16; }
+
+// q2_K for the stream kernel: dp4a's item and x layout with the sub-block scale folded into the
+// integer dot (sc·(254·hi + lo dot) ≤ 15·(254 + 1)·16·192·127 < 2^31), so a sub-block and row
+// costs one I2F and one FMA, and the 4-bit scales and mins of the item's four sub-blocks come
+// out of one byte permute (the mins become floats through the 2^23 mantissa trick).
+struct SQ2K : DpQ2K {
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const uint32_t sel = (ii & 1) ? 0x7531u : 0x6420u;  // scale bytes 8h + 2j + g, j = 0..3
+    uint32_t scw[RW], mnw[RW];
+    float A[RW], B[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const uint32_t w = __byte_perm(r[rr][4], r[rr][5], sel);
+      scw[rr] = w & 0x0F0F0F0Fu;
+      mnw[rr] = (w >> 4) & 0x0F0F0F0Fu;
+      A[rr] = B[rr] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const XPiece xp = x_piece(xq, j, ii);
+      const uint4 xh = xp.hi, xl = xp.lo;
+      const float xsj = xp.s.x * (1.0f / static_cast<float>(1 << (2 * j)));  // undoes the in-place mask
+      const uint32_t mask = 0x03030303u << (2 * j);
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const int2 d = dp4a_hi_lo(r[rr], mask, xh, xl);
+        const int sh = d.x, sl = d.y;
+        const int sc = static_cast<int>(__byte_perm(scw[rr], 0u, 0x4440u + j));
+        A[rr] = fmaf(static_cast<float>((sh * 254 + sl) * sc), xsj, A[rr]);
+        const float mn = __uint_as_float(__byte_perm(mnw[rr], 0x4B000000u, 0x7440u + j)) - 8388608.0f;
+        B[rr] = fmaf(mn, xp.s.y, B[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const float2 dd = __half22float2(bits_h2(r[rr][6]));
+      acc[rr] += fmaf(dd.x, A[rr], -dd.y * B[rr]);
+    }
+  }
+};
+// q3_K for the stream kernel: the 2-bit field and its high bit are merged into one byte per value
+// before the dp4a pair, (q + 4·hb)·2^e with e = 0, 2, 4, 4 for j = 0..3 (≤ 112), so a value costs
+// one dp4a pair instead of two; Σ(q + 4·hb − 4)·x = 2^-e·dot − 4·Σx. The item's four 6-bit scales
+// come out as bytes with two byte permutes.
+struct SQ3K : DpQ3K {
+  template <int RW>
+  __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *rows, int ii, const XQuant &xq,
+                             float (&acc)[RW]) {
+    const int h = (ii >> 1) & 1, g = ii & 1;
+    uint32_t hm[RW][4], q[RW][4], scb[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const uint32_t fs = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(rows[rr] + (ii >> 2) * 110) & 3) * 8;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        hm[rr][i] = __funnelshift_r(r[rr][i], r[rr][i + 1], fs) >> (4 * h);  // bit j of each byte: the high bit
+        q[rr][i] = __funnelshift_r(r[rr][5 + i], r[rr][6 + i], fs);
+      }
+      const uint32_t raw0 = __funnelshift_r(r[rr][10], r[rr][11], fs), raw1 = __funnelshift_r(r[rr][11], r[rr][12], fs),
+                     raw2 = __funnelshift_r(r[rr][12], r[rr][13], fs);
+      // scale 8h + 2j + g: low 4 bits in byte 2j + g (nibble h), high 2 bits in byte 8 + 2(j & 1) + g
+      // at bit 4h + 2(j >> 1)
+      const uint32_t low = (__byte_perm(raw0, raw1, g ? 0x7531u : 0x6420u) >> (4 * h)) & 0x0F0F0F0Fu;
+      const uint32_t hw = __byte_perm(raw2, 0u, g ? 0x3131u : 0x2020u) >> (4 * h);
+      const uint32_t high = (hw & 0x00000303u) | ((hw >> 2) & 0x03030000u);
+      scb[rr] = low | (high << 4);  // scale + 32 per byte j
+    }
+    float sum[RW];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) sum[rr] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const XPiece xp = x_piece(xq, j, ii);
+      const uint32_t xhw[4] = {xp.hi.x, xp.hi.y, xp.hi.z, xp.hi.w}, xlw[4] = {xp.lo.x, xp.lo.y, xp.lo.z, xp.lo.w};
+      const int e = j == 0 ? 0 : j == 1 ? 2 : 4;  // a constant after unrolling
+      const float xsj = xp.s.x * (1.0f / static_cast<float>(1 << e)), m4 = -4.0f * xp.s.y;
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        int th = 0, tl = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t qp = j == 3 ? (q[rr][i] >> 2) & 0x30303030u : q[rr][i] & (0x03030303u << (2 * j));
+          const uint32_t hp = (hm[rr][i] & (0x01010101u << j)) << (j == 3 ? 3 : j + 2);
+          const uint32_t wv = qp | hp;
+          th = dp4a<false, true>(wv, xhw[i], th);
+          tl = dp4a<false, true>(wv, xlw[i], tl);
+        }
+        const float sc = __uint_as_float(__byte_perm(scb[rr], 0x4B000000u, 0x7440u + j)) - 8388640.0f;  // − 2^23 − 32
+        sum[rr] = fmaf(sc, fmaf(static_cast<float>(th * 254 + tl), xsj, m4), sum[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr)
+      acc[rr] = fmaf(__half2float(__ushort_as_half(static_cast<unsigned short>(r[rr][14]))), sum[rr], acc[rr]);
+  }
+};
+template <int T> struct StreamOf { using type = typename DpOf<T>::type; };
+template <> struct StreamOf<kQ2_K> { using type = SQ2K; };
+template <> struct StreamOf<kQ3_K> { using type = SQ3K; };
+
+
+// One warp's share of a matrix for the stream kernel: a contiguous range of rows (row ranges of
+// the nw warps that share the matrix differ by at most one row), copied RW << glog rows at a time
+// (one contiguous byte range: rows are adjacent) with 16-byte cp.async into the warp's ring of NS
+// stages. 32 >> glog lanes split a row's items (2^glog row groups of RW rows per chunk). prefetch()
+// reads only the weights (issue it before x exists); run() computes the rows into y. A row's
+// result depends only on the lanes per row and x, not on RW, NS or the split among warps.
+template <typename D, int RW, int NS>
+struct StreamWarp {
+  const uint8_t *w;
+  uint8_t *ring;  // this warp's NS stages of stage_bytes
+  int64_t row_bytes, rbeg, rend;
+  // whole 16-byte granules up to here can be copied with cp.async (the matrix's last row may end
+  // inside a granule: compute-sanitizer memcheck reports a cp.async with a cut source size as a
+  // 16-byte read past the allocation, so that granule is read byte by byte)
+  uintptr_t mat_end;
+  int stage_bytes, glog, chunks, probe;  // probe bit 0: skip the dot products, 1: the copies
+
+  // rows of warp gw of nw: n / nw each, one more for the first n % nw (32-bit: the launchers
+  // check n < 2^31; a 64-bit division costs ~100 instructions per warp)
+  __device__ StreamWarp(const uint8_t *w_, int64_t n, int64_t k, int gw, int nw, int glog_, uint8_t *ring_, int stage_bytes_,
+                        int probe_)
+      : w(w_), ring(ring_), row_bytes(k / 256 * D::kBytes256), stage_bytes(stage_bytes_), glog(glog_), probe(probe_) {
+    const int per = static_cast<int>(n) / nw, extra = static_cast<int>(n) % nw;
+    rbeg = static_cast<int64_t>(gw) * per + (gw < extra ? gw : extra);
+    rend = rbeg + per + (gw < extra ? 1 : 0);
+    const int crows = RW << glog;
+    chunks = static_cast<int>((rend - rbeg + crows - 1) / crows);
+    mat_end = reinterpret_cast<uintptr_t>(w + n * row_bytes);
+  }
+
+  // chunk c: rows rbeg + crows·c .. (< rend) into stage c % NS; always one commit group per call
+  __device__ void issue(int c) const {
+    const int lane = static_cast<int>(threadIdx.x & 31), crows = RW << glog;
+    if (c < chunks && (probe & 2) == 0) {
+      const int64_t r0 = rbeg + static_cast<int64_t>(c) * crows;
+      const int64_t nr = rend - r0 < crows ? rend - r0 : crows;
+      const uintptr_t src = reinterpret_cast<uintptr_t>(w + r0 * row_bytes);
+      const uintptr_t start = src & ~uintptr_t(15), end = src + static_cast<uintptr_t>(nr * row_bytes);
+      const int n16 = static_cast<int>((end - start + 15) / 16);
+      const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;  // granules inside the matrix
+      const uint8_t *from = reinterpret_cast<const uint8_t *>(start);
+      uint8_t *dst = ring + (c % NS) * stage_bytes;
+      for (int i = lane; i < whole; i += 32) cp_async16(dst + 16 * i, from + 16 * i);
+      if (whole < n16 && lane == 0) copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
+    }
+    cp_async_commit();
+  }
+  // The first NS − 1 chunks: weights only (no x, no output).
+  __device__ void prefetch() const {
+#pragma unroll
+    for (int c = 0; c < NS - 1; ++c) issue(c);
+  }
+  // Every row of the range into y (x quantized in xq; its block synchronized after writing it);
+  // nothing is left in flight at return.
+  __device__ void run(const XQuant &xq, float *y) const {
+    const int lane = static_cast<int>(threadIdx.x & 31), ipr = xq.ipr;
+    const int lpr = 32 >> glog, grp = lane >> (5 - glog), sub = lane & (lpr - 1);  // lanes per row, group, lane in it
+    const int crows = RW << glog;
+    const int spt = (ipr + lpr - 1) / lpr;
+    for (int c = 0; c < chunks; ++c) {
+      __syncwarp();  // every lane is done with the stage that chunk c + NS − 1 overwrites
+      issue(c + NS - 1);
+      cp_async_wait<NS - 1>();  // chunk c has landed (this lane's copies) ...
+      __syncwarp();             // ... and every lane's
+      const int64_t c0 = rbeg + static_cast<int64_t>(c) * crows;
+      const uint8_t *stage = ring + (c % NS) * stage_bytes + (reinterpret_cast<uintptr_t>(w + c0 * row_bytes) & 15);
+      const int64_t r0 = c0 + grp * RW;  // this lane group's rows (past rend: computed on row 0, not written)
+      const uint8_t *rp[RW];
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) rp[rr] = stage + (r0 + rr < rend ? grp * RW + rr : 0) * row_bytes;
+      float acc[RW];
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) acc[rr] = 0.0f;
+      for (int q = 0; q < spt; ++q) {
+        const int ii = sub + lpr * q;
+        if (ii < ipr && (probe & 1) == 0) {
+          uint32_t words[RW][D::kWords];
+#pragma unroll
+          for (int rr = 0; rr < RW; ++rr) D::template load<SharedWords>(rp[rr], ii, words[rr]);
+          D::template dot<RW>(words, rp, ii, xq, acc);
+        }
+      }
+      // sum over the lpr lanes of a row group: every lane shuffles (no divergent branch around a
+      // shuffle), the offsets at or past lpr are dropped
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        float sum = acc[rr];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          const float other = __shfl_xor_sync(0xffffffffu, sum, o);
+          if (o < lpr) sum += other;
+        }
+        if (sub == 0 && r0 + rr < rend) y[r0 + rr] = sum;
+      }
+    }
+    cp_async_wait<0>();  // nothing left in flight at exit (the trailing groups are empty)
+  }
+};
+
+template <int T> struct StreamConfig;  // rows per warp step, stages, warps per block
+// The best mean over the four benchmark shapes among the configurations measured on the H200
+// (docs/benchmarks.md, "Kernels", session 6: 1, 2 or 4 rows x 2-4 stages x 8, 16 or 32 warps):
+// 4 rows per warp step, 2 stages, 8 warps for all three types.
+template <> struct StreamConfig<kQ2_K> { static constexpr int rw = 4, ns = 2, warps = 8; };
+template <> struct StreamConfig<kQ3_K> { static constexpr int rw = 4, ns = 2, warps = 8; };
+template <> struct StreamConfig<kMXFP4> { static constexpr int rw = 4, ns = 2, warps = 8; };
+// iq2_xxs: the same configuration (not swept)
+template <> struct StreamConfig<kIQ2_XXS> { static constexpr int rw = 4, ns = 2, warps = 8; };
+
+constexpr int64_t kStreamMaxSmem = 227 * 1024;
+// Row groups per warp (2^glog, at most max_glog) for a row of ipr items: the fewest lane-steps per
+// row (ceil(ipr / lanes) · lanes for 32, 16 or 8 lanes), ties to more lanes per row.
+constexpr int stream_glog(int64_t ipr, int max_glog) {
+  int best = 0;
+  for (int g = 1; g <= max_glog; ++g)
+    if ((ipr + (32 >> g) - 1) / (32 >> g) * (32 >> g) < (ipr + (32 >> best) - 1) / (32 >> best) * (32 >> best)) best = g;
+  return best;
+}
+// What a launch runs: rows per lane group (the configuration's rows per chunk split over the row
+// groups, so the chunk, the stages and the occupancy stay those of the configuration), stages,
+// warps per block, row groups and the shared memory.
+struct StreamPlan {
+  int rw, ns, warps, glog;
+  int64_t stage, smem;
+};
+template <int T>
+StreamPlan stream_plan(int64_t k, int rw, int ns, int warps) {
+  constexpr int64_t rb = DpOf<T>::type::kBytes256, values = DpOf<T>::type::kValues;
+  StreamPlan p{};
+  rw = rw < 1 ? 1 : rw;
+  p.glog = stream_glog(k / values, rw >= 4 ? 2 : rw >= 2 ? 1 : 0);
+  p.rw = rw >> p.glog;
+  p.ns = ns;
+  p.warps = warps;
+  p.stage = stream_stage_bytes(k / 256 * rb, p.rw << p.glog);
+  p.smem = stream_x_bytes(k) + DpOf<T>::type::kTableBytes + warps * ns * p.stage;
+  return p;
+}
+template <int T>
+int64_t stream_smem_bytes(int64_t k) {
+  return stream_plan<T>(k, StreamConfig<T>::rw, StreamConfig<T>::ns, StreamConfig<T>::warps).smem;
+}
+
+// Launches Kernel once over one wave of resident blocks shared by the launch's matrices: per
+// matrix (blockIdx.y) min(most, SMs · blocks per SM / matrices) blocks, at least one. Rounded
+// down: rounding up leaves a few blocks for a second wave whenever the matrices do not divide the
+// slots (3 blocks per SM: 50 x 8 = 400 blocks for 396 slots), which doubled the time of such
+// configurations in session 5's measurements. With programmatic dependent launch on sm_90+ and a
+// created stream (the legacy default stream serializes), unless `pdl` is false.
+template <auto Kernel, typename... Args>
+void launch_one_wave(const char *name, int threads, int64_t smem, int64_t n_mat, int64_t most, bool pdl,
+                     cudaStream_t stream, Args... args) {
+  const Residency r = residency<Kernel>(threads, smem);
+  const int64_t slots = static_cast<int64_t>(r.sms) * r.per_sm;
+  const int64_t per_mat = slots / n_mat > 0 ? slots / n_mat : 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(most < per_mat ? most : per_mat), static_cast<unsigned>(n_mat));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl && stream != nullptr && r.pdl ? 1 : 0;
+  EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, Kernel, args...));
+  EP_CUDA_CHECK_LAUNCH(name);
+}
+
+
+}  // namespace
+}  // namespace ep::cuda
