@@ -207,8 +207,18 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
       const uint32_t ph = __byte_perm(__byte_perm(hb[0], hb[1], 0x0040u), __byte_perm(hb[2], hb[3], 0x0040u), 0x5410u);
       const uint32_t pl = __byte_perm(__byte_perm(lb[0], lb[1], 0x0040u), __byte_perm(lb[2], lb[3], 0x0040u), 0x5410u);
       const int dst = D::piece(4 * i, ipr);
-      *reinterpret_cast<uint32_t *>(hi + dst) = ph;
-      *reinterpret_cast<uint32_t *>(lo + dst) = pl;
+      if constexpr (D::kPairHalves) {
+        // values s .. s + 3 of a 32-value block (this thread, i & 4 == 0) and s + 16 .. s + 19
+        // (lane ^ 4) interleave: the lower thread writes x_s, x_s+16, x_s+1, x_s+17, the upper one
+        // x_s+2, x_s+18, x_s+3, x_s+19 (DpMxfp4::piece)
+        const uint32_t oh = __shfl_xor_sync(0xffffffffu, ph, 4), ol = __shfl_xor_sync(0xffffffffu, pl, 4);
+        const bool upper = (i & 4) != 0;
+        *reinterpret_cast<uint32_t *>(hi + dst) = upper ? __byte_perm(oh, ph, 0x7362u) : __byte_perm(ph, oh, 0x5140u);
+        *reinterpret_cast<uint32_t *>(lo + dst) = upper ? __byte_perm(ol, pl, 0x7362u) : __byte_perm(pl, ol, 0x5140u);
+      } else {
+        *reinterpret_cast<uint32_t *>(hi + dst) = ph;
+        *reinterpret_cast<uint32_t *>(lo + dst) = pl;
+      }
       float t = (vals[0] + vals[1]) + (vals[2] + vals[3]);
       t += __shfl_xor_sync(0xffffffffu, t, 1);
       t += __shfl_xor_sync(0xffffffffu, t, 2);
@@ -272,6 +282,7 @@ __device__ __forceinline__ void quantize_input_smem(const GemvArgs &a, int m, ui
 struct DpKq {
   static constexpr int kValues = 64;
   static constexpr bool kSums = true;
+  static constexpr bool kPairHalves = false;  // x in value order within a piece (see DpMxfp4)
   static constexpr int kTableBytes = 0;  // no lookup tables (see DpIq2xxs)
   __device__ static void init_tables(uint8_t *) {}
   __device__ static int piece(int v, int ipr) {
@@ -416,8 +427,12 @@ struct DpQ3K : DpKq {
 
 // mxfp4 item: 4 blocks of 32 values (68 bytes, word-aligned since rows are multiples of 136).
 // Each byte's low nibble is value i, its high nibble value i + 16; kvalues_mxfp4 via __byte_perm.
-// x pieces 2c, 2c + 1 of item ii = values 0..15, 16..31 of its block c.
-__device__ __forceinline__ int2 mxfp4_ints(uint32_t q) {
+// x pieces 2c, 2c + 1 of item ii = the 32 values of its block c, interleaved by halves: byte p of
+// the 32 is value p / 2 + 16·(p % 2), the order in which the table lookup below yields the
+// weights (no byte permute back to value order: two instructions fewer per 8 weights).
+// The int8 weights (2 × e2m1) of the 8 nibbles of q: x = bytes 0, 1 (low and high nibble of byte
+// 0, byte 1), y = bytes 2, 3: values 4t + {0, 16, 1, 17} and 4t + {2, 18, 3, 19} for word t.
+__device__ __forceinline__ uint2 mxfp4_pairs(uint32_t q) {
   constexpr uint32_t pos0 = 0x03020100u, pos1 = 0x0C080604u, neg0 = 0xFDFEFF00u, neg1 = 0xF4F8FAFCu;
   const uint32_t sel = 0x32103210u | ((q & 0x88888888u) >> 1);
   uint32_t tmp[2];
@@ -427,21 +442,23 @@ __device__ __forceinline__ int2 mxfp4_ints(uint32_t q) {
     const uint32_t lo = __byte_perm(pos0, pos1, qs), hi = __byte_perm(neg0, neg1, qs);
     tmp[i] = __byte_perm(lo, hi, sel >> (16 * i));
   }
-  return make_int2(static_cast<int>(__byte_perm(tmp[0], tmp[1], 0x6420)),
-                   static_cast<int>(__byte_perm(tmp[0], tmp[1], 0x7531)));
+  return make_uint2(tmp[0], tmp[1]);
 }
 struct DpMxfp4 {
   static constexpr int kWords = 17, kValues = 128, kBytes256 = 136;
   static constexpr bool kSums = false;
+  static constexpr bool kPairHalves = true;
   static constexpr int kTableBytes = 0;
   __device__ static void init_tables(uint8_t *) {}
+  // byte offset of the x word quantize_x's thread of values v .. v + 3 writes (v a multiple of 4):
+  // position 2s (s = v % 16) of the block's 32 for the lower half, 2s + 4 for the upper (see above)
   __device__ static int piece(int v, int ipr) {
-    const int item = v >> 7, c = (v >> 5) & 3, part = (v >> 4) & 1;
-    return ((2 * c + part) * ipr + item) * 16 + (v & 15);
+    const int item = v >> 7, c = (v >> 5) & 3, pos = 2 * (v & 15) + 4 * ((v >> 4) & 1);
+    return ((2 * c + (pos >> 4)) * ipr + item) * 16 + (pos & 15);
   }
   __device__ static int scale_slot(int v, int ipr) { return ((v >> 5) & 3) * ipr + (v >> 7); }
-  // x of 32-value chunk c of item ii: hi and lo bytes in value order (words 0..3 the first 16
-  // values, 4..7 the second 16) and s/254 (DpIq2xxs shares the layout)
+  // x of 32-value chunk c of item ii: hi and lo bytes in the piece order (DpMxfp4: interleaved
+  // halves; DpIq2xxs: words 0..3 the first 16 values, 4..7 the second 16) and s/254
   struct XChunk {
     uint32_t hi[8], lo[8];
     float s;
@@ -474,11 +491,11 @@ struct DpMxfp4 {
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           const uint32_t q = fs ? __funnelshift_r(r[rr][wi + t], r[rr][wi + t + 1], fs) : r[rr][wi + t];
-          const int2 v = mxfp4_ints(q);
-          sh = __dp4a(v.x, static_cast<int>(x.hi[t]), sh);
-          sl = __dp4a(v.x, static_cast<int>(x.lo[t]), sl);
-          sh = __dp4a(v.y, static_cast<int>(x.hi[4 + t]), sh);
-          sl = __dp4a(v.y, static_cast<int>(x.lo[4 + t]), sl);
+          const uint2 v = mxfp4_pairs(q);
+          sh = dp4a<true, true>(v.x, x.hi[2 * t], sh);
+          sl = dp4a<true, true>(v.x, x.lo[2 * t], sl);
+          sh = dp4a<true, true>(v.y, x.hi[2 * t + 1], sh);
+          sl = dp4a<true, true>(v.y, x.lo[2 * t + 1], sl);
         }
         acc[rr] = fmaf(e8m0_half(static_cast<uint8_t>(e)) * x.s, static_cast<float>(sh * 254 + sl), acc[rr]);
       }
@@ -495,6 +512,11 @@ __device__ const uint64_t kIq2xxsGridGlobal[256] = {EP_IQ2XXS_GRID_VALUES};
 __device__ const uint8_t kIq2xxsSignsGlobal[128] = {EP_IQ2XXS_KSIGNS_VALUES};
 struct DpIq2xxs : DpMxfp4 {
   static constexpr int kWords = 9, kBytes256 = 66;
+  static constexpr bool kPairHalves = false;  // x in value order: a grid word is 8 consecutive values
+  __device__ static int piece(int v, int ipr) {
+    const int item = v >> 7, c = (v >> 5) & 3, part = (v >> 4) & 1;
+    return ((2 * c + part) * ipr + item) * 16 + (v & 15);
+  }
   static constexpr int kTableBytes = (256 + 128) * 8;  // grid [256], then sign masks [128]
   // by the whole block, before anything reads them (the block synchronizes after x)
   __device__ static void init_tables(uint8_t *tab) {
