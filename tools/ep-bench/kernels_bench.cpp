@@ -10,8 +10,8 @@
 // reads the same matrices with the same launch pattern (read_ceiling.cu, timed by the same loop),
 // as a fraction of the copy bandwidth: what a launch of that shape could reach. --ffn adds (and
 // --ffn-only runs only) the decode MoE FFN per model (bench_ffn): gate+up, activation and down of
-// one token's experts as three launches, and as the engine runs them, two (the activation applied
-// as down's kernel reads its input).
+// one token's experts as three launches, and as two (the activation applied as down's kernel reads
+// its input; the engine's path for every type but mxfp4).
 #include "bench_common.hpp"
 #include "read_ceiling.hpp"
 
@@ -374,8 +374,8 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
 
 
 // The routed experts' decode FFN of one token (gate, up, GLU, down of `experts` experts): three
-// launches (launch_gemv of gate and up, launch_glu, launch_gemv of down) against the engine's two
-// (the GLU applied by down's kernel, GemvArgs::glu), in GB/s of expert weights read (each FFN's
+// launches (launch_gemv of gate and up, launch_glu, launch_gemv of down) against two (the GLU
+// applied by down's kernel, GemvArgs::glu), in GB/s of expert weights read (each FFN's
 // experts cycled through a pool much larger than L2, launches back to back on one stream as
 // decode issues them).
 struct FfnModel {
@@ -575,7 +575,8 @@ int run(const Options &o) {
   }
   if (!ffn.empty()) {
     fmt::print("\ndecode MoE FFN, one token (gate, up, GLU, down of each expert; expert weight bytes read / time):\n"
-               "three launches (GEMV gate+up, GLU, GEMV down) and the engine's two (the GLU applied by down's GEMV)\n");
+               "three launches (GEMV gate+up, GLU, GEMV down) and two (the GLU applied by down's GEMV: what the engine\n"
+               "runs for q2_K, q3_K and iq2_xxs; mxfp4 measured no faster and keeps three)\n");
     fmt::print("{:<8} {:<18} {:>7} {:>10} {:>12} {:>8} {:>12} {:>8} {:>8}\n", "type", "model (d x f)", "experts", "MiB/exp",
                "3 launches", "of HBM", "2 launches", "of HBM", "speedup");
     for (const auto &r : ffn)
