@@ -18,6 +18,7 @@
 #include "cuda/dp4a.cuh"
 #include "cuda/iq2xxs_dot.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/mxfp4_pairs.cuh"
 #include "cuda/quant_unit.cuh"
 
 namespace ep::cuda {
@@ -213,8 +214,8 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
         // x_s+2, x_s+18, x_s+3, x_s+19 (DpMxfp4::piece)
         const uint32_t oh = __shfl_xor_sync(0xffffffffu, ph, 4), ol = __shfl_xor_sync(0xffffffffu, pl, 4);
         const bool upper = (i & 4) != 0;
-        *reinterpret_cast<uint32_t *>(hi + dst) = upper ? __byte_perm(oh, ph, 0x7362u) : __byte_perm(ph, oh, 0x5140u);
-        *reinterpret_cast<uint32_t *>(lo + dst) = upper ? __byte_perm(ol, pl, 0x7362u) : __byte_perm(pl, ol, 0x5140u);
+        *reinterpret_cast<uint32_t *>(hi + dst) = upper ? mxfp4::upper_word(ph, oh) : mxfp4::lower_word(ph, oh);
+        *reinterpret_cast<uint32_t *>(lo + dst) = upper ? mxfp4::upper_word(pl, ol) : mxfp4::lower_word(pl, ol);
       } else {
         *reinterpret_cast<uint32_t *>(hi + dst) = ph;
         *reinterpret_cast<uint32_t *>(lo + dst) = pl;
@@ -426,24 +427,9 @@ struct DpQ3K : DpKq {
 };
 
 // mxfp4 item: 4 blocks of 32 values (68 bytes, word-aligned since rows are multiples of 136).
-// Each byte's low nibble is value i, its high nibble value i + 16; kvalues_mxfp4 via __byte_perm.
-// x pieces 2c, 2c + 1 of item ii = the 32 values of its block c, interleaved by halves: byte p of
-// the 32 is value p / 2 + 16·(p % 2), the order in which the table lookup below yields the
-// weights (no byte permute back to value order: two instructions fewer per 8 weights).
-// The int8 weights (2 × e2m1) of the 8 nibbles of q: x = bytes 0, 1 (low and high nibble of byte
-// 0, byte 1), y = bytes 2, 3: values 4t + {0, 16, 1, 17} and 4t + {2, 18, 3, 19} for word t.
-__device__ __forceinline__ uint2 mxfp4_pairs(uint32_t q) {
-  constexpr uint32_t pos0 = 0x03020100u, pos1 = 0x0C080604u, neg0 = 0xFDFEFF00u, neg1 = 0xF4F8FAFCu;
-  const uint32_t sel = 0x32103210u | ((q & 0x88888888u) >> 1);
-  uint32_t tmp[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const uint32_t qs = q >> (16 * i);
-    const uint32_t lo = __byte_perm(pos0, pos1, qs), hi = __byte_perm(neg0, neg1, qs);
-    tmp[i] = __byte_perm(lo, hi, sel >> (16 * i));
-  }
-  return make_uint2(tmp[0], tmp[1]);
-}
+// x pieces 2c, 2c + 1 of item ii = the 32 values of its block c in the order the table lookup
+// yields the weights (cuda/mxfp4_pairs.cuh: byte p of the 32 is value p/2 + 16·(p % 2)), so that
+// each looked-up word goes to dp4a as it comes out.
 struct DpMxfp4 {
   static constexpr int kWords = 17, kValues = 128, kBytes256 = 136;
   static constexpr bool kSums = false;
@@ -491,7 +477,7 @@ struct DpMxfp4 {
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           const uint32_t q = fs ? __funnelshift_r(r[rr][wi + t], r[rr][wi + t + 1], fs) : r[rr][wi + t];
-          const uint2 v = mxfp4_pairs(q);
+          const mxfp4::Pairs v = mxfp4::pairs(q);
           sh = dp4a<true, true>(v.x, x.hi[2 * t], sh);
           sl = dp4a<true, true>(v.x, x.lo[2 * t], sl);
           sh = dp4a<true, true>(v.y, x.hi[2 * t + 1], sh);
