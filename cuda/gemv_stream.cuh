@@ -263,8 +263,9 @@ struct LoadGlu {
   }
 };
 // The GEMV input of matrix m into the block's quantized x: row x_rows[m] (or m) of x, or with
-// GLU of act(x, glu.up) (GemvArgs::glu; a template parameter: the activation's code in every
-// kernel cost the others registers, 4-9 % of mxfp4 and q3_K decode speed, session 9). After
+// GLU of act(x, glu.up) (GemvArgs::glu; a template parameter: behind a run-time branch in every
+// kernel, the activation's code cost the kernels that do not apply it 4-9 % of mxfp4 and q3_K
+// decode speed, docs/benchmarks.md session 9; why was not measured). After
 // griddepcontrol.wait (x is often the previous kernel's output); the caller synchronizes the
 // block before reading it.
 template <typename D, bool GLU>
