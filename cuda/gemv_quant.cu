@@ -927,7 +927,7 @@ __global__ void __launch_bounds__(kDpWarps * 32, 1) gemv_dp4a_kernel(GemvArgs a)
 // Rows per warp, the fastest measured (docs/benchmarks.md): 4 for q2_K (7-word items), 2 for
 // q3_K (15 words), 1 for mxfp4 (17 words).
 template <int T, bool GLU>
-void launch_dp4a_glu(const GemvArgs &args, cudaStream_t stream) {
+void launch_dp4a_variant(const GemvArgs &args, cudaStream_t stream) {
   using D = typename DpOf<T>::type;
   constexpr int RW = T == kQ2_K ? 4 : T == kQ3_K ? 2 : 1;
   auto *kernel = gemv_dp4a_kernel<D, RW, GLU>;
@@ -944,9 +944,9 @@ void launch_dp4a_glu(const GemvArgs &args, cudaStream_t stream) {
 template <int T>
 void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
   if (args.glu.up != nullptr) {
-    launch_dp4a_glu<T, true>(args, stream);
+    launch_dp4a_variant<T, true>(args, stream);
   } else {
-    launch_dp4a_glu<T, false>(args, stream);
+    launch_dp4a_variant<T, false>(args, stream);
   }
 }
 
@@ -1374,6 +1374,8 @@ bool stream_covers(int type, const GemvArgs &args) {
                                        : stream_smem_bytes<kMXFP4>(args.k);
   return smem <= kStreamMaxSmem;
 }
+// The kernels that can apply GemvArgs::glu: they read x once per block, into their quantized copy.
+bool applies_glu(GemvKernel kernel) { return kernel == GemvKernel::dp4a || kernel == GemvKernel::stream; }
 GemvKernel pick_gemv_kernel(int type, const GemvArgs &args) {
   GemvKernel want = args.kernel;
   if (want == GemvKernel::automatic) {
@@ -1456,8 +1458,7 @@ bool parse_gemv_kernel(const char *name, GemvKernel &out) {
 GemvKernel gemv_kernel_for(uint32_t type, const GemvArgs &args) { return pick_gemv_kernel(static_cast<int>(type), args); }
 
 bool gemv_takes_glu(uint32_t type, const GemvArgs &args) {
-  const GemvKernel k = pick_gemv_kernel(static_cast<int>(type), args);
-  return k == GemvKernel::dp4a || k == GemvKernel::stream;
+  return applies_glu(pick_gemv_kernel(static_cast<int>(type), args));
 }
 
 void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
@@ -1470,17 +1471,18 @@ void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
   if (args.n < 0 || args.n > INT32_MAX || args.k > INT32_MAX)
     throw Error(Status::invalid_argument, "launch_gemv: n = " + std::to_string(args.n) + ", k = " + std::to_string(args.k) +
                                               ": both must be below 2^31");
-  if (args.glu.up != nullptr && ((reinterpret_cast<uintptr_t>(args.glu.up) & 15) != 0 || !gemv_takes_glu(type, args)))
+  const GemvKernel kernel = pick_gemv_kernel(static_cast<int>(type), args);
+  if (args.glu.up != nullptr && ((reinterpret_cast<uintptr_t>(args.glu.up) & 15) != 0 || !applies_glu(kernel)))
     throw Error(Status::invalid_argument, "launch_gemv: an activation on the input (GemvArgs::glu) needs the dp4a or stream "
                                           "kernel (gemv_takes_glu) and a 16-byte aligned up row; " +
-                                              std::string(gemv_kernel_name(pick_gemv_kernel(static_cast<int>(type), args))) +
-                                              " was picked for type " + std::to_string(type));
+                                              std::string(gemv_kernel_name(kernel)) + " was picked for type " +
+                                              std::to_string(type));
   if (args.n == 0) return;
   dispatch_type(type, "launch_gemv", [&](auto tag) {
     constexpr int T = decltype(tag)::value;
     if (args.k % Traits<T>::elems != 0)
       throw Error(Status::shape, "launch_gemv: k = " + std::to_string(args.k) + " is not a whole number of blocks");
-    launch_typed<T>(pick_gemv_kernel(T, args), args, stream);
+    launch_typed<T>(kernel, args, stream);
   });
 }
 

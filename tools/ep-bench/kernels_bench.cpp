@@ -48,8 +48,8 @@ struct Options {
   int batch[4] = {8, 8, 8, 8};  // experts per GEMV launch, per shape (--batch N or N1,N2,N3,N4)
   int gemv_tokens = 1;       // tokens per GEMV launch
   int passes = 10;           // timed passes over the weight pool
-  bool graph = false;        // --graph: the timed passes captured once as a CUDA graph and replayed
-  bool ffn = false;          // --ffn: also the decode MoE FFN, three launches against one (bench_ffn)
+  bool graph = false;        // --graph: the timed passes captured once as a CUDA graph and replayed (timed_gbps)
+  bool ffn = false;          // --ffn: also the decode MoE FFN, three launches against two (bench_ffn)
   bool ffn_only = false;     // --ffn-only: only that
   uint64_t pool_mib = 1024;  // weight bytes cycled per type and shape
   int64_t prefill_tokens = 512;
@@ -170,6 +170,41 @@ struct DeviceMem {
   DeviceMem &operator=(const DeviceMem &) = delete;
 };
 
+// GB/s of `launches` launches (launch(i), i < launches, reading bytes_per_launch each) on
+// `stream`: one warm-up pass, then o.passes timed passes; with --graph the timed passes are
+// captured as one CUDA graph after the warm-up (which also fills the launchers' caches), replayed
+// once untimed and once timed.
+template <typename F>
+double timed_gbps(cudaStream_t stream, const Options &o, int launches, double bytes_per_launch, const F &launch) {
+  for (int i = 0; i < launches; ++i) launch(i);  // warm-up pass
+  auto timed_passes = [&] {
+    for (int p = 0; p < o.passes; ++p)
+      for (int i = 0; i < launches; ++i) launch(i);
+  };
+  Events ev;
+  if (o.graph) {
+    const CapturedLaunches graph(stream, timed_passes);
+    graph.launch(stream);
+    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+    graph.launch(stream);
+    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+  } else {
+    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+    timed_passes();
+    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+  }
+  return bytes_per_launch * launches * o.passes / (ev.ms() * 1e6);
+}
+
+// n floats uniform in [−1, 1) (seed 5) copied to dev: the activations x of the benchmarks.
+void upload_random_x(void *dev, size_t n) {
+  std::vector<float> hx(n);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (auto &v : hx) v = dist(rng);
+  EP_CUDA_CHECK(cudaMemcpy(dev, hx.data(), n * 4, cudaMemcpyHostToDevice));
+}
+
 void check_cublas(cublasStatus_t s, const char *what) {
   if (s != CUBLAS_STATUS_SUCCESS) ep::fail(ep::Status::cuda, "{}: {}", what, cublasGetStatusString(s));
 }
@@ -277,39 +312,12 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
   const int64_t xt = std::max<int64_t>(batch + o.gemv_tokens, o.prefill_tokens);
   const int64_t yt_rows = std::max<int64_t>(xt, static_cast<int64_t>(batch) * o.gemv_tokens);
   DeviceMem x(static_cast<uint64_t>(s.k * xt) * 4), y(static_cast<uint64_t>(s.n * yt_rows) * 4);
-  {
-    std::vector<float> hx(static_cast<size_t>(s.k * xt));
-    std::mt19937 rng(5);
-    std::uniform_real_distribution<float> d(-1, 1);
-    for (auto &v : hx) v = d(rng);
-    EP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-  }
-  // GB/s of launch(table + i·per_launch) over the whole pool: one warm-up pass, then o.passes
-  // timed passes, bytes_per_matrix read per matrix; with --graph the timed passes are captured
-  // as one CUDA graph after the warm-up (which also fills the launchers' caches), replayed once
-  // untimed and once timed
+  upload_random_x(x.p, static_cast<size_t>(s.k * xt));
+  // GB/s of launch(table + i·per_launch) over the whole pool, bytes_per_matrix read per matrix
   const auto *table = static_cast<const void *const *>(dptrs.p);
   auto pass_gbps = [&](int per_launch, uint64_t bytes_per_matrix, const auto &launch) {
-    const int launches_per_pass = pool / per_launch;
-    for (int i = 0; i < launches_per_pass; ++i) launch(table + i * per_launch);  // warm-up pass
-    auto timed_passes = [&] {
-      for (int p = 0; p < o.passes; ++p)
-        for (int i = 0; i < launches_per_pass; ++i) launch(table + i * per_launch);
-    };
-    Events ev;
-    if (o.graph) {
-      const CapturedLaunches graph(stream, timed_passes);
-      graph.launch(stream);
-      EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
-      graph.launch(stream);
-      EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
-    } else {
-      EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
-      timed_passes();
-      EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
-    }
-    const double bytes = static_cast<double>(bytes_per_matrix) * per_launch * launches_per_pass * o.passes;
-    return bytes / (ev.ms() * 1e6);
+    return timed_gbps(stream, o, pool / per_launch, static_cast<double>(bytes_per_matrix) * per_launch,
+                      [&](int i) { launch(table + i * per_launch); });
   };
   auto gemv_gbps = [&](int per_launch, ep::cuda::GemvKernel kernel) {
     ep::cuda::GemvArgs a;
@@ -372,7 +380,6 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
   return r;
 }
 
-
 // The routed experts' decode FFN of one token (gate, up, GLU, down of `experts` experts): three
 // launches (launch_gemv of gate and up, launch_glu, launch_gemv of down) against two (the GLU
 // applied by down's kernel, GemvArgs::glu), in GB/s of expert weights read (each FFN's
@@ -424,13 +431,7 @@ FfnResult bench_ffn(ep::cuda::CudaBackend &be, GgmlType type, const FfnModel &md
   DeviceMem drows(rows.size() * 4), x(static_cast<uint64_t>(mdl.d) * 4), gate_up(static_cast<uint64_t>(2 * experts * mdl.f) * 4),
       h(static_cast<uint64_t>(experts * mdl.f) * 4), y(static_cast<uint64_t>(experts * mdl.d) * 4);
   EP_CUDA_CHECK(cudaMemcpy(drows.p, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
-  {
-    std::vector<float> hx(static_cast<size_t>(mdl.d));
-    std::mt19937 rng(5);
-    std::uniform_real_distribution<float> dist(-1, 1);
-    for (auto &v : hx) v = dist(rng);
-    EP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-  }
+  upload_random_x(x.p, static_cast<size_t>(mdl.d));
   const auto *tbl = static_cast<const void *const *>(dtable.p);
   auto *gu_out = static_cast<float *>(gate_up.p);
   // gate and up, then down of launch l's experts; the activation in its own launch (three) or in
@@ -461,19 +462,10 @@ FfnResult bench_ffn(ep::cuda::CudaBackend &be, GgmlType type, const FfnModel &md
     }
     ep::cuda::launch_gemv(static_cast<uint32_t>(type), b, stream);
   };
-  auto gbps = [&](const auto &launch) {
-    for (int l = 0; l < launches; ++l) launch(l);  // warm-up pass
-    Events ev;
-    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
-    for (int p = 0; p < o.passes; ++p)
-      for (int l = 0; l < launches; ++l) launch(l);
-    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
-    const double bytes = static_cast<double>(2 * gu_bytes + down_bytes) * experts * launches * o.passes;
-    return bytes / (ev.ms() * 1e6);
-  };
+  const double bytes = static_cast<double>(2 * gu_bytes + down_bytes) * experts;  // per FFN
   FfnResult r{std::string(info.name), &mdl, experts, 2 * gu_bytes + down_bytes, 0.0, 0.0};
-  r.three_gbps = gbps([&](int l) { ffn(l, false); });
-  r.two_gbps = gbps([&](int l) { ffn(l, true); });
+  r.three_gbps = timed_gbps(stream, o, launches, bytes, [&](int l) { ffn(l, false); });
+  r.two_gbps = timed_gbps(stream, o, launches, bytes, [&](int l) { ffn(l, true); });
   return r;
 }
 
@@ -508,8 +500,7 @@ int run(const Options &o) {
       for (const FfnModel &m : models)
         for (int e : {m.top_k, 8}) {
           if (e == 8 && m.top_k == 8) continue;
-          ep::cuda::GemvArgs down;  // where the engine applies the activation in down's kernel
-          down.w_ptrs = reinterpret_cast<const void *const *>(uintptr_t{16});
+          ep::cuda::GemvArgs down;  // where down's kernel can apply the activation
           down.k = m.f;
           down.n = m.d;
           down.n_mat = e;

@@ -29,7 +29,7 @@ constexpr const char *kUsage =
     "  kernels [--kernels auto|generic|pipe|mma|dp4a|stream|imma,...] [--types mxfp4,q2_K,...] [--batch 8 | --batch 12,6,32,16]\n"
     "       [--gemv-tokens 1] [--pool-mib 1024] [--passes 10] [--tokens 512] [--no-gemm] [--no-batch1] [--gemm-mode exact|bf16] [--graph] [--ffn | --ffn-only] [--json]\n"
     "       HBM copy bandwidth, decode GEMV per type/shape/kernel as a fraction of it, prefill GEMM vs cuBLAS\n"
-    "       (--graph: the timed GEMV launches replayed from a CUDA graph, without host work per launch;\n"
+    "       (--graph: the timed GEMV and FFN launches replayed from a CUDA graph, without host work per launch;\n"
     "       --ffn: also the decode MoE FFN per model, three launches against the engine's two; --ffn-only: only that)\n"
     "  e2e  --model PATH [--tokenizer tokenizer.json|.gguf] [--workload bench/workload/seed-10.jsonl] [--max-new N]\n"
     "       [--requests N] [--device auto|cpu|cuda] [--cache-mib N] [--staging-mib N | --staging-slots N] [--ignore-eos]\n"
