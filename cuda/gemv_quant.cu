@@ -6,7 +6,8 @@
 //    warp reuses each piece of x for 1-4 rows. Details at its section below.
 //  - stream (same types and shapes; the decode default since session 5, faster than dp4a in 10 of
 //    12 type x shape cells): dp4a's x quantization and item layout, the weights streamed
-//    through a per-warp cp.async ring in shared memory, scales folded into the integer dots (q2_K)
+//    through a per-warp ring in shared memory (one bulk copy per chunk on sm_90, cp.async before),
+//    scales folded into the integer dots (q2_K)
 //    and the q3_K high bit merged into the 2-bit field; programmatic dependent launch.
 //  - mma (mxfp4, q2_K, q3_K; k a multiple of 256; used for 2..8 tokens): tensor cores. Each warp
 //    owns 16 rows and streams them through a cp.async ring, 256 values per stage; the block
@@ -955,8 +956,9 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
 // Measurement probe (sweep builds only, EP_GEMV_PROBE): bit 0 skips the stream kernel's dot
 // products, bit 1 its weight copies (results are then wrong), bit 2 launches it without
 // programmatic dependent launch, bit 4 (16) skips the imma kernel's x prologue, bits 5 and 6 (32,
-// 64) address the imma kernel's shared memory as the other layout's (see the kernel), so that
-// ep-bench can time the kernels' parts.
+// 64) address the imma kernel's shared memory as the other layout's (see the kernel), bit 3 (8)
+// issues all of the stream kernel's stages before x (StreamWarp), bit 7 (128) skips its x
+// quantization, so that ep-bench can time the kernels' parts.
 __device__ int g_gemv_probe = 0;
 int g_gemv_probe_host = 0;
 // EP_GEMV_PROBE, read and copied to the device once
@@ -976,8 +978,11 @@ int sweep_probe() {
 // than 32, or a number that 32 lanes would leave partly idle: 48 items are 3 steps of 16 lanes).
 // WARPS warps per block: x is quantized once per block, so fewer, larger blocks spend less on it.
 // Blocks of 16 or more warps ask for registers that let 32 warps share an SM.
+// Registers for two 8-warp blocks per SM (at most 128): q3_K's default configuration used 139,
+// which left one block per SM; with the bound, no spills, q3_K 2-12 % and mxfp4 up to 3 % faster at
+// 8 experts (docs/benchmarks.md, session 10).
 template <typename D, int RW, int NS, int WARPS, bool GLU>
-__global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 1) gemv_stream_kernel(GemvArgs a, int stage_bytes, int glog) {
+__global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 2) gemv_stream_kernel(GemvArgs a, int stage_bytes, int glog) {
   extern __shared__ __align__(16) uint8_t smem[];
   XQuant xq = x_smem_view<D>(smem, a.k);
   const int warp = threadIdx.x >> 5, m = blockIdx.y;
@@ -990,9 +995,12 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 1) gemv
 #else
   constexpr int probe = 0;
 #endif
+  // after the rings: each warp's NS mbarriers (bulk copies, stream_barrier_bytes)
+  uint64_t *bars = reinterpret_cast<uint64_t *>(smem + stream_x_bytes(a.k) + D::kTableBytes +
+                                                static_cast<int64_t>(WARPS) * NS * stage_bytes) + warp * NS;
   const StreamWarp<D, RW, NS> rows(static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w), a.n, a.k,
                                    static_cast<int>(blockIdx.x) * WARPS + warp, static_cast<int>(gridDim.x) * WARPS, glog,
-                                   ring, stage_bytes, probe);
+                                   ring, stage_bytes, probe, bars);
   rows.prefetch();
   D::init_tables(tables);  // constants: before the wait too
   // Up to here only the weights, w_ptrs and the shape were read: the previous kernel may still be
@@ -1001,7 +1009,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 1) gemv
   // (often the previous kernel's output) is read, and y written, after the wait.
   grid_dependency_wait();
   grid_dependents_launch();
-  quantize_input_smem<D, GLU>(a, m, smem);
+  if ((probe & 128) == 0) quantize_input_smem<D, GLU>(a, m, smem);  // probe bit 7: x not quantized (timing only)
   __syncthreads();
   rows.run(xq, a.y + static_cast<int64_t>(m) * a.n);
 }

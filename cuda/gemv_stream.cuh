@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/activation.cuh"
 #include "cuda/check.hpp"
@@ -104,6 +105,44 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { cp_async_wait<1>(); }
+// Bulk copies (sm_90's TMA unit, cp.async.bulk) completing on an mbarrier in shared memory: the
+// stream kernel's weight chunks on sm_90+ (StreamWarp: one instruction per chunk instead of a
+// 16-byte cp.async per lane and granule; 3-16 % faster decode GEMV, docs/benchmarks.md session 10).
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrives on bar expecting `bytes` more from bulk copies, then copies bytes (a multiple of 16;
+// 16-byte aligned ends) from global src to shared dst, completing on bar.
+__device__ __forceinline__ void bulk_copy_g2s(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
 // One granule of a RowSpan into shared memory: cp.async, or a bounded load for a granule that
 // reaches past the span's end (only the last row's tail: never read past the weights).
 __device__ __forceinline__ void copy16_async(uint8_t *dst, const uint4 *src, uintptr_t end) {
@@ -570,8 +609,9 @@ constexpr int64_t kDp4aMaxSmem = 200 * 1024;
 // The dp4a kernel's arithmetic (the same x quantization, item layout and dot products), with the
 // weights streamed through shared memory instead of registers: every warp owns a contiguous,
 // balanced range of rows of one matrix (the ranges of all warps of a matrix differ by at most one
-// row) and copies it, RW rows at a time (one contiguous byte range: rows are adjacent), with
-// 16-byte cp.async into its own ring of NS stages. The first NS − 1 stages are issued before the
+// row) and copies it, RW rows at a time (one contiguous byte range: rows are adjacent), into its
+// own ring of NS stages (StreamWarp: a bulk copy per chunk on sm_90+, 16-byte cp.async on older
+// GPUs). The first NS − 1 stages are issued before the
 // block quantizes x, so DRAM works during the prologue, and the loads in flight cost no
 // registers (more warps per SM than dp4a's register double buffer allows). Warps synchronize only
 // with themselves in the main loop. Launched with programmatic dependent launch (on a created
@@ -591,6 +631,9 @@ __device__ __forceinline__ void grid_dependents_launch() {
 }
 
 constexpr int64_t stream_x_bytes(int64_t k) { return (dp4a_smem_bytes(k) + 15) / 16 * 16; }
+// The mbarriers of the bulk copies (one per warp and stage), after the rings; reserved on every
+// architecture (the host does not know which one the kernel was compiled for).
+constexpr int64_t stream_barrier_bytes(int warps, int ns) { return static_cast<int64_t>(warps) * ns * 8; }
 // One stage: RW rows starting anywhere in a 16-byte granule (≤ 15 bytes before, ≤ 15 after).
 constexpr int64_t stream_stage_bytes(int64_t row_bytes, int rw) { return (rw * row_bytes + 30 + 15) / 16 * 16; }
 
@@ -696,37 +739,57 @@ template <> struct StreamOf<kQ2_K> { using type = SQ2K; };
 template <> struct StreamOf<kQ3_K> { using type = SQ3K; };
 
 
+// Whether StreamWarp copies its chunks with bulk copies (sm_90+) or with cp.async (older GPUs:
+// cp.async.bulk and mbarrier transaction counts need sm_90). Host code: false (unused there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+inline constexpr bool kStreamBulkCopy = true;
+#else
+inline constexpr bool kStreamBulkCopy = false;
+#endif
 // One warp's share of a matrix for the stream kernel: a contiguous range of rows (row ranges of
 // the nw warps that share the matrix differ by at most one row), copied RW << glog rows at a time
-// (one contiguous byte range: rows are adjacent) with 16-byte cp.async into the warp's ring of NS
-// stages. 32 >> glog lanes split a row's items (2^glog row groups of RW rows per chunk). prefetch()
-// reads only the weights (issue it before x exists); run() computes the rows into y. A row's
-// result depends only on the lanes per row and x, not on RW, NS or the split among warps.
+// (one contiguous byte range: rows are adjacent) into the warp's ring of NS stages — by one bulk
+// copy per chunk issued by lane 0 and completing on the stage's mbarrier (sm_90+), or by 16-byte
+// cp.async of every lane. 32 >> glog lanes split a row's items (2^glog row groups of RW rows per
+// chunk). prefetch() reads only the weights (issue it before x exists); run() computes the rows
+// into y. A row's result depends only on the lanes per row and x, not on RW, NS, the copy or the
+// split among warps.
 template <typename D, int RW, int NS>
 struct StreamWarp {
   const uint8_t *w;
   uint8_t *ring;  // this warp's NS stages of stage_bytes
+  uint64_t *bars;  // this warp's NS mbarriers (bulk copies: stage s completes on bars[s])
   int64_t row_bytes, rbeg, rend;
-  // whole 16-byte granules up to here can be copied with cp.async (the matrix's last row may end
+  // whole 16-byte granules up to here are copied asynchronously (the matrix's last row may end
   // inside a granule: compute-sanitizer memcheck reports a cp.async with a cut source size as a
   // 16-byte read past the allocation, so that granule is read byte by byte)
   uintptr_t mat_end;
-  int stage_bytes, glog, chunks, probe;  // probe bit 0: skip the dot products, 1: the copies
+  // probe (sweep builds): bit 0 skips the dot products, 1 the copies; bit 3 issues all NS stages
+  // before x instead of NS − 1 (each stage's next chunk is then issued after the stage is computed)
+  int stage_bytes, glog, chunks, probe;
 
   // rows of warp gw of nw: n / nw each, one more for the first n % nw (32-bit: the launchers
   // check n < 2^31; a 64-bit division costs ~100 instructions per warp)
   __device__ StreamWarp(const uint8_t *w_, int64_t n, int64_t k, int gw, int nw, int glog_, uint8_t *ring_, int stage_bytes_,
-                        int probe_)
-      : w(w_), ring(ring_), row_bytes(k / 256 * D::kBytes256), stage_bytes(stage_bytes_), glog(glog_), probe(probe_) {
+                        int probe_, uint64_t *bars_ = nullptr)
+      : w(w_), ring(ring_), bars(bars_), row_bytes(k / 256 * D::kBytes256), stage_bytes(stage_bytes_), glog(glog_), probe(probe_) {
     const int per = static_cast<int>(n) / nw, extra = static_cast<int>(n) % nw;
     rbeg = static_cast<int64_t>(gw) * per + (gw < extra ? gw : extra);
     rend = rbeg + per + (gw < extra ? 1 : 0);
     const int crows = RW << glog;
     chunks = static_cast<int>((rend - rbeg + crows - 1) / crows);
     mat_end = reinterpret_cast<uintptr_t>(w + n * row_bytes);
+    if constexpr (kStreamBulkCopy) {
+      if ((threadIdx.x & 31) == 0) {
+        for (int st = 0; st < NS; ++st) mbar_init(bars + st, 1);
+        mbar_init_fence();
+      }
+      __syncwarp();
+    }
   }
 
-  // chunk c: rows rbeg + crows·c .. (< rend) into stage c % NS; always one commit group per call
+  // chunk c: rows rbeg + crows·c .. (< rend) into stage c % NS (cp.async: always one commit group
+  // per call; bulk copy: stage c % NS completes its phase c / NS for every c < chunks)
   __device__ void issue(int c) const {
     const int lane = static_cast<int>(threadIdx.x & 31), crows = RW << glog;
     if (c < chunks && (probe & 2) == 0) {
@@ -738,15 +801,43 @@ struct StreamWarp {
       const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;  // granules inside the matrix
       const uint8_t *from = reinterpret_cast<const uint8_t *>(start);
       uint8_t *dst = ring + (c % NS) * stage_bytes;
-      for (int i = lane; i < whole; i += 32) cp_async16(dst + 16 * i, from + 16 * i);
-      if (whole < n16 && lane == 0) copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
+      if constexpr (kStreamBulkCopy) {
+        if (lane == 0) {
+          // the matrix's cut last granule first (a plain store, released by the arrive below)
+          if (whole < n16)
+            *reinterpret_cast<uint4 *>(dst + 16 * whole) =
+                load16_bounded(reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
+          if (whole > 0) {
+            bulk_copy_g2s(dst, from, 16u * static_cast<unsigned>(whole), bars + c % NS);
+          } else {
+            mbar_arrive(bars + c % NS);
+          }
+        }
+        return;
+      } else {
+        for (int i = lane; i < whole; i += 32) cp_async16(dst + 16 * i, from + 16 * i);
+        if (whole < n16 && lane == 0) copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
+      }
+    } else if (kStreamBulkCopy && c < chunks && lane == 0) {
+      mbar_arrive(bars + c % NS);  // probe 2: no copy, the stage still completes
     }
-    cp_async_commit();
+    if constexpr (!kStreamBulkCopy) cp_async_commit();
   }
-  // The first NS − 1 chunks: weights only (no x, no output).
+  // Chunk c (< chunks) has landed in its stage, for every lane of the warp.
+  __device__ void wait_chunk(int c) const {
+    if constexpr (kStreamBulkCopy) {
+      mbar_wait(bars + c % NS, static_cast<unsigned>(c / NS) & 1u);
+    } else {
+      cp_async_wait<NS - 1>();  // chunk c has landed (this lane's copies) ...
+      __syncwarp();             // ... and every lane's
+    }
+  }
+  __device__ bool all_stages_first() const { return (probe & 8) != 0; }
+  // The first NS − 1 chunks (probe bit 3: NS): weights only (no x, no output).
   __device__ void prefetch() const {
 #pragma unroll
     for (int c = 0; c < NS - 1; ++c) issue(c);
+    if (all_stages_first()) issue(NS - 1);
   }
   // Every row of the range into y (x quantized in xq; its block synchronized after writing it);
   // nothing is left in flight at return.
@@ -755,11 +846,13 @@ struct StreamWarp {
     const int lpr = 32 >> glog, grp = lane >> (5 - glog), sub = lane & (lpr - 1);  // lanes per row, group, lane in it
     const int crows = RW << glog;
     const int spt = (ipr + lpr - 1) / lpr;
+    const bool all_first = all_stages_first();
     for (int c = 0; c < chunks; ++c) {
-      __syncwarp();  // every lane is done with the stage that chunk c + NS − 1 overwrites
-      issue(c + NS - 1);
-      cp_async_wait<NS - 1>();  // chunk c has landed (this lane's copies) ...
-      __syncwarp();             // ... and every lane's
+      if (!all_first) {
+        __syncwarp();  // every lane is done with the stage that chunk c + NS − 1 overwrites
+        issue(c + NS - 1);
+      }
+      wait_chunk(c);
       const int64_t c0 = rbeg + static_cast<int64_t>(c) * crows;
       const uint8_t *stage = ring + (c % NS) * stage_bytes + (reinterpret_cast<uintptr_t>(w + c0 * row_bytes) & 15);
       const int64_t r0 = c0 + grp * RW;  // this lane group's rows (past rend: computed on row 0, not written)
@@ -778,6 +871,10 @@ struct StreamWarp {
           D::template dot<RW>(words, rp, ii, xq, acc);
         }
       }
+      if (all_first) {
+        __syncwarp();  // every lane is done with stage c % NS: chunk c + NS goes there
+        issue(c + NS);
+      }
       // sum over the lpr lanes of a row group: every lane shuffles (no divergent branch around a
       // shuffle), the offsets at or past lpr are dropped
 #pragma unroll
@@ -791,7 +888,7 @@ struct StreamWarp {
         if (sub == 0 && r0 + rr < rend) y[r0 + rr] = sum;
       }
     }
-    cp_async_wait<0>();  // nothing left in flight at exit (the trailing groups are empty)
+    if constexpr (!kStreamBulkCopy) cp_async_wait<0>();  // nothing left in flight at exit (the trailing groups are empty)
   }
 };
 
@@ -831,7 +928,7 @@ StreamPlan stream_plan(int64_t k, int rw, int ns, int warps) {
   p.ns = ns;
   p.warps = warps;
   p.stage = stream_stage_bytes(k / 256 * rb, p.rw << p.glog);
-  p.smem = stream_x_bytes(k) + DpOf<T>::type::kTableBytes + warps * ns * p.stage;
+  p.smem = stream_x_bytes(k) + DpOf<T>::type::kTableBytes + warps * ns * p.stage + stream_barrier_bytes(warps, ns);
   return p;
 }
 template <int T>
@@ -849,7 +946,17 @@ template <auto Kernel, typename... Args>
 void launch_one_wave(const char *name, int threads, int64_t smem, int64_t n_mat, int64_t most, bool pdl,
                      cudaStream_t stream, Args... args) {
   const Residency r = residency<Kernel>(threads, smem);
-  const int64_t slots = static_cast<int64_t>(r.sms) * r.per_sm;
+  int per_sm = r.per_sm;
+#if defined(EP_GEMV_SWEEP)
+  // EP_GEMV_BLOCKS_PER_SM=n (sweep builds): at most n of the launch's blocks per SM, so that the
+  // next launch's blocks can be resident beside them
+  static const int cap = [] {
+    const char *v = std::getenv("EP_GEMV_BLOCKS_PER_SM");
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  if (cap > 0 && cap < per_sm) per_sm = cap;
+#endif
+  const int64_t slots = static_cast<int64_t>(r.sms) * per_sm;
   const int64_t per_mat = slots / n_mat > 0 ? slots / n_mat : 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(most < per_mat ? most : per_mat), static_cast<unsigned>(n_mat));

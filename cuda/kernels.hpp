@@ -14,7 +14,7 @@ namespace ep::cuda {
 /// tokens) run mxfp4, q2_K and q3_K with k a multiple of 256, stream also iq2_xxs (one token, k a
 /// multiple of 256, 2-byte-aligned matrices); asked for other types or shapes they fall back to
 /// what automatic picks there. stream is dp4a's arithmetic with the weights streamed through
-/// shared memory (cp.async ring per warp). imma (asked for only; q2_K, one token, k a
+/// shared memory (a ring per warp, filled by bulk copies on sm_90+). imma (asked for only; q2_K, one token, k a
 /// multiple of 256) runs q2_K on int8 tensor cores (cuda/gemv_imma.cuh; same x precision as
 /// dp4a; slower than stream on row-major matrices, docs/benchmarks.md). generic and pipe run every
 /// type exactly (f32 x).
