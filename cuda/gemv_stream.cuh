@@ -923,7 +923,7 @@ StreamPlan stream_plan(int64_t k, int rw, int ns, int warps) {
   constexpr int64_t rb = DpOf<T>::type::kBytes256, values = DpOf<T>::type::kValues;
   StreamPlan p{};
   rw = rw < 1 ? 1 : rw;
-  p.glog = stream_glog(k / values, rw >= 4 ? 2 : rw >= 2 ? 1 : 0);
+  p.glog = stream_glog(k / values, rw >= 4 ? 2 : rw == 2 ? 1 : 0);  // 3 rows stay one group
   p.rw = rw >> p.glog;
   p.ns = ns;
   p.warps = warps;

@@ -190,7 +190,7 @@ TEST_CASE("the stream kernel's measured configurations match the CPU", "[gpu][ge
   std::mt19937 rng(35);
   const char *old = std::getenv("EP_GEMV_STREAM_CFG");
   const std::string keep = old != nullptr ? old : "";
-  for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "4x2", "4x3"}) {
+  for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "3x2", "4x2", "4x3"}) {
     setenv("EP_GEMV_STREAM_CFG", cfg, 1);
     for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::iq2_xxs}) {
       for (Case c : {Case{type, 3584, 45, 2, 1}, Case{type, 768, 67, 3, 1}, Case{type, 4608, 20, 2, 1}}) {
