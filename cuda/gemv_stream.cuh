@@ -267,6 +267,82 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
   }
 }
 
+// quantize_x with a thread per 16 values instead of per 4 (EP_STREAM_X16=1; off by default, not
+// run on a GPU yet): the max over a 32-value group takes one shuffle instead of three, the sum of
+// 16 none instead of two, the piece index math is done once per 16 values and hi / lo go out as
+// one 16-byte store each. The same bytes as quantize_x (the same max, scale, rounding and sums in
+// the same order), so every consumer and test stays as it is. Meant for an A/B in one device call:
+// scripts/gemv-ab --test base: x16:-DEP_STREAM_X16=1 (docs/benchmarks.md, session 10: x's
+// quantization costs 4-14 % of a decode GEMV launch).
+template <typename D, typename Load>
+__device__ __forceinline__ void quantize_x16(const Load &load, int64_t k, int ipr, int8_t *hi, int8_t *lo,
+                                             float2 *xs) {
+  const int n16 = static_cast<int>(k / 16);  // a multiple of 16: half warps are in or out together
+  for (int base = 0; base < n16; base += static_cast<int>(blockDim.x)) {
+    const int p = base + static_cast<int>(threadIdx.x);  // this thread's values 16p .. 16p + 15
+    const bool active = p < n16;
+    float4 v[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = active ? load(4 * p + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float m = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the 32-value group: threads p and p ^ 1
+    const float s = m * (1.0f / 127.0f);
+    const float inv = m > 0.0f ? __frcp_rn(m) * 127.0f : 0.0f, inv254 = inv * 254.0f;
+    constexpr float kMagic = 12582912.0f;  // as quantize_x
+    uint32_t ph[4], pl[4];
+    float t[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float vals[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+      uint32_t hb[4], lb[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float hm = fmaf(vals[e], inv, kMagic);
+        const float r = fmaf(-(hm - kMagic), s, vals[e]);
+        hb[e] = __float_as_uint(hm);
+        lb[e] = __float_as_uint(fmaf(r, inv254, kMagic));
+      }
+      ph[q] = __byte_perm(__byte_perm(hb[0], hb[1], 0x0040u), __byte_perm(hb[2], hb[3], 0x0040u), 0x5410u);
+      pl[q] = __byte_perm(__byte_perm(lb[0], lb[1], 0x0040u), __byte_perm(lb[2], lb[3], 0x0040u), 0x5410u);
+      t[q] = (vals[0] + vals[1]) + (vals[2] + vals[3]);
+    }
+    const float sum16 = (t[0] + t[1]) + (t[2] + t[3]);  // quantize_x's butterfly order
+    const bool upper = (p & 1) != 0;
+    if constexpr (D::kPairHalves) {
+      // the lower thread (values 0..15 of the group, words A0..A3) writes the group's first 16
+      // bytes, A_q and B_q interleaved for q = 0, 1; the upper one (16..31, B0..B3) the last 16,
+      // q = 2, 3: each sends the other the two words it lacks
+      const uint32_t sh0 = __shfl_xor_sync(0xffffffffu, upper ? ph[0] : ph[2], 1);
+      const uint32_t sh1 = __shfl_xor_sync(0xffffffffu, upper ? ph[1] : ph[3], 1);
+      const uint32_t sl0 = __shfl_xor_sync(0xffffffffu, upper ? pl[0] : pl[2], 1);
+      const uint32_t sl1 = __shfl_xor_sync(0xffffffffu, upper ? pl[1] : pl[3], 1);
+      if (active) {
+        const uint32_t ah0 = upper ? sh0 : ph[0], bh0 = upper ? ph[2] : sh0;
+        const uint32_t ah1 = upper ? sh1 : ph[1], bh1 = upper ? ph[3] : sh1;
+        const uint32_t al0 = upper ? sl0 : pl[0], bl0 = upper ? pl[2] : sl0;
+        const uint32_t al1 = upper ? sl1 : pl[1], bl1 = upper ? pl[3] : sl1;
+        // value 8 of a group sits at byte 16, the start of its second piece (DpMxfp4::piece)
+        const int dst = D::piece(upper ? 16 * p - 8 : 16 * p, ipr);
+        *reinterpret_cast<uint4 *>(hi + dst) = make_uint4(mxfp4::lower_word(ah0, bh0), mxfp4::upper_word(bh0, ah0),
+                                                          mxfp4::lower_word(ah1, bh1), mxfp4::upper_word(bh1, ah1));
+        *reinterpret_cast<uint4 *>(lo + dst) = make_uint4(mxfp4::lower_word(al0, bl0), mxfp4::upper_word(bl0, al0),
+                                                          mxfp4::lower_word(al1, bl1), mxfp4::upper_word(bl1, al1));
+      }
+    } else if (active) {
+      const int dst = D::piece(16 * p, ipr);
+      *reinterpret_cast<uint4 *>(hi + dst) = make_uint4(ph[0], ph[1], ph[2], ph[3]);
+      *reinterpret_cast<uint4 *>(lo + dst) = make_uint4(pl[0], pl[1], pl[2], pl[3]);
+    }
+    if (active && (D::kSums || !upper)) xs[D::scale_slot(16 * p, ipr)] = make_float2(s * (1.0f / 254.0f), sum16);
+  }
+}
+#ifndef EP_STREAM_X16
+#define EP_STREAM_X16 0
+#endif
+
 // The quantized x at the start of a dp4a / stream block's dynamic shared memory: hi bytes [k],
 // lo bytes [k], then the float2 scales.
 template <typename D>
@@ -282,7 +358,11 @@ struct LoadRow {
 template <typename D, typename Load>
 __device__ __forceinline__ void quantize_x_smem(const Load &load, int64_t k, uint8_t *smem) {
   int8_t *hi = reinterpret_cast<int8_t *>(smem);
-  quantize_x<D>(load, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k));
+  if constexpr (EP_STREAM_X16) {
+    quantize_x16<D>(load, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k));
+  } else {
+    quantize_x<D>(load, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k));
+  }
 }
 template <typename D>
 __device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int64_t k, uint8_t *smem) {
