@@ -207,6 +207,26 @@ __device__ __forceinline__ float small_int_scaled(uint32_t n, int e = 0) {
   return __uint_as_float(bits | n) - __uint_as_float(bits);
 }
 
+// Four values of x as int8 hi and lo parts (scale s = max/127 of their 32-value group, inv =
+// 127/max, inv254 = 254·inv), packed into a word each in value order.
+// rint through the f32 mantissa: fma(v, inv, 1.5·2^23) holds rint(v·inv) in its low bits (two's
+// complement, |v·inv| <= 127·(1 + a few ulp)), so the low byte is the int8 and no clamp or
+// conversion instruction is needed; |lo| <= 127 likewise since |x - hi·s| <= s/2.
+__device__ __forceinline__ void quantize4(const float4 &v, float s, float inv, float inv254, uint32_t &ph, uint32_t &pl) {
+  constexpr float kMagic = 12582912.0f;
+  const float vals[4] = {v.x, v.y, v.z, v.w};
+  uint32_t hb[4], lb[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float hm = fmaf(vals[e], inv, kMagic);
+    const float r = fmaf(-(hm - kMagic), s, vals[e]);
+    hb[e] = __float_as_uint(hm);
+    lb[e] = __float_as_uint(fmaf(r, inv254, kMagic));
+  }
+  ph = __byte_perm(__byte_perm(hb[0], hb[1], 0x0040u), __byte_perm(hb[2], hb[3], 0x0040u), 0x5410u);
+  pl = __byte_perm(__byte_perm(lb[0], lb[1], 0x0040u), __byte_perm(lb[2], lb[3], 0x0040u), 0x5410u);
+}
+
 // Quantizes x[0, k) (load(i): values 4i .. 4i + 3) into the permuted XQuant layout of D (D::piece:
 // value index (a multiple of 4) → byte offset of its 4 values; D::scale_slot: value index → xs slot).
 template <typename D, typename Load>
@@ -231,21 +251,8 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
       const float s = m * (1.0f / 127.0f);
       const float inv = m > 0.0f ? __frcp_rn(m) * 127.0f : 0.0f, inv254 = inv * 254.0f;
-      const float vals[4] = {v[p].x, v[p].y, v[p].z, v[p].w};
-      // rint through the f32 mantissa: fma(v, inv, 1.5·2^23) holds rint(v·inv) in its low bits
-      // (two's complement, |v·inv| <= 127·(1 + a few ulp)), so the low byte is the int8 and no
-      // clamp or conversion instruction is needed; |lo| <= 127 likewise since |x - hi·s| <= s/2.
-      constexpr float kMagic = 12582912.0f;
-      uint32_t hb[4], lb[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float hm = fmaf(vals[e], inv, kMagic);
-        const float r = fmaf(-(hm - kMagic), s, vals[e]);
-        hb[e] = __float_as_uint(hm);
-        lb[e] = __float_as_uint(fmaf(r, inv254, kMagic));
-      }
-      const uint32_t ph = __byte_perm(__byte_perm(hb[0], hb[1], 0x0040u), __byte_perm(hb[2], hb[3], 0x0040u), 0x5410u);
-      const uint32_t pl = __byte_perm(__byte_perm(lb[0], lb[1], 0x0040u), __byte_perm(lb[2], lb[3], 0x0040u), 0x5410u);
+      uint32_t ph, pl;
+      quantize4(v[p], s, inv, inv254, ph, pl);
       const int dst = D::piece(4 * i, ipr);
       if constexpr (D::kPairHalves) {
         // values s .. s + 3 of a 32-value block (this thread, i & 4 == 0) and s + 16 .. s + 19
@@ -259,7 +266,7 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
         *reinterpret_cast<uint32_t *>(hi + dst) = ph;
         *reinterpret_cast<uint32_t *>(lo + dst) = pl;
       }
-      float t = (vals[0] + vals[1]) + (vals[2] + vals[3]);
+      float t = (v[p].x + v[p].y) + (v[p].z + v[p].w);
       t += __shfl_xor_sync(0xffffffffu, t, 1);
       t += __shfl_xor_sync(0xffffffffu, t, 2);
       if ((i & (D::kSums ? 3 : 7)) == 0) xs[D::scale_slot(4 * i, ipr)] = make_float2(s * (1.0f / 254.0f), t);
@@ -291,23 +298,12 @@ __device__ __forceinline__ void quantize_x16(const Load &load, int64_t k, int ip
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the 32-value group: threads p and p ^ 1
     const float s = m * (1.0f / 127.0f);
     const float inv = m > 0.0f ? __frcp_rn(m) * 127.0f : 0.0f, inv254 = inv * 254.0f;
-    constexpr float kMagic = 12582912.0f;  // as quantize_x
     uint32_t ph[4], pl[4];
     float t[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const float vals[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
-      uint32_t hb[4], lb[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float hm = fmaf(vals[e], inv, kMagic);
-        const float r = fmaf(-(hm - kMagic), s, vals[e]);
-        hb[e] = __float_as_uint(hm);
-        lb[e] = __float_as_uint(fmaf(r, inv254, kMagic));
-      }
-      ph[q] = __byte_perm(__byte_perm(hb[0], hb[1], 0x0040u), __byte_perm(hb[2], hb[3], 0x0040u), 0x5410u);
-      pl[q] = __byte_perm(__byte_perm(lb[0], lb[1], 0x0040u), __byte_perm(lb[2], lb[3], 0x0040u), 0x5410u);
-      t[q] = (vals[0] + vals[1]) + (vals[2] + vals[3]);
+      quantize4(v[q], s, inv, inv254, ph[q], pl[q]);
+      t[q] = (v[q].x + v[q].y) + (v[q].z + v[q].w);
     }
     const float sum16 = (t[0] + t[1]) + (t[2] + t[3]);  // quantize_x's butterfly order
     const bool upper = (p & 1) != 0;
