@@ -978,6 +978,18 @@ int sweep_probe() {
 // than 32, or a number that 32 lanes would leave partly idle: 48 items are 3 steps of 16 lanes).
 // WARPS warps per block: x is quantized once per block, so fewer, larger blocks spend less on it.
 // Blocks of 16 or more warps ask for registers that let 32 warps share an SM.
+// Variants for an A/B with scripts/gemv-ab (off by default, compiled but not run on a GPU yet;
+// docs/benchmarks.md, session 10): EP_STREAM_LATE_PREFETCH=1 requests the first ring stages after
+// griddepcontrol.wait instead of before (requesting all of them before was 10-18 % slower: does
+// the next launch's early traffic delay this one's last loads?); EP_STREAM_LATE_DEPENDENTS=1 lets
+// the next launch start only when this block is done (griddepcontrol.launch_dependents at the
+// end), so that its blocks' requests do not compete with this launch's tail.
+#ifndef EP_STREAM_LATE_PREFETCH
+#define EP_STREAM_LATE_PREFETCH 0
+#endif
+#ifndef EP_STREAM_LATE_DEPENDENTS
+#define EP_STREAM_LATE_DEPENDENTS 0
+#endif
 // Registers for two 8-warp blocks per SM (at most 128): q3_K's default configuration used 139,
 // which left one block per SM; with the bound, no spills, q3_K 2-12 % and mxfp4 up to 3 % faster at
 // 8 experts (docs/benchmarks.md, session 10).
@@ -1001,17 +1013,19 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 2) gemv
   const StreamWarp<D, RW, NS> rows(static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w), a.n, a.k,
                                    static_cast<int>(blockIdx.x) * WARPS + warp, static_cast<int>(gridDim.x) * WARPS, glog,
                                    ring, stage_bytes, probe, bars);
-  rows.prefetch();
+  if constexpr (!EP_STREAM_LATE_PREFETCH) rows.prefetch();
   D::init_tables(tables);  // constants: before the wait too
   // Up to here only the weights, w_ptrs and the shape were read: the previous kernel may still be
   // running when this launch's blocks start (programmatic dependent launch). The only kernel that
   // lets its successor start early is this one, past this wait, and it writes nothing but y; x
   // (often the previous kernel's output) is read, and y written, after the wait.
   grid_dependency_wait();
-  grid_dependents_launch();
+  if constexpr (!EP_STREAM_LATE_DEPENDENTS) grid_dependents_launch();
+  if constexpr (EP_STREAM_LATE_PREFETCH) rows.prefetch();
   if ((probe & 128) == 0) quantize_input_smem<D, GLU>(a, m, smem);  // probe bit 7: x not quantized (timing only)
   __syncthreads();
   rows.run(xq, a.y + static_cast<int64_t>(m) * a.n);
+  if constexpr (EP_STREAM_LATE_DEPENDENTS) grid_dependents_launch();
 }
 
 template <int T, int RW, int NS, int WARPS, bool GLU = false>
