@@ -97,9 +97,10 @@ __device__ __forceinline__ uint4 load16_bounded(const uint4 *p, uintptr_t end) {
 }
 
 
+// The 32-bit shared-memory address of a generic pointer into shared memory (PTX's [addr] operands).
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -108,7 +109,6 @@ __device__ __forceinline__ void cp_async_wait1() { cp_async_wait<1>(); }
 // Bulk copies (sm_90's TMA unit, cp.async.bulk) completing on an mbarrier in shared memory: the
 // stream kernel's weight chunks on sm_90+ (StreamWarp: one instruction per chunk instead of a
 // 16-byte cp.async per lane and granule; 3-16 % faster decode GEMV, docs/benchmarks.md session 10).
-__device__ __forceinline__ unsigned smem_addr(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
