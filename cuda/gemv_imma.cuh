@@ -102,7 +102,7 @@ EP_IMMA_HD float group_absmax(const float (&v)[16]) {
 
 /// Quantizes group (slot c, field j) of one block, its values v, with its slot's max |x|
 /// (slot_max): its B words in the two mmas of set j, the bytes of its quantized sum, and for
-/// j = 0 the slot's scale. The rounding of quantize_x (cuda/gemv_quant.cu):
+/// j = 0 the slot's scale. The rounding of quantize_x (cuda/gemv_stream.cuh):
 /// hi = rint(x·127/max), lo = rint((x − hi·s)·254/s).
 EP_IMMA_HD void quantize_group(const float (&v)[16], int c, int j, float slot_max, XBlock &xq) {
   const float scale = slot_max * (1.0f / 127.0f);

@@ -978,18 +978,6 @@ int sweep_probe() {
 // than 32, or a number that 32 lanes would leave partly idle: 48 items are 3 steps of 16 lanes).
 // WARPS warps per block: x is quantized once per block, so fewer, larger blocks spend less on it.
 // Blocks of 16 or more warps ask for registers that let 32 warps share an SM.
-// Variants for an A/B with scripts/gemv-ab (off by default, compiled but not run on a GPU yet;
-// docs/benchmarks.md, session 10): EP_STREAM_LATE_PREFETCH=1 requests the first ring stages after
-// griddepcontrol.wait instead of before (requesting all of them before was 10-18 % slower: does
-// the next launch's early traffic delay this one's last loads?); EP_STREAM_LATE_DEPENDENTS=1 lets
-// the next launch start only when this block is done (griddepcontrol.launch_dependents at the
-// end), so that its blocks' requests do not compete with this launch's tail.
-#ifndef EP_STREAM_LATE_PREFETCH
-#define EP_STREAM_LATE_PREFETCH 0
-#endif
-#ifndef EP_STREAM_LATE_DEPENDENTS
-#define EP_STREAM_LATE_DEPENDENTS 0
-#endif
 // Registers for two 8-warp blocks per SM (at most 128): q3_K's default configuration used 139,
 // which left one block per SM; with the bound, no spills, q3_K 2-12 % and mxfp4 up to 3 % faster at
 // 8 experts (docs/benchmarks.md, session 10).
@@ -1013,19 +1001,17 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 2) gemv
   const StreamWarp<D, RW, NS> rows(static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w), a.n, a.k,
                                    static_cast<int>(blockIdx.x) * WARPS + warp, static_cast<int>(gridDim.x) * WARPS, glog,
                                    ring, stage_bytes, probe, bars);
-  if constexpr (!EP_STREAM_LATE_PREFETCH) rows.prefetch();
+  rows.prefetch();  // (after the wait instead: up to 11 % slower, session 11)
   D::init_tables(tables);  // constants: before the wait too
   // Up to here only the weights, w_ptrs and the shape were read: the previous kernel may still be
   // running when this launch's blocks start (programmatic dependent launch). The only kernel that
   // lets its successor start early is this one, past this wait, and it writes nothing but y; x
   // (often the previous kernel's output) is read, and y written, after the wait.
   grid_dependency_wait();
-  if constexpr (!EP_STREAM_LATE_DEPENDENTS) grid_dependents_launch();
-  if constexpr (EP_STREAM_LATE_PREFETCH) rows.prefetch();
+  grid_dependents_launch();  // (at the end of the block instead: up to 9 % slower, session 11)
   if ((probe & 128) == 0) quantize_input_smem<D, GLU>(a, m, smem);  // probe bit 7: x not quantized (timing only)
   __syncthreads();
   rows.run(xq, a.y + static_cast<int64_t>(m) * a.n);
-  if constexpr (EP_STREAM_LATE_DEPENDENTS) grid_dependents_launch();
 }
 
 template <int T, int RW, int NS, int WARPS, bool GLU = false>
@@ -1045,13 +1031,19 @@ void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_
 // block) overrides the per-type default for measurements; a configuration over the
 // shared-memory limit for this k, or not compiled in, keeps the default. With an activation on
 // the input (GemvArgs::glu) the default configuration runs (its variants are instantiated for
-// the default only). 3x2 (three rows per step, one row group) is instantiated for the cells where
-// the default's shared memory leaves one block per SM and 3x2's leaves two (q3_K at k = 4096,
-// mxfp4 at k = 3584, just so at 4096; docs/benchmarks.md, session 10): not measured yet.
+// the default only). (3x2, three rows per step in one row group, was slower than the default in
+// 10 of 12 benchmark cells, and no faster than the default with session 11's row-group rule in
+// the other two, though it left two blocks per SM where the default leaves one: docs/benchmarks.md,
+// session 11; no longer compiled.)
 template <int T>
 void launch_stream(const GemvArgs &args, cudaStream_t stream) {
   using C = StreamConfig<T>;
-  StreamPlan plan = stream_plan<T>(args.k, C::rw, C::ns, C::warps);
+  // EP_GEMV_STREAM_GLOG = 0, 1 or 2 caps the row groups per warp (2^glog; fewer groups: more rows
+  // per lane, so each x piece read from shared memory serves more rows, and more lanes may idle)
+  int max_glog = 2;
+  if (const char *env = std::getenv("EP_GEMV_STREAM_GLOG"); env != nullptr && env[0] >= '0' && env[0] <= '2' && env[1] == 0)
+    max_glog = env[0] - '0';
+  StreamPlan plan = stream_plan<T>(args.k, C::rw, C::ns, C::warps, max_glog);
   if (args.glu.up != nullptr) {
     static_assert(C::rw == 4, "the default's rows per lane group are 4, 2 or 1");
     if (plan.rw == 4) return launch_stream_cfg<T, 4, C::ns, C::warps, true>(args, plan, stream);
@@ -1060,7 +1052,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
   }
   if (const char *env = std::getenv("EP_GEMV_STREAM_CFG"); env != nullptr && std::strlen(env) >= 3 && env[1] == 'x') {
     const int warps = env[3] == 'x' ? std::atoi(env + 4) : C::warps;
-    const StreamPlan want = stream_plan<T>(args.k, env[0] - '0', env[2] - '0', warps);
+    const StreamPlan want = stream_plan<T>(args.k, env[0] - '0', env[2] - '0', warps, max_glog);
     if (want.smem <= kStreamMaxSmem) plan = want;
   }
 #if defined(EP_GEMV_SWEEP)
@@ -1074,7 +1066,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
   }
 #define EP_STREAM_CFGS(W)                                                                       \
   EP_STREAM_CFG(1, 2, W) EP_STREAM_CFG(1, 3, W) EP_STREAM_CFG(1, 4, W) EP_STREAM_CFG(2, 2, W) \
-  EP_STREAM_CFG(2, 3, W) EP_STREAM_CFG(2, 4, W) EP_STREAM_CFG(3, 2, W) EP_STREAM_CFG(4, 2, W) EP_STREAM_CFG(4, 3, W)
+  EP_STREAM_CFG(2, 3, W) EP_STREAM_CFG(2, 4, W) EP_STREAM_CFG(4, 2, W) EP_STREAM_CFG(4, 3, W)
     EP_STREAM_CFGS(C::warps)
 #if defined(EP_GEMV_SWEEP)  // every block size, for ep-bench sweeps (-DEP_GEMV_SWEEP)
     if constexpr (C::warps != 8) { EP_STREAM_CFGS(8) }

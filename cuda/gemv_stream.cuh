@@ -121,7 +121,8 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 // Arrives on bar expecting `bytes` more from bulk copies, then copies bytes (a multiple of 16;
-// 16-byte aligned ends) from global src to shared dst, completing on bar.
+// 16-byte aligned ends) from global src to shared dst, completing on bar. (With an L2 evict-first
+// cache hint: 1.00-1.02x in session 11's A/B, not kept.)
 __device__ __forceinline__ void bulk_copy_g2s(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
@@ -228,61 +229,12 @@ __device__ __forceinline__ void quantize4(const float4 &v, float s, float inv, f
 }
 
 // Quantizes x[0, k) (load(i): values 4i .. 4i + 3) into the permuted XQuant layout of D (D::piece:
-// value index (a multiple of 4) → byte offset of its 4 values; D::scale_slot: value index → xs slot).
+// value index (a multiple of 4) → byte offset of its 4 values; D::scale_slot: value index → xs
+// slot), a thread per 16 values: a 32-value group's max takes one shuffle, the sum of 16 values
+// none, and hi / lo go out as one 16-byte store each. Measured 1.00-1.06x a thread per 4 values
+// on the stream kernel (docs/benchmarks.md, session 11; the same bytes).
 template <typename D, typename Load>
 __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr, int8_t *hi, int8_t *lo,
-                                           float2 *xs) {
-  const int n4 = static_cast<int>(k / 4);  // a multiple of 64: whole warps are in or out
-  constexpr int kBatch = 4;                 // float4 loads in flight per thread
-  for (int base = 0; base < n4; base += kBatch * blockDim.x) {
-    float4 v[kBatch];
-#pragma unroll
-    for (int p = 0; p < kBatch; ++p) {
-      const int i = base + p * blockDim.x + threadIdx.x;
-      if (i < n4) v[p] = load(i);
-    }
-#pragma unroll
-    for (int p = 0; p < kBatch; ++p) {
-      const int i = base + p * blockDim.x + threadIdx.x;
-      if (i >= n4) break;
-      float m = fmaxf(fmaxf(fabsf(v[p].x), fabsf(v[p].y)), fmaxf(fabsf(v[p].z), fabsf(v[p].w)));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-      const float s = m * (1.0f / 127.0f);
-      const float inv = m > 0.0f ? __frcp_rn(m) * 127.0f : 0.0f, inv254 = inv * 254.0f;
-      uint32_t ph, pl;
-      quantize4(v[p], s, inv, inv254, ph, pl);
-      const int dst = D::piece(4 * i, ipr);
-      if constexpr (D::kPairHalves) {
-        // values s .. s + 3 of a 32-value block (this thread, i & 4 == 0) and s + 16 .. s + 19
-        // (lane ^ 4) interleave: the lower thread writes x_s, x_s+16, x_s+1, x_s+17, the upper one
-        // x_s+2, x_s+18, x_s+3, x_s+19 (DpMxfp4::piece)
-        const uint32_t oh = __shfl_xor_sync(0xffffffffu, ph, 4), ol = __shfl_xor_sync(0xffffffffu, pl, 4);
-        const bool upper = (i & 4) != 0;
-        *reinterpret_cast<uint32_t *>(hi + dst) = upper ? mxfp4::upper_word(ph, oh) : mxfp4::lower_word(ph, oh);
-        *reinterpret_cast<uint32_t *>(lo + dst) = upper ? mxfp4::upper_word(pl, ol) : mxfp4::lower_word(pl, ol);
-      } else {
-        *reinterpret_cast<uint32_t *>(hi + dst) = ph;
-        *reinterpret_cast<uint32_t *>(lo + dst) = pl;
-      }
-      float t = (v[p].x + v[p].y) + (v[p].z + v[p].w);
-      t += __shfl_xor_sync(0xffffffffu, t, 1);
-      t += __shfl_xor_sync(0xffffffffu, t, 2);
-      if ((i & (D::kSums ? 3 : 7)) == 0) xs[D::scale_slot(4 * i, ipr)] = make_float2(s * (1.0f / 254.0f), t);
-    }
-  }
-}
-
-// quantize_x with a thread per 16 values instead of per 4 (EP_STREAM_X16=1; off by default, not
-// run on a GPU yet): the max over a 32-value group takes one shuffle instead of three, the sum of
-// 16 none instead of two, the piece index math is done once per 16 values and hi / lo go out as
-// one 16-byte store each. The same bytes as quantize_x (the same max, scale, rounding and sums in
-// the same order), so every consumer and test stays as it is. Meant for an A/B in one device call:
-// scripts/gemv-ab --test base: x16:-DEP_STREAM_X16=1 (docs/benchmarks.md, session 10: x's
-// quantization costs 4-14 % of a decode GEMV launch).
-template <typename D, typename Load>
-__device__ __forceinline__ void quantize_x16(const Load &load, int64_t k, int ipr, int8_t *hi, int8_t *lo,
                                              float2 *xs) {
   const int n16 = static_cast<int>(k / 16);  // a multiple of 16: half warps are in or out together
   for (int base = 0; base < n16; base += static_cast<int>(blockDim.x)) {
@@ -305,7 +257,7 @@ __device__ __forceinline__ void quantize_x16(const Load &load, int64_t k, int ip
       quantize4(v[q], s, inv, inv254, ph[q], pl[q]);
       t[q] = (v[q].x + v[q].y) + (v[q].z + v[q].w);
     }
-    const float sum16 = (t[0] + t[1]) + (t[2] + t[3]);  // quantize_x's butterfly order
+    const float sum16 = (t[0] + t[1]) + (t[2] + t[3]);  // pairs, then pairs of pairs
     const bool upper = (p & 1) != 0;
     if constexpr (D::kPairHalves) {
       // the lower thread (values 0..15 of the group, words A0..A3) writes the group's first 16
@@ -335,9 +287,6 @@ __device__ __forceinline__ void quantize_x16(const Load &load, int64_t k, int ip
     if (active && (D::kSums || !upper)) xs[D::scale_slot(16 * p, ipr)] = make_float2(s * (1.0f / 254.0f), sum16);
   }
 }
-#ifndef EP_STREAM_X16
-#define EP_STREAM_X16 0
-#endif
 
 // The quantized x at the start of a dp4a / stream block's dynamic shared memory: hi bytes [k],
 // lo bytes [k], then the float2 scales.
@@ -354,11 +303,7 @@ struct LoadRow {
 template <typename D, typename Load>
 __device__ __forceinline__ void quantize_x_smem(const Load &load, int64_t k, uint8_t *smem) {
   int8_t *hi = reinterpret_cast<int8_t *>(smem);
-  if constexpr (EP_STREAM_X16) {
-    quantize_x16<D>(load, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k));
-  } else {
-    quantize_x<D>(load, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k));
-  }
+  quantize_x<D>(load, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k));
 }
 template <typename D>
 __device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int64_t k, uint8_t *smem) {
@@ -552,8 +497,9 @@ struct DpMxfp4 {
   static constexpr bool kPairHalves = true;
   static constexpr int kTableBytes = 0;
   __device__ static void init_tables(uint8_t *) {}
-  // byte offset of the x word quantize_x's thread of values v .. v + 3 writes (v a multiple of 4):
-  // position 2s (s = v % 16) of the block's 32 for the lower half, 2s + 4 for the upper (see above)
+  // byte offset of the x word that holds values v .. v + 3 (v a multiple of 4) interleaved with
+  // v + 16 .. v + 19: position 2s (s = v % 16) of the block's 32 for the lower half, 2s + 4 for
+  // the upper (see above)
   __device__ static int piece(int v, int ipr) {
     const int item = v >> 7, c = (v >> 5) & 3, pos = 2 * (v & 15) + 4 * ((v >> 4) & 1);
     return ((2 * c + (pos >> 4)) * ipr + item) * 16 + (pos & 15);
@@ -968,25 +914,40 @@ struct StreamWarp {
   }
 };
 
-template <int T> struct StreamConfig;  // rows per warp step, stages, warps per block
+// Rows per warp step, stages and warps per block, and how a warp's 32 lanes split over its rows:
+// idle_den > 0 takes the fewest row groups whose lanes idle at most 1/idle_den of their steps
+// (more rows per lane: each x piece read from shared memory serves more rows), idle_den = 0 the
+// fewest lane-steps per row (ties to fewer row groups) — stream_glog.
+template <int T> struct StreamConfig;
 // The best mean over the four benchmark shapes among the configurations measured on the H200
 // (docs/benchmarks.md, "Kernels", session 6: 1, 2 or 4 rows x 2-4 stages x 8, 16 or 32 warps):
-// 4 rows per warp step, 2 stages, 8 warps for all three types.
-template <> struct StreamConfig<kQ2_K> { static constexpr int rw = 4, ns = 2, warps = 8; };
-template <> struct StreamConfig<kQ3_K> { static constexpr int rw = 4, ns = 2, warps = 8; };
-template <> struct StreamConfig<kMXFP4> { static constexpr int rw = 4, ns = 2, warps = 8; };
+// 4 rows per warp step, 2 stages, 8 warps for all three types. Row groups (session 11, env
+// EP_GEMV_STREAM_GLOG): at k = 3584 (56 items per row) q2_K is 15-17 % faster and q3_K 2-4 % with
+// one group of 4 rows (1/8 of the lane-steps idle) than with four groups of one row (none idle);
+// mxfp4 at k = 3072 (24 items) is 14 % slower with one group (1/4 idle) than with four, q2_K at
+// k = 3072 (48 items) 10 % slower with one group (1/4 idle) than with two (none idle).
+template <> struct StreamConfig<kQ2_K> { static constexpr int rw = 4, ns = 2, warps = 8, idle_den = 8; };
+template <> struct StreamConfig<kQ3_K> { static constexpr int rw = 4, ns = 2, warps = 8, idle_den = 8; };
+template <> struct StreamConfig<kMXFP4> { static constexpr int rw = 4, ns = 2, warps = 8, idle_den = 0; };
 // iq2_xxs: the same configuration (not swept)
-template <> struct StreamConfig<kIQ2_XXS> { static constexpr int rw = 4, ns = 2, warps = 8; };
+template <> struct StreamConfig<kIQ2_XXS> { static constexpr int rw = 4, ns = 2, warps = 8, idle_den = 0; };
 
 constexpr int64_t kStreamMaxSmem = 227 * 1024;
-// Row groups per warp (2^glog, at most max_glog) for a row of ipr items: the fewest lane-steps per
-// row (ceil(ipr / lanes) · lanes for 32, 16 or 8 lanes), ties to more lanes per row.
-constexpr int stream_glog(int64_t ipr, int max_glog) {
-  int best = 0;
+// Lane-steps per row of ipr items with 2^g row groups (32 >> g lanes per row).
+constexpr int64_t stream_lane_steps(int64_t ipr, int g) { return (ipr + (32 >> g) - 1) / (32 >> g) * (32 >> g); }
+// Row groups per warp (2^glog, at most max_glog) for a row of ipr items: the fewest lane-steps
+// (ties to fewer groups), or fewer groups whose lanes idle at most 1/idle_den (StreamConfig).
+constexpr int stream_glog(int64_t ipr, int max_glog, int idle_den) {
+  int best = 0;  // the fewest lane-steps
   for (int g = 1; g <= max_glog; ++g)
-    if ((ipr + (32 >> g) - 1) / (32 >> g) * (32 >> g) < (ipr + (32 >> best) - 1) / (32 >> best) * (32 >> best)) best = g;
+    if (stream_lane_steps(ipr, g) < stream_lane_steps(ipr, best)) best = g;
+  for (int g = 0; g < best && idle_den > 0; ++g)  // fewer groups whose lanes idle little
+    if (idle_den * (stream_lane_steps(ipr, g) - ipr) <= stream_lane_steps(ipr, g)) return g;
   return best;
 }
+static_assert(stream_glog(56, 2, 8) == 0 && stream_glog(56, 2, 0) == 2, "k 3584: q2_K one row group, mxfp4-style four");
+static_assert(stream_glog(48, 2, 8) == 1 && stream_glog(24, 2, 0) == 2 && stream_glog(28, 2, 0) == 0, "k 3072, 1536, 3584");
+static_assert(stream_glog(64, 2, 8) == 0 && stream_glog(12, 2, 8) == 1 && stream_glog(12, 0, 8) == 0, "k 4096, 768");
 // What a launch runs: rows per lane group (the configuration's rows per chunk split over the row
 // groups, so the chunk, the stages and the occupancy stay those of the configuration), stages,
 // warps per block, row groups and the shared memory.
@@ -994,12 +955,14 @@ struct StreamPlan {
   int rw, ns, warps, glog;
   int64_t stage, smem;
 };
+// max_glog (0..2) caps the row groups below what the rows allow.
 template <int T>
-StreamPlan stream_plan(int64_t k, int rw, int ns, int warps) {
+StreamPlan stream_plan(int64_t k, int rw, int ns, int warps, int max_glog = 2) {
   constexpr int64_t rb = DpOf<T>::type::kBytes256, values = DpOf<T>::type::kValues;
   StreamPlan p{};
   rw = rw < 1 ? 1 : rw;
-  p.glog = stream_glog(k / values, rw >= 4 ? 2 : rw == 2 ? 1 : 0);  // 3 rows stay one group
+  const int glog_cap = rw >= 4 ? 2 : rw == 2 ? 1 : 0;  // 3 rows stay one group
+  p.glog = stream_glog(k / values, max_glog < glog_cap ? max_glog : glog_cap, StreamConfig<T>::idle_den);
   p.rw = rw >> p.glog;
   p.ns = ns;
   p.warps = warps;

@@ -55,9 +55,9 @@ EP_MXFP4_HD Pairs pairs(uint32_t q) {
 /// Byte position of value v (0..31) of a block in its x: p = 2·(v % 16) + v / 16.
 EP_MXFP4_HD int x_position(int v) { return 2 * (v & 15) + ((v >> 4) & 1); }
 
-/// The two x words quantize_x's threads write for a block (the thread of values s .. s + 3, s % 16
-/// < 16, packs them as `own`, its partner of s + 16 .. s + 19 as `other`): the lower thread's word
-/// at position 2s, the upper one's at 2s + 4.
+/// The two x words of values s .. s + 3 (s % 16 < 16, packed as `own`) and s + 16 .. s + 19
+/// (packed as `other`) of a block, interleaved: the lower word at position 2s, the upper one at
+/// 2s + 4 (quantize_x writes them; mxfp4_pairs_test checks the layout on a CPU).
 EP_MXFP4_HD uint32_t lower_word(uint32_t own, uint32_t other) { return prmt(own, other, 0x5140u); }
 EP_MXFP4_HD uint32_t upper_word(uint32_t own, uint32_t other) { return prmt(other, own, 0x7362u); }
 

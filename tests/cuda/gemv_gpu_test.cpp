@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -184,26 +185,50 @@ TEST_CASE("launch_gemv rejects shapes it cannot run, before any launch", "[gpu][
   CHECK(message().find("multiple of 32") != std::string::npos);
 }
 
+// Sets an environment variable for a scope and restores it (or its absence) after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char *name, const char *value) : name_(name) {
+    if (const char *old = std::getenv(name); old != nullptr) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv &) = delete;
+  ScopedEnv &operator=(const ScopedEnv &) = delete;
+
+ private:
+  const char *name_;
+  std::optional<std::string> old_;
+};
+
 TEST_CASE("the stream kernel's measured configurations match the CPU", "[gpu][gemv]") {
-  // EP_GEMV_STREAM_CFG = rows per warp step x ring stages (ep-bench measures them); over the
-  // shared-memory limit a configuration keeps the default
+  // EP_GEMV_STREAM_CFG = rows per warp step x ring stages, EP_GEMV_STREAM_GLOG = the most row
+  // groups per warp (ep-bench measures them); over the shared-memory limit a configuration keeps
+  // the default. k 3584 has 56 q2_K items per row (28 mxfp4): row groups of 8, 16 or 32 lanes
+  // leave different lanes idle.
   std::mt19937 rng(35);
-  const char *old = std::getenv("EP_GEMV_STREAM_CFG");
-  const std::string keep = old != nullptr ? old : "";
-  for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "3x2", "4x2", "4x3"}) {
-    setenv("EP_GEMV_STREAM_CFG", cfg, 1);
+  auto check_all = [&](const std::string &what) {
     for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::iq2_xxs}) {
       for (Case c : {Case{type, 3584, 45, 2, 1}, Case{type, 768, 67, 3, 1}, Case{type, 4608, 20, 2, 1}}) {
         const double err = run_case(c, GemvKernel::stream, rng);
-        INFO("stream " << cfg << " type " << static_cast<int>(type) << " k " << c.k << " n " << c.n << " err " << err);
+        INFO("stream " << what << " type " << static_cast<int>(type) << " k " << c.k << " n " << c.n << " err " << err);
         CHECK(err <= 2e-4);
       }
     }
+  };
+  for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "4x2", "4x3"}) {
+    const ScopedEnv env("EP_GEMV_STREAM_CFG", cfg);
+    check_all(std::string("cfg ") + cfg);
   }
-  if (old != nullptr) {
-    setenv("EP_GEMV_STREAM_CFG", keep.c_str(), 1);
-  } else {
-    unsetenv("EP_GEMV_STREAM_CFG");
+  for (const char *glog : {"0", "1"}) {
+    const ScopedEnv env("EP_GEMV_STREAM_GLOG", glog);
+    check_all(std::string("max glog ") + glog);
   }
 }
 
