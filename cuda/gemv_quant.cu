@@ -1043,9 +1043,9 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
   int max_glog = 2;
   if (const char *env = std::getenv("EP_GEMV_STREAM_GLOG"); env != nullptr && env[0] >= '0' && env[0] <= '2' && env[1] == 0)
     max_glog = env[0] - '0';
-  StreamPlan plan = stream_plan<T>(args.k, C::rw, C::ns, C::warps, max_glog);
+  StreamPlan plan = default_stream_plan<T>(args.k, max_glog);
   if (args.glu.up != nullptr) {
-    static_assert(C::rw == 4, "the default's rows per lane group are 4, 2 or 1");
+    static_assert(C::rw == 4 && C::split_rw == 8, "the default's rows per lane group are 4, 2 or 1");
     if (plan.rw == 4) return launch_stream_cfg<T, 4, C::ns, C::warps, true>(args, plan, stream);
     if (plan.rw == 2) return launch_stream_cfg<T, 2, C::ns, C::warps, true>(args, plan, stream);
     return launch_stream_cfg<T, 1, C::ns, C::warps, true>(args, plan, stream);
@@ -1079,7 +1079,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
   };
   // the defaults (rows 2 or 4 split over 1, 2 or 4 row groups) are instantiated
   static_assert((C::rw == 2 || C::rw == 4) && (C::ns == 2 || C::ns == 3), "instantiate the default configuration");
-  if (!run(plan)) run(stream_plan<T>(args.k, C::rw, C::ns, C::warps));
+  if (!run(plan)) run(default_stream_plan<T>(args.k));
 }
 
 // ---- the int8 tensor-core decode kernel (q2_K; one token; k a multiple of 256) ---------

@@ -222,7 +222,7 @@ TEST_CASE("the stream kernel's measured configurations match the CPU", "[gpu][ge
       }
     }
   };
-  for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "4x2", "4x3"}) {
+  for (const char *cfg : {"1x2", "1x3", "1x4", "2x2", "2x3", "2x4", "4x2", "4x3", "8x2"}) {
     const ScopedEnv env("EP_GEMV_STREAM_CFG", cfg);
     check_all(std::string("cfg ") + cfg);
   }
