@@ -926,15 +926,26 @@ template <int T> struct StreamConfig;
 // one group of 4 rows (1/8 of the lane-steps idle) than with four groups of one row (none idle);
 // mxfp4 at k = 3072 (24 items) is 14 % slower with one group (1/4 idle) than with four, q2_K at
 // k = 3072 (48 items) 10 % slower with one group (1/4 idle) than with two (none idle).
-// split_rw: rows per warp step when the lanes split over 2 or 4 row groups (where the shared
-// memory allows), so that a lane group keeps 4 or 2 rows instead of 2 or 1: 8 against 4 at k =
-// 3072 (session 11, EP_GEMV_STREAM_CFG=8x2): mxfp4 +5-7 %, q2_K +7-8 %, q3_K +7-10 % — though it
-// leaves one block per SM where 4 leave two; mxfp4 at k = 2048 (two groups) 1-2 % slower.
-template <> struct StreamConfig<kQ2_K> { static constexpr int rw = 4, split_rw = 8, ns = 2, warps = 8, idle_den = 8; };
-template <> struct StreamConfig<kQ3_K> { static constexpr int rw = 4, split_rw = 8, ns = 2, warps = 8, idle_den = 8; };
-template <> struct StreamConfig<kMXFP4> { static constexpr int rw = 4, split_rw = 8, ns = 2, warps = 8, idle_den = 0; };
-// iq2_xxs: the same configuration (not swept)
-template <> struct StreamConfig<kIQ2_XXS> { static constexpr int rw = 4, split_rw = 8, ns = 2, warps = 8, idle_den = 0; };
+// split_rw: rows per warp step when the lanes split over at least 2^split_glog row groups (where
+// the shared memory allows), so that a lane group keeps 4 or 2 rows instead of 2 or 1. Session
+// 11 (EP_GEMV_STREAM_CFG=8x2 and 4x2 against each other, two runs): 8 rows at k = 3072 — q2_K and
+// q3_K two groups, mxfp4 and iq2_xxs four — mxfp4 +4-7 %, q2_K +7-9 %, q3_K +5-10 %, iq2_xxs
+// +8-17 %, though it leaves one block per SM where 4 rows leave two; at k = 2048 (mxfp4 and
+// iq2_xxs two groups) mxfp4 -1 to +0.4 %, iq2_xxs +8 % at 8 matrices and -15 % at 6: they split
+// only over four groups.
+template <> struct StreamConfig<kQ2_K> {
+  static constexpr int rw = 4, split_rw = 8, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
+};
+template <> struct StreamConfig<kQ3_K> {
+  static constexpr int rw = 4, split_rw = 8, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
+};
+template <> struct StreamConfig<kMXFP4> {
+  static constexpr int rw = 4, split_rw = 8, split_glog = 2, ns = 2, warps = 8, idle_den = 0;
+};
+// iq2_xxs: mxfp4's configuration (only the row split measured)
+template <> struct StreamConfig<kIQ2_XXS> {
+  static constexpr int rw = 4, split_rw = 8, split_glog = 2, ns = 2, warps = 8, idle_den = 0;
+};
 
 constexpr int64_t kStreamMaxSmem = 227 * 1024;
 // Lane-steps per row of ipr items with 2^g row groups (32 >> g lanes per row).
@@ -975,12 +986,13 @@ StreamPlan stream_plan(int64_t k, int rw, int ns, int warps, int max_glog = 2) {
   return p;
 }
 // The default plan for k (StreamConfig<T>; row groups capped at 2^max_glog): rw rows per warp
-// step, or split_rw when the rows split over row groups and its shared memory fits.
+// step, or split_rw when the rows split over 2^split_glog or more row groups and its shared
+// memory fits.
 template <int T>
 StreamPlan default_stream_plan(int64_t k, int max_glog = 2) {
   using C = StreamConfig<T>;
   const StreamPlan plan = stream_plan<T>(k, C::rw, C::ns, C::warps, max_glog);
-  if (plan.glog == 0) return plan;
+  if (plan.glog < C::split_glog) return plan;
   const StreamPlan split = stream_plan<T>(k, C::split_rw, C::ns, C::warps, max_glog);
   return split.glog == plan.glog && split.smem <= kStreamMaxSmem ? split : plan;
 }
