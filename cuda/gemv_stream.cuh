@@ -231,8 +231,9 @@ __device__ __forceinline__ void quantize4(const float4 &v, float s, float inv, f
 // Quantizes x[0, k) (load(i): values 4i .. 4i + 3) into the permuted XQuant layout of D (D::piece:
 // value index (a multiple of 4) → byte offset of its 4 values; D::scale_slot: value index → xs
 // slot), a thread per 16 values: a 32-value group's max takes one shuffle, the sum of 16 values
-// none, and hi / lo go out as one 16-byte store each. Measured 1.00-1.06x a thread per 4 values
-// on the stream kernel (docs/benchmarks.md, session 11; the same bytes).
+// none, and hi / lo go out as one 16-byte store each. Against a thread per 4 values (the same
+// bytes) on the stream kernel: 0.97-1.06x, at least 1.00 in 21 of 24 cells (docs/benchmarks.md,
+// session 11).
 template <typename D, typename Load>
 __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr, int8_t *hi, int8_t *lo,
                                              float2 *xs) {
@@ -931,8 +932,8 @@ template <int T> struct StreamConfig;
 // 11 (EP_GEMV_STREAM_CFG=8x2 and 4x2 against each other, two runs): 8 rows at k = 3072 — q2_K and
 // q3_K two groups, mxfp4 and iq2_xxs four — mxfp4 +4-7 %, q2_K +7-9 %, q3_K +5-10 %, iq2_xxs
 // +8-17 %, though it leaves one block per SM where 4 rows leave two; at k = 2048 (mxfp4 and
-// iq2_xxs two groups) mxfp4 -1 to +0.4 %, iq2_xxs +8 % at 8 matrices and -15 % at 6: they split
-// only over four groups.
+// iq2_xxs two groups) mxfp4 0.4-1.5 % slower, iq2_xxs 7 % faster at 8 matrices and 15 % slower at
+// 6: they split only over four groups.
 template <> struct StreamConfig<kQ2_K> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
 };
