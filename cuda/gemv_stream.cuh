@@ -824,12 +824,12 @@ struct StreamWarp {
       const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;  // granules inside the matrix
       const uint8_t *from = reinterpret_cast<const uint8_t *>(start);
       uint8_t *dst = ring + (c % NS) * stage_bytes;
+      // the matrix's cut last granule, by lane 0 with a plain store first: released by the
+      // arrive below (bulk copies) or by wait_chunk's __syncwarp (cp.async)
+      if (whole < n16 && lane == 0)
+        *reinterpret_cast<uint4 *>(dst + 16 * whole) = load16_bounded(reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
       if constexpr (kStreamBulkCopy) {
         if (lane == 0) {
-          // the matrix's cut last granule first (a plain store, released by the arrive below)
-          if (whole < n16)
-            *reinterpret_cast<uint4 *>(dst + 16 * whole) =
-                load16_bounded(reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
           if (whole > 0) {
             bulk_copy_g2s(dst, from, 16u * static_cast<unsigned>(whole), bars + c % NS);
           } else {
@@ -839,7 +839,6 @@ struct StreamWarp {
         return;
       } else {
         for (int i = lane; i < whole; i += 32) cp_async16(dst + 16 * i, from + 16 * i);
-        if (whole < n16 && lane == 0) copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
       }
     } else if (kStreamBulkCopy && c < chunks && lane == 0) {
       mbar_arrive(bars + c % NS);  // probe 2: no copy, the stage still completes
