@@ -1,13 +1,13 @@
 // Decode GEMV (and small-batch GEMM, up to kGemvMaxTokens tokens) on quantized weights, batched
 // over many matrices per launch (the experts of a MoE layer). Five kernels:
 //  - dp4a (mxfp4, q2_K, q3_K; one token; k a multiple of 256). x quantized per
-//    block into int8 hi + lo parts per 32 values, packed weights masked in place (2-bit fields) or
+//    block into int8 hi + lo parts per 32 values (128 for q2_K, q3_K), packed weights masked in place (2-bit fields) or
 //    mapped through a byte-permute table (e2m1) and multiplied with dp4a; persistent blocks, a
 //    warp reuses each piece of x for 1-4 rows. Details at its section below.
 //  - stream (same types and shapes; the decode default since session 5, faster than dp4a in 10 of
 //    12 type x shape cells): dp4a's x quantization and item layout, the weights streamed
 //    through a per-warp ring in shared memory (one bulk copy per chunk on sm_90, cp.async before),
-//    scales folded into the integer dots (q2_K)
+//    scales folded into the integer dots (q2_K: a row's whole item in integers, mins included)
 //    and the q3_K high bit merged into the 2-bit field; programmatic dependent launch.
 //  - mma (mxfp4, q2_K, q3_K; k a multiple of 256; used for 2..8 tokens): tensor cores. Each warp
 //    owns 16 rows and streams them through a cp.async ring, 256 values per stage; the block
@@ -1001,7 +1001,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 2) gemv
   const StreamWarp<D, RW, NS> rows(static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w), a.n, a.k,
                                    static_cast<int>(blockIdx.x) * WARPS + warp, static_cast<int>(gridDim.x) * WARPS, glog,
                                    ring, stage_bytes, probe, bars);
-  rows.prefetch();  // (after the wait instead: up to 11 % slower, session 11)
+  rows.prefetch();  // (after the wait instead: up to 11 % slower, session 11; chunk NS − 1 too, right after the wait: 3-11 % slower, session 12)
   D::init_tables(tables);  // constants: before the wait too
   // Up to here only the weights, w_ptrs and the shape were read: the previous kernel may still be
   // running when this launch's blocks start (programmatic dependent launch). The only kernel that

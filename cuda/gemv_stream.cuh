@@ -159,10 +159,11 @@ __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cas
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<const __half2 *>(&u); }
 
 // ---- the dp4a decode kernel (mxfp4, q2_K, q3_K; one token; k a multiple of 256) ----------
-// Each block first quantizes its matrix's x into shared memory, per group of 32 values, as two
-// int8 parts: hi = rint(x/s), lo = rint((x − hi·s)·254/s) with s = max|x|/127, so that
-// x ≈ s/254·(254·hi + lo) (~15 bits, any f32 range); q2_K/q3_K also get the exact f32 sum of
-// every 16 values (for the min / −4 offsets). x is stored permuted so that the 16-byte pieces
+// Each block first quantizes its matrix's x into shared memory, per group of D::kScaleGroup values
+// (32 for mxfp4 and iq2_xxs, 128 for q2_K and q3_K), as two int8 parts: hi = rint(x/s),
+// lo = rint((x − hi·s)·254/s) with s = max|x|/127, so that x ≈ s/254·(254·hi + lo) (~15 bits, any
+// f32 range); q2_K/q3_K also get the exact f32 sum of every 16 values (for the min / −4 offsets)
+// and per item the integer sums of its four 16-value pieces (XQuant::xi). x is stored permuted so that the 16-byte pieces
 // the lanes of a warp read at one time are consecutive (no bank conflicts). Weights stay packed:
 // 2-bit fields are masked in place (value·4^j) and fed to dp4a against hi and lo; mxfp4 nibbles
 // go through a byte-permute table to int8. Block scales are applied per 16 (q2_K, q3_K) or 32
@@ -175,6 +176,10 @@ struct XQuant {
   const int8_t *hi, *lo;  // permuted: 16-byte piece p of item ii at (p·ipr + ii)·16
   const float2 *xs;       // q2_K/q3_K: (s/254, Σx of the 16 values) at p·ipr + ii; mxfp4: (s/254, -) at c·ipr + ii
   int ipr;                // items per row
+  // q2_K/q3_K (D::kSums): per item, the integer sums S_p = Σ(254·hi + lo) of its four 16-value
+  // pieces p as bytes — x: byte p = S_p & 0xFF, y: (S_p >> 8) & 0xFF, z: S_p >> 16 (signed) — and
+  // w: the bits of the item's s/254 (one x scale per 128 values, DpKq::kScaleGroup)
+  const uint4 *xi = nullptr;
   const uint8_t *tab = nullptr;  // the decoder's lookup tables in shared memory (D::kTableBytes; iq2_xxs)
 };
 
@@ -208,7 +213,7 @@ __device__ __forceinline__ float small_int_scaled(uint32_t n, int e = 0) {
   return __uint_as_float(bits | n) - __uint_as_float(bits);
 }
 
-// Four values of x as int8 hi and lo parts (scale s = max/127 of their 32-value group, inv =
+// Four values of x as int8 hi and lo parts (scale s = max/127 of their scale group, inv =
 // 127/max, inv254 = 254·inv), packed into a word each in value order.
 // rint through the f32 mantissa: fma(v, inv, 1.5·2^23) holds rint(v·inv) in its low bits (two's
 // complement, |v·inv| <= 127·(1 + a few ulp)), so the low byte is the int8 and no clamp or
@@ -230,13 +235,13 @@ __device__ __forceinline__ void quantize4(const float4 &v, float s, float inv, f
 
 // Quantizes x[0, k) (load(i): values 4i .. 4i + 3) into the permuted XQuant layout of D (D::piece:
 // value index (a multiple of 4) → byte offset of its 4 values; D::scale_slot: value index → xs
-// slot), a thread per 16 values: a 32-value group's max takes one shuffle, the sum of 16 values
-// none, and hi / lo go out as one 16-byte store each. Against a thread per 4 values (the same
+// slot), a thread per 16 values: a scale group's max takes one shuffle per doubling past 16 values
+// (32: one, 128: three), the sum of 16 values none, and hi / lo go out as one 16-byte store each. Against a thread per 4 values (the same
 // bytes) on the stream kernel: 0.97-1.06x, at least 1.00 in 21 of 24 cells (docs/benchmarks.md,
 // session 11).
 template <typename D, typename Load>
 __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr, int8_t *hi, int8_t *lo,
-                                             float2 *xs) {
+                                             float2 *xs, uint8_t *xi) {
   const int n16 = static_cast<int>(k / 16);  // a multiple of 16: half warps are in or out together
   for (int base = 0; base < n16; base += static_cast<int>(blockDim.x)) {
     const int p = base + static_cast<int>(threadIdx.x);  // this thread's values 16p .. 16p + 15
@@ -248,7 +253,10 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       m = fmaxf(m, fmaxf(fmaxf(fabsf(v[q].x), fabsf(v[q].y)), fmaxf(fabsf(v[q].z), fabsf(v[q].w))));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the 32-value group: threads p and p ^ 1
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // a 32-value group: threads p and p ^ 1
+    if constexpr (D::kScaleGroup >= 64) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    if constexpr (D::kScaleGroup >= 128) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));  // 128: p .. p ^ 7
+    static_assert(D::kScaleGroup == 32 || D::kScaleGroup == 64 || D::kScaleGroup == 128, "x scale groups of 32-128 values");
     const float s = m * (1.0f / 127.0f);
     const float inv = m > 0.0f ? __frcp_rn(m) * 127.0f : 0.0f, inv254 = inv * 254.0f;
     uint32_t ph[4], pl[4];
@@ -286,15 +294,36 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
       *reinterpret_cast<uint4 *>(lo + dst) = make_uint4(pl[0], pl[1], pl[2], pl[3]);
     }
     if (active && (D::kSums || !upper)) xs[D::scale_slot(16 * p, ipr)] = make_float2(s * (1.0f / 254.0f), sum16);
+    if constexpr (D::kSums) {
+      // the piece's integer sum Σ(254·hi + lo) (|S| <= 16·32385 < 2^20), as three bytes of its
+      // item's record (XQuant::xi)
+      int shi = 0, slo = 0;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        shi = dp4a<true, false>(ph[q], 0x01010101u, shi);
+        slo = dp4a<true, false>(pl[q], 0x01010101u, slo);
+      }
+      const int sum = shi * 254 + slo;
+      if (active) {
+        const int slot = D::scale_slot(16 * p, ipr), item = slot % ipr, piece = slot / ipr;
+        uint8_t *rec = xi + 16 * item;
+        rec[piece] = static_cast<uint8_t>(sum);
+        rec[4 + piece] = static_cast<uint8_t>(sum >> 8);
+        rec[8 + piece] = static_cast<uint8_t>(sum >> 16);
+        if (piece == 0) *reinterpret_cast<float *>(rec + 12) = s * (1.0f / 254.0f);
+      }
+    }
   }
 }
 
 // The quantized x at the start of a dp4a / stream block's dynamic shared memory: hi bytes [k],
-// lo bytes [k], then the float2 scales.
+// lo bytes [k], the float2 scales [k / 16], then the item records [k / 64] (D::kSums: XQuant::xi).
 template <typename D>
 __device__ __forceinline__ XQuant x_smem_view(uint8_t *smem, int64_t k) {
   const int8_t *hi = reinterpret_cast<const int8_t *>(smem);
-  return XQuant{hi, hi + k, reinterpret_cast<const float2 *>(smem + 2 * k), static_cast<int>(k / D::kValues)};
+  XQuant xq{hi, hi + k, reinterpret_cast<const float2 *>(smem + 2 * k), static_cast<int>(k / D::kValues)};
+  if constexpr (D::kSums) xq.xi = reinterpret_cast<const uint4 *>(smem + 2 * k + k / 16 * 8);
+  return xq;
 }
 // x's values 4i .. 4i + 3 (quantize_x's loader): a row of f32 in global memory.
 struct LoadRow {
@@ -304,7 +333,8 @@ struct LoadRow {
 template <typename D, typename Load>
 __device__ __forceinline__ void quantize_x_smem(const Load &load, int64_t k, uint8_t *smem) {
   int8_t *hi = reinterpret_cast<int8_t *>(smem);
-  quantize_x<D>(load, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k));
+  quantize_x<D>(load, k, static_cast<int>(k / D::kValues), hi, hi + k, reinterpret_cast<float2 *>(smem + 2 * k),
+                smem + 2 * k + k / 16 * 8);
 }
 template <typename D>
 __device__ __forceinline__ void quantize_x_smem(const float *__restrict__ x, int64_t k, uint8_t *smem) {
@@ -345,6 +375,9 @@ __device__ __forceinline__ void quantize_input_smem(const GemvArgs &a, int m, ui
 struct DpKq {
   static constexpr int kValues = 64;
   static constexpr bool kSums = true;
+  // one x scale per 128 values (half a block: an item's four pieces share it, so the stream
+  // kernels add their pieces' integer dots before one conversion)
+  static constexpr int kScaleGroup = 128;
   static constexpr bool kPairHalves = false;  // x in value order within a piece (see DpMxfp4)
   static constexpr int kTableBytes = 0;  // no lookup tables (see DpIq2xxs)
   __device__ static void init_tables(uint8_t *) {}
@@ -495,6 +528,7 @@ struct DpQ3K : DpKq {
 struct DpMxfp4 {
   static constexpr int kWords = 17, kValues = 128, kBytes256 = 136;
   static constexpr bool kSums = false;
+  static constexpr int kScaleGroup = 32;  // the block's: one e8m0 scale per 32 values
   static constexpr bool kPairHalves = true;
   static constexpr int kTableBytes = 0;
   __device__ static void init_tables(uint8_t *) {}
@@ -625,7 +659,7 @@ template <> struct DpOf<kQ2_K> { using type = DpQ2K; };
 template <> struct DpOf<kQ3_K> { using type = DpQ3K; };
 template <> struct DpOf<kMXFP4> { using type = DpMxfp4; };
 
-constexpr int64_t dp4a_smem_bytes(int64_t k) { return 2 * k + k / 16 * 8; }
+constexpr int64_t dp4a_smem_bytes(int64_t k) { return 2 * k + k / 16 * 8 + k / 64 * 16; }  // x_smem_view
 constexpr int64_t kDp4aMaxSmem = 200 * 1024;
 
 // ---- the stream decode kernel (mxfp4, q2_K, q3_K, iq2_xxs; one token; k a multiple of 256) --
@@ -660,44 +694,45 @@ constexpr int64_t stream_barrier_bytes(int warps, int ns) { return static_cast<i
 // One stage: RW rows starting anywhere in a 16-byte granule (≤ 15 bytes before, ≤ 15 after).
 constexpr int64_t stream_stage_bytes(int64_t row_bytes, int rw) { return (rw * row_bytes + 30 + 15) / 16 * 16; }
 
-// q2_K for the stream kernel: dp4a's item and x layout with the sub-block scale folded into the
-// integer dot (sc·(254·hi + lo dot) ≤ 15·(254 + 1)·16·192·127 < 2^31), so a sub-block and row
-// costs one I2F and one FMA, and the 4-bit scales and mins of the item's four sub-blocks come
-// out of one byte permute (the mins become floats through the 2^23 mantissa trick).
+// q2_K for the stream kernel: dp4a's item and x layout; the item's four pieces share one x scale
+// (DpKq::kScaleGroup), so a row's sums stay integers over the item: Σ_j sc_j·(254·hi + lo dot)_j
+// (the in-place mask's 4^j shifted out exactly; |.| <= 4·15·16·3·32385 < 2^27) and the mins'
+// Σ_j m_j·S_j by three dp4a of the 4-bit mins against the bytes of the pieces' integer x sums
+// (XQuant::xi) — then two conversions and the block's d and dmin per item and row. The 4-bit
+// scales and mins of the item's four sub-blocks come out of one byte permute.
 struct SQ2K : DpQ2K {
   template <int RW>
   __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
                              float (&acc)[RW]) {
     const uint32_t sel = (ii & 1) ? 0x7531u : 0x6420u;  // scale bytes 8h + 2j + g, j = 0..3
-    uint32_t scw[RW], mnw[RW];
-    float A[RW], B[RW];
+    const uint4 rec = xq.xi[ii];
+    uint32_t scw[RW];
+    int A[RW], B[RW];
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr) {
       const uint32_t w = __byte_perm(r[rr][4], r[rr][5], sel);
       scw[rr] = w & 0x0F0F0F0Fu;
-      mnw[rr] = (w >> 4) & 0x0F0F0F0Fu;
-      A[rr] = B[rr] = 0.0f;
+      const uint32_t mnw = (w >> 4) & 0x0F0F0F0Fu;
+      B[rr] = dp4a<false, false>(mnw, rec.x, 0) + dp4a<false, false>(mnw, rec.y, 0) * 256 + dp4a<false, true>(mnw, rec.z, 0) * 65536;
+      A[rr] = 0;
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const XPiece xp = x_piece(xq, j, ii);
-      const uint4 xh = xp.hi, xl = xp.lo;
-      const float xsj = xp.s.x * (1.0f / static_cast<float>(1 << (2 * j)));  // undoes the in-place mask
+      const int slot = j * xq.ipr + ii;
+      const uint4 xh = *reinterpret_cast<const uint4 *>(xq.hi + 16 * slot), xl = *reinterpret_cast<const uint4 *>(xq.lo + 16 * slot);
       const uint32_t mask = 0x03030303u << (2 * j);
 #pragma unroll
       for (int rr = 0; rr < RW; ++rr) {
         const int2 d = dp4a_hi_lo(r[rr], mask, xh, xl);
-        const int sh = d.x, sl = d.y;
-        const int sc = static_cast<int>(__byte_perm(scw[rr], 0u, 0x4440u + j));
-        A[rr] = fmaf(static_cast<float>((sh * 254 + sl) * sc), xsj, A[rr]);
-        const float mn = __uint_as_float(__byte_perm(mnw[rr], 0x4B000000u, 0x7440u + j)) - 8388608.0f;
-        B[rr] = fmaf(mn, xp.s.y, B[rr]);
+        const int t = (d.x * 254 + d.y) >> (2 * j);  // exact: every masked weight is a multiple of 4^j
+        A[rr] += static_cast<int>(__byte_perm(scw[rr], 0u, 0x4440u + j)) * t;
       }
     }
+    const float xs = __uint_as_float(rec.w);
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr) {
       const float2 dd = __half22float2(bits_h2(r[rr][6]));
-      acc[rr] += fmaf(dd.x, A[rr], -dd.y * B[rr]);
+      acc[rr] = fmaf(xs, fmaf(dd.x, static_cast<float>(A[rr]), -dd.y * static_cast<float>(B[rr])), acc[rr]);
     }
   }
 };

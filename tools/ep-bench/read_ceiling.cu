@@ -1,4 +1,4 @@
-// A plain read kernel with the GEMV's launch pattern (see read_ceiling.hpp).
+// Plain read kernels with the GEMV's launch pattern (see read_ceiling.hpp).
 #include "read_ceiling.hpp"
 
 #include "cuda/check.hpp"
@@ -7,17 +7,36 @@ namespace ep::bench {
 namespace {
 
 constexpr int kThreads = 256, kUnroll = 4;
+// ReadOrder::dependent: two 256-thread blocks per SM (the q2_K stream GEMV's residency) with 16
+// loads of 16 bytes in flight per thread: 128 KiB per SM, as many as the independent kernel's
+// full occupancy keeps in flight.
+constexpr int kDependentBlocksPerSm = 2, kDependentUnroll = 16;
+
+__device__ __forceinline__ void dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Block x's share [begin, end) of a matrix of n16 granules split over gridDim.x blocks.
+__device__ __forceinline__ void block_share(int64_t n16, int64_t &begin, int64_t &end) {
+  const int64_t per = (n16 + gridDim.x - 1) / gridDim.x;
+  begin = blockIdx.x * per;
+  end = begin + per < n16 ? begin + per : n16;
+}
 
 // Block (x, m) reads its contiguous share of matrix m with 16-byte streaming loads, kUnroll in
 // flight per thread. The dependent launch may start at once (it writes nothing this one reads);
 // the one possible write waits for the previous launch as a GEMV's output would.
 __global__ void __launch_bounds__(kThreads) read_kernel(const uint4 *const *mats, int64_t n16, unsigned *sink) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  dependents_launch();
   const uint4 *m = mats[blockIdx.y];
-  const int64_t per = (n16 + gridDim.x - 1) / gridDim.x;
-  const int64_t begin = blockIdx.x * per, end = begin + per < n16 ? begin + per : n16;
+  int64_t begin = 0, end = 0;
+  block_share(n16, begin, end);
   unsigned acc = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads * kUnroll) {
     uint4 v[kUnroll];
@@ -29,29 +48,76 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const uint4 *const *mats
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  dependency_wait();
   if (acc == 0x9E3779B9u) sink[blockIdx.x] = acc;  // keeps the loads; practically never taken
+}
+
+// As a decode GEMV launch (ReadOrder::dependent): each thread's first kDependentUnroll loads go
+// out before the wait (a GEMV's prefetch of weights), then the block reads all of x (k4 float4s:
+// the previous launch's output), and only then folds its weights into a value that depends on x;
+// the block writes its share of the matrix's n outputs. Successors start after this one's wait,
+// as the stream GEMV lets them.
+__global__ void __launch_bounds__(kThreads, kDependentBlocksPerSm)
+    dependent_read_kernel(const uint4 *const *mats, int64_t n16, const float4 *x, int64_t k4, float *y, int64_t n) {
+  const uint4 *m = mats[blockIdx.y];
+  int64_t begin = 0, end = 0;
+  block_share(n16, begin, end);
+  uint4 v[kDependentUnroll];
+  auto load = [&](int64_t i) {
+#pragma unroll
+    for (int u = 0; u < kDependentUnroll; ++u) {
+      const int64_t j = i + static_cast<int64_t>(u) * kThreads;
+      v[u] = j < end ? __ldcs(m + j) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  int64_t i = begin + threadIdx.x;
+  load(i);
+  dependency_wait();
+  dependents_launch();
+  float xs = 0.0f;
+  for (int64_t j = threadIdx.x; j < k4; j += kThreads) {
+    const float4 t = x[j];
+    xs += (t.x + t.y) + (t.z + t.w);
+  }
+  unsigned acc = __float_as_uint(xs);
+  for (;;) {
+#pragma unroll
+    for (int u = 0; u < kDependentUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    i += static_cast<int64_t>(kThreads) * kDependentUnroll;
+    if (i - static_cast<int64_t>(threadIdx.x) >= end) break;
+    load(i);
+  }
+  const int64_t rows = (n + gridDim.x - 1) / gridDim.x, r0 = blockIdx.x * rows;
+  for (int64_t r = threadIdx.x; r < rows && r0 + r < n; r += kThreads) y[blockIdx.y * n + r0 + r] = __uint_as_float(acc);
 }
 
 }  // namespace
 
-ReadProbe::ReadProbe(int batch, uint64_t bytes) : batch_(batch), granules_(static_cast<int64_t>(bytes / 16)) {
+ReadProbe::ReadProbe(int batch, uint64_t bytes, ReadOrder order, int64_t k, int64_t n)
+    : batch_(batch), order_(order), k_(k), n_(n), granules_(static_cast<int64_t>(bytes / 16)) {
   int device = 0, sms = 0, per_sm = 0, major = 0;
   EP_CUDA_CHECK(cudaGetDevice(&device));
   EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_kernel, kThreads, 0));
+  if (order == ReadOrder::dependent) {
+    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dependent_read_kernel, kThreads, 0));
+    per_sm = per_sm < kDependentBlocksPerSm ? per_sm : kDependentBlocksPerSm;
+    EP_CUDA_CHECK(cudaMalloc(&y_, static_cast<size_t>(batch) * static_cast<size_t>(n) * sizeof(float)));
+  } else {
+    EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_kernel, kThreads, 0));
+  }
   const int slots = sms * (per_sm > 0 ? per_sm : 1);
   blocks_per_matrix_ = slots / batch > 0 ? slots / batch : 1;
   dependent_launch_ = major >= 9;
   EP_CUDA_CHECK(cudaMalloc(&sink_, static_cast<size_t>(blocks_per_matrix_) * sizeof(unsigned)));
 }
 
-ReadProbe::~ReadProbe() { cudaFree(sink_); }
+ReadProbe::~ReadProbe() {
+  cudaFree(sink_);
+  cudaFree(y_);
+}
 
-void ReadProbe::launch(const void *const *mats, cudaStream_t stream) const {
+void ReadProbe::launch(const void *const *mats, const float *x, cudaStream_t stream) const {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks_per_matrix_), static_cast<unsigned>(batch_));
   cfg.blockDim = dim3(kThreads);
@@ -61,7 +127,12 @@ void ReadProbe::launch(const void *const *mats, cudaStream_t stream) const {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = dependent_launch_ ? 1 : 0;
-  EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, read_kernel, reinterpret_cast<const uint4 *const *>(mats), granules_, sink_));
+  const auto *m = reinterpret_cast<const uint4 *const *>(mats);
+  if (order_ == ReadOrder::dependent) {
+    EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dependent_read_kernel, m, granules_, reinterpret_cast<const float4 *>(x), k_ / 4, y_, n_));
+  } else {
+    EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, read_kernel, m, granules_, sink_));
+  }
 }
 
 }  // namespace ep::bench
