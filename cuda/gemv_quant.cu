@@ -1027,6 +1027,23 @@ void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_
                                                         static_cast<int>(plan.stage), plan.glog);
 }
 
+// The measurement variables EP_GEMV_KERNEL, EP_GEMV_STREAM_CFG and EP_GEMV_STREAM_GLOG: while
+// none of them is set (what a deployment runs), a launch reads none of them — one relaxed atomic
+// load instead of three getenv scans per decode GEMV launch; gemv_env_changed() makes the next
+// launch look again.
+std::atomic<int> g_gemv_env_set{-1};  // -1: not looked at yet, 0: none set, 1: at least one set
+const char *gemv_env(const char *name) {
+  int set = g_gemv_env_set.load(std::memory_order_relaxed);
+  if (set < 0) {
+    set = std::getenv("EP_GEMV_KERNEL") != nullptr || std::getenv("EP_GEMV_STREAM_CFG") != nullptr ||
+                  std::getenv("EP_GEMV_STREAM_GLOG") != nullptr
+              ? 1
+              : 0;
+    g_gemv_env_set.store(set, std::memory_order_relaxed);
+  }
+  return set != 0 ? std::getenv(name) : nullptr;
+}
+
 // EP_GEMV_STREAM_CFG = "RWxNS" (rows per warp step x stages) or "RWxNSxW" (and W warps per
 // block) overrides the per-type default for measurements; a configuration over the
 // shared-memory limit for this k, or not compiled in, keeps the default. With an activation on
@@ -1041,7 +1058,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
   // EP_GEMV_STREAM_GLOG = 0, 1 or 2 caps the row groups per warp (2^glog; fewer groups: more rows
   // per lane, so each x piece read from shared memory serves more rows, and more lanes may idle)
   int max_glog = 2;
-  if (const char *env = std::getenv("EP_GEMV_STREAM_GLOG"); env != nullptr && env[0] >= '0' && env[0] <= '2' && env[1] == 0)
+  if (const char *env = gemv_env("EP_GEMV_STREAM_GLOG"); env != nullptr && env[0] >= '0' && env[0] <= '2' && env[1] == 0)
     max_glog = env[0] - '0';
   StreamPlan plan = default_stream_plan<T>(args.k, max_glog);
   if (args.glu.up != nullptr) {
@@ -1050,7 +1067,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
     if (plan.rw == 2) return launch_stream_cfg<T, 2, C::ns, C::warps, true>(args, plan, stream);
     return launch_stream_cfg<T, 1, C::ns, C::warps, true>(args, plan, stream);
   }
-  if (const char *env = std::getenv("EP_GEMV_STREAM_CFG"); env != nullptr && std::strlen(env) >= 3 && env[1] == 'x') {
+  if (const char *env = gemv_env("EP_GEMV_STREAM_CFG"); env != nullptr && std::strlen(env) >= 3 && env[1] == 'x') {
     const int warps = env[3] == 'x' ? std::atoi(env + 4) : C::warps;
     const StreamPlan want = stream_plan<T>(args.k, env[0] - '0', env[2] - '0', warps, max_glog);
     if (want.smem <= kStreamMaxSmem) plan = want;
@@ -1385,6 +1402,10 @@ bool stream_covers(int type, const GemvArgs &args) {
     return args.n_tok == 1 && args.k % 256 == 0 && stream_smem_bytes<kIQ2_XXS>(args.k) <= kStreamMaxSmem &&
            (args.w_ptrs != nullptr || (reinterpret_cast<uintptr_t>(args.w) & 1) == 0);
   if (!dp4a_covers(type, args)) return false;
+  // q3_K (SQ3K): 4-byte aligned rows — k a multiple of 512 (rows of an even number of 110-byte
+  // blocks) and 4-byte aligned matrices (w_ptrs: the caller's; documented on GemvArgs)
+  if (type == kQ3_K && (args.k % 512 != 0 || (args.w_ptrs == nullptr && (reinterpret_cast<uintptr_t>(args.w) & 3) != 0)))
+    return false;
   const int64_t smem = type == kQ2_K ? stream_smem_bytes<kQ2_K>(args.k)
                        : type == kQ3_K ? stream_smem_bytes<kQ3_K>(args.k)
                                        : stream_smem_bytes<kMXFP4>(args.k);
@@ -1395,7 +1416,7 @@ bool applies_glu(GemvKernel kernel) { return kernel == GemvKernel::dp4a || kerne
 GemvKernel pick_gemv_kernel(int type, const GemvArgs &args) {
   GemvKernel want = args.kernel;
   if (want == GemvKernel::automatic) {
-    const char *v = std::getenv("EP_GEMV_KERNEL");
+    const char *v = gemv_env("EP_GEMV_KERNEL");
     if (v != nullptr && !parse_gemv_kernel(v, want)) want = GemvKernel::automatic;
   }
   const bool mma_ok = mma_covers(type, args.k), dp4a_ok = dp4a_covers(type, args);
@@ -1472,6 +1493,8 @@ bool parse_gemv_kernel(const char *name, GemvKernel &out) {
 }
 
 GemvKernel gemv_kernel_for(uint32_t type, const GemvArgs &args) { return pick_gemv_kernel(static_cast<int>(type), args); }
+
+void gemv_env_changed() { g_gemv_env_set.store(-1, std::memory_order_relaxed); }
 
 bool gemv_takes_glu(uint32_t type, const GemvArgs &args) {
   return applies_glu(pick_gemv_kernel(static_cast<int>(type), args));

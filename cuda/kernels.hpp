@@ -24,8 +24,10 @@ enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, strea
 /// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of
 /// type `type`), x_m = x + (x_rows ? x_rows[m] : m)·k and y_m = y + m·n·n_tok.
 /// w_ptrs and x_rows are device arrays. x must be 16-byte aligned; n_tok <= kGemvMaxTokens. The
-/// dp4a kernel (the one-token default for mxfp4, q2_K, q3_K) needs every matrix 4-byte aligned
-/// (q3_K: 2-byte); a misaligned single `w` falls back to the per-lane kernels.
+/// dp4a kernel needs every matrix 4-byte aligned (q3_K: 2-byte); a misaligned single `w` falls
+/// back to the per-lane kernels. The stream kernel (the one-token default for mxfp4, q2_K, q3_K)
+/// needs the same, and for q3_K 4-byte aligned rows: every matrix 4-byte aligned and k a multiple
+/// of 512 (other q3_K matrices run on dp4a).
 /// Accumulation is f32; the mma kernel carries x as two f16 halves (~22 bits, scaled per token
 /// by a power of two, any f32 range; within 5e-5 of the largest output of an f64 reference in
 /// tests/cuda/gemv_gpu_test.cpp), the dp4a kernel as two int8 parts per 32 values (~15 bits, any
@@ -63,6 +65,10 @@ bool gemv_takes_glu(uint32_t type, const GemvArgs &args);
 const char *gemv_kernel_name(GemvKernel kernel);
 /// Parses a gemv_kernel_name(); false for an unknown name.
 bool parse_gemv_kernel(const char *name, GemvKernel &out);
+/// Tells launch_gemv that EP_GEMV_KERNEL, EP_GEMV_STREAM_CFG or EP_GEMV_STREAM_GLOG (measurement
+/// overrides) changed in this process: it reads them only while one of them was set when it last
+/// looked (tests that set them between launches call this after each change).
+void gemv_env_changed();
 
 /// Dequantizes `rows` rows of k values (row stride = row bytes) to f32 (dst_f32) or bf16
 /// (dst_bf16; exactly one of them non-null), bit-exact with ggml for f32 output.

@@ -43,15 +43,22 @@ EP_MXFP4_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
 struct Pairs {
   uint32_t x, y;
 };
-EP_MXFP4_HD Pairs pairs(uint32_t q) {
-  constexpr uint32_t pos0 = 0x03020100u, pos1 = 0x0C080604u, neg0 = 0xFDFEFF00u, neg1 = 0xF4F8FAFCu;
+/// The lookup's first table words (magnitudes 0..3 and their negations), which a byte permute
+/// takes from registers (the second words go in as immediates). Left as constants, ptxas re-creates
+/// them with a move before every permute (241 of the 1,596 instructions of the stream kernel's
+/// mxfp4 item loop, SASS of session 12); the stream kernel reads them from shared memory instead
+/// (SMxfp4 in cuda/gemv_stream.cuh).
+struct PairTables {
+  uint32_t pos0 = 0x03020100u, neg0 = 0xFDFEFF00u;
+};
+EP_MXFP4_HD Pairs pairs(uint32_t q, const PairTables &t = PairTables{}) {
+  constexpr uint32_t pos1 = 0x0C080604u, neg1 = 0xF4F8FAFCu;
   const uint32_t m = q & 0x77777777u;                             // the magnitudes' table indices
   const uint32_t sel = 0x32103210u | ((q >> 1) & 0x44444444u);  // byte n of pos, or of neg where negative
-  const uint32_t lo = prmt(prmt(pos0, pos1, m), prmt(neg0, neg1, m), sel);
-  const uint32_t hi = prmt(prmt(pos0, pos1, m >> 16), prmt(neg0, neg1, m >> 16), sel >> 16);
+  const uint32_t lo = prmt(prmt(t.pos0, pos1, m), prmt(t.neg0, neg1, m), sel);
+  const uint32_t hi = prmt(prmt(t.pos0, pos1, m >> 16), prmt(t.neg0, neg1, m >> 16), sel >> 16);
   return {lo, hi};
 }
-
 /// Byte position of value v (0..31) of a block in its x: p = 2·(v % 16) + v / 16.
 EP_MXFP4_HD int x_position(int v) { return 2 * (v & 15) + ((v >> 4) & 1); }
 

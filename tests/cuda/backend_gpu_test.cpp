@@ -104,6 +104,7 @@ TEST_CASE("matmul (GEMV and GEMM paths) matches the CPU for every type", "[gpu][
   // both GEMV kernels (cuda/gemv_quant.cu picks one per type; EP_GEMV_KERNEL overrides)
   for (const char *kernel : {"generic", "pipe"}) {
   setenv("EP_GEMV_KERNEL", kernel, 1);
+  ep::cuda::gemv_env_changed();
   for (GgmlType type : ep::test::all_weight_types()) {
     for (Shape s : {Shape{512, 37}, Shape{3584, 24}}) {  // odd rows; 3584 = unaligned q3_K rows
       auto w = ep::test::random_weights(type, s.k, s.n, rng);
@@ -126,6 +127,7 @@ TEST_CASE("matmul (GEMV and GEMM paths) matches the CPU for every type", "[gpu][
   }
   }
   unsetenv("EP_GEMV_KERNEL");
+  ep::cuda::gemv_env_changed();
 }
 
 TEST_CASE("rms_norm, rope, softmax, top_k, glu, add, embed match the CPU", "[gpu][ops]") {

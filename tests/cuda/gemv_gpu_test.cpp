@@ -191,6 +191,7 @@ class ScopedEnv {
   ScopedEnv(const char *name, const char *value) : name_(name) {
     if (const char *old = std::getenv(name); old != nullptr) old_ = old;
     setenv(name, value, 1);
+    ep::cuda::gemv_env_changed();
   }
   ~ScopedEnv() {
     if (old_) {
@@ -198,6 +199,7 @@ class ScopedEnv {
     } else {
       unsetenv(name_);
     }
+    ep::cuda::gemv_env_changed();
   }
   ScopedEnv(const ScopedEnv &) = delete;
   ScopedEnv &operator=(const ScopedEnv &) = delete;
@@ -355,7 +357,15 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   b.w = reinterpret_cast<const void *>(uintptr_t{0x10002});
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q2_k), b) == GemvKernel::pipe);
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::mxfp4), b) == GemvKernel::generic);
+  // stream q3_K reads 4-byte aligned rows: a 2-byte aligned matrix or rows of an odd number of
+  // blocks (k 768: every other row 2 bytes off) run on dp4a
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), b) == GemvKernel::dp4a);
+  b.w = reinterpret_cast<const void *>(uintptr_t{0x10004});
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), b) == GemvKernel::stream);
+  b.k = 768;
+  CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q3_k), b) == GemvKernel::dp4a);
+  b.k = 4096;
+  b.w = reinterpret_cast<const void *>(uintptr_t{0x10002});
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::iq2_xxs), b) == GemvKernel::stream);  // 2-byte aligned
   b.w = reinterpret_cast<const void *>(uintptr_t{0x10001});
   CHECK(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::iq2_xxs), b) == GemvKernel::pipe);
