@@ -1062,7 +1062,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
     max_glog = env[0] - '0';
   StreamPlan plan = default_stream_plan<T>(args.k, max_glog);
   if (args.glu.up != nullptr) {
-    static_assert(C::rw == 4 && C::split_rw == 8, "the default's rows per lane group are 4, 2 or 1");
+    static_assert(C::rw == 4 && (C::split_rw == 4 || C::split_rw == 8), "the default's rows per lane group are 4, 2 or 1");
     if (plan.rw == 4) return launch_stream_cfg<T, 4, C::ns, C::warps, true>(args, plan, stream);
     if (plan.rw == 2) return launch_stream_cfg<T, 2, C::ns, C::warps, true>(args, plan, stream);
     return launch_stream_cfg<T, 1, C::ns, C::warps, true>(args, plan, stream);

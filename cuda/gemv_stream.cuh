@@ -1017,12 +1017,14 @@ template <int T> struct StreamConfig;
 // q3_K two groups, mxfp4 and iq2_xxs four — mxfp4 +4-7 %, q2_K +7-9 %, q3_K +5-10 %, iq2_xxs
 // +8-17 %, though it leaves one block per SM where 4 rows leave two; at k = 2048 (mxfp4 and
 // iq2_xxs two groups) mxfp4 0.4-1.5 % slower, iq2_xxs 7 % faster at 8 matrices and 15 % slower at
-// 6: they split only over four groups.
+// 6: they split only over four groups. q3_K no longer splits (split_rw = rw): with session 12's
+// aligned-word loads (128 registers) 4 rows at k = 3072 were 1.042x at 8 matrices and 1.013x at
+// 16 against 8 rows (three runs each, session 12 call 7); the other shapes do not split.
 template <> struct StreamConfig<kQ2_K> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
 };
 template <> struct StreamConfig<kQ3_K> {
-  static constexpr int rw = 4, split_rw = 8, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
+  static constexpr int rw = 4, split_rw = 4, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
 };
 template <> struct StreamConfig<kMXFP4> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 2, ns = 2, warps = 8, idle_den = 0;
