@@ -17,6 +17,7 @@
 #include "cuda/activation.cuh"
 #include "cuda/check.hpp"
 #include "cuda/dp4a.cuh"
+#include "cuda/grid_dependency.cuh"
 #include "cuda/iq2xxs_dot.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/mxfp4_pairs.cuh"
@@ -705,18 +706,6 @@ constexpr int64_t kDp4aMaxSmem = 200 * 1024;
 // with themselves in the main loop. Launched with programmatic dependent launch (on a created
 // stream): the next launch's blocks start while this one drains and fetch their first weights
 // before griddepcontrol.wait; x is read and y written only after it (see the kernel).
-
-// Programmatic dependent launch (sm_90+; the launcher sets the attribute only there).
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 constexpr int64_t stream_x_bytes(int64_t k) { return (dp4a_smem_bytes(k) + 15) / 16 * 16; }
 // The mbarriers of the bulk copies (one per warp and stage), after the rings; reserved on every

@@ -2,6 +2,7 @@
 #include "read_ceiling.hpp"
 
 #include "cuda/check.hpp"
+#include "cuda/grid_dependency.cuh"
 
 namespace ep::bench {
 namespace {
@@ -12,16 +13,6 @@ constexpr int kThreads = 256, kUnroll = 4;
 // full occupancy keeps in flight.
 constexpr int kDependentBlocksPerSm = 2, kDependentUnroll = 16;
 
-__device__ __forceinline__ void dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 // Block x's share [begin, end) of a matrix of n16 granules split over gridDim.x blocks.
 __device__ __forceinline__ void block_share(int64_t n16, int64_t &begin, int64_t &end) {
   const int64_t per = (n16 + gridDim.x - 1) / gridDim.x;
@@ -33,7 +24,7 @@ __device__ __forceinline__ void block_share(int64_t n16, int64_t &begin, int64_t
 // flight per thread. The dependent launch may start at once (it writes nothing this one reads);
 // the one possible write waits for the previous launch as a GEMV's output would.
 __global__ void __launch_bounds__(kThreads) read_kernel(const uint4 *const *mats, int64_t n16, unsigned *sink) {
-  dependents_launch();
+  ep::cuda::grid_dependents_launch();
   const uint4 *m = mats[blockIdx.y];
   int64_t begin = 0, end = 0;
   block_share(n16, begin, end);
@@ -48,7 +39,7 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const uint4 *const *mats
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
-  dependency_wait();
+  ep::cuda::grid_dependency_wait();
   if (acc == 0x9E3779B9u) sink[blockIdx.x] = acc;  // keeps the loads; practically never taken
 }
 
@@ -72,8 +63,8 @@ __global__ void __launch_bounds__(kThreads, kDependentBlocksPerSm)
   };
   int64_t i = begin + threadIdx.x;
   load(i);
-  dependency_wait();
-  dependents_launch();
+  ep::cuda::grid_dependency_wait();
+  ep::cuda::grid_dependents_launch();
   float xs = 0.0f;
   for (int64_t j = threadIdx.x; j < k4; j += kThreads) {
     const float4 t = x[j];
