@@ -30,8 +30,9 @@ enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, strea
 /// of 512 (other q3_K matrices run on dp4a).
 /// Accumulation is f32; the mma kernel carries x as two f16 halves (~22 bits, scaled per token
 /// by a power of two, any f32 range; within 5e-5 of the largest output of an f64 reference in
-/// tests/cuda/gemv_gpu_test.cpp), the dp4a kernel as two int8 parts per 32 values (~15 bits, any
-/// f32 range; within 2e-4 there, 5.2e-5 measured).
+/// tests/cuda/gemv_gpu_test.cpp), the dp4a and stream kernels as two int8 parts per 32 values
+/// (per 128 for q2_K and q3_K; ~15 bits, any f32 range; within 2e-4 there, 3.3e-5 measured for
+/// stream in session 12).
 /// A gated activation applied to a GEMV's input as the kernel reads it (GemvArgs::glu): the
 /// input row is act(x_row, up_row) elementwise, with up_row at the same row of `up` as x_row of x
 /// and act launch_glu's (kind 0: SwiGLU clamped by limit when limit > 0; kind 1: SiTU(beta_g,
