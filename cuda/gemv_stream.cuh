@@ -163,8 +163,8 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cas
 // Each block first quantizes its matrix's x into shared memory, per group of D::kScaleGroup values
 // (32 for mxfp4 and iq2_xxs, 128 for q2_K and q3_K), as two int8 parts: hi = rint(x/s),
 // lo = rint((x − hi·s)·254/s) with s = max|x|/127, so that x ≈ s/254·(254·hi + lo) (~15 bits, any
-// f32 range); q2_K/q3_K also get the exact f32 sum of every 16 values (for the min / −4 offsets)
-// and per item the integer sums of its four 16-value pieces (XQuant::xi). x is stored permuted so that the 16-byte pieces
+// f32 range); q2_K/q3_K also get the exact f32 sum of every 16 values (for the min / −4 offsets),
+// and the q2_K stream kernel per item the integer sums of its four 16-value pieces (XQuant::xi). x is stored permuted so that the 16-byte pieces
 // the lanes of a warp read at one time are consecutive (no bank conflicts). Weights stay packed:
 // 2-bit fields are masked in place (value·4^j) and fed to dp4a against hi and lo; mxfp4 nibbles
 // go through a byte-permute table to int8. Block scales are applied per 16 (q2_K, q3_K) or 32
@@ -177,7 +177,7 @@ struct XQuant {
   const int8_t *hi, *lo;  // permuted: 16-byte piece p of item ii at (p·ipr + ii)·16
   const float2 *xs;       // q2_K/q3_K: (s/254, Σx of the 16 values) at p·ipr + ii; mxfp4: (s/254, -) at c·ipr + ii
   int ipr;                // items per row
-  // q2_K/q3_K (D::kSums): per item, the integer sums S_p = Σ(254·hi + lo) of its four 16-value
+  // q2_K's stream kernel (D::kItemSums): per item, the integer sums S_p = Σ(254·hi + lo) of its four 16-value
   // pieces p as bytes — x: byte p = S_p & 0xFF, y: (S_p >> 8) & 0xFF, z: S_p >> 16 (signed) — and
   // w: the bits of the item's s/254 (one x scale per 128 values, DpKq::kScaleGroup)
   const uint4 *xi = nullptr;
@@ -295,7 +295,7 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
       *reinterpret_cast<uint4 *>(lo + dst) = make_uint4(pl[0], pl[1], pl[2], pl[3]);
     }
     if (active && (D::kSums || !upper)) xs[D::scale_slot(16 * p, ipr)] = make_float2(s * (1.0f / 254.0f), sum16);
-    if constexpr (D::kSums) {
+    if constexpr (D::kItemSums) {
       // the piece's integer sum Σ(254·hi + lo) (|S| <= 16·32385 < 2^20), as three bytes of its
       // item's record (XQuant::xi)
       int shi = 0, slo = 0;
@@ -318,12 +318,13 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
 }
 
 // The quantized x at the start of a dp4a / stream block's dynamic shared memory: hi bytes [k],
-// lo bytes [k], the float2 scales [k / 16], then the item records [k / 64] (D::kSums: XQuant::xi).
+// lo bytes [k], the float2 scales [k / 16], then the item records [k / 64] (D::kItemSums: XQuant::xi;
+// the space is reserved for every decoder).
 template <typename D>
 __device__ __forceinline__ XQuant x_smem_view(uint8_t *smem, int64_t k) {
   const int8_t *hi = reinterpret_cast<const int8_t *>(smem);
   XQuant xq{hi, hi + k, reinterpret_cast<const float2 *>(smem + 2 * k), static_cast<int>(k / D::kValues)};
-  if constexpr (D::kSums) xq.xi = reinterpret_cast<const uint4 *>(smem + 2 * k + k / 16 * 8);
+  if constexpr (D::kItemSums) xq.xi = reinterpret_cast<const uint4 *>(smem + 2 * k + k / 16 * 8);
   return xq;
 }
 // x's values 4i .. 4i + 3 (quantize_x's loader): a row of f32 in global memory.
@@ -376,6 +377,7 @@ __device__ __forceinline__ void quantize_input_smem(const GemvArgs &a, int m, ui
 struct DpKq {
   static constexpr int kValues = 64;
   static constexpr bool kSums = true;
+  static constexpr bool kItemSums = false;  // XQuant::xi: only SQ2K reads it
   // one x scale per 128 values (half a block: an item's four pieces share it, so the stream
   // kernels add their pieces' integer dots before one conversion)
   static constexpr int kScaleGroup = 128;
@@ -529,6 +531,7 @@ struct DpQ3K : DpKq {
 struct DpMxfp4 {
   static constexpr int kWords = 17, kValues = 128, kBytes256 = 136;
   static constexpr bool kSums = false;
+  static constexpr bool kItemSums = false;
   static constexpr int kScaleGroup = 32;  // the block's: one e8m0 scale per 32 values
   static constexpr bool kPairHalves = true;
   static constexpr int kTableBytes = 0;
@@ -721,6 +724,7 @@ constexpr int64_t stream_stage_bytes(int64_t row_bytes, int rw) { return (rw * r
 // (XQuant::xi) — then two conversions and the block's d and dmin per item and row. The 4-bit
 // scales and mins of the item's four sub-blocks come out of one byte permute.
 struct SQ2K : DpQ2K {
+  static constexpr bool kItemSums = true;
   template <int RW>
   __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
                              float (&acc)[RW]) {
@@ -1049,7 +1053,8 @@ struct StreamPlan {
 // max_glog (0..2) caps the row groups below what the rows allow.
 template <int T>
 StreamPlan stream_plan(int64_t k, int rw, int ns, int warps, int max_glog = 2) {
-  constexpr int64_t rb = DpOf<T>::type::kBytes256, values = DpOf<T>::type::kValues;
+  using D = typename StreamOf<T>::type;
+  constexpr int64_t rb = D::kBytes256, values = D::kValues;
   StreamPlan p{};
   rw = rw < 1 ? 1 : rw;
   const int glog_cap = rw >= 4 ? 2 : rw == 2 ? 1 : 0;  // 3 rows stay one group
@@ -1058,7 +1063,7 @@ StreamPlan stream_plan(int64_t k, int rw, int ns, int warps, int max_glog = 2) {
   p.ns = ns;
   p.warps = warps;
   p.stage = stream_stage_bytes(k / 256 * rb, p.rw << p.glog);
-  p.smem = stream_x_bytes(k) + StreamOf<T>::type::kTableBytes + warps * ns * p.stage + stream_barrier_bytes(warps, ns);
+  p.smem = stream_x_bytes(k) + D::kTableBytes + warps * ns * p.stage + stream_barrier_bytes(warps, ns);
   return p;
 }
 // The default plan for k (StreamConfig<T>; row groups capped at 2^max_glog): rw rows per warp

@@ -59,6 +59,7 @@ EP_MXFP4_HD Pairs pairs(uint32_t q, const PairTables &t = PairTables{}) {
   const uint32_t hi = prmt(prmt(t.pos0, pos1, m >> 16), prmt(t.neg0, neg1, m >> 16), sel >> 16);
   return {lo, hi};
 }
+
 /// Byte position of value v (0..31) of a block in its x: p = 2·(v % 16) + v / 16.
 EP_MXFP4_HD int x_position(int v) { return 2 * (v & 15) + ((v >> 4) & 1); }
 

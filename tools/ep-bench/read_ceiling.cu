@@ -100,7 +100,8 @@ ReadProbe::ReadProbe(int batch, uint64_t bytes, ReadOrder order, int64_t k, int6
   const int slots = sms * (per_sm > 0 ? per_sm : 1);
   blocks_per_matrix_ = slots / batch > 0 ? slots / batch : 1;
   dependent_launch_ = major >= 9;
-  EP_CUDA_CHECK(cudaMalloc(&sink_, static_cast<size_t>(blocks_per_matrix_) * sizeof(unsigned)));
+  if (order == ReadOrder::independent)  // read_kernel's sink (dependent_read_kernel writes y_)
+    EP_CUDA_CHECK(cudaMalloc(&sink_, static_cast<size_t>(blocks_per_matrix_) * sizeof(unsigned)));
 }
 
 ReadProbe::~ReadProbe() {
