@@ -27,6 +27,7 @@
 #include "cuda/reduce.cuh"
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -958,7 +959,8 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
 // programmatic dependent launch, bit 4 (16) skips the imma kernel's x prologue, bits 5 and 6 (32,
 // 64) address the imma kernel's shared memory as the other layout's (see the kernel), bit 3 (8)
 // issues all of the stream kernel's stages before x (StreamWarp), bit 7 (128) skips its x
-// quantization, so that ep-bench can time the kernels' parts.
+// quantization, bit 8 (256) skips its griddepcontrol.wait (x must then be constant), so that
+// ep-bench can time the kernels' parts.
 __device__ int g_gemv_probe = 0;
 int g_gemv_probe_host = 0;
 // EP_GEMV_PROBE, read and copied to the device once
@@ -981,9 +983,34 @@ int sweep_probe() {
 // Registers for two 8-warp blocks per SM (at most 128): q3_K's default configuration used 139,
 // which left one block per SM; with the bound, no spills, q3_K 2-12 % and mxfp4 up to 3 % faster at
 // 8 experts (docs/benchmarks.md, session 10).
+#if defined(EP_GEMV_TIMELINE)
+// Timeline probe (builds with -DEP_GEMV_TIMELINE only; scripts/gemv-timeline): every block of the
+// stream kernel whose launch has the k and n of EP_GEMV_TIMELINE_KN ("k,n") records when it
+// started, when griddepcontrol.wait returned, when x was quantized, when its warps' first chunks
+// had landed and when its first and last warps finished (%globaltimer, ns), and its SM; the
+// records go to EP_GEMV_TIMELINE_OUT after EP_GEMV_TIMELINE_LAUNCHES such launches (default 64),
+// or at the first launch of another shape after some. A record is 8 little-endian u64: start, wait
+// returned, x quantized, first chunks landed, first warp done, last warp done, SM, blockIdx.y << 32
+// | blockIdx.x — in the order the blocks finished (scripts/gemv-timeline-summary reads them).
+constexpr int kTimelineSlots = 32768, kTimelineWords = 8;
+__device__ unsigned long long g_timeline[kTimelineSlots][kTimelineWords];
+__device__ unsigned g_timeline_next = 0;
+__device__ int g_timeline_kn[2] = {0, 0};
+__device__ __forceinline__ unsigned long long timeline_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
 template <typename D, int RW, int NS, int WARPS, bool GLU>
 __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 2) gemv_stream_kernel(GemvArgs a, int stage_bytes, int glog) {
   extern __shared__ __align__(16) uint8_t smem[];
+#if defined(EP_GEMV_TIMELINE)
+  __shared__ unsigned long long tl[8];
+  const unsigned long long tl_start = timeline_now();
+  const bool tl_on = a.k == g_timeline_kn[0] && a.n == g_timeline_kn[1];
+#endif
   XQuant xq = x_smem_view<D>(smem, a.k);
   const int warp = threadIdx.x >> 5, m = blockIdx.y;
   // after x: the decoder's tables (iq2_xxs), then one ring per warp
@@ -1007,12 +1034,87 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 2) gemv
   // running when this launch's blocks start (programmatic dependent launch). The only kernel that
   // lets its successor start early is this one, past this wait, and it writes nothing but y; x
   // (often the previous kernel's output) is read, and y written, after the wait.
-  grid_dependency_wait();
+  if ((probe & 256) == 0) grid_dependency_wait();  // probe bit 8: no wait (timing only: x must not change)
+#if defined(EP_GEMV_TIMELINE)
+  if (threadIdx.x == 0) {
+    tl[0] = tl_start;
+    tl[1] = timeline_now();
+    tl[3] = 0;
+    tl[4] = ~0ull;
+    tl[5] = 0;
+  }
+#endif
   grid_dependents_launch();  // (at the end of the block instead: up to 9 % slower, session 11)
   if ((probe & 128) == 0) quantize_input_smem<D, GLU>(a, m, smem);  // probe bit 7: x not quantized (timing only)
   __syncthreads();
+#if defined(EP_GEMV_TIMELINE)
+  if (threadIdx.x == 0) tl[2] = timeline_now();
+  if (rows.chunks > 0) rows.wait_chunk(0);
+  if ((threadIdx.x & 31) == 0) atomicMax(&tl[3], timeline_now());
+#endif
   rows.run(xq, a.y + static_cast<int64_t>(m) * a.n);
+#if defined(EP_GEMV_TIMELINE)
+  if ((threadIdx.x & 31) == 0) {
+    const unsigned long long t = timeline_now();
+    atomicMin(&tl[4], t);
+    atomicMax(&tl[5], t);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && tl_on) {
+    const unsigned slot = atomicAdd(&g_timeline_next, 1u);
+    if (slot < kTimelineSlots) {
+      unsigned smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      for (int i = 0; i < 6; ++i) g_timeline[slot][i] = tl[i];
+      g_timeline[slot][6] = smid;
+      g_timeline[slot][7] = (static_cast<unsigned long long>(blockIdx.y) << 32) | blockIdx.x;
+    }
+  }
+#endif
 }
+
+#if defined(EP_GEMV_TIMELINE)
+// The host side of the timeline probe: called before every stream launch of k x n.
+void timeline_before_launch(int64_t k, int64_t n) {
+  static long long kn[2] = {-1, -1}, launches = 0, dump_at = 64;
+  static bool done = false;
+  if (kn[0] < 0) {
+    kn[0] = kn[1] = 0;
+    if (const char *v = std::getenv("EP_GEMV_TIMELINE_KN")) {
+      char *end = nullptr;
+      kn[0] = std::strtoll(v, &end, 10);
+      kn[1] = *end == ',' ? std::strtoll(end + 1, nullptr, 10) : 0;
+    }
+    if (const char *c = std::getenv("EP_GEMV_TIMELINE_LAUNCHES")) dump_at = std::atoll(c);
+    const int dkn[2] = {static_cast<int>(kn[0]), static_cast<int>(kn[1])};
+    EP_CUDA_CHECK(cudaMemcpyToSymbol(g_timeline_kn, dkn, sizeof dkn));
+  }
+  if (done) return;
+  // dump after dump_at launches of k x n, or at the first launch of another shape after some
+  if (k != kn[0] || n != kn[1]) {
+    if (launches == 0) return;
+  } else if (launches++ < dump_at) {
+    return;
+  }
+  done = true;
+  EP_CUDA_CHECK(cudaDeviceSynchronize());
+  unsigned used = 0;
+  EP_CUDA_CHECK(cudaMemcpyFromSymbol(&used, g_timeline_next, sizeof used));
+  used = used < kTimelineSlots ? used : kTimelineSlots;
+  static unsigned long long rec[kTimelineSlots][kTimelineWords];
+  EP_CUDA_CHECK(cudaMemcpyFromSymbol(rec, g_timeline, sizeof(rec[0]) * used));
+  const char *env_out = std::getenv("EP_GEMV_TIMELINE_OUT");
+  const char *out = env_out != nullptr ? env_out : "gemv-timeline.bin";
+  FILE *f = std::fopen(out, "wb");
+  bool ok = f != nullptr && std::fwrite(rec, sizeof(rec[0]), used, f) == used;
+  if (f != nullptr && std::fclose(f) != 0) ok = false;
+  if (ok) {
+    std::fprintf(stderr, "gemv timeline: %u block records of %lldx%lld launches written to %s\n", used, kn[0], kn[1], out);
+  } else {
+    std::fprintf(stderr, "gemv timeline: could not write %s: %s\n", out, std::strerror(errno));
+  }
+}
+#endif
 
 template <int T, int RW, int NS, int WARPS, bool GLU = false>
 void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_t stream) {
@@ -1020,6 +1122,9 @@ void launch_stream_cfg(const GemvArgs &args, const StreamPlan &plan, cudaStream_
   bool pdl = true;
 #if defined(EP_GEMV_SWEEP)
   pdl = (g_gemv_probe_host & 4) == 0;
+#endif
+#if defined(EP_GEMV_TIMELINE)
+  timeline_before_launch(args.k, args.n);
 #endif
   // at most one warp per row
   launch_one_wave<gemv_stream_kernel<D, RW, NS, WARPS, GLU>>("gemv_stream_kernel", WARPS * 32, plan.smem, args.n_mat,
