@@ -959,7 +959,8 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
 // programmatic dependent launch, bit 4 (16) skips the imma kernel's x prologue, bits 5 and 6 (32,
 // 64) address the imma kernel's shared memory as the other layout's (see the kernel), bit 3 (8)
 // issues all of the stream kernel's stages before x (StreamWarp), bit 7 (128) skips its x
-// quantization, bit 8 (256) skips its griddepcontrol.wait (x must then be constant), so that
+// quantization, bit 8 (256) skips its griddepcontrol.wait (x must then be constant), bits 11 and
+// 12 (2048, 4096) issue its first chunks after the wait in every warp or in the odd warps, so that
 // ep-bench can time the kernels' parts.
 __device__ int g_gemv_probe = 0;
 int g_gemv_probe_host = 0;
@@ -1028,13 +1029,20 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 2) gemv
   const StreamWarp<D, RW, NS> rows(static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w), a.n, a.k,
                                    static_cast<int>(blockIdx.x) * WARPS + warp, static_cast<int>(gridDim.x) * WARPS, glog,
                                    ring, stage_bytes, probe, bars);
-  rows.prefetch();  // (after the wait instead: up to 11 % slower, session 11; chunk NS − 1 too, right after the wait: 3-11 % slower, session 12)
+#if defined(EP_GEMV_SWEEP)
+  // probe bit 11 (2048): no warp prefetches before the wait; bit 12 (4096): only even warps do
+  const bool prefetch_early = (probe & 2048) == 0 && ((probe & 4096) == 0 || (warp & 1) == 0);
+#else
+  constexpr bool prefetch_early = true;
+#endif
+  if (prefetch_early) rows.prefetch();  // (after the wait instead: up to 11 % slower, session 11; chunk NS − 1 too, right after the wait: 3-11 % slower, session 12)
   D::init_tables(tables);  // constants: before the wait too
   // Up to here only the weights, w_ptrs and the shape were read: the previous kernel may still be
   // running when this launch's blocks start (programmatic dependent launch). The only kernel that
   // lets its successor start early is this one, past this wait, and it writes nothing but y; x
   // (often the previous kernel's output) is read, and y written, after the wait.
   if ((probe & 256) == 0) grid_dependency_wait();  // probe bit 8: no wait (timing only: x must not change)
+  if (!prefetch_early) rows.prefetch();
 #if defined(EP_GEMV_TIMELINE)
   if (threadIdx.x == 0) {
     tl[0] = tl_start;
