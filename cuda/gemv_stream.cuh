@@ -742,12 +742,11 @@ struct SQ2K : DpQ2K {
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int slot = j * xq.ipr + ii;
-      const uint4 xh = *reinterpret_cast<const uint4 *>(xq.hi + 16 * slot), xl = *reinterpret_cast<const uint4 *>(xq.lo + 16 * slot);
+      const XPiece xp = x_piece(xq, j, ii);  // (its s goes unread: the item's scale is rec.w)
       const uint32_t mask = 0x03030303u << (2 * j);
 #pragma unroll
       for (int rr = 0; rr < RW; ++rr) {
-        const int2 d = dp4a_hi_lo(r[rr], mask, xh, xl);
+        const int2 d = dp4a_hi_lo(r[rr], mask, xp.hi, xp.lo);
         const int t = (d.x * 254 + d.y) >> (2 * j);  // exact: every masked weight is a multiple of 4^j
         A[rr] += static_cast<int>(__byte_perm(scw[rr], 0u, 0x4440u + j)) * t;
       }
