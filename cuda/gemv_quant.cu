@@ -983,7 +983,9 @@ int sweep_probe() {
 // Blocks of 16 or more warps ask for registers that let 32 warps share an SM.
 // Registers for two 8-warp blocks per SM (at most 128): q3_K's default configuration used 139,
 // which left one block per SM; with the bound, no spills, q3_K 2-12 % and mxfp4 up to 3 % faster at
-// 8 experts (docs/benchmarks.md, session 10).
+// 8 experts (docs/benchmarks.md, session 10). Three blocks (at most 80 registers; only k = 2048
+// then fits three in shared memory): q2_K 0.905-1.007x at 8 experts, 0.947-1.003x at the engine's
+// sizes (session 14).
 #if defined(EP_GEMV_TIMELINE)
 // Timeline probe (builds with -DEP_GEMV_TIMELINE only; scripts/gemv-timeline): every block of the
 // stream kernel whose launch has the k and n of EP_GEMV_TIMELINE_KN ("k,n") records when it
@@ -1217,7 +1219,8 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
 // groups of KS (the k-split); a group owns 16-row tiles of one matrix (tile_i = blockIdx.x·groups +
 // group + i·gridDim.x·groups) and warp kp of the group takes the blocks [kp·nb/KS, (kp+1)·nb/KS)
 // of each row, streaming them through its own ring of NS stages, SB blocks of k (SB·84 bytes of
-// each of the 16 rows) at a time, with 16-byte cp.async; two lanes copy a row. The block
+// each of the 16 rows) at a time: on sm_90+ one bulk copy per row (lanes 0..15) completing on
+// the stage's mbarrier, else 16-byte cp.async with two lanes per row. The block
 // quantizes x once into the B words of every block (one thread per group of 16 values). A lane
 // holds two rows' sums (g and g + 8) for its slot of every block; the four lanes of a quad add
 // theirs at the end of a tile, and with KS > 1 the group's warps add theirs through shared memory
@@ -1228,7 +1231,10 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
 // rows' SB·84-byte pieces 1 row apart, and that strided pattern, not the arithmetic, sets its
 // speed — the same kernel reading contiguous chunks (the IL timing probe, as if each tile were
 // stored block-interleaved) reaches 0.51–0.55 at 8 experts and 0.77–0.81 at 32; the row-major
-// stage's 4-way bank conflicts on the A loads cost a further 5–13 % (probes 32 and 64).
+// stage's 4-way bank conflicts on the A loads cost a further 5–13 % (probes 32 and 64). A bulk copy
+// per row instead of cp.async (session 14): 0.396 / 0.403 / 0.429 / 0.438 at 8 experts against
+// 0.37–0.40, still 0.72–0.76x the stream kernel; its schedulers issue in 29 % of active cycles with
+// two warps each (one 16-row tile per warp at 8 experts of 2048 rows: 1,024 tiles).
 __device__ __forceinline__ void mma_u8s8(int32_t (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
@@ -1241,10 +1247,11 @@ __device__ __forceinline__ void mma_u8s8(int32_t (&c)[4], const uint32_t (&a)[4]
 // Bytes of one row's stage segment: SB blocks starting 0..12 bytes into a granule, whole granules.
 constexpr int imma_seg_stride(int sb) { return (12 + sb * imma::kBlockBytes + 15) / 16 * 16; }
 // x's XBlocks, the all-zero B table, the k-split partial sums (two tiles' worth: 16 floats per
-// warp each), then each warp's ring
+// warp each), each warp's ring, then each warp's NS mbarriers (bulk copies; reserved on every
+// architecture, as the stream kernel's)
 constexpr int64_t imma_smem_bytes(int64_t k, int warps, int sb, int ns) {
   return k / 256 * static_cast<int64_t>(sizeof(imma::XBlock)) + imma::kZeroTableBytes + 2 * 64 * warps +
-         static_cast<int64_t>(warps) * ns * 16 * imma_seg_stride(sb);
+         static_cast<int64_t>(warps) * ns * 16 * imma_seg_stride(sb) + stream_barrier_bytes(warps, ns);
 }
 // Named barrier `id` (1..15; 0 is __syncthreads) of `threads` threads.
 [[maybe_unused]] __device__ __forceinline__ void named_barrier(int id, int threads) {
@@ -1267,6 +1274,17 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m = blockIdx.y;
   float *partial = reinterpret_cast<float *>(zero + imma::kZeroTableBytes);  // [2][WARPS][16]
   uint8_t *ring = zero + imma::kZeroTableBytes + 2 * 64 * WARPS + warp * NS * kStage;
+  // sm_90+ (not the IL probe): a chunk is 16 bulk copies, one per row by lanes 0..15, completing
+  // on the stage's mbarrier (16 arrivals); else 16-byte cp.async, two lanes per row
+  constexpr bool kBulk = kStreamBulkCopy && !IL;
+  uint64_t *bars = reinterpret_cast<uint64_t *>(zero + imma::kZeroTableBytes + 2 * 64 * WARPS + WARPS * NS * kStage) + warp * NS;
+  if constexpr (kBulk) {
+    if (lane == 0) {
+      for (int st = 0; st < NS; ++st) mbar_init(bars + st, 16);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
   const uint8_t *w = static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w);
   const int n = static_cast<int>(a.n);
   const int64_t row_bytes = static_cast<int64_t>(nb) * imma::kBlockBytes;
@@ -1298,6 +1316,21 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
       uint8_t *dst = ring + (q % NS) * kStage;
       for (int i = lane; i < whole; i += 32) cp_async16(dst + 16 * i, from + 16 * i);
       if (whole < n16 && lane == 0) copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
+    } else if (kBulk && q < chunks) {
+      const int tile = first + (q / slices) * stride, b0 = kb0 + (q % slices) * SB;
+      const int bytes = min(SB, kb1 - b0) * imma::kBlockBytes;
+      if (lane < 16) {
+        const uintptr_t src = reinterpret_cast<uintptr_t>(row_src(tile, lane, b0));
+        const uintptr_t start = src & ~uintptr_t(15);
+        const int n16 = static_cast<int>((src - start + bytes + 15) / 16);
+        const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;
+        const uint8_t *from = reinterpret_cast<const uint8_t *>(start);
+        uint8_t *dst = ring + (q % NS) * kStage + lane * kSeg;
+        // the matrix's cut last granule by a plain store, released by the arrival below
+        if (whole < n16)
+          *reinterpret_cast<uint4 *>(dst + 16 * whole) = load16_bounded(reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
+        bulk_copy_g2s(dst, from, 16u * static_cast<unsigned>(whole), bars + q % NS);  // whole >= 5: 84-byte blocks
+      }
     } else if (q < chunks) {
       const int tile = first + (q / slices) * stride, b0 = kb0 + (q % slices) * SB;
       const int bytes = min(SB, kb1 - b0) * imma::kBlockBytes;
@@ -1312,7 +1345,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
       if (whole < n16 && (lane & 1) == (whole & 1))
         copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
     }
-    cp_async_commit();
+    if constexpr (!kBulk) cp_async_commit();
   };
 #pragma unroll
   for (int q = 0; q < NS - 1; ++q) issue(q);
@@ -1348,8 +1381,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
   for (int q = 0; q < chunks; ++q) {
     __syncwarp();  // every lane is done with the stage that chunk q + NS − 1 overwrites
     issue(q + NS - 1);
-    cp_async_wait<NS - 1>();
-    __syncwarp();
+    if constexpr (kBulk) {
+      mbar_wait(bars + q % NS, static_cast<unsigned>(q / NS) & 1u);
+    } else {
+      cp_async_wait<NS - 1>();
+      __syncwarp();
+    }
     const int tile = first + (q / slices) * stride, sl = q % slices, b0 = kb0 + sl * SB;
     const int nbs = min(SB, kb1 - b0);
     const uint8_t *stage = ring + (q % NS) * kStage;
@@ -1436,7 +1473,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
         named_barrier(1 + grp, KS * 32);
       }
   }
-  cp_async_wait<0>();
+  if constexpr (!kBulk) cp_async_wait<0>();
 }
 
 constexpr int kImmaWarps = 8, kImmaSb = 8, kImmaNs = 2, kImmaKs = 1;

@@ -306,7 +306,8 @@ __device__ __forceinline__ void quantize_x(const Load &load, int64_t k, int ipr,
       }
       const int sum = shi * 254 + slo;
       if (active) {
-        const int slot = D::scale_slot(16 * p, ipr), item = slot % ipr, piece = slot / ipr;
+        // (slot % ipr and slot / ipr of scale_slot instead: 0.98-0.99x at 8 experts, session 14)
+        const int item = D::item_of(16 * p), piece = D::field_of(16 * p);  // slot = piece·ipr + item
         uint8_t *rec = xi + 16 * item;
         rec[piece] = static_cast<uint8_t>(sum);
         rec[4 + piece] = static_cast<uint8_t>(sum >> 8);
@@ -388,6 +389,9 @@ struct DpKq {
     const int item = 4 * (v >> 8) + 2 * ((v >> 7) & 1) + ((v >> 4) & 1), j = (v >> 5) & 3;
     return (j * ipr + item) * 16 + (v & 15);
   }
+  // piece()'s item and field j (x piece) of value v: scale_slot(v) = j·ipr + item without dividing
+  __device__ static int item_of(int v) { return 4 * (v >> 8) + 2 * ((v >> 7) & 1) + ((v >> 4) & 1); }
+  __device__ static int field_of(int v) { return (v >> 5) & 3; }
   __device__ static int scale_slot(int v, int ipr) { return piece(v, ipr) >> 4; }
   struct XPiece {
     uint4 hi, lo;
