@@ -571,12 +571,13 @@ struct DpMxfp4 {
   template <int RW>
   __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
                              float (&acc)[RW]) {
-    dot_tables<RW>(r, ii, xq, acc, mxfp4::PairTables{});
+    dot_tables<RW>(r, ii, xq, acc, mxfp4::PairTables{}, [](uint8_t e) { return e8m0_half(e); });
   }
-  // dot with the lookup's register table words given (SMxfp4)
-  template <int RW>
+  // dot with the lookup's register table words given, and the block scale e8m0_half(e) of a scale
+  // byte e by `scale` (SMxfp4: from a table)
+  template <int RW, typename Scale>
   __device__ static void dot_tables(const uint32_t (&r)[RW][kWords], int ii, const XQuant &xq, float (&acc)[RW],
-                                    const mxfp4::PairTables &tab) {
+                                    const mxfp4::PairTables &tab, const Scale &scale) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int off = 17 * c, start = off + 1, wi = start / 4, fs = 8 * (start % 4);
@@ -594,7 +595,7 @@ struct DpMxfp4 {
           sh = dp4a<true, true>(v.y, x.hi[2 * t + 1], sh);
           sl = dp4a<true, true>(v.y, x.lo[2 * t + 1], sl);
         }
-        acc[rr] = fmaf(e8m0_half(static_cast<uint8_t>(e)) * x.s, static_cast<float>(sh * 254 + sl), acc[rr]);
+        acc[rr] = fmaf(scale(static_cast<uint8_t>(e)) * x.s, static_cast<float>(sh * 254 + sl), acc[rr]);
       }
     }
   }
@@ -604,24 +605,33 @@ struct DpMxfp4 {
 // shared memory once per item, each lane from its own copy (a volatile load of a value ptxas
 // cannot prove warp-uniform: a constant, or a uniform load, it re-creates with a move before every
 // byte permute; mxfp4_pairs.cuh). 8 % fewer instructions in the item loop, 82 registers instead
-// of 86, speed 0.99-1.01x (1.007 mean over 8 cells; session 12 call 5): mxfp4 is not bound by
-// instruction issue the way q2_K is.
+// of 86, speed 0.99-1.01x (1.007 mean over 8 cells; session 12 call 5). Session 14 added the final
+// permute's selector base to those words (one logic instruction per weight word instead of two:
+// 64 of the loop's 1,522 per 4 rows x 128 values, ncu) and takes e8m0_half of the block scales from
+// a 256-entry table after them (a load instead of ~5 integer instructions per block and row): each
+// 1.02-1.05x, both 1.07-1.08x at 8 experts and 1.05-1.09x at the engine's sizes (call 4): the
+// item loop is bound by instruction issue after all (one 8-warp block per SM at k = 4096).
 struct SMxfp4 : DpMxfp4 {
-  static constexpr int kTableBytes = 32 * 8;  // (pos0, neg0) per lane
+  // (pos0, neg0, sel0, unused) per lane, then e8m0_half of every scale byte
+  static constexpr int kTableBytes = 32 * 16 + 256 * 4;
   __device__ static void init_tables(uint8_t *tab) {
     if (threadIdx.x < 32) {
       const mxfp4::PairTables t{};
-      reinterpret_cast<uint2 *>(tab)[threadIdx.x] = make_uint2(t.pos0, t.neg0);
+      reinterpret_cast<uint4 *>(tab)[threadIdx.x] = make_uint4(t.pos0, t.neg0, t.sel0, 0u);
     }
+    for (int e = static_cast<int>(threadIdx.x); e < 256; e += static_cast<int>(blockDim.x))
+      reinterpret_cast<float *>(tab + 32 * 16)[e] = e8m0_half(static_cast<uint8_t>(e));
   }
   template <int RW>
   __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
                              float (&acc)[RW]) {
     mxfp4::PairTables tab;
-    asm volatile("ld.volatile.shared.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(tab.pos0), "=r"(tab.neg0)
-                 : "r"(smem_addr(xq.tab) + 8u * (threadIdx.x & 31u)));
-    dot_tables<RW>(r, ii, xq, acc, tab);
+    uint32_t unused;
+    asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(tab.pos0), "=r"(tab.neg0), "=r"(tab.sel0), "=r"(unused)
+                 : "r"(smem_addr(xq.tab) + 16u * (threadIdx.x & 31u)));
+    const float *etab = reinterpret_cast<const float *>(xq.tab + 32 * 16);
+    dot_tables<RW>(r, ii, xq, acc, tab, [etab](uint8_t e) { return etab[e]; });
   }
 };
 
@@ -979,7 +989,9 @@ struct StreamWarp {
         issue(c + NS);
       }
       // sum over the lpr lanes of a row group: every lane shuffles (no divergent branch around a
-      // shuffle), the offsets at or past lpr are dropped
+      // shuffle), the offsets at or past lpr are dropped. (Halving steps that trade half of the RW
+      // sums with the partner lane — 6 shuffles for 4 rows over 32 lanes instead of 20 — were
+      // 0.92-1.00x at 8 experts, session 14.)
 #pragma unroll
       for (int rr = 0; rr < RW; ++rr) {
         float sum = acc[rr];

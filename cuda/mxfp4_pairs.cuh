@@ -44,17 +44,18 @@ struct Pairs {
   uint32_t x, y;
 };
 /// The lookup's first table words (magnitudes 0..3 and their negations), which a byte permute
-/// takes from registers (the second words go in as immediates). Left as constants, ptxas re-creates
-/// them with a move before every permute (241 of the 1,596 instructions of the stream kernel's
-/// mxfp4 item loop, SASS of session 12); the stream kernel reads them from shared memory instead
-/// (SMxfp4 in cuda/gemv_stream.cuh).
+/// takes from registers (the second words go in as immediates), and the final permute's selector
+/// base. Left as constants, ptxas re-creates the table words with a move before every permute (241
+/// of the 1,596 instructions of the stream kernel's mxfp4 item loop, SASS of session 12) and builds
+/// the selector with two logic instructions (an immediate each) instead of one; the stream kernel
+/// reads all three from shared memory instead (SMxfp4 in cuda/gemv_stream.cuh).
 struct PairTables {
-  uint32_t pos0 = 0x03020100u, neg0 = 0xFDFEFF00u;
+  uint32_t pos0 = 0x03020100u, neg0 = 0xFDFEFF00u, sel0 = 0x32103210u;
 };
 EP_MXFP4_HD Pairs pairs(uint32_t q, const PairTables &t = PairTables{}) {
   constexpr uint32_t pos1 = 0x0C080604u, neg1 = 0xF4F8FAFCu;
   const uint32_t m = q & 0x77777777u;                             // the magnitudes' table indices
-  const uint32_t sel = 0x32103210u | ((q >> 1) & 0x44444444u);  // byte n of pos, or of neg where negative
+  const uint32_t sel = t.sel0 | ((q >> 1) & 0x44444444u);  // byte n of pos, or of neg where negative
   const uint32_t lo = prmt(prmt(t.pos0, pos1, m), prmt(t.neg0, neg1, m), sel);
   const uint32_t hi = prmt(prmt(t.pos0, pos1, m >> 16), prmt(t.neg0, neg1, m >> 16), sel >> 16);
   return {lo, hi};
