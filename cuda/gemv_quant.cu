@@ -1302,9 +1302,25 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
     const int row = min(tile * 16 + r, n - 1);
     return w + row * row_bytes + b0 * imma::kBlockBytes;
   };
-  // chunk q: slice q % slices of tile (q / slices) into stage q % NS, two lanes per row taking
-  // alternate granules; whole granules inside the matrix by cp.async, a granule past its end (the
-  // last row's) byte by byte; one commit group per call
+  // row r's part of chunk q (q < chunks): its 16-byte granules from `from` (n16, of which `whole`
+  // inside the matrix: the last row's end may cut the last granule) and where they go in the stage
+  struct RowGranules {
+    const uint8_t *from;
+    uint8_t *dst;
+    int n16, whole;
+  };
+  auto row_granules = [&](int q, int r) {
+    const int tile = first + (q / slices) * stride, b0 = kb0 + (q % slices) * SB;
+    const int bytes = min(SB, kb1 - b0) * imma::kBlockBytes;
+    const uintptr_t src = reinterpret_cast<uintptr_t>(row_src(tile, r, b0));
+    const uintptr_t start = src & ~uintptr_t(15);
+    const int n16 = static_cast<int>((src - start + bytes + 15) / 16);
+    const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;
+    return RowGranules{reinterpret_cast<const uint8_t *>(start), ring + (q % NS) * kStage + r * kSeg, n16, whole};
+  };
+  // chunk q: slice q % slices of tile (q / slices) into stage q % NS — one bulk copy per row by
+  // lanes 0..15 (kBulk), or two lanes per row taking alternate granules by cp.async (one commit
+  // group per call); a granule past the matrix's end (the last row's) byte by byte
   auto issue = [&](int q) {
     if (IL && q < chunks) {
       const int tile = first + (q / slices) * stride, b0 = kb0 + (q % slices) * SB;
@@ -1317,33 +1333,19 @@ __global__ void __launch_bounds__(WARPS * 32, 1) gemv_imma_kernel(GemvArgs a) {
       for (int i = lane; i < whole; i += 32) cp_async16(dst + 16 * i, from + 16 * i);
       if (whole < n16 && lane == 0) copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
     } else if (kBulk && q < chunks) {
-      const int tile = first + (q / slices) * stride, b0 = kb0 + (q % slices) * SB;
-      const int bytes = min(SB, kb1 - b0) * imma::kBlockBytes;
       if (lane < 16) {
-        const uintptr_t src = reinterpret_cast<uintptr_t>(row_src(tile, lane, b0));
-        const uintptr_t start = src & ~uintptr_t(15);
-        const int n16 = static_cast<int>((src - start + bytes + 15) / 16);
-        const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;
-        const uint8_t *from = reinterpret_cast<const uint8_t *>(start);
-        uint8_t *dst = ring + (q % NS) * kStage + lane * kSeg;
+        const RowGranules g = row_granules(q, lane);
         // the matrix's cut last granule by a plain store, released by the arrival below
-        if (whole < n16)
-          *reinterpret_cast<uint4 *>(dst + 16 * whole) = load16_bounded(reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
-        bulk_copy_g2s(dst, from, 16u * static_cast<unsigned>(whole), bars + q % NS);  // whole >= 5: 84-byte blocks
+        if (g.whole < g.n16)
+          *reinterpret_cast<uint4 *>(g.dst + 16 * g.whole) =
+              load16_bounded(reinterpret_cast<const uint4 *>(g.from + 16 * g.whole), mat_end);
+        bulk_copy_g2s(g.dst, g.from, 16u * static_cast<unsigned>(g.whole), bars + q % NS);  // whole >= 5: 84-byte blocks
       }
     } else if (q < chunks) {
-      const int tile = first + (q / slices) * stride, b0 = kb0 + (q % slices) * SB;
-      const int bytes = min(SB, kb1 - b0) * imma::kBlockBytes;
-      const int r = lane >> 1;
-      const uintptr_t src = reinterpret_cast<uintptr_t>(row_src(tile, r, b0));
-      const uintptr_t start = src & ~uintptr_t(15);
-      const int n16 = static_cast<int>((src - start + bytes + 15) / 16);
-      const int whole = start + 16 * static_cast<uintptr_t>(n16) <= mat_end ? n16 : n16 - 1;
-      const uint8_t *from = reinterpret_cast<const uint8_t *>(start);
-      uint8_t *dst = ring + (q % NS) * kStage + r * kSeg;
-      for (int i = lane & 1; i < whole; i += 2) cp_async16(dst + 16 * i, from + 16 * i);
-      if (whole < n16 && (lane & 1) == (whole & 1))
-        copy16_async(dst + 16 * whole, reinterpret_cast<const uint4 *>(from + 16 * whole), mat_end);
+      const RowGranules g = row_granules(q, lane >> 1);
+      for (int i = lane & 1; i < g.whole; i += 2) cp_async16(g.dst + 16 * i, g.from + 16 * i);
+      if (g.whole < g.n16 && (lane & 1) == (g.whole & 1))
+        copy16_async(g.dst + 16 * g.whole, reinterpret_cast<const uint4 *>(g.from + 16 * g.whole), mat_end);
     }
     if constexpr (!kBulk) cp_async_commit();
   };
