@@ -613,14 +613,14 @@ struct DpMxfp4 {
 // item loop is bound by instruction issue after all (one 8-warp block per SM at k = 4096).
 struct SMxfp4 : DpMxfp4 {
   // (pos0, neg0, sel0, unused) per lane, then e8m0_half of every scale byte
-  static constexpr int kTableBytes = 32 * 16 + 256 * 4;
+  static constexpr int kPairTableBytes = 32 * 16, kTableBytes = kPairTableBytes + 256 * 4;
   __device__ static void init_tables(uint8_t *tab) {
     if (threadIdx.x < 32) {
       const mxfp4::PairTables t{};
       reinterpret_cast<uint4 *>(tab)[threadIdx.x] = make_uint4(t.pos0, t.neg0, t.sel0, 0u);
     }
     for (int e = static_cast<int>(threadIdx.x); e < 256; e += static_cast<int>(blockDim.x))
-      reinterpret_cast<float *>(tab + 32 * 16)[e] = e8m0_half(static_cast<uint8_t>(e));
+      reinterpret_cast<float *>(tab + kPairTableBytes)[e] = e8m0_half(static_cast<uint8_t>(e));
   }
   template <int RW>
   __device__ static void dot(const uint32_t (&r)[RW][kWords], const uint8_t *const *, int ii, const XQuant &xq,
@@ -630,7 +630,7 @@ struct SMxfp4 : DpMxfp4 {
     asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(tab.pos0), "=r"(tab.neg0), "=r"(tab.sel0), "=r"(unused)
                  : "r"(smem_addr(xq.tab) + 16u * (threadIdx.x & 31u)));
-    const float *etab = reinterpret_cast<const float *>(xq.tab + 32 * 16);
+    const float *etab = reinterpret_cast<const float *>(xq.tab + kPairTableBytes);
     dot_tables<RW>(r, ii, xq, acc, tab, [etab](uint8_t e) { return etab[e]; });
   }
 };
