@@ -961,7 +961,10 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
 // issues all of the stream kernel's stages before x (StreamWarp), bit 7 (128) skips its x
 // quantization, bit 8 (256) skips its griddepcontrol.wait (x must then be constant), bits 11 and
 // 12 (2048, 4096) issue its first chunks after the wait in every warp or in the odd warps, so that
-// ep-bench can time the kernels' parts.
+// ep-bench can time the kernels' parts. A plain build compiles the stream kernel's bits 0, 1, 3, 7
+// and 8 in as a constant with -DEP_GEMV_PROBE_CONST=P (no sweep build, whose extra configurations
+// cost the default 2-5 %: the probes then compare with the plain build; docs/benchmarks.md,
+// session 15).
 __device__ int g_gemv_probe = 0;
 int g_gemv_probe_host = 0;
 // EP_GEMV_PROBE, read and copied to the device once
@@ -1022,6 +1025,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 32 / WARPS : 2) gemv
   uint8_t *ring = smem + stream_x_bytes(a.k) + D::kTableBytes + static_cast<int64_t>(warp) * NS * stage_bytes;
 #if defined(EP_GEMV_SWEEP)
   const int probe = g_gemv_probe;
+#elif defined(EP_GEMV_PROBE_CONST)
+  constexpr int probe = EP_GEMV_PROBE_CONST;  // a probe in a plain build (see g_gemv_probe)
 #else
   constexpr int probe = 0;
 #endif

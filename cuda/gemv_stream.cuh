@@ -385,13 +385,11 @@ struct DpKq {
   static constexpr bool kPairHalves = false;  // x in value order within a piece (see DpMxfp4)
   static constexpr int kTableBytes = 0;  // no lookup tables (see DpIq2xxs)
   __device__ static void init_tables(uint8_t *) {}
-  __device__ static int piece(int v, int ipr) {
-    const int item = 4 * (v >> 8) + 2 * ((v >> 7) & 1) + ((v >> 4) & 1), j = (v >> 5) & 3;
-    return (j * ipr + item) * 16 + (v & 15);
-  }
-  // piece()'s item and field j (x piece) of value v: scale_slot(v) = j·ipr + item without dividing
+  // value v's item (4 per 256-value block: half h, 16-byte group g) and field j (its x piece): v
+  // sits at byte v % 16 of piece j·ipr + item, which is also its scale slot (no division)
   __device__ static int item_of(int v) { return 4 * (v >> 8) + 2 * ((v >> 7) & 1) + ((v >> 4) & 1); }
   __device__ static int field_of(int v) { return (v >> 5) & 3; }
+  __device__ static int piece(int v, int ipr) { return (field_of(v) * ipr + item_of(v)) * 16 + (v & 15); }
   __device__ static int scale_slot(int v, int ipr) { return piece(v, ipr) >> 4; }
   struct XPiece {
     uint4 hi, lo;

@@ -1,6 +1,8 @@
 // Plain read kernels with the GEMV's launch pattern (see read_ceiling.hpp).
 #include "read_ceiling.hpp"
 
+#include <cstdlib>
+
 #include "cuda/check.hpp"
 #include "cuda/grid_dependency.cuh"
 
@@ -47,9 +49,11 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const uint4 *const *mats
 // out before the wait (a GEMV's prefetch of weights), then the block reads all of x (k4 float4s:
 // the previous launch's output), and only then folds its weights into a value that depends on x;
 // the block writes its share of the matrix's n outputs. Successors start after this one's wait,
-// as the stream GEMV lets them.
+// as the stream GEMV lets them. `variant` (EP_DEP_READ_VARIANT, ReadProbe) adds parts of the
+// stream GEMV's structure one by one: bit 0 a block barrier after x, bit 1 half the first loads
+// after x instead of before the wait, bit 2 arithmetic on x (docs/benchmarks.md, session 15).
 __global__ void __launch_bounds__(kThreads, kDependentBlocksPerSm)
-    dependent_read_kernel(const uint4 *const *mats, int64_t n16, const float4 *x, int64_t k4, float *y, int64_t n) {
+    dependent_read_kernel(const uint4 *const *mats, int64_t n16, const float4 *x, int64_t k4, float *y, int64_t n, int variant) {
   const uint4 *m = mats[blockIdx.y];
   int64_t begin = 0, end = 0;
   block_share(n16, begin, end);
@@ -62,13 +66,41 @@ __global__ void __launch_bounds__(kThreads, kDependentBlocksPerSm)
     }
   };
   int64_t i = begin + threadIdx.x;
-  load(i);
+  if (variant & 2) {  // half the loads before the wait, the other half after x (a two-stage ring's order)
+#pragma unroll
+    for (int u = 0; u < kDependentUnroll; ++u) {
+      const int64_t j = i + static_cast<int64_t>(u) * kThreads;
+      v[u] = (u < kDependentUnroll / 2 && j < end) ? __ldcs(m + j) : make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    load(i);
+  }
   ep::cuda::grid_dependency_wait();
   ep::cuda::grid_dependents_launch();
   float xs = 0.0f;
   for (int64_t j = threadIdx.x; j < k4; j += kThreads) {
     const float4 t = x[j];
-    xs += (t.x + t.y) + (t.z + t.w);
+    if (variant & 4) {  // about the arithmetic quantize_x spends per value
+      float a = t.x, b = t.y;
+#pragma unroll
+      for (int r = 0; r < 24; ++r) { a = fmaf(a, 0.999f, b); b = fmaf(b, 1.001f, a); }
+      xs += (a + b) + (t.z + t.w);
+    } else {
+      xs += (t.x + t.y) + (t.z + t.w);
+    }
+  }
+  if (variant & 1) {  // a block barrier between x and the weights (the GEMV's quantized x in shared memory)
+    __shared__ float part[kThreads];
+    part[threadIdx.x] = xs;
+    __syncthreads();
+    xs += part[(threadIdx.x + 1) % kThreads];
+  }
+  if ((variant & 2) && i < end) {
+#pragma unroll
+    for (int u = kDependentUnroll / 2; u < kDependentUnroll; ++u) {
+      const int64_t j = i + static_cast<int64_t>(u) * kThreads;
+      if (j < end) v[u] = __ldcs(m + j);
+    }
   }
   unsigned acc = __float_as_uint(xs);
   for (;;) {
@@ -91,6 +123,7 @@ ReadProbe::ReadProbe(int batch, uint64_t bytes, ReadOrder order, int64_t k, int6
   EP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   EP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (order == ReadOrder::dependent) {
+    if (const char *v = std::getenv("EP_DEP_READ_VARIANT")) variant_ = std::atoi(v);
     EP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dependent_read_kernel, kThreads, 0));
     per_sm = per_sm < kDependentBlocksPerSm ? per_sm : kDependentBlocksPerSm;
     EP_CUDA_CHECK(cudaMalloc(&y_, static_cast<size_t>(batch) * static_cast<size_t>(n) * sizeof(float)));
@@ -121,7 +154,8 @@ void ReadProbe::launch(const void *const *mats, const float *x, cudaStream_t str
   cfg.numAttrs = dependent_launch_ ? 1 : 0;
   const auto *m = reinterpret_cast<const uint4 *const *>(mats);
   if (order_ == ReadOrder::dependent) {
-    EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dependent_read_kernel, m, granules_, reinterpret_cast<const float4 *>(x), k_ / 4, y_, n_));
+    EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dependent_read_kernel, m, granules_, reinterpret_cast<const float4 *>(x), k_ / 4, y_, n_,
+                                     variant_));
   } else {
     EP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, read_kernel, m, granules_, sink_));
   }

@@ -29,7 +29,9 @@ enum class ReadOrder {
 class ReadProbe {
  public:
   /// `k` and `n` (the GEMV's input and output length per matrix; k a multiple of 4) are used by
-  /// ReadOrder::dependent.
+  /// ReadOrder::dependent, whose kernel the environment variable EP_DEP_READ_VARIANT (bits 0-2, a
+  /// measurement knob) can give parts of the stream GEMV's structure: 1 a block barrier after x,
+  /// 2 half of the first loads after x, 4 arithmetic on x.
   ReadProbe(int batch, uint64_t bytes, ReadOrder order = ReadOrder::independent, int64_t k = 0, int64_t n = 0);
   ~ReadProbe();
   ReadProbe(const ReadProbe &) = delete;
@@ -47,6 +49,7 @@ class ReadProbe {
   int64_t k_, n_;
   bool dependent_launch_ = false;
   int64_t granules_;
+  int variant_ = 0;  // ReadOrder::dependent: EP_DEP_READ_VARIANT (bits: see dependent_read_kernel)
   unsigned *sink_ = nullptr;
   float *y_ = nullptr;
 };
