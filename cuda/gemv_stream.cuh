@@ -831,6 +831,8 @@ struct SQ3K : DpQ3K {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const uint32_t qp = j == 3 ? (q[rr][i] >> 2) & 0x30303030u : q[rr][i] & (0x03030303u << (2 * j));
+          // (the shift as a multiply by a power of two from constant memory, IMAD instead of SHF:
+          // 0.95-0.99x at the engine's sizes, session 15)
           const uint32_t hp = (hm[rr][i] & (0x01010101u << j)) << (j == 3 ? 3 : j + 2);
           const uint32_t wv = qp | hp;
           th = dp4a<false, true>(wv, xhw[i], th);
@@ -1028,6 +1030,10 @@ template <int T> struct StreamConfig;
 // 6: they split only over four groups. q3_K no longer splits (split_rw = rw): with session 12's
 // aligned-word loads (128 registers) 4 rows at k = 3072 were 1.042x at 8 matrices and 1.013x at
 // 16 against 8 rows (three runs each, session 12 call 7); the other shapes do not split.
+// Session 15 (temporary -D flags, docs/benchmarks.md): three stages for mxfp4 and q3_K, two
+// chunks before the wait 0.86-0.96x at 8 experts, one before it and one after x 0.95-1.03x;
+// 16-warp blocks of 2-row steps at up to 128 registers (one block per SM) 0.88-1.04x (q3_K at
+// k = 4096 the only gain).
 template <> struct StreamConfig<kQ2_K> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
 };

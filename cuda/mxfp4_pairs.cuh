@@ -48,7 +48,11 @@ struct Pairs {
 /// base. Left as constants, ptxas re-creates the table words with a move before every permute (241
 /// of the 1,596 instructions of the stream kernel's mxfp4 item loop, SASS of session 12) and builds
 /// the selector with two logic instructions (an immediate each) instead of one; the stream kernel
-/// reads all three from shared memory instead (SMxfp4 in cuda/gemv_stream.cuh).
+/// reads all three from shared memory instead (SMxfp4 in cuda/gemv_stream.cuh). (The `>> 16`
+/// shifts as `mul.hi` by a power of two read from shared memory — IMAD.HI on the FMA pipe instead
+/// of SHF on the ALU pipe, the busiest at 57 % — were 0.96-0.99x at the engine's sizes, with `>> 1`
+/// too 0.94-0.98x, and the funnel shifts as two multiplies as well 0.89-0.95x: docs/benchmarks.md,
+/// session 15.)
 struct PairTables {
   uint32_t pos0 = 0x03020100u, neg0 = 0xFDFEFF00u, sel0 = 0x32103210u;
 };
