@@ -1034,18 +1034,36 @@ template <int T> struct StreamConfig;
 // chunks before the wait 0.86-0.96x at 8 experts, one before it and one after x 0.95-1.03x;
 // 16-warp blocks of 2-row steps at up to 128 registers (one block per SM) 0.88-1.04x (q3_K at
 // k = 4096 the only gain).
+// wide_warps > 0: from k = wide_min_k on, where the rows do not split and the shared memory allows,
+// one block of wide_warps warps per SM instead of two of `warps`. q2_K (session 15,
+// docs/benchmarks.md): two co-resident 8-warp blocks of a launch ended up to 3.7 us apart (call 7's
+// timeline, mxfp4 at k = 2048; the older block's warps seem to be issued first — not measured
+// directly), and one 16-warp block per SM measured 1.038 / 1.024 at k = 4096 / 3584 with 8 experts
+// and 1.001 / 1.039 at the engine's sizes (call 9, three runs; call 8 alike), while at k = 3072 it
+// was 0.93-0.94 (the 8-row split no longer fits) and at 2048 about 1.00. q3_K at k = 3584 (two
+// blocks per SM before; at 4096 one, and 16 warps do not fit): 1.013 with 8 experts, 1.036 with 32
+// (call 10). mxfp4 runs one block per SM at k = 4096 and 3584 (shared memory); its 16-warp blocks
+// of 2-row steps were slower (call 5).
 template <> struct StreamConfig<kQ2_K> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
+  static constexpr int wide_warps = 16;
+  static constexpr int64_t wide_min_k = 3584;
 };
 template <> struct StreamConfig<kQ3_K> {
   static constexpr int rw = 4, split_rw = 4, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
+  static constexpr int wide_warps = 16;  // of the benchmark shapes fits only k = 3584 (4096: 239 KB)
+  static constexpr int64_t wide_min_k = 3584;
 };
 template <> struct StreamConfig<kMXFP4> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 2, ns = 2, warps = 8, idle_den = 0;
+  static constexpr int wide_warps = 0;
+  static constexpr int64_t wide_min_k = 0;
 };
 // iq2_xxs: mxfp4's configuration (only the row split measured)
 template <> struct StreamConfig<kIQ2_XXS> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 2, ns = 2, warps = 8, idle_den = 0;
+  static constexpr int wide_warps = 0;
+  static constexpr int64_t wide_min_k = 0;
 };
 
 constexpr int64_t kStreamMaxSmem = 227 * 1024;
@@ -1089,12 +1107,21 @@ StreamPlan stream_plan(int64_t k, int rw, int ns, int warps, int max_glog = 2) {
 }
 // The default plan for k (StreamConfig<T>; row groups capped at 2^max_glog): rw rows per warp
 // step, or split_rw when the rows split over 2^split_glog or more row groups and its shared
-// memory fits.
+// memory fits; rows that do not split run in blocks of wide_warps from k = wide_min_k on where
+// those fit.
 template <int T>
 StreamPlan default_stream_plan(int64_t k, int max_glog = 2) {
   using C = StreamConfig<T>;
   const StreamPlan plan = stream_plan<T>(k, C::rw, C::ns, C::warps, max_glog);
-  if (plan.glog < C::split_glog) return plan;
+  if (plan.glog < C::split_glog) {
+    if constexpr (C::wide_warps > 0) {
+      if (plan.glog == 0 && k >= C::wide_min_k) {
+        const StreamPlan wide = stream_plan<T>(k, C::rw, C::ns, C::wide_warps, max_glog);
+        if (wide.smem <= kStreamMaxSmem) return wide;
+      }
+    }
+    return plan;
+  }
   // both row counts allow four row groups, so the two plans split the lanes alike
   static_assert(C::rw >= 4 && C::split_rw >= 4, "stream_plan caps the row groups below 4 rows");
   const StreamPlan split = stream_plan<T>(k, C::split_rw, C::ns, C::warps, max_glog);
