@@ -1113,15 +1113,14 @@ template <int T>
 StreamPlan default_stream_plan(int64_t k, int max_glog = 2) {
   using C = StreamConfig<T>;
   const StreamPlan plan = stream_plan<T>(k, C::rw, C::ns, C::warps, max_glog);
-  if (plan.glog < C::split_glog) {
-    if constexpr (C::wide_warps > 0) {
-      if (plan.glog == 0 && k >= C::wide_min_k) {
-        const StreamPlan wide = stream_plan<T>(k, C::rw, C::ns, C::wide_warps, max_glog);
-        if (wide.smem <= kStreamMaxSmem) return wide;
-      }
+  if constexpr (C::wide_warps > 0) {
+    static_assert(C::split_glog >= 1, "rows in one group (glog 0) never take the split plan");
+    if (plan.glog == 0 && k >= C::wide_min_k) {
+      const StreamPlan wide = stream_plan<T>(k, C::rw, C::ns, C::wide_warps, max_glog);
+      if (wide.smem <= kStreamMaxSmem) return wide;
     }
-    return plan;
   }
+  if (plan.glog < C::split_glog) return plan;
   // both row counts allow four row groups, so the two plans split the lanes alike
   static_assert(C::rw >= 4 && C::split_rw >= 4, "stream_plan caps the row groups below 4 rows");
   const StreamPlan split = stream_plan<T>(k, C::split_rw, C::ns, C::warps, max_glog);
