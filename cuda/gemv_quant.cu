@@ -983,9 +983,9 @@ int sweep_probe() {
 // chunk of G·RW rows and its 32 / G lanes split their items (G > 1 when a row has fewer items
 // than 32, or a number that 32 lanes would leave partly idle: 48 items are 3 steps of 16 lanes).
 // WARPS warps per block: x is quantized once per block, so fewer, larger blocks spend less on it.
-// Blocks of 16 or more warps are bounded for one block per SM (up to 128 registers for 16 warps:
+// Blocks of more than 8 warps are bounded for one block per SM (up to 128 registers for 16 warps:
 // the wide plans of q2_K and q3_K, StreamConfig; bounded for two such blocks, 64, they spilled —
-// session 13's 16-warp figures). Registers for two 8-warp blocks per SM (at most 128): q3_K's
+// session 13's 16-warp figures; up to 168 for mxfp4's 12-warp fill plan). Registers for two 8-warp blocks per SM (at most 128): q3_K's
 // default configuration used 139, which left one block per SM; with the bound, no spills, q3_K
 // 2-12 % and mxfp4 up to 3 % faster at 8 experts (docs/benchmarks.md, session 10). Three blocks (at most 80 registers; only k = 2048
 // then fits three in shared memory): q2_K 0.905-1.007x at 8 experts, 0.947-1.003x at the engine's
@@ -1011,7 +1011,7 @@ __device__ __forceinline__ unsigned long long timeline_now() {
 #endif
 
 template <typename D, int RW, int NS, int WARPS, bool GLU>
-__global__ void __launch_bounds__(WARPS * 32, WARPS >= 16 ? 1 : 2) gemv_stream_kernel(GemvArgs a, int stage_bytes, int glog) {
+__global__ void __launch_bounds__(WARPS * 32, WARPS > 8 ? 1 : 2) gemv_stream_kernel(GemvArgs a, int stage_bytes, int glog) {
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(EP_GEMV_TIMELINE)
   __shared__ unsigned long long tl[8];
@@ -1189,6 +1189,9 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
     if constexpr (C::wide_warps > 0) {
       if (plan.warps == C::wide_warps) return launch_stream_cfg<T, C::rw, C::ns, C::wide_warps, true>(args, plan, stream);
     }
+    if constexpr (C::fill_warps > 0) {
+      if (plan.warps == C::fill_warps) return launch_stream_cfg<T, C::rw, C::ns, C::fill_warps, true>(args, plan, stream);
+    }
     if (plan.rw == 4) return launch_stream_cfg<T, 4, C::ns, C::warps, true>(args, plan, stream);
     if (plan.rw == 2) return launch_stream_cfg<T, 2, C::ns, C::warps, true>(args, plan, stream);
     return launch_stream_cfg<T, 1, C::ns, C::warps, true>(args, plan, stream);
@@ -1212,6 +1215,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
   EP_STREAM_CFG(2, 3, W) EP_STREAM_CFG(2, 4, W) EP_STREAM_CFG(4, 2, W) EP_STREAM_CFG(4, 3, W)
     EP_STREAM_CFGS(C::warps)
     if constexpr (C::wide_warps > 0) { EP_STREAM_CFG(C::rw, C::ns, C::wide_warps) }
+    if constexpr (C::fill_warps > 0) { EP_STREAM_CFG(C::rw, C::ns, C::fill_warps) }
 #if defined(EP_GEMV_SWEEP)  // every block size, for ep-bench sweeps (-DEP_GEMV_SWEEP)
     if constexpr (C::warps != 8) { EP_STREAM_CFGS(8) }
     if constexpr (C::warps != 16) { EP_STREAM_CFGS(16) }

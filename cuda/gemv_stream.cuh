@@ -1044,29 +1044,47 @@ template <int T> struct StreamConfig;
 // blocks per SM before; at 4096 one, and 16 warps do not fit): 1.013 with 8 experts, 1.036 with 32
 // (call 10). mxfp4 runs one block per SM at k = 4096 and 3584 (shared memory); its 16-warp blocks
 // of 2-row steps were slower (call 5).
+// fill_warps > 0: where the rows do not split and two blocks of `warps` do not fit an SM's shared
+// memory, one block of fill_warps warps if its shared memory stays at or below fill_max_smem.
+// Session 16 (docs/benchmarks.md, calls 1-2): 12 warps for mxfp4 at k = 3584 (195 KB) measured
+// 1.020 with 8 experts and 1.042 / 1.077 with K3's 32; at k = 4096 (223 KB) 0.915 with 8 and
+// 0.988 / 1.013 with 12; q3_K at k = 4096 (181 KB) 0.924 with 8 and 1.011 / 1.024 with 12; q2_K at
+// k = 3072 (the split plan, 203 KB) 0.935 with 16. (Session 13's 12-warp blocks at every k: mxfp4
+// at k = 3584 with 32 experts 1.054, every other cell 0.86-1.01.) Call 3, the committed plan against
+// EP_GEMV_STREAM_CFG=4x2x8: 0.994 with 8 experts, 1.047 with 32 (0.751 -> 0.786).
 template <> struct StreamConfig<kQ2_K> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
   static constexpr int wide_warps = 16;
   static constexpr int64_t wide_min_k = 3584;
+  static constexpr int fill_warps = 0;
+  static constexpr int64_t fill_max_smem = 0;
 };
 template <> struct StreamConfig<kQ3_K> {
   static constexpr int rw = 4, split_rw = 4, split_glog = 1, ns = 2, warps = 8, idle_den = 8;
   static constexpr int wide_warps = 16;  // of the benchmark shapes fits only k = 3584 (4096: 239 KB)
   static constexpr int64_t wide_min_k = 3584;
+  static constexpr int fill_warps = 0;
+  static constexpr int64_t fill_max_smem = 0;
 };
 template <> struct StreamConfig<kMXFP4> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 2, ns = 2, warps = 8, idle_den = 0;
   static constexpr int wide_warps = 0;
   static constexpr int64_t wide_min_k = 0;
+  static constexpr int fill_warps = 12;
+  static constexpr int64_t fill_max_smem = 200 * 1024;  // k = 4096 (223 KB) was slower with 8 experts
 };
 // iq2_xxs: mxfp4's configuration (only the row split measured)
 template <> struct StreamConfig<kIQ2_XXS> {
   static constexpr int rw = 4, split_rw = 8, split_glog = 2, ns = 2, warps = 8, idle_den = 0;
   static constexpr int wide_warps = 0;
   static constexpr int64_t wide_min_k = 0;
+  static constexpr int fill_warps = 0;
+  static constexpr int64_t fill_max_smem = 0;
 };
 
 constexpr int64_t kStreamMaxSmem = 227 * 1024;
+// Two blocks of smem bytes fit one SM's shared memory (sm_90: 228 KB, 1 KB of it reserved per block).
+constexpr bool stream_two_blocks_fit(int64_t smem) { return 2 * (smem + 1024) <= 228 * 1024; }
 // Lane-steps per row of ipr items with 2^g row groups (32 >> g lanes per row).
 constexpr int64_t stream_lane_steps(int64_t ipr, int g) { return (ipr + (32 >> g) - 1) / (32 >> g) * (32 >> g); }
 // Row groups per warp (2^glog, at most max_glog) for a row of ipr items: the fewest lane-steps
@@ -1108,7 +1126,7 @@ StreamPlan stream_plan(int64_t k, int rw, int ns, int warps, int max_glog = 2) {
 // The default plan for k (StreamConfig<T>; row groups capped at 2^max_glog): rw rows per warp
 // step, or split_rw when the rows split over 2^split_glog or more row groups and its shared
 // memory fits; rows that do not split run in blocks of wide_warps from k = wide_min_k on where
-// those fit.
+// those fit, or of fill_warps where only one block of `warps` fits an SM and fill_max_smem allows.
 template <int T>
 StreamPlan default_stream_plan(int64_t k, int max_glog = 2) {
   using C = StreamConfig<T>;
@@ -1118,6 +1136,12 @@ StreamPlan default_stream_plan(int64_t k, int max_glog = 2) {
     if (plan.glog == 0 && k >= C::wide_min_k) {
       const StreamPlan wide = stream_plan<T>(k, C::rw, C::ns, C::wide_warps, max_glog);
       if (wide.smem <= kStreamMaxSmem) return wide;
+    }
+  }
+  if constexpr (C::fill_warps > 0) {
+    if (plan.glog == 0 && !stream_two_blocks_fit(plan.smem)) {
+      const StreamPlan fill = stream_plan<T>(k, C::rw, C::ns, C::fill_warps, max_glog);
+      if (fill.smem <= C::fill_max_smem) return fill;
     }
   }
   if (plan.glog < C::split_glog) return plan;

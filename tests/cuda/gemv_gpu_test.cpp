@@ -148,10 +148,12 @@ TEST_CASE("tensor-core and dp4a GEMV match the CPU for mxfp4, q2_K and q3_K", "[
       // 3584: q3_K rows of 1540 bytes (not 16-byte aligned, every other block 2 bytes off a word);
       // 768: q3_K rows of 330 bytes (every other row 2 bytes off); 256: one block per row (many
       // rows per warp step); odd n: partial warp and block tiles; 4608 with one token: three mma
-      // x phases of 2048 values; 8 tokens: phases of 256 values.
+      // x phases of 2048 values; 8 tokens: phases of 256 values; 3072 and 2048 with one token: the
+      // benchmark's other two k (K3's latent down, DeepSeek-V4's down).
       for (Case c : {Case{type, 512, 37, 3, 1}, Case{type, 3584, 24, 2, 3}, Case{type, 1024, 100, 4, 8},
                      Case{type, 4608, 20, 2, 1}, Case{type, 1536, 16, 2, 8}, Case{type, 3584, 45, 2, 1},
-                     Case{type, 768, 67, 3, 1}, Case{type, 256, 130, 2, 1}, Case{type, 2048, 70, 1, 1}}) {
+                     Case{type, 768, 67, 3, 1}, Case{type, 256, 130, 2, 1}, Case{type, 2048, 70, 1, 1},
+                     Case{type, 3072, 33, 2, 1}}) {
         const double err = run_case(c, kernel, rng);
         worst = std::max(worst, err);
         INFO(ep::cuda::gemv_kernel_name(kernel) << " type " << static_cast<int>(type) << " k " << c.k << " n " << c.n
@@ -395,73 +397,76 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
 TEST_CASE("an activation on the input (GemvGlu) equals launch_glu then launch_gemv bit for bit", "[gpu][gemv]") {
   // down's input act(gate, up) computed as the dp4a / stream kernels read x, against the GLU
   // launch the decode path used before: the same f32 values in, the same outputs out
+  // (k 2048: DeepSeek-V4's down; 3584: the wider stream blocks of q2_K, q3_K and mxfp4 at that k)
   std::mt19937 rng(37);
-  const int64_t k = 2048, n = 2048;
+  const int64_t n = 2048;
   const int n_mat = 3;
   const std::vector<int32_t> rows = {2, 0, 3};
-  for (GgmlType type : {GgmlType::q2_k, GgmlType::q3_k, GgmlType::mxfp4, GgmlType::iq2_xxs}) {
-    const auto t = static_cast<uint32_t>(type);
-    const uint64_t mat_bytes = ep::format::ggml_row_bytes(type, k, "test") * n;
-    std::vector<uint8_t> all;
-    for (int m = 0; m < n_mat; ++m) {
-      const auto w = ep::test::random_weights(type, k, n, rng);
-      all.insert(all.end(), w.begin(), w.end());
-    }
-    Dev dw(all);
-    std::vector<const void *> ptrs;
-    for (int m = 0; m < n_mat; ++m) ptrs.push_back(static_cast<uint8_t *>(dw.p) + m * mat_bytes);
-    const auto gate = ep::test::random_floats(static_cast<size_t>(4 * k), rng, -12.0f, 12.0f);  // past the clamp
-    const auto up = ep::test::random_floats(static_cast<size_t>(4 * k), rng, -12.0f, 12.0f);
-    Dev dptrs(ptrs), drows(rows), dg(gate), du(up), dh(gate.size() * 4), dy_ref(static_cast<size_t>(n_mat * n) * 4),
-        dy(static_cast<size_t>(n_mat * n) * 4);
-    for (const ep::cuda::GemvGlu act : {ep::cuda::GemvGlu{nullptr, 0, 7.0f, 1.0f, 1.0f}, ep::cuda::GemvGlu{nullptr, 1, 0.0f, 1.5f, 2.5f}}) {
-      for (GemvKernel kernel : {GemvKernel::automatic, GemvKernel::dp4a}) {
-        Stream stream;
-        EP_CUDA_CHECK(cudaMemsetAsync(dy_ref.p, 0xFF, dy_ref.bytes, stream.s));
-        EP_CUDA_CHECK(cudaMemsetAsync(dy.p, 0xFF, dy.bytes, stream.s));
-        ep::cuda::launch_glu(static_cast<const float *>(dg.p), static_cast<const float *>(du.p), 4 * k, act.kind, act.limit,
-                             act.beta_g, act.beta_u, static_cast<float *>(dh.p), stream.s);
-        GemvArgs a;
-        a.w_ptrs = static_cast<const void *const *>(dptrs.p);
-        a.x = static_cast<const float *>(dh.p);
-        a.x_rows = static_cast<const int32_t *>(drows.p);
-        a.y = static_cast<float *>(dy_ref.p);
-        a.k = k;
-        a.n = n;
-        a.n_mat = n_mat;
-        a.kernel = kernel;
-        ep::cuda::launch_gemv(t, a, stream.s);
-        a.x = static_cast<const float *>(dg.p);
-        a.y = static_cast<float *>(dy.p);
-        a.glu = act;
-        a.glu.up = static_cast<const float *>(du.p);
-        REQUIRE(ep::cuda::gemv_takes_glu(t, a));
-        ep::cuda::launch_gemv(t, a, stream.s);
-        EP_CUDA_CHECK(cudaStreamSynchronize(stream.s));
-        const auto want = dy_ref.get<float>(), got = dy.get<float>();
-        INFO("type " << t << " kernel " << ep::cuda::gemv_kernel_name(ep::cuda::gemv_kernel_for(t, a)) << " activation "
-                     << act.kind);
-        CHECK(std::all_of(got.begin(), got.end(), [](float v) { return std::isfinite(v); }));
-        CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
+  for (const int64_t k : {int64_t{2048}, int64_t{3584}}) {
+    for (GgmlType type : {GgmlType::q2_k, GgmlType::q3_k, GgmlType::mxfp4, GgmlType::iq2_xxs}) {
+      const auto t = static_cast<uint32_t>(type);
+      const uint64_t mat_bytes = ep::format::ggml_row_bytes(type, k, "test") * n;
+      std::vector<uint8_t> all;
+      for (int m = 0; m < n_mat; ++m) {
+        const auto w = ep::test::random_weights(type, k, n, rng);
+        all.insert(all.end(), w.begin(), w.end());
       }
+      Dev dw(all);
+      std::vector<const void *> ptrs;
+      for (int m = 0; m < n_mat; ++m) ptrs.push_back(static_cast<uint8_t *>(dw.p) + m * mat_bytes);
+      const auto gate = ep::test::random_floats(static_cast<size_t>(4 * k), rng, -12.0f, 12.0f);  // past the clamp
+      const auto up = ep::test::random_floats(static_cast<size_t>(4 * k), rng, -12.0f, 12.0f);
+      Dev dptrs(ptrs), drows(rows), dg(gate), du(up), dh(gate.size() * 4), dy_ref(static_cast<size_t>(n_mat * n) * 4),
+          dy(static_cast<size_t>(n_mat * n) * 4);
+      for (const ep::cuda::GemvGlu act : {ep::cuda::GemvGlu{nullptr, 0, 7.0f, 1.0f, 1.0f}, ep::cuda::GemvGlu{nullptr, 1, 0.0f, 1.5f, 2.5f}}) {
+        for (GemvKernel kernel : {GemvKernel::automatic, GemvKernel::dp4a}) {
+          Stream stream;
+          EP_CUDA_CHECK(cudaMemsetAsync(dy_ref.p, 0xFF, dy_ref.bytes, stream.s));
+          EP_CUDA_CHECK(cudaMemsetAsync(dy.p, 0xFF, dy.bytes, stream.s));
+          ep::cuda::launch_glu(static_cast<const float *>(dg.p), static_cast<const float *>(du.p), 4 * k, act.kind, act.limit,
+                               act.beta_g, act.beta_u, static_cast<float *>(dh.p), stream.s);
+          GemvArgs a;
+          a.w_ptrs = static_cast<const void *const *>(dptrs.p);
+          a.x = static_cast<const float *>(dh.p);
+          a.x_rows = static_cast<const int32_t *>(drows.p);
+          a.y = static_cast<float *>(dy_ref.p);
+          a.k = k;
+          a.n = n;
+          a.n_mat = n_mat;
+          a.kernel = kernel;
+          ep::cuda::launch_gemv(t, a, stream.s);
+          a.x = static_cast<const float *>(dg.p);
+          a.y = static_cast<float *>(dy.p);
+          a.glu = act;
+          a.glu.up = static_cast<const float *>(du.p);
+          REQUIRE(ep::cuda::gemv_takes_glu(t, a));
+          ep::cuda::launch_gemv(t, a, stream.s);
+          EP_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+          const auto want = dy_ref.get<float>(), got = dy.get<float>();
+          INFO("type " << t << " k " << k << " kernel " << ep::cuda::gemv_kernel_name(ep::cuda::gemv_kernel_for(t, a))
+                       << " activation " << act.kind);
+          CHECK(std::all_of(got.begin(), got.end(), [](float v) { return std::isfinite(v); }));
+          CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
+        }
+      }
+      // a kernel that reads x elsewhere than into a quantized copy: refused before any launch
+      GemvArgs p;
+      p.w_ptrs = static_cast<const void *const *>(dptrs.p);
+      p.x = static_cast<const float *>(dg.p);
+      p.y = static_cast<float *>(dy.p);
+      p.k = k;
+      p.n = n;
+      p.n_mat = n_mat;
+      p.kernel = GemvKernel::pipe;
+      p.glu.up = static_cast<const float *>(du.p);
+      CHECK_FALSE(ep::cuda::gemv_takes_glu(t, p));
+      ep::Status status = ep::Status::ok;
+      try {
+        ep::cuda::launch_gemv(t, p, nullptr);
+      } catch (const ep::Error &e) {
+        status = e.status();
+      }
+      CHECK(status == ep::Status::invalid_argument);
     }
-    // a kernel that reads x elsewhere than into a quantized copy: refused before any launch
-    GemvArgs p;
-    p.w_ptrs = static_cast<const void *const *>(dptrs.p);
-    p.x = static_cast<const float *>(dg.p);
-    p.y = static_cast<float *>(dy.p);
-    p.k = k;
-    p.n = n;
-    p.n_mat = n_mat;
-    p.kernel = GemvKernel::pipe;
-    p.glu.up = static_cast<const float *>(du.p);
-    CHECK_FALSE(ep::cuda::gemv_takes_glu(t, p));
-    ep::Status status = ep::Status::ok;
-    try {
-      ep::cuda::launch_gemv(t, p, nullptr);
-    } catch (const ep::Error &e) {
-      status = e.status();
-    }
-    CHECK(status == ep::Status::invalid_argument);
   }
 }
