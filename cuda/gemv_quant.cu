@@ -985,11 +985,12 @@ int sweep_probe() {
 // WARPS warps per block: x is quantized once per block, so fewer, larger blocks spend less on it.
 // Blocks of more than 8 warps are bounded for one block per SM (up to 128 registers for 16 warps:
 // the wide plans of q2_K and q3_K, StreamConfig; bounded for two such blocks, 64, they spilled —
-// session 13's 16-warp figures; up to 168 for mxfp4's 12-warp fill plan). Registers for two 8-warp blocks per SM (at most 128): q3_K's
-// default configuration used 139, which left one block per SM; with the bound, no spills, q3_K
-// 2-12 % and mxfp4 up to 3 % faster at 8 experts (docs/benchmarks.md, session 10). Three blocks (at most 80 registers; only k = 2048
-// then fits three in shared memory): q2_K 0.905-1.007x at 8 experts, 0.947-1.003x at the engine's
-// sizes (session 14).
+// session 13's 16-warp figures; up to 168 for mxfp4's 12-warp fill plan). Registers for two 8-warp
+// blocks per SM (at most 128): q3_K's default configuration used 139, which left one block per
+// SM; with the bound, no spills, q3_K 2-12 % and mxfp4 up to 3 % faster at 8 experts
+// (docs/benchmarks.md, session 10). Three blocks (at most 80 registers; only k = 2048 then fits
+// three in shared memory): q2_K 0.905-1.007x at 8 experts, 0.947-1.003x at the engine's sizes
+// (session 14).
 #if defined(EP_GEMV_TIMELINE)
 // Timeline probe (builds with -DEP_GEMV_TIMELINE only; scripts/gemv-timeline): every block of the
 // stream kernel whose launch has the k and n of EP_GEMV_TIMELINE_KN ("k,n") records when it

@@ -1083,8 +1083,13 @@ template <> struct StreamConfig<kIQ2_XXS> {
 };
 
 constexpr int64_t kStreamMaxSmem = 227 * 1024;
-// Two blocks of smem bytes fit one SM's shared memory (sm_90: 228 KB, 1 KB of it reserved per block).
-constexpr bool stream_two_blocks_fit(int64_t smem) { return 2 * (smem + 1024) <= 228 * 1024; }
+// The shared memory the runtime reserves per resident block (sm_90: 1 KB; kStreamMaxSmem plus it
+// is an SM's 228 KB).
+constexpr int64_t kSmemReservedPerBlock = 1024;
+// Two blocks of smem bytes fit one SM's shared memory.
+constexpr bool stream_two_blocks_fit(int64_t smem) {
+  return 2 * (smem + kSmemReservedPerBlock) <= kStreamMaxSmem + kSmemReservedPerBlock;
+}
 // Lane-steps per row of ipr items with 2^g row groups (32 >> g lanes per row).
 constexpr int64_t stream_lane_steps(int64_t ipr, int g) { return (ipr + (32 >> g) - 1) / (32 >> g) * (32 >> g); }
 // Row groups per warp (2^glog, at most max_glog) for a row of ipr items: the fewest lane-steps
