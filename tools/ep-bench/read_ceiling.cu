@@ -58,20 +58,17 @@ __global__ void __launch_bounds__(kThreads, kDependentBlocksPerSm)
   int64_t begin = 0, end = 0;
   block_share(n16, begin, end);
   uint4 v[kDependentUnroll];
-  auto load = [&](int64_t i) {
+  // loads u0 .. u1 − 1 of the thread's kDependentUnroll (past the share's end: zeros)
+  auto load = [&](int64_t i, int u0 = 0, int u1 = kDependentUnroll) {
 #pragma unroll
-    for (int u = 0; u < kDependentUnroll; ++u) {
+    for (int u = u0; u < u1; ++u) {
       const int64_t j = i + static_cast<int64_t>(u) * kThreads;
       v[u] = j < end ? __ldcs(m + j) : make_uint4(0, 0, 0, 0);
     }
   };
   int64_t i = begin + threadIdx.x;
   if (variant & 2) {  // half the loads before the wait, the other half after x (a two-stage ring's order)
-#pragma unroll
-    for (int u = 0; u < kDependentUnroll; ++u) {
-      const int64_t j = i + static_cast<int64_t>(u) * kThreads;
-      v[u] = (u < kDependentUnroll / 2 && j < end) ? __ldcs(m + j) : make_uint4(0, 0, 0, 0);
-    }
+    load(i, 0, kDependentUnroll / 2);
   } else {
     load(i);
   }
@@ -95,13 +92,7 @@ __global__ void __launch_bounds__(kThreads, kDependentBlocksPerSm)
     __syncthreads();
     xs += part[(threadIdx.x + 1) % kThreads];
   }
-  if ((variant & 2) && i < end) {
-#pragma unroll
-    for (int u = kDependentUnroll / 2; u < kDependentUnroll; ++u) {
-      const int64_t j = i + static_cast<int64_t>(u) * kThreads;
-      if (j < end) v[u] = __ldcs(m + j);
-    }
-  }
+  if (variant & 2) load(i, kDependentUnroll / 2, kDependentUnroll);
   unsigned acc = __float_as_uint(xs);
   for (;;) {
 #pragma unroll
