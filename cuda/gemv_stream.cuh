@@ -885,7 +885,10 @@ struct StreamWarp {
   int stage_bytes, glog, chunks, probe;
 
   // rows of warp gw of nw: n / nw each, one more for the first n % nw (32-bit: the launchers
-  // check n < 2^31; a 64-bit division costs ~100 instructions per warp)
+  // check n < 2^31; a 64-bit division costs ~100 instructions per warp). (The blocks dispatched
+  // first start beside the previous launch's last blocks and finish ~3 µs before the others;
+  // giving them 4/3, 3/2 or 2x the rows of the rest was slower in 33 of 36 cells at 8 experts
+  // (0.75-0.94x) and in all 36 at the engine's sizes: docs/benchmarks.md, session 17.)
   __device__ StreamWarp(const uint8_t *w_, int64_t n, int64_t k, int gw, int nw, int glog_, uint8_t *ring_, int stage_bytes_,
                         int probe_, uint64_t *bars_ = nullptr)
       : w(w_), ring(ring_), bars(bars_), row_bytes(k / 256 * D::kBytes256), stage_bytes(stage_bytes_), glog(glog_), probe(probe_) {
