@@ -6,7 +6,7 @@
 #include "expertpack/build_config.h"
 
 #ifdef EP_HAVE_CUDA
-#include "cuda/device.hpp"
+#include "gpu/device.hpp"
 #endif
 
 namespace ep::capi {
@@ -76,7 +76,7 @@ EP_API ep_status ep_cuda_device_count(int32_t *out_count) {
     *out_count = 0;
 #ifdef EP_HAVE_CUDA
     std::string why;
-    *out_count = ep::cuda::device_count(&why);
+    *out_count = ep::gpu::device_count(&why);
     if (*out_count == 0) ep::capi::set_error(EP_OK, why);
 #else
     ep::capi::set_error(EP_OK, "ep_cuda_device_count: this build has no CUDA backend (EP_WITH_CUDA=OFF)");

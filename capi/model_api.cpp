@@ -5,8 +5,8 @@
 #include "capi/guard.hpp"
 #include "capi/model_internal.hpp"
 #ifdef EP_HAVE_CUDA
-#include "cuda/cuda_backend.hpp"
-#include "cuda/device.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#include "gpu/device.hpp"
 #endif
 #include "core/log.hpp"
 #include "model/causal_lm.hpp"
@@ -102,7 +102,7 @@ bool choose_cuda(ep_device_kind kind, int32_t index, const std::string &arch, co
   std::string why = "this build has no CUDA backend (EP_WITH_CUDA=OFF)";
   int count = 0;
 #ifdef EP_HAVE_CUDA
-  count = ep::cuda::device_count(&why);
+  count = ep::gpu::device_count(&why);
 #endif
   if (kind == EP_DEVICE_AUTO) {
     if (count > index && !arch_cuda)
@@ -327,7 +327,7 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
     void *cuda_stream = nullptr;
 #ifdef EP_HAVE_CUDA
     if (use_cuda) {
-      auto cuda = std::make_unique<ep::cuda::CudaBackend>(opts.device_index);
+      auto cuda = std::make_unique<ep::backend::cuda::CudaBackend>(opts.device_index);
       m->device_index = opts.device_index;
       cuda_stream = cuda->stream();
       m->backend = std::move(cuda);

@@ -24,7 +24,7 @@ if(NOT EP_WITH_CUDA STREQUAL "OFF")
     endif()
     set(CMAKE_CUDA_STANDARD 20)
     # Rule: .cu files never include fmt (nvcc cannot compile fmt 9 in C++20 mode). They use
-    # core/status.hpp and the non-template helpers of cuda/check.hpp; formatting happens in
+    # core/status.hpp and the non-template helpers of gpu/check.hpp; formatting happens in
     # .cpp files compiled by the host compiler.
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)

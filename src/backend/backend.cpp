@@ -108,7 +108,7 @@ void apply_repetition_penalty(float *z, int64_t n_vocab, const SamplingParams &p
   }
 }
 
-void Backend::moe_pairs(const Tensor &, const Tensor &, const ExpertSlots &, const ExpertLayout &, const Activation &,
+void Backend::moe_pairs(const Tensor &, const Tensor &, const ExpertSlots &, const SlotLayout &, const Activation &,
                         std::span<const int32_t>, const Tensor &) {
   fail(Status::unsupported, "moe_pairs: not implemented by the {} backend (check has_moe_pairs())", device_name(device()));
 }
@@ -214,7 +214,7 @@ void check_matmul(const Tensor &w, const Tensor &x, const Tensor &y, Device devi
 
 namespace {
 /// x, expert_ids and the experts' layout of moe() / moe_pairs().
-void check_moe_inputs(const Tensor &x, const Tensor &expert_ids, const ExpertLayout &l, Device device, const char *op) {
+void check_moe_inputs(const Tensor &x, const Tensor &expert_ids, const SlotLayout &l, Device device, const char *op) {
   check_f32(x, op, "x", device);
   check_i32(expert_ids, op, "expert_ids", device);
   for (const SlotWeight *sw : {&l.gate, &l.up, &l.down}) check_weight_type(sw->type, op);
@@ -229,7 +229,7 @@ void check_moe_inputs(const Tensor &x, const Tensor &expert_ids, const ExpertLay
 }
 }  // namespace
 
-void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertLayout &l,
+void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const SlotLayout &l,
                const Tensor &y, Device device) {
   check_moe_inputs(x, expert_ids, l, device, "moe");
   check_f32(y, "moe", "y", device);
@@ -238,7 +238,7 @@ void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
   check_same_shape(expert_ids, weights, "moe");
 }
 
-void check_moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertLayout &l, const Tensor &pairs, Device device) {
+void check_moe_pairs(const Tensor &x, const Tensor &expert_ids, const SlotLayout &l, const Tensor &pairs, Device device) {
   check_moe_inputs(x, expert_ids, l, device, "moe_pairs");
   check_f32(pairs, "moe_pairs", "pairs", device);
   const int64_t k = expert_ids.ne[0], n = x.n_rows();

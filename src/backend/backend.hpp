@@ -1,5 +1,5 @@
 // The op interface the models are written against, once, for every backend: the CPU backend
-// (exact fp32 reference, cpu_backend.hpp) and the CUDA backend (cuda/cuda_backend.hpp).
+// (exact fp32 reference, cpu_backend.hpp) and the CUDA backend (backend/cuda/cuda_backend.hpp).
 //
 // Conventions: activations are f32, row-major with ne[0] contiguous ([features, tokens]).
 // Weights are ggml rows: W has ne[0] = input dim (contiguous), ne[1] = output dim, and any
@@ -70,7 +70,7 @@ struct SlotWeight {
   int64_t ne1 = 0;
 };
 /// Where gate [D→F], up [D→F] and down [F→D] sit inside each expert slot.
-struct ExpertLayout {
+struct SlotLayout {
   SlotWeight gate, up, down;
 };
 /// The ExpertStore's table: slot[e] is the address (on the backend's device) of expert e's
@@ -155,7 +155,7 @@ class Backend {
   /// Routed experts: y[:, t] = Σ_j weights[j, t] · down(act(gate(x_t), up(x_t))) of expert
   /// expert_ids[j, t], each expert read from its slot. x, y: f32 [D, T].
   virtual void moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
-                   const ExpertSlots &slots, const ExpertLayout &layout, const Activation &act,
+                   const ExpertSlots &slots, const SlotLayout &layout, const Activation &act,
                    const Tensor &y) = 0;
   /// Expert-major MoE (a prompt pass whose experts do not all fit the cache): moe() in two parts.
   /// moe_pairs() writes, for every (token t, pick j) whose expert is in @p experts, the row
@@ -166,7 +166,7 @@ class Backend {
   /// pairs: f32 [D, k·T]. Backends without it return false from has_moe_pairs() (the model then
   /// splits the tokens instead).
   virtual bool has_moe_pairs() const { return false; }
-  virtual void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &layout,
+  virtual void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &layout,
                          const Activation &act, std::span<const int32_t> experts, const Tensor &pairs);
   virtual void moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y);
   /// A dense gated FFN (shared experts, dense layers): y = down(act(gate x, up x)).
@@ -313,9 +313,9 @@ void check_copy_2d(const void *dst, uint64_t dst_pitch_bytes, const void *src, u
                    uint64_t row_bytes, uint64_t rows);
 void check_matmul(const Tensor &w, const Tensor &x, const Tensor &y, Device device);
 void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
-               const ExpertLayout &layout, const Tensor &y, Device device);
+               const SlotLayout &layout, const Tensor &y, Device device);
 /// moe_pairs(): as check_moe() for x, expert_ids and the layout; pairs f32 [D, k·T].
-void check_moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertLayout &layout, const Tensor &pairs, Device device);
+void check_moe_pairs(const Tensor &x, const Tensor &expert_ids, const SlotLayout &layout, const Tensor &pairs, Device device);
 /// moe_combine(): pairs f32 [D, k·T], weights f32 [k, T], y f32 [D, T].
 void check_moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y, Device device);
 /// Validates host ids against the slot table: every id inside it and resident (Status::corrupt

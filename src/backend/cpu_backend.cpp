@@ -394,7 +394,7 @@ void CpuBackend::route(const Tensor &logits, const RouterParams &p, const Tensor
 }
 
 void CpuBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertSlots &slots,
-                     const ExpertLayout &l, const Activation &act, const Tensor &y) {
+                     const SlotLayout &l, const Activation &act, const Tensor &y) {
   check_moe(x, expert_ids, weights, l, y, Device::cpu);
   if (x.n_rows() == 0) return;
   // Every (token, j) pair gets its own output row, then each token sums its rows in j order.
@@ -403,7 +403,7 @@ void CpuBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &we
   combine_pairs(pair_out_.data(), weights, y);
 }
 
-void CpuBackend::moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &l,
+void CpuBackend::moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &l,
                            const Activation &act, std::span<const int32_t> experts, const Tensor &pairs) {
   check_moe_pairs(x, expert_ids, l, pairs, Device::cpu);
   if (x.n_rows() == 0 || experts.empty()) return;
@@ -416,7 +416,7 @@ void CpuBackend::moe_combine(const Tensor &pairs, const Tensor &weights, const T
   combine_pairs(pairs.as<float>(), weights, y);
 }
 
-void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &l,
+void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &l,
                                const Activation &act, std::span<const int32_t> only, float *pair_out) {
   const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
   const int32_t *ids = expert_ids.as<int32_t>();

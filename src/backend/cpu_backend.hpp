@@ -40,9 +40,9 @@ class CpuBackend final : public Backend {
   void route(const Tensor &logits, const RouterParams &params, const Tensor &expert_ids,
              const Tensor &weights) override;
   void moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertSlots &slots,
-           const ExpertLayout &layout, const Activation &act, const Tensor &y) override;
+           const SlotLayout &layout, const Activation &act, const Tensor &y) override;
   bool has_moe_pairs() const override { return true; }
-  void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &layout,
+  void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &layout,
                  const Activation &act, std::span<const int32_t> experts, const Tensor &pairs) override;
   void moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) override;
   int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) override;
@@ -62,7 +62,7 @@ class CpuBackend final : public Backend {
   void indexer_scores(const Tensor &q, const Tensor &w, const Tensor &keys, const Tensor &visible, float scale,
                       const Tensor &scores) override;
   void set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask) override;
-  // Kimi ops (cpu_kimi.cpp)
+  // Kimi ops (cpu_backend_kimi.cpp)
   void short_conv_silu(const Tensor &x, const Tensor &w, const Tensor &state, const Tensor &y) override;
   void l2_normalize(const Tensor &x, float eps, float s, const Tensor &y) override;
   void sigmoid(const Tensor &x, const Tensor &y) override;
@@ -87,7 +87,7 @@ class CpuBackend final : public Backend {
   std::vector<float> packed_x_;              // matmul's x in blocks of 8 tokens
   /// The rows of the pairs whose expert @p only lists (every pair when empty) into pair_out
   /// [k·T rows of D]; moe() and moe_pairs().
-  void compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const ExpertLayout &layout,
+  void compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &layout,
                      const Activation &act, std::span<const int32_t> only, float *pair_out);
   /// y[t] = Σ_j weights[j, t] · pair_out[t·k + j], j in order; moe() and moe_combine().
   void combine_pairs(const float *pair_out, const Tensor &weights, const Tensor &y);

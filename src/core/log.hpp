@@ -2,7 +2,7 @@
 // ep::log::warn("...{}...", x) and never writes to stderr directly.
 #pragma once
 
-#include <expertpack/expertpack.h>
+#include <expertpack/status.h>
 
 #include <fmt/format.h>
 

@@ -3,7 +3,7 @@
 // Free of fmt so that .cu files may include it.
 #pragma once
 
-#include <expertpack/expertpack.h>
+#include <expertpack/status.h>
 
 #include <cstdint>
 #include <stdexcept>

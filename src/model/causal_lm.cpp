@@ -3,7 +3,7 @@
 #include "core/error.hpp"
 #include "format/gguf.hpp"
 #include "model/deepseek_v4.hpp"
-#include "model/kimi_linear.hpp"
+#include "model/kimi.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -23,7 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// A model class's state (DeepseekV4State, KimiLinearState) as an LmState.
+/// A model class's state (DeepseekV4State, KimiState) as an LmState.
 template <class State>
 class StateOf final : public LmState {
  public:
@@ -80,10 +80,10 @@ std::unique_ptr<CausalLm> open_deepseek_v4_lm(const std::string &source, backend
 }
 
 std::unique_ptr<CausalLm> open_kimi_lm(const std::string &source, backend::Backend &backend, const CausalLmOptions &options) {
-  KimiLinearLoadOptions lo;
+  KimiLoadOptions lo;
   lo.resident_experts = options.resident_experts;
-  auto m = KimiLinearModel::open(source, backend, lo);
-  const KimiLinearConfig &c = m->config();
+  auto m = KimiModel::open(source, backend, lo);
+  const KimiConfig &c = m->config();
   // Provider layer i must be MoE layer i = block n_dense_layers + i (moe_index()).
   const int64_t first = c.n_dense_layers;
   for (int64_t il = 0; il < c.n_layers; ++il) {
@@ -92,13 +92,13 @@ std::unique_ptr<CausalLm> open_kimi_lm(const std::string &source, backend::Backe
       fail(Status::internal, "{}: {} layer {} has MoE index {}, expected {}", source, c.arch, il, m->moe_index(il), want);
   }
   CausalLmInfo info = info_of(c, c.arch);
-  return std::make_unique<ModelLm<KimiLinearModel, KimiLinearState>>(std::move(m), std::move(info), first);
+  return std::make_unique<ModelLm<KimiModel, KimiState>>(std::move(m), std::move(info), first);
 }
 
 using OpenFn = std::unique_ptr<CausalLm> (*)(const std::string &, backend::Backend &, const CausalLmOptions &);
 using RunsOnFn = bool (*)(backend::Device);
 
-bool dsv4_runs_on(backend::Device d) { return d == backend::Device::cpu || d == backend::Device::cuda; }
+bool deepseek_v4_runs_on(backend::Device d) { return d == backend::Device::cpu || d == backend::Device::cuda; }
 
 struct Architecture {
   std::string_view gguf_name;   ///< general.architecture
@@ -108,7 +108,7 @@ struct Architecture {
 };
 
 const std::array<Architecture, 3> kArchitectures = {{
-    {"deepseek4", "deepseek_v4", &open_deepseek_v4_lm, &dsv4_runs_on},
+    {"deepseek4", "deepseek_v4", &open_deepseek_v4_lm, &deepseek_v4_runs_on},
     {"kimi-linear", "kimi_linear", &open_kimi_lm, &kimi_runs_on},
     {"kimi-k3", "kimi_k3", &open_kimi_lm, &kimi_runs_on},
 }};

@@ -1,7 +1,7 @@
 // The model interface the C API (ep_model, sessions, ep_generate, ep_score, the text API) runs:
 // a causal language model over token ids with a per-sequence state, whose routed experts come
 // from an ExpertProvider. One adapter (causal_lm.cpp) wraps each model class: DeepseekV4Model
-// for `deepseek4`, KimiLinearModel for `kimi-linear` and `kimi-k3`.
+// for `deepseek4`, KimiModel for `kimi-linear` and `kimi-k3`.
 //
 // Architectures are found from the source: a GGUF file's general.architecture, or a safetensors
 // checkpoint's config.json model_type (mapped to the GGUF name: deepseek_v4 → deepseek4,
@@ -82,7 +82,7 @@ std::unique_ptr<CausalLm> open_causal_lm(const std::string &source, backend::Bac
                                          const CausalLmOptions &options = {});
 
 /// Kimi's devices in the C API: the CPU until its CUDA path has passed the GPU tests
-/// (model_kimi_linear_gpu_test, model_kimi_capi_gpu_test); then add Device::cuda here.
+/// (model_kimi_gpu_test, model_kimi_capi_gpu_test); then add Device::cuda here.
 bool kimi_runs_on(backend::Device device);
 
 }  // namespace ep::model

@@ -169,7 +169,7 @@ std::unique_ptr<DeepseekV4Model> DeepseekV4Model::open(const std::string &path, 
   const fs::path config = dir / "config.json";
   if (!fs::exists(config)) fail(Status::not_found, "{}: no config.json beside the safetensors checkpoint", dir.string());
   const DeepseekV4Config cfg = DeepseekV4Config::from_hf_json(read_text(config), config.string());
-  WeightCatalog cat = WeightCatalog::from_dsv4_safetensors(path);
+  WeightCatalog cat = WeightCatalog::from_deepseek_v4_safetensors(path);
   return std::make_unique<DeepseekV4Model>(cfg, cat, be, options);
 }
 

@@ -15,8 +15,8 @@ namespace ep::model {
 using format::GgmlType;
 using format::GgufValue;
 
-Dsv4SyntheticSpec Dsv4SyntheticSpec::flash_shaped(int64_t n_layers) {
-  Dsv4SyntheticSpec s;
+DeepseekV4SyntheticSpec DeepseekV4SyntheticSpec::flash_shaped(int64_t n_layers) {
+  DeepseekV4SyntheticSpec s;
   s.vocab = 129280;
   s.hidden = 4096;
   s.n_heads = 64;
@@ -56,11 +56,11 @@ struct TensorSpec {
 
 }  // namespace
 
-std::vector<uint32_t> dsv4_synthetic_expert_ranks(const Dsv4SyntheticSpec &s, int64_t layer) {
+std::vector<uint32_t> deepseek_v4_synthetic_expert_ranks(const DeepseekV4SyntheticSpec &s, int64_t layer) {
   return synth::expert_ranks(s.seed, static_cast<uint32_t>(s.n_experts), layer);
 }
 
-void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &path,
+void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const std::string &path,
                                const std::function<void(uint64_t, uint64_t)> &progress) {
   const int64_t n_layers = static_cast<int64_t>(s.compress_ratios.size());
   if (n_layers <= 0 || s.n_hash_layers > n_layers) fail(Status::invalid_argument, "synthetic DeepSeek-V4: {} layers, {} hash", n_layers, s.n_hash_layers);
@@ -182,7 +182,7 @@ void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &s, const std::string &pa
   // router_zipf >= 0: per-layer expert ranks, hash-layer sampling weights.
   std::vector<std::vector<uint32_t>> ranks;
   if (s.router_zipf >= 0)
-    for (int64_t il = 0; il < n_layers; ++il) ranks.push_back(dsv4_synthetic_expert_ranks(s, il));
+    for (int64_t il = 0; il < n_layers; ++il) ranks.push_back(deepseek_v4_synthetic_expert_ranks(s, il));
   auto fill_range = [&](size_t ti, uint64_t offset, std::span<uint8_t> out) {
     const TensorSpec &t = ts[ti];
     const auto info = format::require_ggml_type(static_cast<uint32_t>(t.type), t.name);

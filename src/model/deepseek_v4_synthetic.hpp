@@ -14,7 +14,7 @@
 
 namespace ep::model {
 
-struct Dsv4SyntheticSpec {
+struct DeepseekV4SyntheticSpec {
   uint64_t seed = 1;
   int64_t vocab = 256;
   int64_t hidden = 128;
@@ -62,14 +62,14 @@ struct Dsv4SyntheticSpec {
 
   /// DeepSeek-V4-Flash dimensions (hidden 4096, 64 heads × 512, 256 experts × 2048, vocab
   /// 129280, ...) with @p n_layers layers following the real compress-ratio pattern.
-  static Dsv4SyntheticSpec flash_shaped(int64_t n_layers);
+  static DeepseekV4SyntheticSpec flash_shaped(int64_t n_layers);
 };
 
 /// The expert ranks of layer @p layer under router_zipf >= 0: rank[e] (0 = most popular).
-std::vector<uint32_t> dsv4_synthetic_expert_ranks(const Dsv4SyntheticSpec &spec, int64_t layer);
+std::vector<uint32_t> deepseek_v4_synthetic_expert_ranks(const DeepseekV4SyntheticSpec &spec, int64_t layer);
 
 /// Writes the model to @p path; @p progress (optional) gets (bytes done, bytes total).
-void write_dsv4_synthetic_gguf(const Dsv4SyntheticSpec &spec, const std::string &path,
+void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &spec, const std::string &path,
                                const std::function<void(uint64_t, uint64_t)> &progress = {});
 
 }  // namespace ep::model

@@ -6,7 +6,7 @@
 #include "model/weight_catalog.hpp"
 #include "store/expert_store.hpp"
 #include "store/device.hpp"
-#include "store/pack_layout.hpp"
+#include "store/pack_object_map.hpp"
 
 #include <unistd.h>
 
@@ -66,7 +66,7 @@ void ResidentExperts::add_layer(const CatalogEntry &gate, const CatalogEntry &up
   layers_.push_back(std::move(l));
 }
 
-const backend::ExpertLayout &ResidentExperts::layout(int64_t layer) const {
+const backend::SlotLayout &ResidentExperts::layout(int64_t layer) const {
   if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) fail(Status::invalid_argument, "experts: no layer {}", layer);
   return layers_[static_cast<size_t>(layer)].layout;
 }
@@ -95,21 +95,21 @@ struct PackedExperts::Held {
 
 namespace {
 
-uint64_t slot_bytes_of(const store::PackLayout &pack) {
+uint64_t slot_bytes_of(const store::PackObjectMap &pack) {
   return io::align_up(pack.max_object_bytes(), io::kDirectAlignment);
 }
 
 }  // namespace
 
 uint64_t PackedExperts::min_cache_bytes(const std::string &pack_path, int64_t top_k) {
-  const auto pack = store::PackLayout::open(pack_path, false);
+  const auto pack = store::PackObjectMap::open(pack_path, false);
   return slot_bytes_of(*pack) * static_cast<uint64_t>(std::min<int64_t>(top_k, pack->num_experts()));
 }
 
 PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<ExpertShape> &expected, int64_t top_k,
                              const PackedExpertsOptions &options)
     : held_(std::make_unique<Held>()) {
-  pack_ = store::PackLayout::open(pack_path, true);
+  pack_ = store::PackObjectMap::open(pack_path, true);
   const format::PackFile &pf = pack_->pack();
   const int64_t n_layers = static_cast<int64_t>(expected.size());
   if (static_cast<int64_t>(pf.first_layer()) != options.first_layer || static_cast<int64_t>(pf.num_layers()) != n_layers)
@@ -123,7 +123,7 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   for (uint32_t l = 0; l < pf.num_layers(); ++l) {
     const ExpertShape &want = expected[l];
     const backend::SlotWeight *want_w[3] = {&want.gate, &want.up, &want.down};
-    backend::ExpertLayout lay;
+    backend::SlotLayout lay;
     backend::SlotWeight *got_w[3] = {&lay.gate, &lay.up, &lay.down};
     for (uint32_t e = 0; e < pf.num_experts(); ++e) {
       for (int r = 0; r < 3; ++r) {
@@ -184,7 +184,7 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
 
   store::StoreOptions so;
   so.pack_path = pack_path;
-  so.layout = pack_;
+  so.objects = pack_;
   so.cache_bytes = options.cache_bytes;
   so.reserve_bytes = reserve;
   so.top_k = K;
@@ -211,7 +211,7 @@ PackedExperts::~PackedExperts() {
   }
 }
 
-const backend::ExpertLayout &PackedExperts::layout(int64_t layer) const {
+const backend::SlotLayout &PackedExperts::layout(int64_t layer) const {
   if (layer < 0 || layer >= static_cast<int64_t>(layouts_.size())) fail(Status::invalid_argument, "experts: no layer {}", layer);
   return layouts_[static_cast<size_t>(layer)];
 }

@@ -20,7 +20,7 @@ class IoSeam;
 
 namespace ep::store {
 class ExpertStore;
-class PackLayout;
+class PackObjectMap;
 struct StoreStats;
 }  // namespace ep::store
 
@@ -63,7 +63,7 @@ class ExpertProvider {
  public:
   virtual ~ExpertProvider() = default;
   /// Where gate / up / down sit inside each expert object of layer @p layer.
-  virtual const backend::ExpertLayout &layout(int64_t layer) const = 0;
+  virtual const backend::SlotLayout &layout(int64_t layer) const = 0;
   /// Makes experts ids[0..n) of layer @p layer resident (ids may repeat) and returns the slot
   /// table, valid until release(). At most max_unique() distinct ids per call.
   virtual backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) = 0;
@@ -81,13 +81,13 @@ class ResidentExperts final : public ExpertProvider {
   /// Adds layer @p layer (layers must be added in order) from the stacked gate/up/down tensors
   /// (ggml {D, F, E}, {D, F, E}, {F, D, E}): each expert becomes one object gate|up|down.
   void add_layer(const CatalogEntry &gate, const CatalogEntry &up, const CatalogEntry &down);
-  const backend::ExpertLayout &layout(int64_t layer) const override;
+  const backend::SlotLayout &layout(int64_t layer) const override;
   backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) override;
   uint64_t bytes() const { return bytes_; }
 
  private:
   struct Layer {
-    backend::ExpertLayout layout;
+    backend::SlotLayout layout;
     std::vector<DeviceBuffer> objects;
     std::vector<const void *> slots;
   };
@@ -130,7 +130,7 @@ struct PackedExpertsOptions {
 
 /// Routed experts served by the ExpertStore from an Expert Pack: host-memory slots for the CPU
 /// backend, VRAM slots (the store's CUDA device, on the backend's stream) for the CUDA backend. The pack's per-role entries (type, shape, offset inside the
-/// object) become the backend's ExpertLayout; they must match what the model's source says
+/// object) become the backend's SlotLayout; they must match what the model's source says
 /// (fail-closed, Status::shape / Status::format). A step's tokens are acquired in chunks of at
 /// most max_unique() distinct experts, so a cache of only top_k slots still runs (evicting).
 class PackedExperts final : public ExpertProvider {
@@ -140,7 +140,7 @@ class PackedExperts final : public ExpertProvider {
   PackedExperts(const std::string &pack_path, const std::vector<ExpertShape> &expected, int64_t top_k,
                 const PackedExpertsOptions &options);
   ~PackedExperts() override;
-  const backend::ExpertLayout &layout(int64_t layer) const override;
+  const backend::SlotLayout &layout(int64_t layer) const override;
   backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) override;
   void release(int64_t layer) override;
   int64_t max_unique() const override { return max_unique_; }
@@ -153,9 +153,9 @@ class PackedExperts final : public ExpertProvider {
 
  private:
   struct Held;
-  std::shared_ptr<store::PackLayout> pack_;
+  std::shared_ptr<store::PackObjectMap> pack_;
   std::unique_ptr<store::ExpertStore> store_;
-  std::vector<backend::ExpertLayout> layouts_;
+  std::vector<backend::SlotLayout> layouts_;
   std::vector<const void *> table_;
   std::unique_ptr<Held> held_;
   int64_t max_unique_ = 1;

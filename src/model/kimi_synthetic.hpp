@@ -53,7 +53,7 @@ struct KimiSyntheticSpec {
   format::GgmlType dense = format::GgmlType::f16;
   /// Also write a tokenizer: tokenizer::synthetic_kimi_chat_vocab(vocab) (needs vocab >= 262).
   bool chat_tokenizer = true;
-  /// Routing shape (ep-synth --zipf), as Dsv4SyntheticSpec::router_zipf: < 0 random router
+  /// Routing shape (ep-synth --zipf), as DeepseekV4SyntheticSpec::router_zipf: < 0 random router
   /// biases; >= 0 the correction bias of the expert of rank r is -router_zipf · 0.25 · ln(1 + r).
   double router_zipf = -1.0;
   /// Files of the written set (1 = one .gguf; n > 1 = llama.cpp split files -0000k-of-0000n).

@@ -89,7 +89,7 @@ WeightCatalog WeightCatalog::from_gguf(const std::string &path) {
   return cat;
 }
 
-std::string dsv4_gguf_name(const std::string &in, int64_t *expert) {
+std::string deepseek_v4_gguf_name(const std::string &in, int64_t *expert) {
   std::string n = in;
   if (n.rfind("model.", 0) == 0) n = n.substr(6);
   static const std::map<std::string, std::string> top = {
@@ -175,7 +175,7 @@ std::optional<GgmlType> ggml_from_st(format::StDtype d) {
 
 }  // namespace
 
-WeightCatalog WeightCatalog::from_dsv4_safetensors(const std::string &path) {
+WeightCatalog WeightCatalog::from_deepseek_v4_safetensors(const std::string &path) {
   auto set = std::make_shared<format::SafetensorsSet>(format::SafetensorsSet::open(path));
   WeightCatalog cat;
   cat.source_ = path;
@@ -190,7 +190,7 @@ WeightCatalog WeightCatalog::from_dsv4_safetensors(const std::string &path) {
       const std::string &name = info.name;
       if (name.rfind("mtp.", 0) == 0 || name.rfind("model.mtp.", 0) == 0) continue;  // MTP layer: not run
       int64_t expert = -1;
-      const std::string g = dsv4_gguf_name(name, &expert);
+      const std::string g = deepseek_v4_gguf_name(name, &expert);
       const std::string origin = fmt::format("{}: {}", file.path(), name);
       if (g.empty()) {
         cat.add_unmapped(origin);

@@ -34,7 +34,7 @@ class WeightCatalog {
   /// A DeepSeek-V4 safetensors checkpoint (file, index .json or directory), names mapped to the
   /// canonical ones (see docs/models/deepseek-v4.md). Unmappable names are kept and reported by
   /// finish() as unmapped; `mtp.*` tensors (the MTP layer, not run) are skipped.
-  static WeightCatalog from_dsv4_safetensors(const std::string &path);
+  static WeightCatalog from_deepseek_v4_safetensors(const std::string &path);
 
   /// True when the file has a tensor of this canonical name (does not consume it).
   bool has(const std::string &name) const { return entries_.count(name) != 0; }
@@ -63,6 +63,6 @@ class WeightCatalog {
 /// the official checkpoint names under a `model.` prefix — or the official names) to its GGUF
 /// name. For a routed expert tensor, @p expert receives the expert index and the GGUF name is
 /// the stacked tensor's. Returns "" for an unknown name.
-std::string dsv4_gguf_name(const std::string &checkpoint_name, int64_t *expert);
+std::string deepseek_v4_gguf_name(const std::string &checkpoint_name, int64_t *expert);
 
 }  // namespace ep::model

@@ -1,7 +1,7 @@
 // The "device" side of the ExpertStore: memory for staging and slots, the staging → slot copy,
 // and the events that order it. Two implementations: HostDevice (slots in host memory, a CPU
 // "device", so CI can test the whole acquire path without a GPU) and the CUDA one
-// (cuda/store_device.cpp: pinned staging, cudaMalloc'd slots, a transfer stream, per-slot
+// (store/cuda_device.cpp: pinned staging, cudaMalloc'd slots, a transfer stream, per-slot
 // `ready` and `last_use` events, per-staging-slot copy events).
 //
 // Called by the store under its mutex: implementations need not be thread-safe.

@@ -21,8 +21,8 @@ struct ExpertStore::Miss {
 ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> device)
     : options_(std::move(options)), device_(std::move(device)) {
   if (!device_) fail(Status::invalid_argument, "ExpertStore: no device");
-  if (!options_.layout) fail(Status::invalid_argument, "ExpertStore: no expert layout for {}", options_.pack_path);
-  const ExpertLayout &layout = *options_.layout;
+  if (!options_.objects) fail(Status::invalid_argument, "ExpertStore: no object map for {}", options_.pack_path);
+  const ObjectMap &layout = *options_.objects;
   const uint32_t align = std::max<uint32_t>(layout.alignment(), io::kDirectAlignment);
   // Check the pack holds every object before anything reads it.
   const uint64_t file_bytes = io::file_size_bytes(options_.pack_path);
@@ -94,7 +94,7 @@ ExpertStore::~ExpertStore() {
 uint32_t ExpertStore::num_slots() const { return cache_->num_slots(); }
 
 Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids) {
-  const ExpertLayout &layout = *options_.layout;
+  const ObjectMap &layout = *options_.objects;
   if (layer >= layout.num_layers())
     fail(Status::invalid_argument, "ExpertStore::acquire: layer {} out of range (the pack has {} layers)", layer,
          layout.num_layers());
@@ -253,7 +253,7 @@ void ExpertStore::load_misses(std::vector<Miss> &misses) {
       const Miss &m = misses[idx];
       std::string bad;
       if (c.ok && options_.verify_payloads)
-        bad = options_.layout->check_object(cache::key_layer(m.key), m.expert,
+        bad = options_.objects->check_object(cache::key_layer(m.key), m.expert,
                                             base + static_cast<uint64_t>(st) * staging_slot_bytes_);
       if (c.ok && !bad.empty()) {
         if (first_error.empty()) {

@@ -24,7 +24,7 @@
 #include "cache/trace.hpp"
 #include "io/reader.hpp"
 #include "store/device.hpp"
-#include "store/layout.hpp"
+#include "store/object_map.hpp"
 #include "store/stats.hpp"
 
 #include <cstdint>
@@ -42,7 +42,7 @@ namespace ep::store {
 
 struct StoreOptions {
   std::string pack_path;
-  std::shared_ptr<const ExpertLayout> layout;
+  std::shared_ptr<const ObjectMap> objects;  ///< where each expert object lies in the pack file
   io::ReaderOptions reader;
   uint64_t cache_bytes = UINT64_MAX;  ///< requested budget (UINT64_MAX: all that is free)
   uint64_t reserve_bytes = 0;         ///< kept free on the device
@@ -56,8 +56,8 @@ struct StoreOptions {
   std::string stats_path;             ///< JSON stats file ("" = none)
   uint32_t stats_every = 0;           ///< write it every N acquires (0 = only on flush_stats())
   bool record_trace = false;          ///< keep (layer, ids) of every acquire
-  /// Check every object read against the layout's hashes (ExpertLayout::check_object; a
-  /// PackLayout checks XXH3 per role) before it is copied to its slot: wrong bytes from the
+  /// Check every object read against the layout's hashes (ObjectMap::check_object; a
+  /// PackObjectMap checks XXH3 per role) before it is copied to its slot: wrong bytes from the
   /// disk or a pack changed after open fail the acquire with EP_ERR_CORRUPT instead of being
   /// computed with. Costs one XXH3 pass over the read bytes in host memory.
   bool verify_payloads = true;
@@ -104,7 +104,7 @@ class ExpertStore {
   uint64_t slot_bytes() const { return slot_bytes_; }
   StoreDevice &device() { return *device_; }
   const io::Reader &reader() const { return *reader_; }
-  const ExpertLayout &layout() const { return *options_.layout; }
+  const ObjectMap &objects() const { return *options_.objects; }
 
   struct Resident {
     uint32_t layer, expert, slot;

@@ -46,8 +46,8 @@ uint64_t SyntheticPackSpec::file_bytes() const {
   return kDataStart + static_cast<uint64_t>(num_layers) * num_experts * stride();
 }
 
-std::shared_ptr<UniformLayout> SyntheticPackSpec::layout() const {
-  return std::make_shared<UniformLayout>(num_layers, num_experts, object_bytes, stride(), kDataStart);
+std::shared_ptr<UniformObjectMap> SyntheticPackSpec::object_map() const {
+  return std::make_shared<UniformObjectMap>(num_layers, num_experts, object_bytes, stride(), kDataStart);
 }
 
 SyntheticPackSpec SyntheticPackSpec::for_size(uint64_t total_bytes, uint64_t object_bytes, uint32_t num_experts,

@@ -3,7 +3,7 @@
 // filled with seeded pseudo-random bytes that can be regenerated (and hashed) without the file.
 #pragma once
 
-#include "store/layout.hpp"
+#include "store/object_map.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +23,7 @@ struct SyntheticPackSpec {
   uint64_t stride() const;
   static constexpr uint64_t kDataStart = 4096;
   uint64_t file_bytes() const;
-  std::shared_ptr<UniformLayout> layout() const;
+  std::shared_ptr<UniformObjectMap> object_map() const;
   /// A spec of about @p total_bytes with objects of @p object_bytes and @p num_experts per layer.
   static SyntheticPackSpec for_size(uint64_t total_bytes, uint64_t object_bytes, uint32_t num_experts, uint64_t seed);
 };

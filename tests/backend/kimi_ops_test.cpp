@@ -1,4 +1,4 @@
-// The Kimi-Linear / Kimi-K3 ops of the CPU backend (src/backend/cpu_kimi.cpp) against direct
+// The Kimi-Linear / Kimi-K3 ops of the CPU backend (src/backend/cpu_backend_kimi.cpp) against direct
 // formulas, plus the properties the model relies on: a sequence split into several calls gives
 // bitwise the same outputs and state as one call (short conv, KDA recurrence, causal attention
 // with n_past), heads are independent, and bad shapes / aliasing are refused.

@@ -18,7 +18,7 @@ using ep::format::GgmlType;
 namespace {
 
 struct ExpertSet {
-  ExpertLayout layout;
+  SlotLayout layout;
   std::vector<std::vector<uint8_t>> slots;  // one contiguous object per expert
   std::vector<const void *> table;
 };

@@ -155,7 +155,7 @@ TEST_CASE("threaded moe: the same bytes for every thread count and the per-token
   const GgmlType gu = GgmlType::iq2_xxs, down = GgmlType::q2_k;
   const uint64_t gate_bytes = ep::format::ggml_row_bytes(gu, d, "t") * f;
   const uint64_t down_bytes = ep::format::ggml_row_bytes(down, f, "t") * d;
-  ExpertLayout l;
+  SlotLayout l;
   l.gate = {0, gu, d, f};
   l.up = {gate_bytes, gu, d, f};
   l.down = {2 * gate_bytes, down, f, d};
@@ -254,7 +254,7 @@ TEST_CASE("threaded attention, indexer and row ops: the same bytes for every thr
 }
 
 TEST_CASE("threaded DeepSeek-V4 forward: identical logits with 1, 3 and 7 threads", "[threading][model]") {
-  ep::model::Dsv4SyntheticSpec spec;  // tiny: hash, sliding, CSA and HCA layers
+  ep::model::DeepseekV4SyntheticSpec spec;  // tiny: hash, sliding, CSA and HCA layers
   spec.n_experts = 16;
   spec.n_experts_used = 4;
   spec.expert_gate_up = GgmlType::iq2_xxs;
@@ -262,8 +262,8 @@ TEST_CASE("threaded DeepSeek-V4 forward: identical logits with 1, 3 and 7 thread
   spec.hidden = 256;
   spec.moe_ff = 256;
   const std::filesystem::path path =
-      std::filesystem::temp_directory_path() / ("ep_threading_dsv4_" + std::to_string(getpid()) + ".gguf");
-  ep::model::write_dsv4_synthetic_gguf(spec, path.string());
+      std::filesystem::temp_directory_path() / ("ep_threading_deepseek_v4_" + std::to_string(getpid()) + ".gguf");
+  ep::model::write_deepseek_v4_synthetic_gguf(spec, path.string());
   const int64_t n_tok = 41;
   std::vector<std::vector<float>> full, inc;
   for (unsigned th : {1u, 3u, 7u}) {

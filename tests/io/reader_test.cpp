@@ -53,7 +53,7 @@ std::vector<io::ReadCompletion> read_all(const io::ReaderOptions &options, io::R
   io::AlignedBuffer buffer(objects * stride);
   std::memset(buffer.data(), 0xAB, buffer.size());
   reader->register_buffer(buffer.data(), buffer.size());
-  auto layout = f.spec.layout();
+  auto layout = f.spec.object_map();
   for (uint64_t i = 0; i < objects; ++i) {
     io::ReadRequest r;
     r.offset = layout->object_offset(static_cast<uint32_t>(i / f.spec.num_experts), static_cast<uint32_t>(i % f.spec.num_experts));
@@ -147,7 +147,7 @@ TEST_CASE("transient EIO is retried and counted; persistent EIO fails naming pac
       CHECK(counters.io_errors == seam->injected_eio());
     }
     SECTION("persistent") {
-      auto layout = fixture().spec.layout();
+      auto layout = fixture().spec.object_map();
       io::FaultPlan plan;
       plan.bad_offset = layout->object_offset(1, 2) + 4096;
       plan.bad_bytes = 1;

@@ -1,5 +1,5 @@
 // DeepSeek-V4 on the CUDA backend, against the CPU backend on the same inputs (the oracle
-// goldens dsv4_a / dsv4_b). The CUDA matmul and MoE ops take GEMV kernels (f32 activations) for
+// goldens deepseek_v4_a / deepseek_v4_b). The CUDA matmul and MoE ops take GEMV kernels (f32 activations) for
 // up to 8 tokens and cuBLAS above: by default f32 weights and SGEMM without TF32 (exact_f32).
 // These tiny random models amplify rounding: bf16 activations (the opt-in fast_bf16 GEMM) move
 // their logits by up to 0.14 · max|logit| (CUDA measured 0.136 and 0.057). So:
@@ -17,8 +17,8 @@
 #include "support/catch.hpp"
 
 #include "backend/cpu_backend.hpp"
-#include "cuda/cuda_backend.hpp"
-#include "dsv4_golden.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#include "deepseek_v4_golden.hpp"
 #include "model/deepseek_v4.hpp"
 #include "model/expert_provider.hpp"
 #include "model/model_source.hpp"
@@ -27,7 +27,7 @@
 
 #include <expertpack/expertpack.h>
 
-#include "../backend/random_weights.hpp"
+#include "backend/random_weights.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -35,7 +35,7 @@
 #include <random>
 #include <tuple>
 
-using namespace dsv4test;
+using namespace deepseek_v4test;
 using ep::model::PackedExperts;
 using ep::model::PackedExpertsOptions;
 
@@ -78,7 +78,7 @@ bool bit_identical(const std::vector<float> &a, const std::vector<float> &b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-std::unique_ptr<DeepseekV4Model> open_packed(const ep::model::ResolvedModel &rm, ep::cuda::CudaBackend &gpu, uint64_t cache_bytes,
+std::unique_ptr<DeepseekV4Model> open_packed(const ep::model::ResolvedModel &rm, ep::backend::cuda::CudaBackend &gpu, uint64_t cache_bytes,
                                              PackedExperts **out) {
   ep::model::DeepseekV4LoadOptions lo;
   lo.resident_experts = false;
@@ -111,7 +111,7 @@ struct OnBoth {
   Golden g;
   std::unique_ptr<DeepseekV4Model> mc, mg;
   std::vector<float> ref;
-  OnBoth(const char *name, ep::backend::CpuBackend &cpu, ep::cuda::CudaBackend &gpu)
+  OnBoth(const char *name, ep::backend::CpuBackend &cpu, ep::backend::cuda::CudaBackend &gpu)
       : g(load_golden(name)), mc(DeepseekV4Model::open(g.gguf, cpu)), mg(DeepseekV4Model::open(g.gguf, gpu)),
         ref(run_full(*mc, g.tokens)) {}
 };
@@ -122,7 +122,7 @@ struct OnBoth {
 // racecheck job of scripts/gpu-check.
 TEST_CASE("deepseek_v4 on CUDA: logits and greedy tokens match the CPU backend in steps", "[model][deepseek_v4][gpu][goldens]") {
   ep::backend::CpuBackend cpu;
-  ep::cuda::CudaBackend gpu;
+  ep::backend::cuda::CudaBackend gpu;
   for (const char *name : configs()) {
     OnBoth b(name, cpu, gpu);
     // steps of 8 tokens: the GEMV path
@@ -142,11 +142,11 @@ TEST_CASE("deepseek_v4 on CUDA: logits and greedy tokens match the CPU backend i
 
 TEST_CASE("deepseek_v4 on CUDA: logits and greedy tokens match the CPU backend in one pass", "[model][deepseek_v4][gpu][goldens]") {
   ep::backend::CpuBackend cpu;
-  ep::cuda::CudaBackend gpu;
+  ep::backend::cuda::CudaBackend gpu;
   for (const char *name : configs()) {
     OnBoth b(name, cpu, gpu);
     // one pass over all tokens: f32 GEMM (the default)
-    REQUIRE(gpu.gemm_mode() == ep::cuda::GemmMode::exact_f32);
+    REQUIRE(gpu.gemm_mode() == ep::backend::cuda::GemmMode::exact_f32);
     const std::vector<float> got = run_full(*b.mg, b.g.tokens);
     CHECK(rel_line("CUDA full pass (f32 GEMM) vs CPU", name, compare(got, b.ref), kGemmLimit) <= kGemmLimit);
     check_greedy(got, b.ref, b.g.vocab, name);
@@ -161,15 +161,15 @@ TEST_CASE("deepseek_v4 on CUDA: logits and greedy tokens match the CPU backend i
 // "GPU kernels").
 TEST_CASE("deepseek_v4 on CUDA: the bf16 GEMM opt-in runs and differs from the exact GEMM", "[model][deepseek_v4][gpu][cublas_bf16][goldens]") {
   ep::backend::CpuBackend cpu;
-  ep::cuda::CudaBackend gpu;
+  ep::backend::cuda::CudaBackend gpu;
   for (const char *name : configs()) {
     OnBoth b(name, cpu, gpu);
-    REQUIRE(gpu.gemm_mode() == ep::cuda::GemmMode::exact_f32);
+    REQUIRE(gpu.gemm_mode() == ep::backend::cuda::GemmMode::exact_f32);
     const std::vector<float> exact = run_full(*b.mg, b.g.tokens);
     // x is rounded to bf16: near the CPU, but not the exact GEMM's bits
-    gpu.set_gemm_mode(ep::cuda::GemmMode::fast_bf16);
+    gpu.set_gemm_mode(ep::backend::cuda::GemmMode::fast_bf16);
     const std::vector<float> fast = run_full(*b.mg, b.g.tokens);
-    gpu.set_gemm_mode(ep::cuda::GemmMode::exact_f32);
+    gpu.set_gemm_mode(ep::backend::cuda::GemmMode::exact_f32);
     CHECK(rel_line("CUDA full pass (bf16 GEMM opt-in) vs CPU", name, compare(fast, b.ref), kBf16GemmLimit) <= kBf16GemmLimit);
     CHECK_FALSE(bit_identical(fast, exact));
     // and the mode switch back gives the exact bits again
@@ -186,7 +186,7 @@ struct PackedPair {
   ep::model::ResolvedModel rm;
   PackedExperts *big_x = nullptr, *small_x = nullptr;
   std::unique_ptr<DeepseekV4Model> big, small;
-  PackedPair(const Golden &g, const std::string &tag, ep::cuda::CudaBackend &gpu, int64_t top_k)
+  PackedPair(const Golden &g, const std::string &tag, ep::backend::cuda::CudaBackend &gpu, int64_t top_k)
       : dir(scratch_dir("gpu_pack_" + tag)) {
     ep::model::PackPlacement place;
     place.pack_dir = dir.string();
@@ -205,7 +205,7 @@ struct PackedPair {
 }  // namespace
 
 TEST_CASE("deepseek_v4 on CUDA: experts from the ExpertStore's CUDA device, one pass", "[model][deepseek_v4][gpu][pack][goldens]") {
-  ep::cuda::CudaBackend gpu;
+  ep::backend::cuda::CudaBackend gpu;
   for (const char *name : configs()) {
     const Golden g = load_golden(name);
     auto resident = DeepseekV4Model::open(g.gguf, gpu);
@@ -235,7 +235,7 @@ TEST_CASE("deepseek_v4 on CUDA: experts from the ExpertStore's CUDA device, one 
 
 TEST_CASE("deepseek_v4 on CUDA: experts from the ExpertStore's CUDA device, token by token", "[model][deepseek_v4][gpu][pack][goldens]") {
   ep::backend::CpuBackend cpu;
-  ep::cuda::CudaBackend gpu;
+  ep::backend::cuda::CudaBackend gpu;
   for (const char *name : configs()) {
     const Golden g = load_golden(name);
     auto mc = DeepseekV4Model::open(g.gguf, cpu);
@@ -252,7 +252,7 @@ TEST_CASE("deepseek_v4 on CUDA: experts from the ExpertStore's CUDA device, toke
 }
 
 TEST_CASE("deepseek_v4 on CUDA: the C API with EP_DEVICE_CUDA", "[model][deepseek_v4][gpu][capi]") {
-  const Golden g = load_golden("dsv4_a");
+  const Golden g = load_golden("deepseek_v4_a");
   const fs::path dir = scratch_dir("gpu_capi");
   const std::string pack_dir = dir.string();
   auto open = [&](ep_device_kind device) {
@@ -300,7 +300,7 @@ TEST_CASE("deepseek_v4 on CUDA: the C API with EP_DEVICE_CUDA", "[model][deepsee
     CHECK(p.device_index == index);
   }
   const std::vector<float> ref = score(cpu), got = score(gpu);
-  CHECK(rel_line("C API, CUDA vs CPU (one pass: f32 GEMM)", "dsv4_a", compare(got, ref), kGemmLimit) <= kGemmLimit);
+  CHECK(rel_line("C API, CUDA vs CPU (one pass: f32 GEMM)", "deepseek_v4_a", compare(got, ref), kGemmLimit) <= kGemmLimit);
   // AUTO picks the GPU: the same bits as EP_DEVICE_CUDA (and not the CPU's)
   const std::vector<float> via_auto = score(autom);
   CHECK(bit_identical(via_auto, got));
@@ -333,7 +333,7 @@ TEST_CASE("deepseek_v4 on CUDA: matmul at the goldens' small shapes matches the 
   // every type they use, decode (GEMV) and prefill (GEMM) token counts.
   using ep::format::GgmlType;
   ep::backend::CpuBackend cpu;
-  ep::cuda::CudaBackend gpu;
+  ep::backend::cuda::CudaBackend gpu;
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> val(-1.0f, 1.0f);
   int failed = 0;

@@ -7,7 +7,7 @@
 
 #include "backend/cpu_backend.hpp"
 #include "core/error.hpp"
-#include "dsv4_golden.hpp"
+#include "deepseek_v4_golden.hpp"
 #include "model/deepseek_v4.hpp"
 #include "model/expert_provider.hpp"
 #include "model/model_source.hpp"
@@ -25,7 +25,7 @@
 #include <filesystem>
 #include <set>
 
-using namespace dsv4test;
+using namespace deepseek_v4test;
 using ep::model::PackedExperts;
 using ep::model::PackedExpertsOptions;
 
@@ -35,7 +35,7 @@ namespace {
 class CountingExperts final : public ep::model::ExpertProvider {
  public:
   explicit CountingExperts(std::unique_ptr<PackedExperts> inner) : inner_(std::move(inner)) {}
-  const ep::backend::ExpertLayout &layout(int64_t layer) const override { return inner_->layout(layer); }
+  const ep::backend::SlotLayout &layout(int64_t layer) const override { return inner_->layout(layer); }
   ep::backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) override {
     const std::set<int32_t> u(ids, ids + n);
     unique_keys += u.size();
@@ -238,7 +238,7 @@ TEST_CASE("deepseek_v4 pack: a prompt pass with a small cache reads each picked 
 }
 
 TEST_CASE("deepseek_v4 pack: built once, reused, rebuilt or stale when the source changes", "[model][deepseek_v4][pack]") {
-  const Golden g = load_golden("dsv4_b");
+  const Golden g = load_golden("deepseek_v4_b");
   const fs::path dir = scratch_dir("reuse");
   const fs::path src = dir / "model.gguf";
   fs::copy_file(g.gguf, src);
@@ -297,7 +297,7 @@ TEST_CASE("deepseek_v4 pack: built once, reused, rebuilt or stale when the sourc
 }
 
 TEST_CASE("deepseek_v4 pack: a pack of another model is refused", "[model][deepseek_v4][pack]") {
-  const Golden a = load_golden("dsv4_a"), b = load_golden("dsv4_b");
+  const Golden a = load_golden("deepseek_v4_a"), b = load_golden("deepseek_v4_b");
   const fs::path dir = scratch_dir("mismatch");
   const ep::model::ResolvedModel rb = ep::model::resolve_model(b.gguf, placement(dir));
   ep::backend::CpuBackend cpu;
@@ -321,14 +321,14 @@ void count_progress(uint64_t, uint64_t, void *payload) { ++*static_cast<int *>(p
 }  // namespace
 
 TEST_CASE("deepseek_v4 pack: C API open through the pack, cache options, stats", "[model][deepseek_v4][pack][capi]") {
-  const Golden g = load_golden("dsv4_a");
+  const Golden g = load_golden("deepseek_v4_a");
   const fs::path dir = scratch_dir("capi");
   const std::string packs = (dir / "packs").string();
   const size_t V = static_cast<size_t>(g.vocab), S = g.tokens.size();
 
   ep_model_options ro;
   ep_model_options_init(&ro);
-  ro.device = EP_DEVICE_CPU;  // the exact reference (tests/cuda covers CUDA)
+  ro.device = EP_DEVICE_CPU;  // the exact reference (tests/backend/cuda covers CUDA)
   CHECK(ro.pack_build == 1);
   CHECK(ro.resident_experts == 0);
   CHECK(ro.pack_dir == nullptr);
@@ -348,7 +348,7 @@ TEST_CASE("deepseek_v4 pack: C API open through the pack, cache options, stats",
 
   ep_model_options o;
   ep_model_options_init(&o);
-  o.device = EP_DEVICE_CPU;  // the exact reference (tests/cuda covers CUDA)
+  o.device = EP_DEVICE_CPU;  // the exact reference (tests/backend/cuda covers CUDA)
   o.pack_dir = packs.c_str();
   int progress = 0;
   o.progress = count_progress;
@@ -411,7 +411,7 @@ TEST_CASE("deepseek_v4 pack: C API open through the pack, cache options, stats",
   ::setenv("XDG_CACHE_HOME", (dir / "xdg").string().c_str(), 1);
   ep_model_options old;
   ep_model_options_init(&old);
-  old.device = EP_DEVICE_CPU;  // the exact reference (tests/cuda covers CUDA)
+  old.device = EP_DEVICE_CPU;  // the exact reference (tests/backend/cuda covers CUDA)
   old.struct_size = offsetof(ep_model_options, pack_dir);
   REQUIRE(ep_model_open(&m, g.gguf.c_str(), &old) == EP_OK);
   REQUIRE(ep_model_pack_path(m) != nullptr);

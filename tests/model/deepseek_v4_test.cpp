@@ -13,7 +13,7 @@
 #include "format/safetensors.hpp"
 #include "model/deepseek_v4.hpp"
 #include "model/weight_catalog.hpp"
-#include "dsv4_golden.hpp"
+#include "deepseek_v4_golden.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -31,7 +31,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ep::model::DeepseekV4Model;
 
-using namespace dsv4test;
+using namespace deepseek_v4test;
 
 TEST_CASE("deepseek_v4: the GGUF config is what the oracle ran", "[model][deepseek_v4]") {
   for (const char *name : kConfigs) {
@@ -150,7 +150,7 @@ TEST_CASE("deepseek_v4: prefill + decode equals full recompute", "[model][deepse
 
 TEST_CASE("deepseek_v4: the safetensors name map is fail-closed", "[model][deepseek_v4]") {
   ep::backend::CpuBackend cpu;
-  const Golden g = load_golden("dsv4_b");
+  const Golden g = load_golden("deepseek_v4_b");
   SECTION("an unmapped tensor is an error naming it") {
     const fs::path dir = scratch_dir("extra");
     write_checkpoint(g, dir, "", "model.layers.0.attn.bogus.weight");
@@ -235,7 +235,7 @@ void copy_gguf(const std::string &from, const std::string &to, const std::string
 
 TEST_CASE("deepseek_v4: the GGUF name map is fail-closed", "[model][deepseek_v4]") {
   ep::backend::CpuBackend cpu;
-  const Golden g = load_golden("dsv4_b");
+  const Golden g = load_golden("deepseek_v4_b");
   const fs::path dir = scratch_dir("gguf");
   const std::string extra = (dir / "extra.gguf").string(), missing = (dir / "missing.gguf").string();
   copy_gguf(g.gguf, extra, "", "blk.0.bogus.weight");
@@ -263,7 +263,7 @@ TEST_CASE("deepseek_v4: the GGUF name map is fail-closed", "[model][deepseek_v4]
 
 TEST_CASE("deepseek_v4: MTP layers in a GGUF are skipped", "[model][deepseek_v4]") {
   ep::backend::CpuBackend cpu;
-  const Golden g = load_golden("dsv4_b");
+  const Golden g = load_golden("deepseek_v4_b");
   const fs::path dir = scratch_dir("mtp");
   const std::string path = (dir / "mtp.gguf").string();
   copy_gguf(g.gguf, path, "", "blk.2.nextn.eh_proj.weight,blk.2.attn_norm.weight",

@@ -5,7 +5,7 @@
 #include "support/catch.hpp"
 
 #include "golden_common.hpp"
-#include "model/kimi_linear.hpp"
+#include "model/kimi.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -22,8 +22,8 @@ namespace kimitest {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using ep::model::KimiLinearModel;
-using ep::model::KimiLinearState;
+using ep::model::KimiModel;
+using ep::model::KimiState;
 using ep::test::compare;
 using ep::test::Diff;
 using ep::test::slurp;
@@ -38,8 +38,8 @@ inline Golden load_golden(const std::string &name, const std::string &dir = "kim
 }
 
 
-inline std::vector<float> run_full(KimiLinearModel &m, const std::vector<int32_t> &tokens) {
-  KimiLinearState st = m.new_state();
+inline std::vector<float> run_full(KimiModel &m, const std::vector<int32_t> &tokens) {
+  KimiState st = m.new_state();
   std::vector<float> logits(tokens.size() * static_cast<size_t>(m.config().vocab));
   m.forward(tokens.data(), static_cast<int64_t>(tokens.size()), st, logits.data());
   CHECK(st.n_past == static_cast<int64_t>(tokens.size()));

@@ -26,12 +26,12 @@ std::string slurp(const std::string &path) {
 }
 
 struct Fixture {
-  std::string gguf = std::string(EP_TEST_DATA_DIR) + "/deepseek_v4/dsv4_a.gguf";
+  std::string gguf = std::string(EP_TEST_DATA_DIR) + "/deepseek_v4/deepseek_v4_a.gguf";
   std::vector<int32_t> tokens;
   std::vector<float> logits;
   ep_model *model = nullptr;
   Fixture() {
-    const std::string base = std::string(EP_TEST_DATA_DIR) + "/deepseek_v4/dsv4_a";
+    const std::string base = std::string(EP_TEST_DATA_DIR) + "/deepseek_v4/deepseek_v4_a";
     const nlohmann::json meta = nlohmann::json::parse(slurp(base + ".json"));
     for (const auto &t : meta.at("tokens")) tokens.push_back(t.get<int32_t>());
     const std::string raw = slurp(base + ".logits.f32");
@@ -199,7 +199,7 @@ TEST_CASE("model C API: generation follows the model's own scores", "[model][cap
 }
 
 TEST_CASE("model C API: argument and struct-size checks", "[model][capi]") {
-  const std::string gguf = std::string(EP_TEST_DATA_DIR) + "/deepseek_v4/dsv4_b.gguf";
+  const std::string gguf = std::string(EP_TEST_DATA_DIR) + "/deepseek_v4/deepseek_v4_b.gguf";
   ep_model *m = reinterpret_cast<ep_model *>(1);
   CHECK(ep_model_open(&m, nullptr, nullptr) == EP_ERR_INVALID_ARGUMENT);
   CHECK(m == nullptr);

@@ -19,7 +19,7 @@ SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily
 # non-powers-of-two are. D must be a multiple of 32 (MXFP4 rows of gate/up), F a multiple of
 # 32 (MXFP4 down) or 256 (Q2_K down).
 CONFIGS = {
-    "dsv4_a": dict(
+    "deepseek_v4_a": dict(
         # seed 1000 was rejected by the oracle (indexer top-k gap 1.6e-4 < 2e-4)
         seed=1001, n_tokens=64, vocab=97, hidden=96, layer_types=[SLIDING, CSA, HCA, CSA],
         mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"], csa_rate=4, hca_rate=8,
@@ -31,7 +31,7 @@ CONFIGS = {
         types=dict(embed=q.BF16, output=q.F16, attn=q.F16, compressor=q.BF16, hc_fn=q.F32,
                    shexp=q.Q8_0, gate=q.F32, exp_gate_up=q.MXFP4, exp_down=q.MXFP4),
     ),
-    "dsv4_b": dict(
+    "deepseek_v4_b": dict(
         seed=2000, n_tokens=72, vocab=83, hidden=96, layer_types=[HCA, CSA],
         mlp_layer_types=["hash_moe", "moe"], csa_rate=4, hca_rate=16,
         heads=3, head_dim=48, rope_dim=12, q_lora=40, o_groups=3, o_lora=12,

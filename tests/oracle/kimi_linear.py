@@ -32,7 +32,7 @@ GAP_MIN = 2e-4
 
 
 def hf_config(c):
-    from transformers import KimiLinearConfig
+    from transformers import KimiConfig
     kw = dict(
         vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["ff"],
         moe_intermediate_size=c["moe_ff"], num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
@@ -50,10 +50,10 @@ def hf_config(c):
         first_k_dense_replace=c["n_dense"],
     )
     try:
-        cfg = KimiLinearConfig(**kw, **extra)
+        cfg = KimiConfig(**kw, **extra)
     except Exception as e:  # noqa: BLE001
-        print(f"KimiLinearConfig with linear_attn_config failed ({e!r}); retrying without", flush=True)
-        cfg = KimiLinearConfig(**kw)
+        print(f"KimiConfig with linear_attn_config failed ({e!r}); retrying without", flush=True)
+        cfg = KimiConfig(**kw)
     cfg._attn_implementation = "eager"
     try:
         cfg._experts_implementation = "eager"

@@ -22,7 +22,7 @@
 #include "pack/builder.hpp"
 #include "store/device.hpp"
 #include "store/expert_store.hpp"
-#include "store/pack_layout.hpp"
+#include "store/pack_object_map.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -68,10 +68,10 @@ class SeamExperts final : public model::ExpertProvider {
     const int64_t k = m.config().n_experts_used;
     model::PackedExperts reference(pack, m.expert_shapes(), k, {});
     for (size_t l = 0; l < m.expert_shapes().size(); ++l) layouts_.push_back(reference.layout(static_cast<int64_t>(l)));
-    layout_ = store::PackLayout::open(pack, false);
+    layout_ = store::PackObjectMap::open(pack, false);
     store::StoreOptions so;
     so.pack_path = pack;
-    so.layout = layout_;
+    so.objects = layout_;
     so.top_k = static_cast<uint32_t>(k);
     so.tokens_per_acquire = 1;
     so.cache_bytes = reference.slot_bytes() * static_cast<uint64_t>(k);
@@ -85,7 +85,7 @@ class SeamExperts final : public model::ExpertProvider {
     max_unique_ = k;
     table_.assign(layout_->num_experts(), nullptr);
   }
-  const backend::ExpertLayout &layout(int64_t layer) const override { return layouts_.at(static_cast<size_t>(layer)); }
+  const backend::SlotLayout &layout(int64_t layer) const override { return layouts_.at(static_cast<size_t>(layer)); }
   backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) override {
     std::vector<uint32_t> unique(ids, ids + n);
     std::sort(unique.begin(), unique.end());
@@ -105,8 +105,8 @@ class SeamExperts final : public model::ExpertProvider {
   store::ExpertStore &store() { return *store_; }
 
  private:
-  std::shared_ptr<store::PackLayout> layout_;
-  std::vector<backend::ExpertLayout> layouts_;
+  std::shared_ptr<store::PackObjectMap> layout_;
+  std::vector<backend::SlotLayout> layouts_;
   std::unique_ptr<store::ExpertStore> store_;
   store::Acquisition held_;
   bool active_ = false;

@@ -41,7 +41,7 @@ void cuda_ok(cudaError_t e, const char *what) {
 }
 
 // XXH3 of an object as stored in the pack file (read through the page cache).
-uint64_t pack_hash(int fd, const ExpertLayout &layout, uint32_t layer, uint32_t expert) {
+uint64_t pack_hash(int fd, const ObjectMap &layout, uint32_t layer, uint32_t expert) {
   std::vector<std::byte> buf(layout.object_bytes(layer, expert));
   std::size_t done = 0;
   while (done < buf.size()) {
@@ -73,7 +73,7 @@ TEST_CASE("random routing over a large pack: every resident slot matches the pac
   for (const std::string policy : {"decay", "lru"}) {
     StoreOptions o;
     o.pack_path = path;
-    o.layout = spec.layout();
+    o.objects = spec.object_map();
     o.top_k = 6;
     o.tokens_per_acquire = 4;
     o.policy = policy;
@@ -89,7 +89,7 @@ TEST_CASE("random routing over a large pack: every resident slot matches the pac
     std::map<std::pair<uint32_t, uint32_t>, uint64_t> expected;
     auto expect = [&](uint32_t l, uint32_t e) {
       auto [it, fresh] = expected.try_emplace({l, e}, 0);
-      if (fresh) it->second = pack_hash(fd.get(), *o.layout, l, e);
+      if (fresh) it->second = pack_hash(fd.get(), *o.objects, l, e);
       return it->second;
     };
 

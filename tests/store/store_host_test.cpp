@@ -1,5 +1,6 @@
 // The whole acquire path on the host-memory device: correctness of every slot's bytes,
 // protection of pinned and in-flight slots, stats sums, I/O errors, stats file, recorder.
+#include <expertpack/expertpack.h>
 #include "support/catch.hpp"
 
 #include "cache/simulate.hpp"
@@ -46,7 +47,7 @@ const std::string &pack_path() {
 StoreOptions options(uint32_t slots, uint32_t top_k = 4, uint32_t tokens = 1) {
   StoreOptions o;
   o.pack_path = pack_path();
-  o.layout = spec().layout();
+  o.objects = spec().object_map();
   o.top_k = top_k;
   o.tokens_per_acquire = tokens;
   o.cache_bytes = slots * spec().stride();
@@ -221,7 +222,7 @@ TEST_CASE("init fails with EP_ERR_BUDGET when one acquire cannot fit", "[store]"
 TEST_CASE("a persistent EIO fails the acquire naming pack, layer, expert and offset", "[store]") {
   for (auto backend : {io::Backend::automatic, io::Backend::pread}) {
     io::FaultPlan plan;
-    const uint64_t bad = spec().layout()->object_offset(2, 7);
+    const uint64_t bad = spec().object_map()->object_offset(2, 7);
     plan.bad_offset = bad;
     plan.bad_bytes = 1;
     plan.short_probability = 0.3;  // short reads elsewhere must not matter

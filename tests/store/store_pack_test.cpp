@@ -6,7 +6,7 @@
 #include "pack/builder.hpp"
 #include "pack/synthetic.hpp"
 #include "store/expert_store.hpp"
-#include "store/pack_layout.hpp"
+#include "store/pack_object_map.hpp"
 
 #include <xxhash.h>
 
@@ -15,7 +15,7 @@
 
 using namespace ep;
 
-TEST_CASE("ExpertStore reads a real Expert Pack through PackLayout", "[store][pack]") {
+TEST_CASE("ExpertStore reads a real Expert Pack through PackObjectMap", "[store][pack]") {
   const auto dir = std::filesystem::current_path() / "store_pack_test.dir";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
@@ -30,13 +30,13 @@ TEST_CASE("ExpertStore reads a real Expert Pack through PackLayout", "[store][pa
   const auto sources = pack::write_synthetic_gguf(spec, (dir / "m.gguf").string());
   const auto built = pack::build_pack(sources, (dir / "m.epk").string());
 
-  auto layout = store::PackLayout::open(built.pack_path);
+  auto layout = store::PackObjectMap::open(built.pack_path);
   REQUIRE(layout->num_experts() == 8);
   const uint32_t layers = layout->num_layers();
   REQUIRE(layers >= 1);
   store::StoreOptions o;
   o.pack_path = built.pack_path;
-  o.layout = layout;
+  o.objects = layout;
   o.top_k = 2;
   o.tokens_per_acquire = 2;
   o.cache_bytes = 5 * io::align_up(layout->max_object_bytes(), 4096);

@@ -26,12 +26,12 @@ struct Fixture {
   ep::test::TempDir dir;
   std::string model_path;
   Fixture() {
-    ep::model::Dsv4SyntheticSpec spec;
+    ep::model::DeepseekV4SyntheticSpec spec;
     spec.seed = 7;
     spec.chat_tokenizer = true;
     spec.vocab = ep::tokenizer::kSyntheticChatVocabMin;
     model_path = dir / "chat.gguf";
-    ep::model::write_dsv4_synthetic_gguf(spec, model_path);
+    ep::model::write_deepseek_v4_synthetic_gguf(spec, model_path);
   }
 };
 

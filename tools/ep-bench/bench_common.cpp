@@ -3,7 +3,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "io/file.hpp"
-#include "store/pack_layout.hpp"
+#include "store/pack_object_map.hpp"
 #include "store/synthetic_pack.hpp"
 
 #include <algorithm>
@@ -49,13 +49,13 @@ PackSource pack_from_args(const Args &args) {
   if (args.options.count("pack")) {
     src.path = args.get("pack", "");
     if (auto spec = store::read_synthetic_header(src.path)) {
-      src.layout = spec->layout();
+      src.layout = spec->object_map();
       src.kind = "synthetic";
       return src;
     }
     if (!args.options.count("object-bytes")) {
       // An Expert Pack v1 (structure checked; payload hashes are the validator's job).
-      src.layout = store::PackLayout::open(src.path, false);
+      src.layout = store::PackObjectMap::open(src.path, false);
       src.kind = "expert-pack";
       return src;
     }
@@ -64,7 +64,7 @@ PackSource pack_from_args(const Args &args) {
     const uint64_t size = io::file_size_bytes(src.path);
     if (size < data_start + stride) fail(Status::format, "{}: {} bytes hold no object of {} bytes", src.path, size, object_bytes);
     const auto objects = static_cast<uint32_t>((size - data_start) / stride);
-    src.layout = std::make_shared<store::UniformLayout>(1, objects, object_bytes, stride, data_start);
+    src.layout = std::make_shared<store::UniformObjectMap>(1, objects, object_bytes, stride, data_start);
     src.kind = "raw";
     return src;
   }
@@ -81,7 +81,7 @@ PackSource pack_from_args(const Args &args) {
                wrote ? "created" : "reusing", src.path.c_str(), spec.num_layers, spec.num_experts,
                static_cast<unsigned long long>(spec.object_bytes),
                static_cast<double>(spec.file_bytes()) / (1ull << 30), s);
-  src.layout = spec.layout();
+  src.layout = spec.object_map();
   src.kind = "synthetic";
   return src;
 }

@@ -2,7 +2,7 @@
 // synthetic pack, or one created with --create-size).
 #pragma once
 
-#include "store/layout.hpp"
+#include "store/object_map.hpp"
 
 #include <map>
 #include <memory>
@@ -24,7 +24,7 @@ Args parse_args(int argc, char **argv, int start, const std::vector<std::string>
 
 struct PackSource {
   std::string path;
-  std::shared_ptr<const store::ExpertLayout> layout;
+  std::shared_ptr<const store::ObjectMap> layout;
   std::string kind;  ///< "expert-pack", "synthetic", "raw" (--object-bytes over a plain file)
 };
 

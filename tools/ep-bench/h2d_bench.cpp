@@ -13,7 +13,7 @@
 #include <cstring>
 
 #ifdef EP_HAVE_CUDA
-#include "cuda/check.hpp"
+#include "gpu/check.hpp"
 #include "store/device.hpp"
 
 #include <cuda_runtime.h>

@@ -29,7 +29,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Objects {
-  const store::ExpertLayout *layout;
+  const store::ObjectMap *layout;
   uint64_t count() const { return static_cast<uint64_t>(layout->num_layers()) * layout->num_experts(); }
   uint64_t offset(uint64_t i) const {
     return layout->object_offset(static_cast<uint32_t>(i / layout->num_experts()),

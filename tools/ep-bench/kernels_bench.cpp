@@ -20,10 +20,10 @@
 
 #include "backend/tensor.hpp"
 #include "core/error.hpp"
-#include "cuda/check.hpp"
-#include "cuda/cuda_backend.hpp"
-#include "cuda/device.hpp"
-#include "cuda/kernels.hpp"
+#include "gpu/check.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#include "gpu/device.hpp"
+#include "backend/cuda/kernels.hpp"
 
 #include <cublas_v2.h>
 #include <fmt/format.h>
@@ -47,7 +47,7 @@ struct Options {
   bool json = false;
   bool gemm = true;          // prefill GEMM and cuBLAS references
   bool batch1 = true;        // also one matrix per launch (--no-batch1: skip, reported as 0)
-  ep::cuda::GemmMode gemm_mode = ep::cuda::GemmMode::exact_f32;  // the backend's prefill GEMM path
+  ep::backend::cuda::GemmMode gemm_mode = ep::backend::cuda::GemmMode::exact_f32;  // the backend's prefill GEMM path
   int batch[4] = {8, 8, 8, 8};  // experts per GEMV launch, per shape (--batch N or N1,N2,N3,N4)
   int gemv_tokens = 1;       // tokens per GEMV launch
   int passes = 10;           // timed passes over the weight pool
@@ -57,7 +57,7 @@ struct Options {
   uint64_t pool_mib = 1024;  // weight bytes cycled per type and shape
   int64_t prefill_tokens = 512;
   std::vector<GgmlType> types;
-  std::vector<ep::cuda::GemvKernel> kernels;
+  std::vector<ep::backend::cuda::GemvKernel> kernels;
 };
 
 std::vector<std::string> split_list(const std::string &s) {
@@ -81,7 +81,7 @@ Options options_from(const Args &args) {
   o.batch1 = !args.has("no-batch1");
   const std::string mode = args.get("gemm-mode", "exact");
   if (mode == "bf16") {
-    o.gemm_mode = ep::cuda::GemmMode::fast_bf16;
+    o.gemm_mode = ep::backend::cuda::GemmMode::fast_bf16;
   } else if (mode != "exact") {
     ep::fail(ep::Status::invalid_argument, "ep-bench kernels: --gemm-mode is 'exact' or 'bf16', not '{}'", mode);
   }
@@ -98,7 +98,7 @@ Options options_from(const Args &args) {
       o.batch[i] = static_cast<int>(n);
     }
   }
-  o.gemv_tokens = std::clamp(static_cast<int>(args.number("gemv-tokens", 1)), 1, ep::cuda::kGemvMaxTokens);
+  o.gemv_tokens = std::clamp(static_cast<int>(args.number("gemv-tokens", 1)), 1, ep::backend::cuda::kGemvMaxTokens);
   o.pool_mib = static_cast<uint64_t>(args.number("pool-mib", 1024));
   o.passes = std::max(1, static_cast<int>(args.number("passes", 10)));
   o.graph = args.has("graph");
@@ -117,8 +117,8 @@ Options options_from(const Args &args) {
   }
   if (o.types.empty()) o.types = bench_types();
   for (const auto &name : split_list(args.get("kernels", "auto"))) {
-    ep::cuda::GemvKernel k{};
-    if (!ep::cuda::parse_gemv_kernel(name.c_str(), k))
+    ep::backend::cuda::GemvKernel k{};
+    if (!ep::backend::cuda::parse_gemv_kernel(name.c_str(), k))
       ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a|stream|imma)", name);
     o.kernels.push_back(k);
   }
@@ -291,7 +291,7 @@ struct Result {
   double gemm_tflops, cublas_tflops;
 };
 
-Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int batch, const Options &o, double cublas_tflops) {
+Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape &s, int batch, const Options &o, double cublas_tflops) {
   const auto info = *ep::format::ggml_type_info(static_cast<uint32_t>(type));
   const uint64_t row_bytes = ep::format::ggml_row_bytes(type, static_cast<uint64_t>(s.k), "bench");
   const uint64_t mat_bytes = row_bytes * static_cast<uint64_t>(s.n);
@@ -323,8 +323,8 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
     return timed_gbps(stream, o, pool / per_launch, static_cast<double>(bytes_per_matrix) * per_launch,
                       [&](int i) { launch(table + i * per_launch); });
   };
-  auto gemv_gbps = [&](int per_launch, ep::cuda::GemvKernel kernel) {
-    ep::cuda::GemvArgs a;
+  auto gemv_gbps = [&](int per_launch, ep::backend::cuda::GemvKernel kernel) {
+    ep::backend::cuda::GemvArgs a;
     a.x = static_cast<float *>(x.p);
     a.y = static_cast<float *>(y.p);
     a.k = s.k;
@@ -334,22 +334,22 @@ Result bench_one(ep::cuda::CudaBackend &be, GgmlType type, const Shape &s, int b
     a.kernel = kernel;
     return pass_gbps(per_launch, mat_bytes, [&](const void *const *mats) {
       a.w_ptrs = mats;
-      ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
+      ep::backend::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
     });
   };
   Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, 0, 0, 0, cublas_tflops};
-  for (ep::cuda::GemvKernel want : o.kernels) {
+  for (ep::backend::cuda::GemvKernel want : o.kernels) {
     auto resolved = [&](int mats) {  // the kernel launch_gemv runs for this many matrices per launch
-      ep::cuda::GemvArgs probe;
+      ep::backend::cuda::GemvArgs probe;
       probe.k = s.k;
       probe.n = s.n;
       probe.n_mat = mats;
       probe.n_tok = o.gemv_tokens;
       probe.kernel = want;
-      return std::string(ep::cuda::gemv_kernel_name(ep::cuda::gemv_kernel_for(static_cast<uint32_t>(type), probe)));
+      return std::string(ep::backend::cuda::gemv_kernel_name(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(type), probe)));
     };
     std::string name = resolved(batch);
-    if (want == ep::cuda::GemvKernel::automatic) {  // "auto:<kernel at --batch>[/<kernel at batch 1>]"
+    if (want == ep::backend::cuda::GemvKernel::automatic) {  // "auto:<kernel at --batch>[/<kernel at batch 1>]"
       const std::string one = resolved(1);
       std::string label = "auto:";
       label += name;
@@ -406,7 +406,7 @@ struct FfnResult {
   double three_gbps, two_gbps;  // three launches; two (the engine's)
 };
 
-FfnResult bench_ffn(ep::cuda::CudaBackend &be, GgmlType type, const FfnModel &mdl, int experts, const Options &o) {
+FfnResult bench_ffn(ep::backend::cuda::CudaBackend &be, GgmlType type, const FfnModel &mdl, int experts, const Options &o) {
   const auto info = *ep::format::ggml_type_info(static_cast<uint32_t>(type));
   const uint64_t gu_bytes = ep::format::ggml_row_bytes(type, static_cast<uint64_t>(mdl.d), "bench") * static_cast<uint64_t>(mdl.f);
   const uint64_t down_bytes = ep::format::ggml_row_bytes(type, static_cast<uint64_t>(mdl.f), "bench") * static_cast<uint64_t>(mdl.d);
@@ -445,7 +445,7 @@ FfnResult bench_ffn(ep::cuda::CudaBackend &be, GgmlType type, const FfnModel &md
   // gate and up, then down of launch l's experts; the activation in its own launch (three) or in
   // down's (two)
   auto ffn = [&](int l, bool glu_in_down) {
-    ep::cuda::GemvArgs a;
+    ep::backend::cuda::GemvArgs a;
     a.w_ptrs = tbl + 3 * l * experts;
     a.x = static_cast<const float *>(x.p);
     a.x_rows = static_cast<const int32_t *>(drows.p);
@@ -453,8 +453,8 @@ FfnResult bench_ffn(ep::cuda::CudaBackend &be, GgmlType type, const FfnModel &md
     a.k = mdl.d;
     a.n = mdl.f;
     a.n_mat = 2 * experts;
-    ep::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
-    ep::cuda::GemvArgs b;
+    ep::backend::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
+    ep::backend::cuda::GemvArgs b;
     b.w_ptrs = tbl + 3 * l * experts + 2 * experts;
     b.y = static_cast<float *>(y.p);
     b.k = mdl.f;
@@ -462,13 +462,13 @@ FfnResult bench_ffn(ep::cuda::CudaBackend &be, GgmlType type, const FfnModel &md
     b.n_mat = experts;
     if (glu_in_down) {
       b.x = gu_out;
-      b.glu = ep::cuda::GemvGlu{gu_out + experts * mdl.f, 0, 7.0f, 1.0f, 1.0f};
+      b.glu = ep::backend::cuda::GemvGlu{gu_out + experts * mdl.f, 0, 7.0f, 1.0f, 1.0f};
     } else {
-      ep::cuda::launch_glu(gu_out, gu_out + experts * mdl.f, experts * mdl.f, 0, 7.0f, 1.0f, 1.0f, static_cast<float *>(h.p),
+      ep::backend::cuda::launch_glu(gu_out, gu_out + experts * mdl.f, experts * mdl.f, 0, 7.0f, 1.0f, 1.0f, static_cast<float *>(h.p),
                            stream);
       b.x = static_cast<const float *>(h.p);
     }
-    ep::cuda::launch_gemv(static_cast<uint32_t>(type), b, stream);
+    ep::backend::cuda::launch_gemv(static_cast<uint32_t>(type), b, stream);
   };
   const double bytes = static_cast<double>(2 * gu_bytes + down_bytes) * experts;  // per FFN
   FfnResult r{std::string(info.name), &mdl, experts, 2 * gu_bytes + down_bytes, 0.0, 0.0};
@@ -479,9 +479,9 @@ FfnResult bench_ffn(ep::cuda::CudaBackend &be, GgmlType type, const FfnModel &md
 
 int run(const Options &o) {
   std::string why;
-  if (ep::cuda::device_count(&why) == 0) ep::fail(ep::Status::no_device, "{}", why);
-  const std::string device = ep::cuda::describe_device(0);
-  ep::cuda::CudaBackend be(0);
+  if (ep::gpu::device_count(&why) == 0) ep::fail(ep::Status::no_device, "{}", why);
+  const std::string device = ep::gpu::describe_device(0);
+  ep::backend::cuda::CudaBackend be(0);
   cudaStream_t stream = be.stream();
   cublasHandle_t h = nullptr;
   check_cublas(cublasCreate(&h), "cublasCreate");
@@ -508,11 +508,11 @@ int run(const Options &o) {
       for (const FfnModel &m : models)
         for (int e : {m.top_k, 8}) {
           if (e == 8 && m.top_k == 8) continue;
-          ep::cuda::GemvArgs down;  // where down's kernel can apply the activation
+          ep::backend::cuda::GemvArgs down;  // where down's kernel can apply the activation
           down.k = m.f;
           down.n = m.d;
           down.n_mat = e;
-          if (ep::cuda::gemv_takes_glu(static_cast<uint32_t>(t), down)) ffn.push_back(bench_ffn(be, t, m, e, o));
+          if (ep::backend::cuda::gemv_takes_glu(static_cast<uint32_t>(t), down)) ffn.push_back(bench_ffn(be, t, m, e, o));
         }
   cublasDestroy(h);
   const double hbm_after = hbm_copy_gbps(stream);  // the copy reference again, after the kernels
@@ -545,7 +545,7 @@ int run(const Options &o) {
                             {"gemv_batch1_fraction_of_hbm", g.batch1_gbps / hbm}};
         if (o.gemm) {
           e["gemm_tflops"] = r.gemm_tflops;
-          e["gemm_mode"] = o.gemm_mode == ep::cuda::GemmMode::exact_f32 ? "exact_f32" : "fast_bf16";
+          e["gemm_mode"] = o.gemm_mode == ep::backend::cuda::GemmMode::exact_f32 ? "exact_f32" : "fast_bf16";
           e["cublas_bf16_tflops"] = r.cublas_tflops;
           e["gemm_fraction_of_cublas"] = r.gemm_tflops / r.cublas_tflops;
         }
@@ -589,7 +589,7 @@ int run(const Options &o) {
   fmt::print("\ndecode GEMV: {} experts per launch by shape (and 1), {} token(s){}; prefill GEMM: {} tokens, {}\n",
              fmt::format("{}/{}/{}/{}", o.batch[0], o.batch[1], o.batch[2], o.batch[3]), o.gemv_tokens,
              o.graph ? ", launches replayed from a CUDA graph" : "", o.prefill_tokens,
-             o.gemm_mode == ep::cuda::GemmMode::exact_f32 ? "dequantize to f32 + cuBLAS SGEMM (exact, the default)"
+             o.gemm_mode == ep::backend::cuda::GemmMode::exact_f32 ? "dequantize to f32 + cuBLAS SGEMM (exact, the default)"
                                                           : "dequantize to bf16 + cuBLAS bf16 GEMM (fast)");
   fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5} {:>6} {:>6}\n", "type", "K x N", "MiB/mat",
              "kernel", "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS", "mats", "read", "dep");

@@ -3,8 +3,8 @@
 
 #include <cstdlib>
 
-#include "cuda/check.hpp"
-#include "cuda/grid_dependency.cuh"
+#include "gpu/check.hpp"
+#include "backend/cuda/grid_dependency.cuh"
 
 namespace ep::bench {
 namespace {
@@ -26,7 +26,7 @@ __device__ __forceinline__ void block_share(int64_t n16, int64_t &begin, int64_t
 // flight per thread. The dependent launch may start at once (it writes nothing this one reads);
 // the one possible write waits for the previous launch as a GEMV's output would.
 __global__ void __launch_bounds__(kThreads) read_kernel(const uint4 *const *mats, int64_t n16, unsigned *sink) {
-  ep::cuda::grid_dependents_launch();
+  ep::backend::cuda::grid_dependents_launch();
   const uint4 *m = mats[blockIdx.y];
   int64_t begin = 0, end = 0;
   block_share(n16, begin, end);
@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const uint4 *const *mats
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
-  ep::cuda::grid_dependency_wait();
+  ep::backend::cuda::grid_dependency_wait();
   if (acc == 0x9E3779B9u) sink[blockIdx.x] = acc;  // keeps the loads; practically never taken
 }
 
@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(kThreads, kDependentBlocksPerSm)
   } else {
     load(i);
   }
-  ep::cuda::grid_dependency_wait();
-  ep::cuda::grid_dependents_launch();
+  ep::backend::cuda::grid_dependency_wait();
+  ep::backend::cuda::grid_dependents_launch();
   float xs = 0.0f;
   for (int64_t j = threadIdx.x; j < k4; j += kThreads) {
     const float4 t = x[j];

@@ -241,8 +241,8 @@ int main(int argc, char **argv) {
     if (!std::filesystem::exists(synthetic_path)) {
       const auto type = ep::format::ggml_type_by_name(synthetic_type);
       if (!type) die("unknown --synthetic-experts type " + synthetic_type);
-      ep::model::Dsv4SyntheticSpec spec;
-      if (synthetic_flash_layers > 0) spec = ep::model::Dsv4SyntheticSpec::flash_shaped(synthetic_flash_layers);
+      ep::model::DeepseekV4SyntheticSpec spec;
+      if (synthetic_flash_layers > 0) spec = ep::model::DeepseekV4SyntheticSpec::flash_shaped(synthetic_flash_layers);
       spec.seed = synthetic_seed;
       spec.chat_tokenizer = true;
       spec.vocab = std::max<int64_t>(spec.vocab, 262);
@@ -255,7 +255,7 @@ int main(int argc, char **argv) {
       if (type->block_elems == 256 && synthetic_flash_layers == 0) spec.hidden = spec.moe_ff = 256;
       int written_pct = -1;
       try {
-        ep::model::write_dsv4_synthetic_gguf(spec, synthetic_path, [&](uint64_t done, uint64_t total) {
+        ep::model::write_deepseek_v4_synthetic_gguf(spec, synthetic_path, [&](uint64_t done, uint64_t total) {
           const int pct = total ? static_cast<int>(done * 100 / total) : 100;
           if (synthetic_flash_layers > 0 && pct / 10 != written_pct / 10) std::fprintf(stderr, "ep-run: writing %d %%\n", pct);
           written_pct = pct;

@@ -30,7 +30,7 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using ep::model::Dsv4SyntheticSpec;
+using ep::model::DeepseekV4SyntheticSpec;
 using ep::model::KimiSyntheticSpec;
 
 constexpr const char *kUsage =
@@ -68,8 +68,8 @@ ep::format::GgmlType type_arg(const std::string &name) {
   return info->type;
 }
 
-Dsv4SyntheticSpec tiny_spec(int64_t layers) {
-  Dsv4SyntheticSpec s;
+DeepseekV4SyntheticSpec tiny_spec(int64_t layers) {
+  DeepseekV4SyntheticSpec s;
   s.vocab = 512;
   s.hidden = 256;
   s.n_experts = 32;
@@ -88,13 +88,13 @@ uint64_t type_bytes(ep::format::GgmlType t, uint64_t elems) {
 }
 
 /// Routed expert bytes of one layer (gate + up + down of every expert).
-uint64_t expert_layer_bytes(const Dsv4SyntheticSpec &s) {
+uint64_t expert_layer_bytes(const DeepseekV4SyntheticSpec &s) {
   const auto D = static_cast<uint64_t>(s.hidden), F = static_cast<uint64_t>(s.moe_ff), E = static_cast<uint64_t>(s.n_experts);
   return E * (2 * type_bytes(s.expert_gate_up, D * F) + type_bytes(s.expert_down, F * D));
 }
 
 /// Rough dense bytes of one layer (q8_0-sized attention, hyper-connection and shared expert matrices).
-uint64_t dense_layer_bytes(const Dsv4SyntheticSpec &s) {
+uint64_t dense_layer_bytes(const DeepseekV4SyntheticSpec &s) {
   const double D = static_cast<double>(s.hidden), H = static_cast<double>(s.n_heads), hd = static_cast<double>(s.head_dim),
                R = static_cast<double>(s.q_lora_rank), G = static_cast<double>(s.o_groups), O = static_cast<double>(s.o_lora_rank),
                F = static_cast<double>(s.moe_ff), hc = static_cast<double>(s.hc_mult), IH = static_cast<double>(s.index_n_heads),
@@ -104,7 +104,7 @@ uint64_t dense_layer_bytes(const Dsv4SyntheticSpec &s) {
   return static_cast<uint64_t>(elems * 1.0625);
 }
 
-uint64_t estimate_file_bytes(const Dsv4SyntheticSpec &s) {
+uint64_t estimate_file_bytes(const DeepseekV4SyntheticSpec &s) {
   const auto layers = static_cast<uint64_t>(s.compress_ratios.size());
   const uint64_t embed = 2 * static_cast<uint64_t>(static_cast<double>(s.vocab) * static_cast<double>(s.hidden) *
                                                    (s.dense == ep::format::GgmlType::f16 ? 2.0 : 1.0625));
@@ -238,8 +238,8 @@ void set_common(Plan &p, const Spec &s) {
   p.zipf = s.router_zipf;
 }
 
-Plan dsv4_plan(const Args &a, const std::string &preset, int64_t layers) {
-  Dsv4SyntheticSpec s = preset == "flash" ? Dsv4SyntheticSpec::flash_shaped(layers) : tiny_spec(layers);
+Plan deepseek_v4_plan(const Args &a, const std::string &preset, int64_t layers) {
+  DeepseekV4SyntheticSpec s = preset == "flash" ? DeepseekV4SyntheticSpec::flash_shaped(layers) : tiny_spec(layers);
   if (preset == "flash") s.chat_tokenizer = true;
   s.seed = std::stoull(a.get("seed", "1"));
   s.expert_gate_up = type_arg(a.get("experts", "mxfp4"));
@@ -255,7 +255,7 @@ Plan dsv4_plan(const Args &a, const std::string &preset, int64_t layers) {
   p.router = {layers, 0, s.n_hash_layers, static_cast<size_t>(s.hidden), static_cast<size_t>(s.n_experts),
               static_cast<size_t>(s.n_experts_used), static_cast<size_t>(s.vocab), s.seed, false};
   p.write = [s](const std::string &out, const std::function<void(uint64_t, uint64_t)> &progress) {
-    ep::model::write_dsv4_synthetic_gguf(s, out, progress);
+    ep::model::write_deepseek_v4_synthetic_gguf(s, out, progress);
     return out;
   };
   return p;
@@ -291,7 +291,7 @@ int run(const Args &a) {
   if (!kimi && preset != "flash" && preset != "tiny")
     ep::fail(ep::Status::invalid_argument, "--preset: flash, tiny, k3 or kimi-tiny, not '{}'", preset);
   if (a.has("zipf") && !(std::stod(a.get("zipf", "0")) >= 0)) ep::fail(ep::Status::invalid_argument, "--zipf must be >= 0");
-  auto make = [&](int64_t layers) { return kimi ? kimi_plan(a, preset, layers) : dsv4_plan(a, preset, layers); };
+  auto make = [&](int64_t layers) { return kimi ? kimi_plan(a, preset, layers) : deepseek_v4_plan(a, preset, layers); };
   int64_t layers = std::stoll(a.get("layers", preset == "kimi-tiny" ? "6" : "4"));
   if (a.has("disk-budget")) {
     const uint64_t budget = ep::store::parse_size(a.get("disk-budget", "0"));

@@ -1,0 +1,479 @@
+#include "backend/cuda/cuda_backend.hpp"
+
+#include "core/error.hpp"
+#include "gpu/check.hpp"
+#include "backend/cuda/kernels.hpp"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+namespace ep::backend::cuda {
+
+using backend::Device;
+using backend::GgmlType;
+using backend::Tensor;
+
+namespace {
+
+void check_cublas(cublasStatus_t status, const char *what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail(Status::cuda, "{}: cuBLAS error {} ({})", what, cublasGetStatusString(status), static_cast<int>(status));
+}
+
+uint32_t type_id(GgmlType t) { return static_cast<uint32_t>(t); }
+
+// Workspace slots
+enum : unsigned {
+  kWsTables = 0, kWsXBf16 = 1, kWsWBf16 = 2, kWsGate = 3, kWsUp = 4, kWsOut = 5,
+  // 6, 7: Backend::ffn
+  kWsGather = 8, kWsSample = 9, kWsToken = 10, kWsPairs = 11,
+  // 12: attention_sinks split partials (cuda_backend_deepseek_v4.cpp)
+  kWsCount = 13,
+};
+constexpr uint64_t kDequantChunkBytes = uint64_t{64} << 20;  // bf16 weight rows per cuBLAS call
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  std::vector<void *> ws = std::vector<void *>(kWsCount, nullptr);
+  std::vector<uint64_t> ws_bytes = std::vector<uint64_t>(kWsCount, 0);
+  GemmMode gemm_mode = GemmMode::exact_f32;
+  // compute_pairs' host tables: they must outlive its asynchronous copies (cudaMemcpyAsync from
+  // pageable memory is not guaranteed to have read them when it returns), so they live here until
+  // the next call, which comes after the caller's synchronization
+  std::vector<const void *> pair_table;
+  std::vector<int32_t> pair_lists;
+};
+
+CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
+  impl_->device = device_index;
+  EP_CUDA_CHECK(cudaSetDevice(device_index));
+  EP_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
+  check_cublas(cublasCreate(&impl_->cublas), "cublasCreate");
+  check_cublas(cublasSetStream(impl_->cublas, impl_->stream), "cublasSetStream");
+  if (const char *env = std::getenv("EP_CUDA_GEMM"); env && std::string_view(env) == "bf16")
+    impl_->gemm_mode = GemmMode::fast_bf16;
+}
+
+CudaBackend::~CudaBackend() {
+  if (impl_->stream) cudaStreamSynchronize(impl_->stream);
+  for (void *p : impl_->ws)
+    if (p) cudaFree(p);
+  if (impl_->cublas) cublasDestroy(impl_->cublas);
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+cudaStream_t CudaBackend::stream() const noexcept { return impl_->stream; }
+
+void *CudaBackend::allocate(uint64_t bytes) {
+  void *p = nullptr;
+  EP_CUDA_CHECK(cudaMalloc(&p, std::max<uint64_t>(bytes, 256)));
+  return p;
+}
+void CudaBackend::deallocate(void *ptr) noexcept {
+  if (ptr) {
+    cudaStreamSynchronize(impl_->stream);
+    cudaFree(ptr);
+  }
+}
+void CudaBackend::upload(void *dst, const void *src, uint64_t bytes) {
+  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so src may be reused.
+  EP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream));
+  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+void CudaBackend::download(void *dst, const void *src, uint64_t bytes) {
+  EP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream));
+  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+void CudaBackend::fill_zero(void *dst, uint64_t bytes) { EP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, impl_->stream)); }
+void CudaBackend::synchronize() { EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+void *CudaBackend::workspace(unsigned slot, uint64_t bytes) {
+  if (slot >= kWsCount) fail(Status::internal, "cuda workspace slot {} out of range", slot);
+  if (impl_->ws_bytes[slot] < bytes) {
+    if (impl_->ws[slot]) {
+      EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+      EP_CUDA_CHECK(cudaFree(impl_->ws[slot]));
+      impl_->ws[slot] = nullptr;
+      impl_->ws_bytes[slot] = 0;
+    }
+    const uint64_t grown = std::max<uint64_t>(bytes, 4096);
+    EP_CUDA_CHECK(cudaMalloc(&impl_->ws[slot], grown));
+    impl_->ws_bytes[slot] = grown;
+  }
+  return impl_->ws[slot];
+}
+
+void CudaBackend::set_gemm_mode(GemmMode mode) noexcept { impl_->gemm_mode = mode; }
+GemmMode CudaBackend::gemm_mode() const noexcept { return impl_->gemm_mode; }
+
+void CudaBackend::matmul_gemm(const Tensor &w, const Tensor &x, const Tensor &y) { matmul_gemm(w, x, y, impl_->gemm_mode); }
+
+void CudaBackend::matmul_gemm(const Tensor &w, const Tensor &x, const Tensor &y, GemmMode mode) {
+  backend::check_matmul(w, x, y, Device::cuda);
+  const int64_t k = w.ne[0], n = w.ne[1], t = x.n_rows();
+  const float one = 1.0f, zero = 0.0f;
+  const uint64_t row_bytes = w.row_bytes();
+  if (w.type == GgmlType::f32 || mode == GemmMode::exact_f32) {
+    // f32 weights (dequantized in chunks unless they are f32 already) and SGEMM without TF32.
+    check_cublas(cublasSetMathMode(impl_->cublas, CUBLAS_PEDANTIC_MATH), "matmul: cublasSetMathMode");
+    const int64_t rows_per_chunk =
+        w.type == GgmlType::f32 ? n
+                                : std::max<int64_t>(1, std::min<int64_t>(n, kDequantChunkBytes / (static_cast<uint64_t>(k) * 4)));
+    float *wf = w.type == GgmlType::f32
+                    ? nullptr
+                    : static_cast<float *>(workspace(kWsWBf16, static_cast<uint64_t>(rows_per_chunk * k) * 4));
+    for (int64_t r0 = 0; r0 < n; r0 += rows_per_chunk) {
+      const int64_t rows = std::min(rows_per_chunk, n - r0);
+      const float *a = w.type == GgmlType::f32 ? w.as<float>() + r0 * k : wf;
+      if (w.type != GgmlType::f32)
+        launch_dequant_rows(type_id(w.type), w.as<uint8_t>() + r0 * row_bytes, k, rows, wf, nullptr, impl_->stream);
+      check_cublas(cublasSgemm(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(t),
+                               static_cast<int>(k), &one, a, static_cast<int>(k), x.as<float>(), static_cast<int>(k), &zero,
+                               y.as<float>() + r0, static_cast<int>(n)),
+                   "matmul: cublasSgemm");
+    }
+    check_cublas(cublasSetMathMode(impl_->cublas, CUBLAS_DEFAULT_MATH), "matmul: cublasSetMathMode");
+    return;
+  }
+  auto *xb = static_cast<uint16_t *>(workspace(kWsXBf16, static_cast<uint64_t>(k * t) * 2));
+  launch_f32_to_bf16(x.as<float>(), xb, k * t, impl_->stream);
+  const int64_t rows_per_chunk = std::max<int64_t>(1, std::min<int64_t>(n, kDequantChunkBytes / (static_cast<uint64_t>(k) * 2)));
+  auto *wb = static_cast<uint16_t *>(workspace(kWsWBf16, static_cast<uint64_t>(rows_per_chunk * k) * 2));
+  for (int64_t r0 = 0; r0 < n; r0 += rows_per_chunk) {
+    const int64_t rows = std::min(rows_per_chunk, n - r0);
+    if (w.type == GgmlType::bf16) {
+      EP_CUDA_CHECK(cudaMemcpyAsync(wb, w.as<uint8_t>() + r0 * row_bytes, rows * row_bytes, cudaMemcpyDeviceToDevice,
+                                    impl_->stream));
+    } else {
+      launch_dequant_rows(type_id(w.type), w.as<uint8_t>() + r0 * row_bytes, k, rows, nullptr, wb, impl_->stream);
+    }
+    check_cublas(cublasGemmEx(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(t),
+                              static_cast<int>(k), &one, wb, CUDA_R_16BF, static_cast<int>(k), xb, CUDA_R_16BF,
+                              static_cast<int>(k), &zero, y.as<float>() + r0, CUDA_R_32F, static_cast<int>(n),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "matmul: cublasGemmEx bf16");
+  }
+}
+
+void CudaBackend::matmul(const Tensor &w, const Tensor &x, const Tensor &y) {
+  backend::check_matmul(w, x, y, Device::cuda);
+  const int64_t t = x.n_rows();
+  const bool plain = w.type == GgmlType::f32 || w.type == GgmlType::f16 || w.type == GgmlType::bf16;
+  if (plain && w.ne[0] % 32 != 0)  // rows the GEMV / dequant kernels cannot take (tiny test models)
+    return launch_matmul_plain(type_id(w.type), w.data, x.as<float>(), y.as<float>(), w.ne[0], w.ne[1], t, impl_->stream);
+  if (t > kGemvMaxTokens) return matmul_gemm(w, x, y);
+  GemvArgs a;
+  a.w = w.data;
+  a.x = x.as<float>();
+  a.y = y.as<float>();
+  a.k = w.ne[0];
+  a.n = w.ne[1];
+  a.n_tok = static_cast<int32_t>(t);
+  a.n_mat = 1;
+  launch_gemv(type_id(w.type), a, impl_->stream);
+}
+
+void CudaBackend::rms_norm(const Tensor &x, const Tensor *weight, float eps, const Tensor &y) {
+  backend::check_f32(x, "rms_norm", "x", Device::cuda);
+  backend::check_f32(y, "rms_norm", "y", Device::cuda);
+  backend::check_same_shape(x, y, "rms_norm");
+  if (weight) {
+    backend::check_f32(*weight, "rms_norm", "weight", Device::cuda);
+    if (weight->n_elems() != x.ne[0])
+      fail(Status::shape, "rms_norm: weight has {} values, rows have {}", weight->n_elems(), x.ne[0]);
+  }
+  launch_rms_norm(x.as<float>(), weight ? weight->as<float>() : nullptr, eps, x.ne[0], x.n_rows(), y.as<float>(),
+                  impl_->stream);
+}
+
+void CudaBackend::rope(const Tensor &x, const Tensor &positions, const backend::RopeParams &p, const Tensor &y) {
+  backend::check_f32(x, "rope", "x", Device::cuda);
+  backend::check_f32(y, "rope", "y", Device::cuda);
+  backend::check_i32(positions, "rope", "positions", Device::cuda);
+  backend::check_same_shape(x, y, "rope");
+  RopeArgs a;
+  a.head_dim = x.ne[0];
+  a.n_heads = x.ne[1];
+  a.n_tokens = x.ne[2] * x.ne[3];
+  if (positions.n_elems() != a.n_tokens)
+    fail(Status::shape, "rope: {} positions for {} tokens", positions.n_elems(), a.n_tokens);
+  const std::vector<float> inv = backend::rope_inv_freq(p, static_cast<int32_t>(a.head_dim));
+  if (inv.size() > static_cast<size_t>(kRopeMaxPairs))
+    fail(Status::unsupported, "rope: {} rotated pairs, at most {}", inv.size(), kRopeMaxPairs);
+  std::copy(inv.begin(), inv.end(), a.inv_freq);
+  a.n_pairs = static_cast<int32_t>(inv.size());
+  a.dim_offset = p.dim_offset;
+  a.attention_factor = p.attention_factor;
+  a.inverse = p.inverse ? 1 : 0;
+  launch_rope(x.as<float>(), positions.as<int32_t>(), a, y.as<float>(), impl_->stream);
+}
+
+void CudaBackend::embed(const Tensor &table, const Tensor &ids, const Tensor &y) {
+  backend::check_weight_type(table.type, "embed");
+  backend::check_i32(ids, "embed", "ids", Device::cuda);
+  backend::check_f32(y, "embed", "y", Device::cuda);
+  if (table.device != Device::cuda) fail(Status::invalid_argument, "embed: table is not on cuda");
+  if (y.ne[0] != table.ne[0] || y.n_rows() != ids.n_elems())
+    fail(Status::shape, "embed: table rows of {} and {} ids do not fit y [{}, {}]", table.ne[0], ids.n_elems(), y.ne[0],
+         y.n_rows());
+  launch_embed(type_id(table.type), table.data, table.ne[0], table.ne[1], ids.as<int32_t>(), ids.n_elems(),
+               y.as<float>(), impl_->stream);
+}
+
+void CudaBackend::softmax(const Tensor &x, const Tensor &y) {
+  backend::check_f32(x, "softmax", "x", Device::cuda);
+  backend::check_f32(y, "softmax", "y", Device::cuda);
+  backend::check_same_shape(x, y, "softmax");
+  launch_softmax(x.as<float>(), x.ne[0], x.n_rows(), y.as<float>(), impl_->stream);
+}
+
+void CudaBackend::top_k(const Tensor &x, int32_t k, const Tensor &indices, const Tensor &values) {
+  backend::check_f32(x, "top_k", "x", Device::cuda);
+  backend::check_i32(indices, "top_k", "indices", Device::cuda);
+  backend::check_f32(values, "top_k", "values", Device::cuda);
+  if (k <= 0 || k > x.ne[0] || indices.ne[0] != k || values.ne[0] != k || indices.n_rows() != x.n_rows() ||
+      values.n_rows() != x.n_rows())
+    fail(Status::shape, "top_k: k = {} of rows of {} does not fit indices [{}, {}] / values [{}, {}]", k, x.ne[0],
+         indices.ne[0], indices.n_rows(), values.ne[0], values.n_rows());
+  launch_top_k(x.as<float>(), x.ne[0], x.n_rows(), k, indices.as<int32_t>(), values.as<float>(), impl_->stream);
+}
+
+void CudaBackend::glu(const Tensor &gate, const Tensor &up, const backend::Activation &act, const Tensor &y) {
+  backend::check_f32(gate, "glu", "gate", Device::cuda);
+  backend::check_f32(up, "glu", "up", Device::cuda);
+  backend::check_f32(y, "glu", "y", Device::cuda);
+  backend::check_same_shape(gate, up, "glu");
+  backend::check_same_shape(gate, y, "glu");
+  launch_glu(gate.as<float>(), up.as<float>(), y.n_elems(), static_cast<int32_t>(act.kind), act.limit, act.beta_g,
+             act.beta_u, y.as<float>(), impl_->stream);
+}
+
+void CudaBackend::add(const Tensor &a, const Tensor &b, const Tensor &y) {
+  backend::check_f32(a, "add", "a", Device::cuda);
+  backend::check_f32(b, "add", "b", Device::cuda);
+  backend::check_f32(y, "add", "y", Device::cuda);
+  backend::check_same_shape(a, b, "add");
+  backend::check_same_shape(a, y, "add");
+  launch_add(a.as<float>(), b.as<float>(), y.n_elems(), y.as<float>(), impl_->stream);
+}
+
+void CudaBackend::route(const Tensor &logits, const backend::RouterParams &p, const Tensor &expert_ids,
+                        const Tensor &weights) {
+  backend::check_f32(logits, "route", "logits", Device::cuda);
+  backend::check_i32(expert_ids, "route", "expert_ids", Device::cuda);
+  backend::check_f32(weights, "route", "weights", Device::cuda);
+  const int64_t n_exp = logits.ne[0], n_tok = logits.n_rows();
+  if (p.k <= 0 || p.k > n_exp || expert_ids.ne[0] != p.k || weights.ne[0] != p.k || expert_ids.n_rows() != n_tok ||
+      weights.n_rows() != n_tok)
+    fail(Status::shape, "route: k = {} of {} experts for {} tokens does not fit ids [{}, {}] / weights [{}, {}]", p.k,
+         n_exp, n_tok, expert_ids.ne[0], expert_ids.n_rows(), weights.ne[0], weights.n_rows());
+  RouteArgs a;
+  a.scoring = static_cast<int32_t>(p.scoring);
+  a.k = p.k;
+  a.renormalize = p.renormalize ? 1 : 0;
+  a.scale = p.scale;
+  if (p.bias) {
+    backend::check_f32(*p.bias, "route", "bias", Device::cuda);
+    if (p.bias->n_elems() != n_exp) fail(Status::shape, "route: bias has {} values for {} experts", p.bias->n_elems(), n_exp);
+    a.bias = p.bias->as<float>();
+  }
+  if (p.hash_table) {
+    backend::check_i32(*p.hash_table, "route", "hash_table", Device::cuda);
+    if (!p.token_ids) fail(Status::invalid_argument, "route: hash routing needs token_ids");
+    backend::check_i32(*p.token_ids, "route", "token_ids", Device::cuda);
+    if (p.hash_table->ne[0] != p.k || p.token_ids->n_elems() != n_tok)
+      fail(Status::shape, "route: hash table rows of {} / {} token ids for k = {} and {} tokens", p.hash_table->ne[0],
+           p.token_ids->n_elems(), p.k, n_tok);
+    a.hash_table = p.hash_table->as<int32_t>();
+    a.token_ids = p.token_ids->as<int32_t>();
+    a.hash_vocab = p.hash_table->ne[1];
+  }
+  launch_route(logits.as<float>(), n_exp, n_tok, a, expert_ids.as<int32_t>(), weights.as<float>(), impl_->stream);
+}
+
+void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const backend::ExpertSlots &slots,
+                      const backend::SlotLayout &l, const backend::Activation &act, const Tensor &y) {
+  backend::check_moe(x, expert_ids, weights, l, y, Device::cuda);
+  const int64_t d = x.ne[0], k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
+  if (pairs == 0) return;
+  // Every (token, j) pair gets its own output row, then each token sums its rows in j order:
+  // deterministic, no atomics, and moe_pairs() + moe_combine() give the same bits.
+  auto *pair_out = static_cast<float *>(workspace(kWsPairs, static_cast<uint64_t>(pairs * d) * 4));
+  compute_pairs(x, expert_ids, slots, l, act, {}, pair_out);
+  launch_moe_combine(pair_out, weights.as<float>(), d, n_tok, static_cast<int32_t>(k), y.as<float>(), impl_->stream);
+  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void CudaBackend::moe_pairs(const Tensor &x, const Tensor &expert_ids, const backend::ExpertSlots &slots,
+                            const backend::SlotLayout &l, const backend::Activation &act, std::span<const int32_t> experts,
+                            const Tensor &pairs) {
+  backend::check_moe_pairs(x, expert_ids, l, pairs, Device::cuda);
+  if (x.n_rows() == 0 || experts.empty()) return;
+  compute_pairs(x, expert_ids, slots, l, act, experts, pairs.as<float>());
+  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));  // the slots are released after this returns
+}
+
+void CudaBackend::moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) {
+  backend::check_moe_combine(pairs, weights, y, Device::cuda);
+  if (y.n_rows() == 0) return;
+  launch_moe_combine(pairs.as<float>(), weights.as<float>(), y.ne[0], y.n_rows(), static_cast<int32_t>(weights.ne[0]),
+                     y.as<float>(), impl_->stream);
+  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const backend::ExpertSlots &slots,
+                                const backend::SlotLayout &l, const backend::Activation &act,
+                                std::span<const int32_t> only, float *pair_out) {
+  const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
+  std::vector<int32_t> ids(static_cast<size_t>(pairs));
+  download(ids.data(), expert_ids.data, ids.size() * sizeof(int32_t));
+  // The pairs this call computes (those whose expert is in @p only, or all), and their experts.
+  // A pair's row never depends on which other pairs are computed with it.
+  const backend::PickedPairs pp = backend::pick_pairs(ids.data(), pairs, slots.n_experts, only);
+  const std::vector<int32_t> &picked = pp.pairs, &picked_ids = pp.experts;
+  const int64_t np = static_cast<int64_t>(picked.size());
+  if (np == 0) return;
+  const std::vector<const uint8_t *> slot = backend::resolve_expert_slots(picked_ids.data(), np, slots);
+  cudaStream_t s = impl_->stream;
+
+  if (n_tok <= kGemvMaxTokens && np <= 65535) {
+    // Decode: one launch for gate and up together (when they share a type and fit one launch:
+    // each launch has a fixed cost of a few microseconds) and one for down, over the picked
+    // (token, expert) pairs, the activation applied as down's kernel reads its input (GemvGlu;
+    // its own launch where that kernel cannot); when not all pairs are picked, the rows are
+    // computed compactly and scattered to their pairs.
+    const bool all = np == pairs;
+    const bool fused = l.gate.type == l.up.type && 2 * np <= 65535;
+    std::vector<const void *> &table = impl_->pair_table;
+    table.assign(static_cast<size_t>(3 * np), nullptr);
+    // x row of each gate matrix, of each up matrix, then (not all) the pair of each pick
+    std::vector<int32_t> &lists = impl_->pair_lists;
+    lists.assign(static_cast<size_t>(all ? 2 * np : 3 * np), 0);
+    for (int64_t i = 0; i < np; ++i) {
+      table[i] = slot[i] + l.gate.offset;
+      table[np + i] = slot[i] + l.up.offset;
+      table[2 * np + i] = slot[i] + l.down.offset;
+      lists[i] = lists[np + i] = picked[i] / static_cast<int32_t>(k);
+      if (!all) lists[2 * np + i] = picked[i];
+    }
+    auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table.size() * sizeof(void *) + lists.size() * 4));
+    EP_CUDA_CHECK(cudaMemcpyAsync(dev, table.data(), table.size() * sizeof(void *), cudaMemcpyHostToDevice, s));
+    auto *dev_lists = reinterpret_cast<int32_t *>(dev + table.size() * sizeof(void *));
+    EP_CUDA_CHECK(cudaMemcpyAsync(dev_lists, lists.data(), lists.size() * 4, cudaMemcpyHostToDevice, s));
+    auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(2 * np * f) * 4));
+    float *u = g + np * f;  // right after the gate rows: one launch writes both
+    float *o = all ? pair_out : static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(np * d) * 4));
+    const auto *dev_table = reinterpret_cast<const void *const *>(dev);
+    GemvArgs a;
+    a.x = x.as<float>();
+    a.x_rows = dev_lists;
+    a.k = d;
+    a.n = f;
+    a.n_mat = static_cast<int32_t>(fused ? 2 * np : np);
+    a.w_ptrs = dev_table;
+    a.y = g;
+    launch_gemv(type_id(l.gate.type), a, s);
+    if (!fused) {
+      a.w_ptrs = dev_table + np;
+      a.y = u;
+      launch_gemv(type_id(l.up.type), a, s);
+    }
+    GemvArgs b;
+    b.w_ptrs = dev_table + 2 * np;
+    b.x = g;
+    b.x_rows = nullptr;  // matrix i reads row i of g
+    b.y = o;
+    b.k = f;
+    b.n = d;
+    b.n_mat = static_cast<int32_t>(np);
+    // mxfp4 measured no faster with the activation in down's kernel (0.96-1.02x per FFN on the
+    // H200, docs/benchmarks.md, session 9; q2_K, q3_K, iq2_xxs 1.02-1.15x): its own launch there
+    if (l.down.type != GgmlType::mxfp4 && gemv_takes_glu(type_id(l.down.type), b)) {
+      b.glu = GemvGlu{u, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u};
+    } else {
+      launch_glu(g, u, np * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
+    }
+    launch_gemv(type_id(l.down.type), b, s);
+    if (!all) launch_scatter_rows(o, dev_lists + 2 * np, d, np, pair_out, s);
+    return;  // the callers synchronize before the slots are released
+  }
+
+  // Prefill: group the picked pairs by expert; per expert gather its tokens, run the three
+  // products (GEMV or dequantize + cuBLAS by batch size) and scatter its rows to their pairs.
+  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
+  for (int32_t p : picked) by_expert[static_cast<size_t>(ids[static_cast<size_t>(p)])].push_back(p);
+  std::vector<int32_t> &lists = impl_->pair_lists;  // per expert: tokens then pair indices
+  lists.clear();
+  std::vector<std::pair<int32_t, size_t>> order;
+  for (int32_t e = 0; e < slots.n_experts; ++e) {
+    const auto &v = by_expert[static_cast<size_t>(e)];
+    if (v.empty()) continue;
+    order.emplace_back(e, lists.size());
+    for (int32_t p : v) lists.push_back(p / static_cast<int32_t>(k));
+    for (int32_t p : v) lists.push_back(p);
+  }
+  auto *dev_lists = static_cast<int32_t *>(workspace(kWsTables, lists.size() * 4));
+  EP_CUDA_CHECK(cudaMemcpyAsync(dev_lists, lists.data(), lists.size() * 4, cudaMemcpyHostToDevice, s));
+  int64_t max_n = 0;
+  for (const auto &v : by_expert) max_n = std::max<int64_t>(max_n, static_cast<int64_t>(v.size()));
+  auto *xe = static_cast<float *>(workspace(kWsGather, static_cast<uint64_t>(max_n * d) * 4));
+  auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(max_n * f) * 4));
+  auto *u = static_cast<float *>(workspace(kWsUp, static_cast<uint64_t>(max_n * f) * 4));
+  auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(max_n * d) * 4));
+  for (const auto &[e, at] : order) {
+    const int64_t ne = static_cast<int64_t>(by_expert[static_cast<size_t>(e)].size());
+    const uint8_t *base = static_cast<const uint8_t *>(slots.slot[e]);
+    launch_gather_rows(x.as<float>(), dev_lists + at, d, ne, xe, s);
+    const Tensor xt = Tensor::make(xe, GgmlType::f32, Device::cuda, {d, ne});
+    const Tensor gt = Tensor::make(g, GgmlType::f32, Device::cuda, {f, ne});
+    const Tensor ut = Tensor::make(u, GgmlType::f32, Device::cuda, {f, ne});
+    const Tensor ot = Tensor::make(o, GgmlType::f32, Device::cuda, {d, ne});
+    matmul(Tensor::make(base + l.gate.offset, l.gate.type, Device::cuda, {d, f}), xt, gt);
+    matmul(Tensor::make(base + l.up.offset, l.up.type, Device::cuda, {d, f}), xt, ut);
+    launch_glu(g, u, ne * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
+    matmul(Tensor::make(base + l.down.offset, l.down.type, Device::cuda, {f, d}), gt, ot);
+    launch_scatter_rows(o, dev_lists + at + ne, d, ne, pair_out, s);
+  }
+  // no synchronization here: the host lists live in impl_ until the next call, and the callers
+  // synchronize before the slots are released
+}
+
+int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams &p, uint64_t counter) {
+  backend::check_f32(logits, "sample", "logits", Device::cuda);
+  const int64_t n = logits.ne[0];
+  if (logits.n_rows() != 1 || n <= 0) fail(Status::shape, "sample: expected one row of logits, got [{}, {}]", n, logits.n_rows());
+  // kWsSample: n floats of probabilities, then (with a repetition penalty) n floats of penalized
+  // logits and the distinct penalized ids.
+  const std::vector<int32_t> ids =
+      p.repetition_penalty != 1.0f ? backend::penalty_ids(p.penalty_tokens, n) : std::vector<int32_t>{};
+  const uint64_t n_bytes = static_cast<uint64_t>(n) * 4;
+  auto *scratch = static_cast<float *>(workspace(kWsSample, ids.empty() ? n_bytes : 2 * n_bytes + ids.size() * 4));
+  auto *out = static_cast<int32_t *>(workspace(kWsToken, 4));
+  const float *z = logits.as<float>();
+  if (!ids.empty()) {
+    float *copy = scratch + n;
+    auto *dev_ids = reinterpret_cast<int32_t *>(copy + n);
+    EP_CUDA_CHECK(cudaMemcpyAsync(copy, z, n_bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+    upload(dev_ids, ids.data(), ids.size() * 4);
+    launch_repetition_penalty(copy, dev_ids, static_cast<int32_t>(ids.size()), p.repetition_penalty, impl_->stream);
+    z = copy;
+  }
+  launch_sample(z, n, p.temperature, p.top_k, p.top_p, p.min_p, backend::sample_uniform(p.seed, counter), scratch, out,
+                impl_->stream);
+  int32_t token = -1;
+  download(&token, out, 4);
+  if (token < 0)
+    fail(Status::internal, "sample: no token kept (temperature {}, top_k {}, top_p {}, min_p {})", p.temperature, p.top_k,
+         p.top_p, p.min_p);
+  return token;
+}
+
+}  // namespace ep::backend::cuda

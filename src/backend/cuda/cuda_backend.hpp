@@ -1,0 +1,122 @@
+// The CUDA backend: the ops of backend::Backend on one device and one stream. Quantized
+// matrix-vector products (up to 8 tokens) run the bandwidth-oriented GEMV kernels; larger
+// batches dequantize weight rows in chunks and call cuBLAS: by default to f32 and SGEMM with
+// pedantic math (no TF32: f32 products, f32 sums; within ~1e-6 of the CPU backend), or, as an
+// opt-in (GemmMode::fast_bf16, EP_CUDA_GEMM=bf16), to bf16 with x rounded to bf16 (tensor cores,
+// f32 accumulate; ~1e-1 relative on small random models). Routed experts run batched over the
+// selected slots.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "backend/backend.hpp"
+
+namespace ep::backend::cuda {
+
+/// How matmul multiplies more than kGemvMaxTokens tokens (prefill).
+enum class GemmMode : uint8_t {
+  exact_f32 = 0,  ///< weights dequantized to f32, x as is, cublasSgemm with CUBLAS_PEDANTIC_MATH
+  fast_bf16 = 1,  ///< weights dequantized to bf16, x rounded to bf16, cublasGemmEx (f32 accumulate)
+};
+
+class CudaBackend final : public backend::Backend {
+ public:
+  /// Uses device @p device_index and creates its own stream. The GEMM mode starts as
+  /// GemmMode::exact_f32, or fast_bf16 when the environment has EP_CUDA_GEMM=bf16.
+  explicit CudaBackend(int device_index = 0);
+  ~CudaBackend() override;
+
+  cudaStream_t stream() const noexcept;
+  backend::Device device() const noexcept override { return backend::Device::cuda; }
+
+  void *allocate(uint64_t bytes) override;
+  void deallocate(void *ptr) noexcept override;
+  void upload(void *dst, const void *src, uint64_t bytes) override;
+  void download(void *dst, const void *src, uint64_t bytes) override;
+  void fill_zero(void *dst, uint64_t bytes) override;
+  void synchronize() override;
+
+  void matmul(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y) override;
+  void rms_norm(const backend::Tensor &x, const backend::Tensor *weight, float eps, const backend::Tensor &y) override;
+  void rope(const backend::Tensor &x, const backend::Tensor &positions, const backend::RopeParams &params,
+            const backend::Tensor &y) override;
+  void embed(const backend::Tensor &table, const backend::Tensor &ids, const backend::Tensor &y) override;
+  void softmax(const backend::Tensor &x, const backend::Tensor &y) override;
+  void top_k(const backend::Tensor &x, int32_t k, const backend::Tensor &indices, const backend::Tensor &values) override;
+  void glu(const backend::Tensor &gate, const backend::Tensor &up, const backend::Activation &act,
+           const backend::Tensor &y) override;
+  void add(const backend::Tensor &a, const backend::Tensor &b, const backend::Tensor &y) override;
+  void route(const backend::Tensor &logits, const backend::RouterParams &params, const backend::Tensor &expert_ids,
+             const backend::Tensor &weights) override;
+  void moe(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::Tensor &weights,
+           const backend::ExpertSlots &slots, const backend::SlotLayout &layout, const backend::Activation &act,
+           const backend::Tensor &y) override;
+  bool has_moe_pairs() const override { return true; }
+  void moe_pairs(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::ExpertSlots &slots,
+                 const backend::SlotLayout &layout, const backend::Activation &act, std::span<const int32_t> experts,
+                 const backend::Tensor &pairs) override;
+  void moe_combine(const backend::Tensor &pairs, const backend::Tensor &weights, const backend::Tensor &y) override;
+  int32_t sample(const backend::Tensor &logits, const backend::SamplingParams &params, uint64_t counter) override;
+
+  void mul(const backend::Tensor &a, const backend::Tensor &b, const backend::Tensor &y) override;
+  void scale(const backend::Tensor &x, float s, const backend::Tensor &y) override;
+  void copy(const backend::Tensor &src, const backend::Tensor &dst) override;
+  void copy_2d(void *dst, uint64_t dst_pitch_bytes, const void *src, uint64_t src_pitch_bytes, uint64_t row_bytes,
+               uint64_t rows) override;
+  void hc_weights(const backend::Tensor &mix, const backend::Tensor &scale, const backend::Tensor &base, float eps,
+                  int32_t sinkhorn_iters, const backend::Tensor &pre, const backend::Tensor *post,
+                  const backend::Tensor *comb) override;
+  void hc_collapse(const backend::Tensor &x, const backend::Tensor &pre, const backend::Tensor &y) override;
+  void hc_expand(const backend::Tensor &x, const backend::Tensor &f, const backend::Tensor &post,
+                 const backend::Tensor &comb, const backend::Tensor &y) override;
+  void attention_sinks(const backend::Tensor &q, const backend::Tensor &kv, const backend::Tensor &visible,
+                       const backend::Tensor &sinks, float scale, const backend::Tensor &out) override;
+  void pool_windows(const backend::Tensor &kv, const backend::Tensor &gate, const backend::Tensor &out) override;
+  void indexer_scores(const backend::Tensor &q, const backend::Tensor &w, const backend::Tensor &keys,
+                      const backend::Tensor &visible, float scale, const backend::Tensor &scores) override;
+  void set_visible(const backend::Tensor &indices, const backend::Tensor &values, int64_t offset,
+                   const backend::Tensor &mask) override;
+  // Kimi ops (cuda_backend_kimi.cpp, kernels in kimi_ops.cu)
+  void short_conv_silu(const backend::Tensor &x, const backend::Tensor &w, const backend::Tensor &state,
+                       const backend::Tensor &y) override;
+  void l2_normalize(const backend::Tensor &x, float eps, float s, const backend::Tensor &y) override;
+  void sigmoid(const backend::Tensor &x, const backend::Tensor &y) override;
+  void kda_gate(const backend::Tensor &x, const backend::Tensor &bias, const backend::Tensor &a, float lower_bound,
+                const backend::Tensor &g) override;
+  void kda_recurrence(const backend::Tensor &q, const backend::Tensor &k, const backend::Tensor &v,
+                      const backend::Tensor &g, const backend::Tensor &beta, const backend::Tensor &state,
+                      const backend::Tensor &out) override;
+  void gated_rms_norm(const backend::Tensor &x, const backend::Tensor &w, const backend::Tensor &gate, float eps,
+                      const backend::Tensor &y) override;
+  void causal_attention(const backend::Tensor &q, const backend::Tensor &keys, const backend::Tensor &values,
+                        int64_t n_past, float scale, const backend::Tensor &out) override;
+  void attn_res_mix(const backend::Tensor *banked, const backend::Tensor &cur, const backend::Tensor &w, float eps,
+                    const backend::Tensor &out) override;
+
+  /// y[N, T] = W · x through the dequantize + cuBLAS path regardless of T (benchmarks), in the
+  /// current GEMM mode / in @p mode.
+  void matmul_gemm(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y);
+  void matmul_gemm(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y, GemmMode mode);
+  /// The path of prefill matmuls (and the routed experts' products above kGemvMaxTokens tokens).
+  void set_gemm_mode(GemmMode mode) noexcept;
+  GemmMode gemm_mode() const noexcept;
+
+ protected:
+  void *workspace(unsigned slot, uint64_t bytes) override;
+
+ private:
+  /// The rows of moe() / moe_pairs(): for every (token t, pick j) whose expert is in @p only
+  /// (all when empty), down(act(gate(x_t), up(x_t))) to pair_out[t·k + j] (device, [D, k·T]).
+  /// Returns with the work queued on the backend's stream: the caller synchronizes before the
+  /// expert slots may be released.
+  void compute_pairs(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::ExpertSlots &slots,
+                     const backend::SlotLayout &layout, const backend::Activation &act, std::span<const int32_t> only,
+                     float *pair_out);
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ep::backend::cuda

@@ -1,0 +1,141 @@
+// Host launchers of the compute kernels (cuda/*.cu). Each takes the stream last, checks the
+// launch and throws ep::Error on failure. Plain pointers and sizes only; shapes are validated
+// by the caller (cuda_backend.cpp). Type ids are ggml type ids (format/ggml_type.hpp).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ep::backend::cuda {
+
+/// GEMV kernels (gemv_quant.cu). automatic: the fastest for the type and shape (EP_GEMV_KERNEL
+/// = generic|pipe|mma|dp4a|stream|imma overrides it). dp4a and stream (one token) and mma (1..8
+/// tokens) run mxfp4, q2_K and q3_K with k a multiple of 256, stream also iq2_xxs (one token, k a
+/// multiple of 256, 2-byte-aligned matrices); asked for other types or shapes they fall back to
+/// what automatic picks there. stream is dp4a's arithmetic with the weights streamed through
+/// shared memory (a ring per warp, filled by bulk copies on sm_90+). imma (asked for only; q2_K, one token, k a
+/// multiple of 256) runs q2_K on int8 tensor cores (cuda/gemv_imma.cuh; same x precision as
+/// dp4a; slower than stream on row-major matrices, docs/benchmarks.md). generic and pipe run every
+/// type exactly (f32 x).
+enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream, imma };
+
+/// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =
+/// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of
+/// type `type`), x_m = x + (x_rows ? x_rows[m] : m)·k and y_m = y + m·n·n_tok.
+/// w_ptrs and x_rows are device arrays. x must be 16-byte aligned; n_tok <= kGemvMaxTokens. The
+/// dp4a kernel needs every matrix 4-byte aligned (q3_K: 2-byte); a misaligned single `w` falls
+/// back to the per-lane kernels. The stream kernel (the one-token default for mxfp4, q2_K, q3_K)
+/// needs the same, and for q3_K 4-byte aligned rows: every matrix 4-byte aligned and k a multiple
+/// of 512 (other q3_K matrices run on dp4a).
+/// Accumulation is f32; the mma kernel carries x as two f16 halves (~22 bits, scaled per token
+/// by a power of two, any f32 range; within 5e-5 of the largest output of an f64 reference in
+/// tests/backend/cuda/gemv_gpu_test.cpp), the dp4a and stream kernels as two int8 parts per 32 values
+/// (per 128 for q2_K and q3_K; ~15 bits, any f32 range; within 2e-4 there, 3.3e-5 measured for
+/// stream in session 12).
+/// A gated activation applied to a GEMV's input as the kernel reads it (GemvArgs::glu): the
+/// input row is act(x_row, up_row) elementwise, with up_row at the same row of `up` as x_row of x
+/// and act launch_glu's (kind 0: SwiGLU clamped by limit when limit > 0; kind 1: SiTU(beta_g,
+/// beta_u)). The same f32 values as launch_glu followed by the GEMV, without the extra launch.
+struct GemvGlu {
+  const float *up = nullptr;  ///< null: no activation, the input is x
+  int32_t kind = 0;
+  float limit = 0.0f, beta_g = 1.0f, beta_u = 1.0f;
+};
+struct GemvArgs {
+  const void *const *w_ptrs = nullptr;  ///< device array [n_mat], or null: every matrix is `w`
+  const void *w = nullptr;
+  const float *x = nullptr;
+  const int32_t *x_rows = nullptr;
+  float *y = nullptr;
+  int64_t k = 0;
+  int64_t n = 0;
+  int32_t n_tok = 1;
+  int32_t n_mat = 1;
+  GemvKernel kernel = GemvKernel::automatic;
+  /// Only with the dp4a and stream kernels (gemv_takes_glu); launch_gemv throws for the others.
+  GemvGlu glu;
+};
+inline constexpr int32_t kGemvMaxTokens = 8;
+void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream);
+/// The kernel launch_gemv runs for this type and these arguments.
+GemvKernel gemv_kernel_for(uint32_t type, const GemvArgs &args);
+/// Whether launch_gemv can apply args.glu for this type and these arguments (the kernel it runs
+/// is dp4a or stream: they read x once per block, into their quantized copy).
+bool gemv_takes_glu(uint32_t type, const GemvArgs &args);
+const char *gemv_kernel_name(GemvKernel kernel);
+/// Parses a gemv_kernel_name(); false for an unknown name.
+bool parse_gemv_kernel(const char *name, GemvKernel &out);
+/// Tells launch_gemv that EP_GEMV_KERNEL, EP_GEMV_STREAM_CFG or EP_GEMV_STREAM_GLOG (measurement
+/// overrides) changed in this process: it reads them only while one of them was set when it last
+/// looked (tests that set them between launches call this after each change).
+void gemv_env_changed();
+
+/// Dequantizes `rows` rows of k values (row stride = row bytes) to f32 (dst_f32) or bf16
+/// (dst_bf16; exactly one of them non-null), bit-exact with ggml for f32 output.
+void launch_dequant_rows(uint32_t type, const void *src, int64_t k, int64_t rows, float *dst_f32,
+                         uint16_t *dst_bf16, cudaStream_t stream);
+/// y[t·d ..] = dequantized row ids[t] of table (rows of d values); ids checked against vocab
+/// (out-of-range ids write NaN rows).
+void launch_embed(uint32_t type, const void *table, int64_t d, int64_t vocab, const int32_t *ids,
+                  int64_t n_ids, float *y, cudaStream_t stream);
+void launch_f32_to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream);
+
+/// y[t][r] = Σ_i w[r][i] · x[t][i] for plain float weights (@p type f32, f16 or bf16) of any row
+/// length @p k (the GEMV and dequant kernels need k to be a multiple of 32): one warp per output,
+/// f32 accumulation. For the small dims of tiny test models; x, y: f32 [t][k] / [t][n].
+void launch_matmul_plain(uint32_t type, const void *w, const float *x, float *y, int64_t k, int64_t n, int64_t t,
+                         cudaStream_t stream);
+
+void launch_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t rows, float *y,
+                     cudaStream_t stream);
+inline constexpr int32_t kRopeMaxPairs = 256;
+struct RopeArgs {
+  float inv_freq[kRopeMaxPairs];
+  int32_t n_pairs = 0;
+  int32_t dim_offset = 0;
+  float attention_factor = 1.0f;
+  int32_t inverse = 0;
+  int64_t head_dim = 0;
+  int64_t n_heads = 0;
+  int64_t n_tokens = 0;
+};
+void launch_rope(const float *x, const int32_t *positions, const RopeArgs &args, float *y, cudaStream_t stream);
+void launch_softmax(const float *x, int64_t n, int64_t rows, float *y, cudaStream_t stream);
+void launch_top_k(const float *x, int64_t n, int64_t rows, int32_t k, int32_t *indices, float *values,
+                  cudaStream_t stream);
+/// kind 0: swiglu with limit (<= 0: none); kind 1: situ(beta_g, beta_u).
+void launch_glu(const float *gate, const float *up, int64_t n, int32_t kind, float limit, float beta_g,
+                float beta_u, float *y, cudaStream_t stream);
+void launch_add(const float *a, const float *b, int64_t n, float *y, cudaStream_t stream);
+
+struct RouteArgs {
+  int32_t scoring = 0;  ///< backend::Scoring
+  int32_t k = 1;
+  int32_t renormalize = 1;
+  float scale = 1.0f;
+  const float *bias = nullptr;        ///< [n_experts] or null
+  const int32_t *hash_table = nullptr;  ///< [vocab][k] or null
+  const int32_t *token_ids = nullptr;
+  int64_t hash_vocab = 0;
+};
+/// Router, one block per token: ids/weights [n_tok][k]. Invalid hash entries give id −1.
+void launch_route(const float *logits, int64_t n_experts, int64_t n_tok, const RouteArgs &args,
+                  int32_t *ids, float *weights, cudaStream_t stream);
+/// y[t·d + i] = Σ_j w[t·k + j] · o[(t·k + j)·d + i].
+void launch_moe_combine(const float *o, const float *w, int64_t d, int64_t n_tok, int32_t k, float *y,
+                        cudaStream_t stream);
+/// out[i·d ..] = x[rows[i]·d ..].
+void launch_gather_rows(const float *x, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
+/// out[rows[i]·d ..] = src[i·d ..].
+void launch_scatter_rows(const float *src, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
+
+/// Sampling on the device (semantics of backend::SamplingParams, after the repetition
+/// penalty); `scratch` holds n floats. Writes the token to *out (device).
+void launch_sample(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p, float min_p, double u,
+                   float *scratch, int32_t *out, cudaStream_t stream);
+/// The repetition penalty on a device copy of the logits: z[ids[j]] / penalty when positive,
+/// × penalty otherwise; ids (device) are distinct and inside the row.
+void launch_repetition_penalty(float *z, const int32_t *ids, int32_t n_ids, float penalty, cudaStream_t stream);
+
+}  // namespace ep::backend::cuda

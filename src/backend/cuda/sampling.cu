@@ -1,0 +1,143 @@
+// Sampling on the device, one block: greedy (first maximum), or temperature + top-k (k-th
+// largest found by a bitwise search over order-preserving float keys, ties at the k-th value
+// kept) + top-p (the largest probability cut whose kept mass reaches top_p, found the same way)
+// + min-p (relative to the most likely token) + a draw in vocabulary order with the host's
+// seeded uniform u. The repetition penalty runs first, on a copy of the logits. Sums in double, like the CPU
+// reference, so both backends pick the same token.
+#include "gpu/check.hpp"
+#include "backend/cuda/kernels.hpp"
+#include "backend/cuda/reduce.cuh"
+
+namespace ep::backend::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+/// z[ids[j]] of the copy: / penalty when positive, × penalty otherwise (ids distinct, in range).
+__global__ void repetition_penalty_kernel(float *__restrict__ z, const int32_t *__restrict__ ids, int32_t n_ids,
+                                          float penalty) {
+  const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= n_ids) return;
+  const float v = z[ids[j]];
+  z[ids[j]] = v > 0.0f ? v / penalty : v * penalty;
+}
+
+__global__ void sample_kernel(const float *__restrict__ logits, int64_t n, float temperature, int32_t top_k, float top_p,
+                              float min_p, double u, float *__restrict__ p, int32_t *out) {
+  __shared__ double scan[kThreads];
+  const int tid = threadIdx.x;
+  if (temperature <= 0.0f || top_k == 1) {
+    Best b{0.0f, INT32_MAX};
+    for (int64_t i = tid; i < n; i += kThreads) {
+      const Best c{logits[i], static_cast<int32_t>(i)};
+      if (b.i == INT32_MAX || better(c, b)) b = c;
+    }
+    b = block_best(b);
+    if (tid == 0) *out = b.i == INT32_MAX ? -1 : b.i;
+    return;
+  }
+  float zmax = -INFINITY;
+  for (int64_t i = tid; i < n; i += kThreads) zmax = fmaxf(zmax, logits[i] / temperature);
+  zmax = block_reduce(zmax, MaxOp{}, -INFINITY);
+  uint32_t keep_key = 0;
+  if (top_k > 0 && top_k < n) {
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t cand = keep_key | (1u << bit);
+      int32_t count = 0;
+      for (int64_t i = tid; i < n; i += kThreads) count += order_key(logits[i] / temperature) >= cand;
+      count = block_reduce(count, SumOp{}, 0);
+      if (count >= top_k) keep_key = cand;
+    }
+  }
+  const float zkeep = top_k > 0 && top_k < n ? key_float(keep_key) : -INFINITY;
+  for (int64_t i = tid; i < n; i += kThreads) {
+    const float z = logits[i] / temperature;
+    p[i] = z >= zkeep ? expf(z - zmax) : 0.0f;
+  }
+  __syncthreads();
+  if (top_p < 1.0f) {
+    double total = 0.0;
+    for (int64_t i = tid; i < n; i += kThreads) total += p[i];
+    total = block_reduce(total, SumOp{}, 0.0);
+    const double target = static_cast<double>(top_p) * total;
+    uint32_t cut = 0;  // bits of a positive float: ordered like the values
+    for (int bit = 30; bit >= 0; --bit) {
+      const uint32_t cand = cut | (1u << bit);
+      double mass = 0.0;
+      for (int64_t i = tid; i < n; i += kThreads) {
+        const float v = p[i];
+        if (v > 0.0f && __float_as_uint(v) >= cand) mass += v;
+      }
+      mass = block_reduce(mass, SumOp{}, 0.0);
+      if (mass >= target) cut = cand;
+    }
+    const float cutf = __uint_as_float(cut);
+    for (int64_t i = tid; i < n; i += kThreads)
+      if (p[i] < cutf) p[i] = 0.0f;
+    __syncthreads();
+  }
+  if (min_p > 0.0f) {  // relative to the most likely token, whose p is expf(0) = 1
+    for (int64_t i = tid; i < n; i += kThreads)
+      if (p[i] < min_p) p[i] = 0.0f;
+    __syncthreads();
+  }
+  // draw in vocabulary order: contiguous chunks per thread, exclusive scan of chunk sums
+  const int64_t chunk = (n + kThreads - 1) / kThreads;
+  const int64_t begin = tid * chunk, end = begin + chunk < n ? begin + chunk : n;
+  double local = 0.0;
+  int32_t last = -1;
+  for (int64_t i = begin; i < end; ++i)
+    if (p[i] > 0.0f) {
+      local += p[i];
+      last = static_cast<int32_t>(i);
+    }
+  scan[tid] = local;
+  __syncthreads();
+  for (int off = 1; off < kThreads; off <<= 1) {
+    const double add = tid >= off ? scan[tid - off] : 0.0;
+    __syncthreads();
+    scan[tid] += add;
+    __syncthreads();
+  }
+  const double total = scan[kThreads - 1];
+  const double prefix = scan[tid] - local;
+  const int32_t last_kept = block_reduce(last, [](int32_t a, int32_t b) { return a > b ? a : b; }, -1);
+  if (tid == 0) *out = last_kept;
+  __syncthreads();
+  const double target = u * total;
+  if (local > 0.0 && prefix <= target && target < prefix + local) {
+    double cum = prefix;
+    for (int64_t i = begin; i < end; ++i) {
+      if (p[i] <= 0.0f) continue;
+      cum += p[i];
+      if (cum > target) {
+        *out = static_cast<int32_t>(i);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void launch_repetition_penalty(float *z, const int32_t *ids, int32_t n_ids, float penalty, cudaStream_t stream) {
+  if (n_ids <= 0) return;
+  repetition_penalty_kernel<<<(n_ids + 255) / 256, 256, 0, stream>>>(z, ids, n_ids, penalty);
+  EP_CUDA_CHECK_LAUNCH("repetition_penalty_kernel");
+}
+
+void launch_sample(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p, float min_p, double u,
+                   float *scratch, int32_t *out, cudaStream_t stream) {
+  sample_kernel<<<1, kThreads, 0, stream>>>(logits, n, temperature, top_k, top_p, min_p, u, scratch, out);
+  EP_CUDA_CHECK_LAUNCH("sample_kernel");
+}
+
+}  // namespace ep::backend::cuda

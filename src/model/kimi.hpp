@@ -1,0 +1,105 @@
+// The Kimi-Linear model (KimiLinearForCausalLM of transformers 5.17) on the ep::backend::Backend
+// interface: a hybrid of Kimi Delta Attention layers (q/k/v projections, depthwise causal short
+// convolution + SiLU, L2-normalised q and k, β = σ(b_proj x), per-channel decay
+// g = −exp(A_log)·softplus(f_b(f_a x) + dt_bias), the delta-rule state update, a gated RMSNorm on
+// the output) and MLA full-attention layers without RoPE; a dense FFN on the first layers, then
+// MoE with sigmoid scores + correction bias, renormalised top-k, a scale and shared experts.
+// With the Kimi-K3 flags of KimiConfig also SiTU, AttnRes, latent MoE, the gated MLA
+// output, the full-rank KDA output gate and the lower-bounded decay (docs/models/kimi-k3.md).
+//
+// Every op goes through the Backend (CPU or CUDA: short_conv_silu, kda_recurrence, causal_attention,
+// attn_res_mix, ... in backend.hpp); activations and the decode state live in backend memory. The
+// host sees only the routed expert ids (for the provider's acquire) and the logits. Decode state:
+// per KDA layer the last conv_kernel − 1 projected q/k/v rows and the recurrent state
+// [heads][dk][dv]; per MLA layer the expanded keys and values so far.
+#pragma once
+
+#include "backend/backend.hpp"
+#include "model/backend_memory.hpp"
+#include "model/expert_provider.hpp"
+#include "model/kimi_config.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ep::model {
+
+class WeightCatalog;
+
+/// One layer's decode state, in backend memory.
+struct KimiLayerState {
+  StateBuffer conv;    ///< KDA: [3][conv_kernel − 1][kda_inner] f32: q, k, v input rows, oldest first
+  StateBuffer S;       ///< KDA: [kda_heads][dk][dv] f32
+  StateBuffer keys;    ///< MLA: [capacity][heads][qk_head_dim] f32 (the first n_past rows in use)
+  StateBuffer values;  ///< MLA: [capacity][heads][v_head_dim] f32
+  int64_t capacity = 0;  ///< MLA: tokens keys / values have room for (grows by doubling)
+};
+
+/// Decode state: prefill, then decode token by token, equals recomputing the whole sequence.
+/// Holds backend memory of the model's backend (it must not outlive that backend). Copying it
+/// forks the sequence: the copy gets its own backend memory with the same contents.
+struct KimiState {
+  int64_t n_past = 0;
+  std::vector<KimiLayerState> layers;
+  const void *model = nullptr;  ///< the KimiModel that made it (new_state())
+};
+
+struct KimiLoadOptions {
+  /// true: read every routed expert from the source into backend memory (ResidentExperts);
+  /// false: only check their tensors and leave the experts to set_experts().
+  bool resident_experts = true;
+};
+
+class KimiModel {
+ public:
+  /// Opens a `kimi-linear` .gguf file (first shard of a set).
+  static std::unique_ptr<KimiModel> open(const std::string &path, backend::Backend &backend,
+                                               const KimiLoadOptions &options = {});
+  /// Loads every weight from @p catalog (fail-closed) into backend memory.
+  KimiModel(const KimiConfig &config, WeightCatalog &catalog, backend::Backend &backend,
+                  const KimiLoadOptions &options = {});
+  ~KimiModel();
+  KimiModel(const KimiModel &) = delete;
+  KimiModel &operator=(const KimiModel &) = delete;
+
+  const KimiConfig &config() const { return cfg_; }
+  KimiState new_state() const;
+  /// Runs @p n tokens at positions state.n_past ... and appends them to @p state. When
+  /// @p logits is not null it receives n rows of vocab logits (row t predicts token t+1).
+  /// After an exception the state is partly updated and must be discarded. One forward() at a
+  /// time per model (it reuses the model's scratch buffers in backend memory).
+  void forward(const int32_t *tokens, int64_t n, KimiState &state, float *logits);
+
+  /// Replaces the routed-expert source. The provider's layer index is the MoE layer's ordinal
+  /// (moe_index()), not the model layer: the dense first layers have no experts.
+  void set_experts(std::unique_ptr<ExpertProvider> experts) { experts_ = std::move(experts); }
+  ExpertProvider *experts() const { return experts_.get(); }
+  /// The provider index of model layer @p layer, or −1 for a dense layer.
+  int64_t moe_index(int64_t layer) const { return moe_index_.at(static_cast<size_t>(layer)); }
+  /// Per MoE layer (in moe_index order): the routed experts' types and shapes in the source file.
+  const std::vector<ExpertShape> &expert_shapes() const { return expert_shapes_; }
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+  struct Weights;
+
+ private:
+  // x and out are [hidden, n] f32 in backend memory.
+  void kda(int64_t il, const float *x, int64_t n, KimiLayerState &st, float *out);
+  void mla(int64_t il, const float *x, int64_t n, int64_t n_past, KimiLayerState &st, float *out);
+  void ffn(int64_t il, const float *x, int64_t n, float *out);
+  void check_state(const KimiState &state) const;
+
+  KimiConfig cfg_;
+  backend::Backend &be_;
+  std::unique_ptr<Weights> w_;
+  std::unique_ptr<ExpertProvider> experts_;
+  std::vector<ExpertShape> expert_shapes_;
+  std::vector<int64_t> moe_index_;
+  uint64_t weight_bytes_ = 0;
+  std::unique_ptr<BackendScratch> fwd_scratch_;   ///< activations that live for one forward()
+  std::unique_ptr<BackendScratch> site_scratch_;  ///< activations of one mixer / FFN site
+};
+
+}  // namespace ep::model

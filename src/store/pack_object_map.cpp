@@ -1,0 +1,42 @@
+#include "store/pack_object_map.hpp"
+
+#include "core/error.hpp"
+#include "format/hash.hpp"
+#include "format/pack_file.hpp"
+
+#include <fmt/format.h>
+
+namespace ep::store {
+
+PackObjectMap::PackObjectMap(std::shared_ptr<const format::PackFile> pack) : pack_(std::move(pack)) {
+  if (!pack_) fail(Status::invalid_argument, "PackObjectMap: no pack");
+  if (pack_->alignment() % 4096 != 0)
+    fail(Status::unsupported, "{}: alignment {} is not a multiple of 4096: O_DIRECT reads need it",
+         pack_->path(), pack_->alignment());
+}
+
+std::shared_ptr<PackObjectMap> PackObjectMap::open(const std::string &path, bool sampled_hashes) {
+  std::shared_ptr<const format::PackFile> pack = format::PackFile::open(
+      path, sampled_hashes ? format::ValidationLevel::sampled : format::ValidationLevel::structure);
+  return std::make_shared<PackObjectMap>(std::move(pack));
+}
+
+uint32_t PackObjectMap::num_layers() const { return pack_->num_layers(); }
+uint32_t PackObjectMap::num_experts() const { return pack_->num_experts(); }
+uint64_t PackObjectMap::object_offset(uint32_t layer, uint32_t expert) const { return pack_->object_offset(layer, expert); }
+uint64_t PackObjectMap::object_bytes(uint32_t layer, uint32_t expert) const { return pack_->object_bytes(layer, expert); }
+uint64_t PackObjectMap::max_object_bytes() const { return pack_->max_object_bytes(); }
+uint32_t PackObjectMap::alignment() const { return static_cast<uint32_t>(pack_->alignment()); }
+
+std::string PackObjectMap::check_object(uint32_t layer, uint32_t expert, const std::byte *data) const {
+  for (uint32_t r = 0; r < format::kPackNumRoles; ++r) {
+    const format::RoleEntry &e = pack_->entry(layer, expert, static_cast<format::Role>(r));
+    const uint64_t got = format::xxh3_64(data + e.offset_in_object, static_cast<size_t>(e.nbytes));
+    if (got != e.xxh3)
+      return fmt::format("payload hash mismatch: {} at offset {} ({} bytes) hashes to {:016x}, the index says {:016x}",
+                         format::role_name(e.role), e.file_offset, e.nbytes, got, e.xxh3);
+  }
+  return {};
+}
+
+}  // namespace ep::store

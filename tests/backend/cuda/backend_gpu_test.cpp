@@ -1,0 +1,391 @@
+// Every CUDA op against the CPU reference backend on fresh random inputs. Device outputs are
+// poisoned with 0xFF bytes (NaN for f32, −1 for i32) before each call; a NaN never passes.
+// Thresholds (relative to the largest magnitude of the reference output):
+//   dequantization and embedding: bit-exact (f32) / equal to the rounded CPU value (bf16);
+//   GEMV path (<= 8 tokens, fp32 accumulation in a different order): 1e-4;
+//   GEMM path (> 8 tokens; the default exact mode: f32 weights, cuBLAS SGEMM without TF32): 1e-4;
+//   norms, RoPE, softmax, activations, router weights: 1e-5 (RoPE 1e-4 at large positions);
+//   router and top-k indices, greedy and seeded sampling: equal.
+#include "backend/cpu_backend.hpp"
+#include "backend/dequant.hpp"
+#include "gpu/check.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/kernels.hpp"
+#include "backend/random_weights.hpp"
+#include "support/catch.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using namespace ep::backend;
+using ep::backend::cuda::CudaBackend;
+using ep::format::GgmlType;
+
+namespace {
+
+// A device copy of a host vector (or an uninitialised, poisoned buffer) owned by the test.
+struct DevBuf {
+  CudaBackend &be;
+  void *p = nullptr;
+  uint64_t bytes = 0;
+  // Poisoned on the backend's own stream: that stream is non-blocking, so a memset on the
+  // legacy default stream could land after the kernel under test and overwrite its output.
+  DevBuf(CudaBackend &b, uint64_t n) : be(b), p(b.allocate(n)), bytes(n) {
+    EP_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, n, b.stream()));
+    EP_CUDA_CHECK(cudaStreamSynchronize(b.stream()));
+  }
+  template <typename T>
+  DevBuf(CudaBackend &b, const std::vector<T> &v) : DevBuf(b, v.size() * sizeof(T)) {
+    b.upload(p, v.data(), bytes);
+  }
+  ~DevBuf() { be.deallocate(p); }
+  DevBuf(const DevBuf &) = delete;
+  template <typename T>
+  std::vector<T> get() {
+    std::vector<T> v(bytes / sizeof(T));
+    be.download(v.data(), p, bytes);
+    return v;
+  }
+};
+
+Tensor t_of(void *p, GgmlType type, Device dev, std::initializer_list<int64_t> shape) {
+  return Tensor::make(p, type, dev, shape);
+}
+
+// max |a − b| / max |b| over the vectors; +inf when any a is not finite.
+double rel_err(const std::vector<float> &a, const std::vector<float> &b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+}  // namespace
+
+TEST_CASE("dequantization on the GPU is bit-exact with the CPU for every type", "[gpu][dequant]") {
+  CudaBackend be;
+  std::mt19937 rng(21);
+  for (GgmlType type : ep::test::all_weight_types()) {
+    const int64_t k = 768, rows = 9;
+    auto w = ep::test::random_weights(type, k, rows, rng);
+    DevBuf dw(be, w), out(be, static_cast<uint64_t>(k * rows) * 4), out16(be, static_cast<uint64_t>(k * rows) * 2);
+    ep::backend::cuda::launch_dequant_rows(static_cast<uint32_t>(type), dw.p, k, rows, static_cast<float *>(out.p), nullptr, be.stream());
+    ep::backend::cuda::launch_dequant_rows(static_cast<uint32_t>(type), dw.p, k, rows, nullptr, static_cast<uint16_t *>(out16.p),
+                                  be.stream());
+    const auto got = out.get<float>();
+    const auto got16 = out16.get<uint16_t>();
+    std::vector<float> want(static_cast<size_t>(k * rows));
+    dequantize_row(type, w.data(), want.data(), k * rows);
+    int bad = 0, bad16 = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      bad += std::memcmp(&got[i], &want[i], 4) != 0;
+      bad16 += got16[i] != fp32_to_bf16(want[i]);
+    }
+    INFO("type " << static_cast<int>(type));
+    CHECK(bad == 0);
+    CHECK(bad16 == 0);
+  }
+}
+
+TEST_CASE("matmul (GEMV and GEMM paths) matches the CPU for every type", "[gpu][matmul]") {
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(22);
+  struct Shape {
+    int64_t k, n;
+  };
+  // both GEMV kernels (cuda/gemv_quant.cu picks one per type; EP_GEMV_KERNEL overrides)
+  for (const char *kernel : {"generic", "pipe"}) {
+  setenv("EP_GEMV_KERNEL", kernel, 1);
+  ep::backend::cuda::gemv_env_changed();
+  for (GgmlType type : ep::test::all_weight_types()) {
+    for (Shape s : {Shape{512, 37}, Shape{3584, 24}}) {  // odd rows; 3584 = unaligned q3_K rows
+      auto w = ep::test::random_weights(type, s.k, s.n, rng);
+      DevBuf dw(gpu, w);
+      for (int64_t t : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{20}}) {
+        auto x = ep::test::random_floats(static_cast<size_t>(s.k * t), rng);
+        DevBuf dx(gpu, x), dy(gpu, static_cast<uint64_t>(s.n * t) * 4);
+        std::vector<float> want(static_cast<size_t>(s.n * t));
+        cpu.matmul(t_of(w.data(), type, Device::cpu, {s.k, s.n}), t_of(x.data(), GgmlType::f32, Device::cpu, {s.k, t}),
+                   t_of(want.data(), GgmlType::f32, Device::cpu, {s.n, t}));
+        gpu.matmul(t_of(dw.p, type, Device::cuda, {s.k, s.n}), t_of(dx.p, GgmlType::f32, Device::cuda, {s.k, t}),
+                   t_of(dy.p, GgmlType::f32, Device::cuda, {s.n, t}));
+        const double err = rel_err(dy.get<float>(), want);
+        const double limit = 1e-4;  // GEMV kernels and the default (exact f32) prefill GEMM alike
+        INFO("kernel " << kernel << " type " << static_cast<int>(type) << " k " << s.k << " n " << s.n << " tokens " << t
+                       << " err " << err);
+        CHECK(err <= limit);
+      }
+    }
+  }
+  }
+  unsetenv("EP_GEMV_KERNEL");
+  ep::backend::cuda::gemv_env_changed();
+}
+
+TEST_CASE("rms_norm, rope, softmax, top_k, glu, add, embed match the CPU", "[gpu][ops]") {
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(23);
+  {  // rms_norm with and without weight
+    const int64_t n = 4096, rows = 3;
+    auto x = ep::test::random_floats(n * rows, rng, -4, 4);
+    auto w = ep::test::random_floats(n, rng);
+    DevBuf dx(gpu, x), dw(gpu, w), dy(gpu, x.size() * 4);
+    std::vector<float> want(x.size());
+    for (bool weighted : {false, true}) {
+      Tensor wc = t_of(w.data(), GgmlType::f32, Device::cpu, {n}), wg = t_of(dw.p, GgmlType::f32, Device::cuda, {n});
+      cpu.rms_norm(t_of(x.data(), GgmlType::f32, Device::cpu, {n, rows}), weighted ? &wc : nullptr, 1e-6f,
+                   t_of(want.data(), GgmlType::f32, Device::cpu, {n, rows}));
+      gpu.rms_norm(t_of(dx.p, GgmlType::f32, Device::cuda, {n, rows}), weighted ? &wg : nullptr, 1e-6f,
+                   t_of(dy.p, GgmlType::f32, Device::cuda, {n, rows}));
+      CHECK(rel_err(dy.get<float>(), want) <= 1e-5);
+    }
+  }
+  {  // rope: DeepSeek-V4 shape (last 64 of 512, YaRN), inverse, and plain full-head rope
+    const int64_t hd = 512, heads = 4, toks = 3;
+    auto x = ep::test::random_floats(hd * heads * toks, rng);
+    std::vector<int32_t> pos = {0, 4097, 900000};
+    DevBuf dx(gpu, x), dp(gpu, pos), dy(gpu, x.size() * 4);
+    RopeParams p;
+    p.n_dims = 64;
+    p.dim_offset = 448;
+    p.theta = 160000.0f;
+    p.yarn_factor = 16.0f;
+    p.yarn_original_max_positions = 65536;
+    for (bool inv : {false, true}) {
+      p.inverse = inv;
+      std::vector<float> want(x.size());
+      cpu.rope(t_of(x.data(), GgmlType::f32, Device::cpu, {hd, heads, toks}), t_of(pos.data(), GgmlType::i32, Device::cpu, {toks}),
+               p, t_of(want.data(), GgmlType::f32, Device::cpu, {hd, heads, toks}));
+      gpu.rope(t_of(dx.p, GgmlType::f32, Device::cuda, {hd, heads, toks}), t_of(dp.p, GgmlType::i32, Device::cuda, {toks}), p,
+               t_of(dy.p, GgmlType::f32, Device::cuda, {hd, heads, toks}));
+      CHECK(rel_err(dy.get<float>(), want) <= 1e-4);
+    }
+  }
+  {  // softmax and top_k (with ties)
+    const int64_t n = 1000, rows = 4;
+    auto x = ep::test::random_floats(n * rows, rng, -5, 5);
+    x[10] = x[20] = 9.0f;  // a tie at the top of row 0
+    DevBuf dx(gpu, x), dy(gpu, x.size() * 4);
+    std::vector<float> want(x.size());
+    cpu.softmax(t_of(x.data(), GgmlType::f32, Device::cpu, {n, rows}), t_of(want.data(), GgmlType::f32, Device::cpu, {n, rows}));
+    gpu.softmax(t_of(dx.p, GgmlType::f32, Device::cuda, {n, rows}), t_of(dy.p, GgmlType::f32, Device::cuda, {n, rows}));
+    CHECK(rel_err(dy.get<float>(), want) <= 1e-5);
+    const int32_t k = 7;
+    DevBuf di(gpu, static_cast<uint64_t>(k * rows) * 4), dv(gpu, static_cast<uint64_t>(k * rows) * 4);
+    std::vector<int32_t> wi(k * rows);
+    std::vector<float> wv(k * rows);
+    cpu.top_k(t_of(x.data(), GgmlType::f32, Device::cpu, {n, rows}), k, t_of(wi.data(), GgmlType::i32, Device::cpu, {k, rows}),
+              t_of(wv.data(), GgmlType::f32, Device::cpu, {k, rows}));
+    gpu.top_k(t_of(dx.p, GgmlType::f32, Device::cuda, {n, rows}), k, t_of(di.p, GgmlType::i32, Device::cuda, {k, rows}),
+              t_of(dv.p, GgmlType::f32, Device::cuda, {k, rows}));
+    CHECK(di.get<int32_t>() == wi);
+    CHECK(dv.get<float>() == wv);
+    CHECK(wi[0] == 10);
+    CHECK(wi[1] == 20);
+  }
+  {  // glu (clamped swiglu, situ) and add
+    const int64_t n = 5000;
+    auto g = ep::test::random_floats(n, rng, -20, 20), u = ep::test::random_floats(n, rng, -40, 40);
+    DevBuf dg(gpu, g), du(gpu, u), dy(gpu, n * 4);
+    for (Activation act : {Activation{ActivationKind::swiglu, 10.0f}, Activation{ActivationKind::situ, 0.0f, 4.0f, 25.0f}}) {
+      std::vector<float> want(n);
+      cpu.glu(t_of(g.data(), GgmlType::f32, Device::cpu, {n}), t_of(u.data(), GgmlType::f32, Device::cpu, {n}), act,
+              t_of(want.data(), GgmlType::f32, Device::cpu, {n}));
+      gpu.glu(t_of(dg.p, GgmlType::f32, Device::cuda, {n}), t_of(du.p, GgmlType::f32, Device::cuda, {n}), act,
+              t_of(dy.p, GgmlType::f32, Device::cuda, {n}));
+      CHECK(rel_err(dy.get<float>(), want) <= 1e-5);
+    }
+    std::vector<float> want(n);
+    cpu.add(t_of(g.data(), GgmlType::f32, Device::cpu, {n}), t_of(u.data(), GgmlType::f32, Device::cpu, {n}),
+            t_of(want.data(), GgmlType::f32, Device::cpu, {n}));
+    gpu.add(t_of(dg.p, GgmlType::f32, Device::cuda, {n}), t_of(du.p, GgmlType::f32, Device::cuda, {n}),
+            t_of(dy.p, GgmlType::f32, Device::cuda, {n}));
+    CHECK(dy.get<float>() == want);
+  }
+  for (GgmlType type : {GgmlType::q6_k, GgmlType::q8_0, GgmlType::f16}) {  // embed: exact
+    const int64_t d = 512, vocab = 50;
+    auto table = ep::test::random_weights(type, d, vocab, rng);
+    std::vector<int32_t> ids = {49, 0, 7, 7};
+    DevBuf dt(gpu, table), di(gpu, ids), dy(gpu, static_cast<uint64_t>(d * 4) * 4);
+    std::vector<float> want(static_cast<size_t>(d * 4));
+    cpu.embed(t_of(table.data(), type, Device::cpu, {d, vocab}), t_of(ids.data(), GgmlType::i32, Device::cpu, {4}),
+              t_of(want.data(), GgmlType::f32, Device::cpu, {d, 4}));
+    gpu.embed(t_of(dt.p, type, Device::cuda, {d, vocab}), t_of(di.p, GgmlType::i32, Device::cuda, {4}),
+              t_of(dy.p, GgmlType::f32, Device::cuda, {d, 4}));
+    CHECK(dy.get<float>() == want);
+  }
+}
+
+TEST_CASE("router: softmax, sigmoid + bias, sqrt-softplus, hash", "[gpu][moe]") {
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(24);
+  const int64_t n_exp = 896, toks = 5;
+  auto logits = ep::test::random_floats(n_exp * toks, rng, -4, 4);
+  auto bias = ep::test::random_floats(n_exp, rng, -0.5f, 0.5f);
+  std::vector<int32_t> table(16 * 100), tok = {0, 99, 5, 5, 42};
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>((i * 37) % n_exp);
+  DevBuf dl(gpu, logits), db(gpu, bias), dt(gpu, table), dtok(gpu, tok);
+  Tensor bc = t_of(bias.data(), GgmlType::f32, Device::cpu, {n_exp}), bg = t_of(db.p, GgmlType::f32, Device::cuda, {n_exp});
+  Tensor tc = t_of(table.data(), GgmlType::i32, Device::cpu, {16, 100}), tg = t_of(dt.p, GgmlType::i32, Device::cuda, {16, 100});
+  Tensor kc = t_of(tok.data(), GgmlType::i32, Device::cpu, {toks}), kg = t_of(dtok.p, GgmlType::i32, Device::cuda, {toks});
+  for (int mode = 0; mode < 4; ++mode) {
+    RouterParams pc, pg;
+    pc.k = pg.k = mode == 0 ? 8 : 16;
+    pc.scoring = pg.scoring = mode == 0 ? Scoring::softmax : mode == 1 ? Scoring::sigmoid : Scoring::sqrt_softplus;
+    pc.scale = pg.scale = mode >= 2 ? 1.5f : 1.0f;
+    pc.renormalize = pg.renormalize = mode != 0;
+    if (mode == 1) {
+      pc.bias = &bc;
+      pg.bias = &bg;
+    }
+    if (mode == 3) {
+      pc.hash_table = &tc;
+      pg.hash_table = &tg;
+      pc.token_ids = &kc;
+      pg.token_ids = &kg;
+    }
+    const int64_t k = pc.k;
+    std::vector<int32_t> wi(k * toks);
+    std::vector<float> ww(k * toks);
+    DevBuf di(gpu, static_cast<uint64_t>(k * toks) * 4), dw(gpu, static_cast<uint64_t>(k * toks) * 4);
+    cpu.route(t_of(logits.data(), GgmlType::f32, Device::cpu, {n_exp, toks}), pc,
+              t_of(wi.data(), GgmlType::i32, Device::cpu, {k, toks}), t_of(ww.data(), GgmlType::f32, Device::cpu, {k, toks}));
+    gpu.route(t_of(dl.p, GgmlType::f32, Device::cuda, {n_exp, toks}), pg, t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}),
+              t_of(dw.p, GgmlType::f32, Device::cuda, {k, toks}));
+    INFO("mode " << mode);
+    CHECK(di.get<int32_t>() == wi);
+    CHECK(rel_err(dw.get<float>(), ww) <= 1e-5);
+  }
+}
+
+TEST_CASE("moe (decode and grouped prefill paths), moe_pairs + moe_combine, and ffn match the CPU", "[gpu][moe]") {
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(25);
+  const int64_t d = 512, f = 256;
+  const int n_exp = 6, k = 3;
+  struct Types {
+    GgmlType gu, down;
+  };
+  for (Types ty : {Types{GgmlType::mxfp4, GgmlType::mxfp4}, Types{GgmlType::q2_k, GgmlType::q3_k},
+                   Types{GgmlType::iq2_xxs, GgmlType::q4_k}}) {
+    const uint64_t gate_bytes = ep::format::ggml_row_bytes(ty.gu, d, "t") * f;
+    const uint64_t down_bytes = ep::format::ggml_row_bytes(ty.down, f, "t") * d;
+    SlotLayout l;
+    l.gate = {0, ty.gu, d, f};
+    l.up = {gate_bytes, ty.gu, d, f};  // packed back to back: offsets need no alignment
+    l.down = {2 * gate_bytes, ty.down, f, d};
+    const uint64_t slot_bytes = 2 * gate_bytes + down_bytes;
+    std::vector<std::vector<uint8_t>> host(n_exp);
+    std::vector<std::unique_ptr<DevBuf>> dev;
+    std::vector<const void *> tc(n_exp), tg(n_exp);
+    for (int e = 0; e < n_exp; ++e) {
+      auto g = ep::test::random_weights(ty.gu, d, f, rng), u = ep::test::random_weights(ty.gu, d, f, rng);
+      auto o = ep::test::random_weights(ty.down, f, d, rng);
+      host[e].resize(slot_bytes);
+      std::memcpy(host[e].data(), g.data(), g.size());
+      std::memcpy(host[e].data() + l.up.offset, u.data(), u.size());
+      std::memcpy(host[e].data() + l.down.offset, o.data(), o.size());
+      dev.push_back(std::make_unique<DevBuf>(gpu, host[e]));
+      tc[e] = host[e].data();
+      tg[e] = dev.back()->p;
+    }
+    const ExpertSlots sc{tc.data(), n_exp}, sg{tg.data(), n_exp};
+    for (int64_t toks : {int64_t{2}, int64_t{20}}) {
+      auto x = ep::test::random_floats(static_cast<size_t>(d * toks), rng);
+      std::vector<int32_t> ids(static_cast<size_t>(k * toks));
+      std::vector<float> w = ep::test::random_floats(ids.size(), rng, 0.1f, 1.0f);
+      for (auto &id : ids) id = static_cast<int32_t>(rng() % n_exp);
+      DevBuf dx(gpu, x), di(gpu, ids), dw(gpu, w), dy(gpu, static_cast<uint64_t>(d * toks) * 4);
+      std::vector<float> want(static_cast<size_t>(d * toks));
+      const Activation act{ActivationKind::swiglu, 10.0f};
+      cpu.moe(t_of(x.data(), GgmlType::f32, Device::cpu, {d, toks}), t_of(ids.data(), GgmlType::i32, Device::cpu, {k, toks}),
+              t_of(w.data(), GgmlType::f32, Device::cpu, {k, toks}), sc, l, act,
+              t_of(want.data(), GgmlType::f32, Device::cpu, {d, toks}));
+      gpu.moe(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}), t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}),
+              t_of(dw.p, GgmlType::f32, Device::cuda, {k, toks}), sg, l, act, t_of(dy.p, GgmlType::f32, Device::cuda, {d, toks}));
+      const double err = rel_err(dy.get<float>(), want);
+      INFO("types " << static_cast<int>(ty.gu) << "/" << static_cast<int>(ty.down) << " tokens " << toks << " err " << err);
+      // 20 tokens over 6 experts: some experts get > 8 tokens and take the (exact f32) cuBLAS path
+      CHECK(err <= 1e-4);
+
+      // Expert-major (a prompt pass with a small cache): moe_pairs over disjoint expert sets, each
+      // with only its own slots, then moe_combine, give moe()'s bits; rows of other experts stay
+      // poisoned.
+      const std::vector<float> whole = dy.get<float>();
+      DevBuf dp(gpu, static_cast<uint64_t>(d * k * toks) * 4), dz(gpu, static_cast<uint64_t>(d * toks) * 4);
+      const Tensor P = t_of(dp.p, GgmlType::f32, Device::cuda, {d, k * toks});
+      for (const std::vector<int32_t> &set : {std::vector<int32_t>{4, 0}, {1, 5, 3}, {2}}) {
+        std::vector<const void *> table(static_cast<size_t>(n_exp), nullptr);
+        for (int32_t e : set) table[static_cast<size_t>(e)] = tg[static_cast<size_t>(e)];
+        gpu.moe_pairs(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}), t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}),
+                      ExpertSlots{table.data(), n_exp}, l, act, set, P);
+        if (set.front() == 4) {
+          const std::vector<float> rows = dp.get<float>();
+          int64_t wrong = 0;
+          for (int64_t p = 0; p < k * toks; ++p) {
+            const bool mine = ids[static_cast<size_t>(p)] == 4 || ids[static_cast<size_t>(p)] == 0;
+            for (int64_t i = 0; i < d; ++i) wrong += std::isfinite(rows[static_cast<size_t>(p * d + i)]) != mine;
+          }
+          CHECK(wrong == 0);
+        }
+      }
+      gpu.moe_combine(P, t_of(dw.p, GgmlType::f32, Device::cuda, {k, toks}), t_of(dz.p, GgmlType::f32, Device::cuda, {d, toks}));
+      const std::vector<float> split = dz.get<float>();
+      CHECK(std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)) == 0);
+      CHECK(std::isfinite(split[0]));
+      std::vector<const void *> none(static_cast<size_t>(n_exp), nullptr);  // a set expert without a slot
+      CHECK_THROWS_AS(gpu.moe_pairs(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}),
+                                    t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}), ExpertSlots{none.data(), n_exp}, l,
+                                    act, std::vector<int32_t>{ids[0]}, P),
+                      ep::Error);
+    }
+    // shared expert / dense FFN on the first slot
+    const int64_t toks = 2;
+    auto x = ep::test::random_floats(static_cast<size_t>(d * toks), rng);
+    DevBuf dx(gpu, x), dy(gpu, static_cast<uint64_t>(d * toks) * 4);
+    std::vector<float> want(static_cast<size_t>(d * toks));
+    const Activation act{ActivationKind::situ, 0.0f, 4.0f, 25.0f};
+    const auto *hb = host[0].data();
+    const auto *gb = static_cast<const uint8_t *>(tg[0]);
+    cpu.ffn(t_of(x.data(), GgmlType::f32, Device::cpu, {d, toks}), t_of(const_cast<uint8_t *>(hb), ty.gu, Device::cpu, {d, f}),
+            t_of(const_cast<uint8_t *>(hb + l.up.offset), ty.gu, Device::cpu, {d, f}),
+            t_of(const_cast<uint8_t *>(hb + l.down.offset), ty.down, Device::cpu, {f, d}), act,
+            t_of(want.data(), GgmlType::f32, Device::cpu, {d, toks}));
+    gpu.ffn(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}), t_of(const_cast<uint8_t *>(gb), ty.gu, Device::cuda, {d, f}),
+            t_of(const_cast<uint8_t *>(gb + l.up.offset), ty.gu, Device::cuda, {d, f}),
+            t_of(const_cast<uint8_t *>(gb + l.down.offset), ty.down, Device::cuda, {f, d}), act,
+            t_of(dy.p, GgmlType::f32, Device::cuda, {d, toks}));
+    CHECK(rel_err(dy.get<float>(), want) <= 1e-4);
+  }
+}
+
+TEST_CASE("sampling on the GPU picks the CPU's token", "[gpu][sampling]") {
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(26);
+  const int64_t n = 163840;  // Kimi-K3 vocabulary
+  auto logits = ep::test::random_floats(n, rng, -8, 8);
+  DevBuf dl(gpu, logits);
+  const Tensor lc = t_of(logits.data(), GgmlType::f32, Device::cpu, {n}), lg = t_of(dl.p, GgmlType::f32, Device::cuda, {n});
+  const SamplingParams params[] = {{0.0f, 0, 1.0f, 1}, {0.7f, 0, 1.0f, 2}, {1.0f, 40, 1.0f, 3}, {0.9f, 0, 0.9f, 4},
+                                   {1.2f, 100, 0.8f, 5}};
+  int mismatches = 0, total = 0;
+  for (const auto &p : params)
+    for (uint64_t c = 0; c < 20; ++c) {
+      mismatches += cpu.sample(lc, p, c) != gpu.sample(lg, p, c);
+      ++total;
+    }
+  INFO(mismatches << " of " << total << " draws differ");
+  CHECK(mismatches == 0);
+}
