@@ -5,9 +5,7 @@
 #include "core/log.hpp"
 #include "expertpack/build_config.h"
 
-#ifdef EP_HAVE_CUDA
-#include "gpu/device.hpp"
-#endif
+#include "engine/engine.hpp"
 
 namespace ep::capi {
 const char *last_error() noexcept;
@@ -74,13 +72,9 @@ EP_API ep_status ep_cuda_device_count(int32_t *out_count) {
   return ep::capi::guard(__func__, [&](const char *fn) {
     ep::capi::require_arg(out_count, fn, "out_count");
     *out_count = 0;
-#ifdef EP_HAVE_CUDA
     std::string why;
-    *out_count = ep::gpu::device_count(&why);
-    if (*out_count == 0) ep::capi::set_error(EP_OK, why);
-#else
-    ep::capi::set_error(EP_OK, "ep_cuda_device_count: this build has no CUDA backend (EP_WITH_CUDA=OFF)");
-#endif
+    *out_count = ep::engine::cuda_device_count(&why);
+    if (*out_count == 0) ep::capi::set_error(EP_OK, std::string(fn) + ": " + why);
   });
 }
 

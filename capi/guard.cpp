@@ -1,5 +1,7 @@
 #include "capi/guard.hpp"
 
+#include <string_view>
+
 namespace ep::capi {
 namespace {
 thread_local std::string last_error_message;
@@ -15,6 +17,12 @@ ep_status set_error(ep_status status, const std::string &message) noexcept {
 }
 
 void clear_error() noexcept { last_error_message.clear(); }
+
+std::string message_of(const char *function, const char *message) {
+  const std::string_view m(message), f(function);
+  if (m.substr(0, f.size()) == f) return std::string(m);
+  return std::string(f) + ": " + std::string(m);
+}
 
 const char *last_error() noexcept { return last_error_message.c_str(); }
 

@@ -16,6 +16,11 @@ ep_status set_error(ep_status status, const std::string &message) noexcept;
 /// Clears this thread's last error (called on success paths that must leave it empty).
 void clear_error() noexcept;
 
+/// @p message as the C function @p function reports it: prefixed with "function: " unless it
+/// already starts with the name (messages of the engine and below do not know which C function
+/// called them).
+std::string message_of(const char *function, const char *message);
+
 /// Runs @p body(function); returns EP_OK or the status of whatever it threw, with the message
 /// recorded. The body receives the C function's name for its messages.
 template <typename Body>
@@ -24,7 +29,11 @@ ep_status guard(const char *function, Body &&body) noexcept {
     body(function);
     return EP_OK;
   } catch (const ep::Error &e) {
-    return set_error(static_cast<ep_status>(e.status()), e.what());
+    try {
+      return set_error(static_cast<ep_status>(e.status()), message_of(function, e.what()));
+    } catch (...) {
+      return set_error(static_cast<ep_status>(e.status()), e.what());
+    }
   } catch (const std::bad_alloc &) {
     return set_error(EP_ERR_OUT_OF_MEMORY, std::string(function) + ": out of host memory");
   } catch (const std::exception &e) {

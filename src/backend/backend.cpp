@@ -108,15 +108,6 @@ void apply_repetition_penalty(float *z, int64_t n_vocab, const SamplingParams &p
   }
 }
 
-void Backend::moe_pairs(const Tensor &, const Tensor &, const ExpertSlots &, const SlotLayout &, const Activation &,
-                        std::span<const int32_t>, const Tensor &) {
-  fail(Status::unsupported, "moe_pairs: not implemented by the {} backend (check has_moe_pairs())", device_name(device()));
-}
-
-void Backend::moe_combine(const Tensor &, const Tensor &, const Tensor &) {
-  fail(Status::unsupported, "moe_combine: not implemented by the {} backend (check has_moe_pairs())", device_name(device()));
-}
-
 void Backend::ffn(const Tensor &x, const Tensor &w_gate, const Tensor &w_up, const Tensor &w_down,
                   const Activation &act, const Tensor &y) {
   const int64_t n_ff = w_gate.ne[1];
@@ -367,40 +358,33 @@ void check_set_visible(const Tensor &indices, const Tensor &values, int64_t offs
          indices.n_rows(), offset, mask.ne[0], mask.n_rows());
 }
 
-void check_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t e = ids[i];
-    if (e < 0 || e >= slots.n_experts)
-      fail(Status::corrupt, "moe: expert id {} at position {} is outside 0..{}", e, i, slots.n_experts - 1);
-    if (slots.slot[e] == nullptr)
-      fail(Status::not_found, "moe: expert {} (position {}) has no resident slot", e, i);
-  }
+void check_host_batch(const ExpertBatch &batch, int64_t n_pairs, bool all, const char *op) {
+  if (batch.n_pairs != n_pairs)
+    fail(Status::internal, "{}: the expert batch has {} pairs, the op {}", op, batch.n_pairs, n_pairs);
+  if (n_pairs && (!batch.pair_slots || !batch.pair_experts))
+    fail(Status::internal, "{}: the expert batch has no host slots (the provider must resolve it on the host when "
+                           "moe_reads_host_picks() says so)", op);
+  if (all)
+    for (int64_t p = 0; p < n_pairs; ++p)
+      if (!batch.pair_slots[p])
+        fail(Status::internal, "{}: pair {} (expert {}) has no slot in the expert batch", op, p, batch.pair_experts[p]);
 }
 
-std::vector<const uint8_t *> resolve_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots) {
-  check_expert_slots(ids, n, slots);
-  std::vector<const uint8_t *> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<const uint8_t *>(slots.slot[ids[i]]);
-  return out;
-}
-
-PickedPairs pick_pairs(const int32_t *ids, int64_t n, int32_t n_experts, std::span<const int32_t> only) {
-  std::vector<uint8_t> wanted;
-  if (!only.empty()) {
-    wanted.assign(static_cast<size_t>(std::max(n_experts, 0)), 0);
-    for (int32_t e : only) {
-      if (e < 0 || e >= n_experts) fail(Status::invalid_argument, "moe_pairs: expert {} is outside 0..{}", e, n_experts - 1);
-      wanted[static_cast<size_t>(e)] = 1;
-    }
+std::vector<ExpertGroup> group_pairs_by_expert(const ExpertBatch &batch) {
+  std::vector<int32_t> order;
+  for (int64_t p = 0; p < batch.n_pairs; ++p)
+    if (batch.pair_slots[p]) order.push_back(static_cast<int32_t>(p));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return batch.pair_experts[a] < batch.pair_experts[b]; });
+  std::vector<ExpertGroup> groups;
+  for (int32_t p : order) {
+    if (groups.empty() || groups.back().expert != batch.pair_experts[p])
+      groups.push_back(ExpertGroup{batch.pair_experts[p], batch.pair_slots[p], {}});
+    else if (groups.back().slot != batch.pair_slots[p])
+      fail(Status::internal, "moe: expert {} has two slots in one batch", batch.pair_experts[p]);
+    groups.back().pairs.push_back(p);
   }
-  PickedPairs out;
-  for (int64_t p = 0; p < n; ++p) {
-    const int32_t e = ids[p];
-    if (!wanted.empty() && e >= 0 && e < n_experts && !wanted[static_cast<size_t>(e)]) continue;
-    out.pairs.push_back(static_cast<int32_t>(p));
-    out.experts.push_back(e);
-  }
-  return out;
+  return groups;
 }
 
 }  // namespace ep::backend

@@ -4,8 +4,9 @@
 // Conventions: activations are f32, row-major with ne[0] contiguous ([features, tokens]).
 // Weights are ggml rows: W has ne[0] = input dim (contiguous), ne[1] = output dim, and any
 // supported type (f32, f16, bf16, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, mxfp4, iq2_xxs).
-// Every tensor passed to an op lives on the backend's device and is contiguous. Ops are
-// ordered on the backend's stream; download() and sample() synchronise.
+// Every tensor passed to an op lives on the backend's device and is contiguous. Ops, uploads and
+// device copies are ordered on the backend's stream and return without waiting for the device;
+// download(), wait_downloads() and sample() synchronise.
 #pragma once
 
 #include "backend/tensor.hpp"
@@ -73,11 +74,21 @@ struct SlotWeight {
 struct SlotLayout {
   SlotWeight gate, up, down;
 };
-/// The ExpertStore's table: slot[e] is the address (on the backend's device) of expert e's
-/// contiguous object, or null when it is not resident.
-struct ExpertSlots {
-  const void *const *slot = nullptr;  ///< host array of n_experts addresses
-  int32_t n_experts = 0;
+/// One MoE layer's picks resolved to expert slots: what the expert provider (the ExpertStore's
+/// one published table, or the resident experts' table built on the device) hands the moe op.
+/// Pair p = t·k + j is token t's j-th pick (expert_ids[j, t]).
+struct ExpertBatch {
+  int64_t n_pairs = 0;
+  /// Backend memory, [3][n_pairs]: per pair, the address of its expert's gate (row 0), up
+  /// (row 1) and down (row 2) weights, i.e. the slot plus the SlotLayout offset of the role.
+  /// Null when the batch was resolved on the host only.
+  const void *const *role_table = nullptr;
+  /// Host memory, [n_pairs]: per pair, its expert's slot (the object's first byte, in backend
+  /// memory), or null for a pair this batch does not cover (moe_pairs). Null when the batch was
+  /// resolved on the device only (then it covers every pair).
+  const void *const *pair_slots = nullptr;
+  /// Host memory, [n_pairs]: per pair, its expert id (given with pair_slots).
+  const int32_t *pair_experts = nullptr;
 };
 
 /// Sampling. First the repetition penalty: the logit z of each distinct token in
@@ -120,10 +131,19 @@ class Backend {
   // ---- memory on the backend's device ----
   virtual void *allocate(uint64_t bytes) = 0;
   virtual void deallocate(void *ptr) noexcept = 0;
-  /// Host → device; @p src may be reused when it returns.
+  /// Host → device, ordered on the stream like the ops; @p src may be reused when it returns (the
+  /// bytes are staged: the call does not wait for the device).
   virtual void upload(void *dst, const void *src, uint64_t bytes) = 0;
   /// Device → host; waits for the ops before it.
   virtual void download(void *dst, const void *src, uint64_t bytes) = 0;
+  /// Host memory of @p bytes that download_async() can copy into (pinned on CUDA), one growing
+  /// buffer per @p slot (0..3), owned by the backend; valid until the next call with the slot.
+  virtual void *host_buffer(unsigned slot, uint64_t bytes) = 0;
+  /// Starts a device → host copy ordered after the ops before it and returns at once; @p dst
+  /// must come from host_buffer(). wait_downloads() blocks until every copy started so far is
+  /// done. Lets the host queue more work before it needs the bytes.
+  virtual void download_async(void *dst, const void *src, uint64_t bytes) = 0;
+  virtual void wait_downloads() = 0;
   virtual void fill_zero(void *dst, uint64_t bytes) = 0;
   virtual void synchronize() = 0;
 
@@ -153,22 +173,32 @@ class Backend {
   virtual void route(const Tensor &logits, const RouterParams &params, const Tensor &expert_ids,
                      const Tensor &weights) = 0;
   /// Routed experts: y[:, t] = Σ_j weights[j, t] · down(act(gate(x_t), up(x_t))) of expert
-  /// expert_ids[j, t], each expert read from its slot. x, y: f32 [D, T].
-  virtual void moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
-                   const ExpertSlots &slots, const SlotLayout &layout, const Activation &act,
-                   const Tensor &y) = 0;
+  /// expert_ids[j, t], each expert read from the slot @p batch gives its pair (every pair must be
+  /// covered). x, y: f32 [D, T]. Queued on the stream like every op: the caller releases the
+  /// slots after it returns (the store orders their reuse with events), nothing synchronises.
+  virtual void moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertBatch &batch,
+                   const SlotLayout &layout, const Activation &act, const Tensor &y) = 0;
+  /// True when moe() / moe_pairs() on @p n_tokens tokens of @p layout read the batch's host
+  /// copies (pair_slots, pair_experts); false when the device role table is enough. A provider
+  /// asks before it resolves a batch, so that the router's ids go to the host only when needed.
+  virtual bool moe_reads_host_picks(int64_t n_tokens, const SlotLayout &layout) const = 0;
+  /// Builds @p batch-style role rows on the device: out[r·n + p] = slots[expert_ids[p]] +
+  /// offset of role r (gate, up, down) for the n = k·T pairs of expert_ids (i32 [k, T]);
+  /// @p slots: [n_experts] object addresses in backend memory; @p out: [3·n] in backend memory.
+  /// An id outside 0 .. n_experts − 1 gives a null address (which moe() must never read: the
+  /// routers only produce ids inside the range).
+  virtual void gather_role_table(const Tensor &expert_ids, const void *const *slots, int64_t n_experts,
+                                 const SlotLayout &layout, const void **out) = 0;
   /// Expert-major MoE (a prompt pass whose experts do not all fit the cache): moe() in two parts.
-  /// moe_pairs() writes, for every (token t, pick j) whose expert is in @p experts, the row
-  /// down(act(gate(x_t), up(x_t))) of that expert to pairs[:, t·k + j]; other rows are left as
-  /// they are, and only the listed experts need slots. moe_combine() then sums each token's rows
-  /// in j order: y[:, t] = Σ_j weights[j, t] · pairs[:, t·k + j]. Calling moe_pairs() for
-  /// disjoint expert sets that cover every pick, then moe_combine(), gives moe()'s bits.
-  /// pairs: f32 [D, k·T]. Backends without it return false from has_moe_pairs() (the model then
-  /// splits the tokens instead).
-  virtual bool has_moe_pairs() const { return false; }
-  virtual void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &layout,
-                         const Activation &act, std::span<const int32_t> experts, const Tensor &pairs);
-  virtual void moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y);
+  /// moe_pairs() writes, for every pair (token t, pick j) that @p batch covers (pair_slots
+  /// non-null), the row down(act(gate(x_t), up(x_t))) of that expert to pairs[:, t·k + j]; other
+  /// rows are left as they are. moe_combine() then sums each token's rows in j order:
+  /// y[:, t] = Σ_j weights[j, t] · pairs[:, t·k + j]. Calling moe_pairs() for disjoint batches
+  /// that cover every pair, then moe_combine(), gives moe()'s bits. pairs: f32 [D, k·T].
+  /// moe_pairs() reads the batch's host copies.
+  virtual void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertBatch &batch, const SlotLayout &layout,
+                         const Activation &act, const Tensor &pairs) = 0;
+  virtual void moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) = 0;
   /// A dense gated FFN (shared experts, dense layers): y = down(act(gate x, up x)).
   void ffn(const Tensor &x, const Tensor &w_gate, const Tensor &w_up, const Tensor &w_down,
            const Activation &act, const Tensor &y);
@@ -318,19 +348,17 @@ void check_moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights,
 void check_moe_pairs(const Tensor &x, const Tensor &expert_ids, const SlotLayout &layout, const Tensor &pairs, Device device);
 /// moe_combine(): pairs f32 [D, k·T], weights f32 [k, T], y f32 [D, T].
 void check_moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y, Device device);
-/// Validates host ids against the slot table: every id inside it and resident (Status::corrupt
-/// for an id outside it, Status::not_found for an expert without a slot, naming the position).
-void check_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots);
-/// check_expert_slots(), then the slot address of every id.
-std::vector<const uint8_t *> resolve_expert_slots(const int32_t *ids, int64_t n, const ExpertSlots &slots);
-/// The (token, pick) pairs a moe() / moe_pairs() call computes, in pair order.
-struct PickedPairs {
-  std::vector<int32_t> pairs;    ///< pair index t·k + j
-  std::vector<int32_t> experts;  ///< its expert id (not yet validated: see check_expert_slots)
+/// Checks the host side of @p batch for the moe op of @p n_pairs pairs: pair_slots and
+/// pair_experts present, and (when @p all) every pair covered (Status::internal otherwise: the
+/// provider broke the contract).
+void check_host_batch(const ExpertBatch &batch, int64_t n_pairs, bool all, const char *op);
+/// The covered pairs of @p batch grouped by expert, in expert order: each group's pairs ascend.
+/// Pairs whose slot is null are left out.
+struct ExpertGroup {
+  int32_t expert = 0;
+  const void *slot = nullptr;
+  std::vector<int32_t> pairs;
 };
-/// The pairs of host ids[0, n) whose expert is in @p only, or all of them when @p only is empty.
-/// Ids outside the table are kept so that check_expert_slots() reports them; an expert of
-/// @p only outside 0..n_experts−1 fails with Status::invalid_argument.
-PickedPairs pick_pairs(const int32_t *ids, int64_t n, int32_t n_experts, std::span<const int32_t> only);
+std::vector<ExpertGroup> group_pairs_by_expert(const ExpertBatch &batch);
 
 }  // namespace ep::backend

@@ -158,6 +158,11 @@ void *CpuBackend::allocate(uint64_t bytes) {
 void CpuBackend::deallocate(void *ptr) noexcept { std::free(ptr); }
 void CpuBackend::upload(void *dst, const void *src, uint64_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuBackend::download(void *dst, const void *src, uint64_t bytes) { std::memcpy(dst, src, bytes); }
+void *CpuBackend::host_buffer(unsigned slot, uint64_t bytes) {
+  auto &buf = host_buffers_.at(slot);
+  if (buf.size() < bytes) buf.resize(static_cast<size_t>(bytes));
+  return buf.data();
+}
 void CpuBackend::fill_zero(void *dst, uint64_t bytes) { std::memset(dst, 0, bytes); }
 
 void *CpuBackend::workspace(unsigned slot, uint64_t bytes) {
@@ -393,21 +398,34 @@ void CpuBackend::route(const Tensor &logits, const RouterParams &p, const Tensor
   }
 }
 
-void CpuBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertSlots &slots,
+void CpuBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertBatch &batch,
                      const SlotLayout &l, const Activation &act, const Tensor &y) {
   check_moe(x, expert_ids, weights, l, y, Device::cpu);
   if (x.n_rows() == 0) return;
+  check_host_batch(batch, expert_ids.n_elems(), true, "moe");
   // Every (token, j) pair gets its own output row, then each token sums its rows in j order.
   pair_out_.resize(static_cast<size_t>(expert_ids.ne[0] * x.n_rows() * x.ne[0]));
-  compute_pairs(x, expert_ids, slots, l, act, {}, pair_out_.data());
+  compute_pairs(x, expert_ids, batch, l, act, pair_out_.data());
   combine_pairs(pair_out_.data(), weights, y);
 }
 
-void CpuBackend::moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &l,
-                           const Activation &act, std::span<const int32_t> experts, const Tensor &pairs) {
+void CpuBackend::gather_role_table(const Tensor &expert_ids, const void *const *slots, int64_t n_experts,
+                                   const SlotLayout &l, const void **out) {
+  check_i32(expert_ids, "gather_role_table", "expert_ids", Device::cpu);
+  const int64_t n = expert_ids.n_elems();
+  const int32_t *ids = expert_ids.as<int32_t>();
+  const uint64_t offsets[3] = {l.gate.offset, l.up.offset, l.down.offset};
+  for (int r = 0; r < 3; ++r)
+    for (int64_t p = 0; p < n; ++p)
+      out[r * n + p] = ids[p] >= 0 && ids[p] < n_experts ? static_cast<const uint8_t *>(slots[ids[p]]) + offsets[r] : nullptr;
+}
+
+void CpuBackend::moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertBatch &batch, const SlotLayout &l,
+                           const Activation &act, const Tensor &pairs) {
   check_moe_pairs(x, expert_ids, l, pairs, Device::cpu);
-  if (x.n_rows() == 0 || experts.empty()) return;
-  compute_pairs(x, expert_ids, slots, l, act, experts, pairs.as<float>());
+  if (x.n_rows() == 0) return;
+  check_host_batch(batch, expert_ids.n_elems(), false, "moe_pairs");
+  compute_pairs(x, expert_ids, batch, l, act, pairs.as<float>());
 }
 
 void CpuBackend::moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) {
@@ -416,22 +434,20 @@ void CpuBackend::moe_combine(const Tensor &pairs, const Tensor &weights, const T
   combine_pairs(pairs.as<float>(), weights, y);
 }
 
-void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &l,
-                               const Activation &act, std::span<const int32_t> only, float *pair_out) {
-  const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
-  const int32_t *ids = expert_ids.as<int32_t>();
+void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertBatch &batch, const SlotLayout &l,
+                               const Activation &act, float *pair_out) {
+  const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0];
   // Each pair's row is computed by its expert's group (all of that expert's tokens in one batch).
   // Per value this is the reference's arithmetic, so neither the grouping, nor the thread count,
   // nor which experts a call covers (moe_pairs) changes a bit.
-  const PickedPairs pp = pick_pairs(ids, pairs, slots.n_experts, only);
-  const std::vector<int32_t> &picked = pp.pairs, &picked_ids = pp.experts;
-  check_expert_slots(picked_ids.data(), static_cast<int64_t>(picked_ids.size()), slots);
-  auto base_of = [&](const std::vector<int32_t> &g) { return static_cast<const uint8_t *>(slots.slot[ids[g.front()]]); };
-  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
-  for (int32_t p : picked) by_expert[static_cast<size_t>(ids[p])].push_back(p);
+  const std::vector<ExpertGroup> expert_groups = group_pairs_by_expert(batch);
   std::vector<const std::vector<int32_t> *> groups;
-  for (const auto &v : by_expert)
-    if (!v.empty()) groups.push_back(&v);
+  std::vector<const uint8_t *> bases;
+  for (const ExpertGroup &g : expert_groups) {
+    groups.push_back(&g.pairs);
+    bases.push_back(static_cast<const uint8_t *>(g.slot));
+  }
+  auto base_at = [&](size_t gi) { return bases[gi]; };
   const float *xs = x.as<float>();
   const int64_t kmax = std::max(d, f);
   auto packed_len = [](int64_t ne, int64_t kk) { return (ne + kTokenBlock - 1) / kTokenBlock * kTokenBlock * kk; };
@@ -461,7 +477,7 @@ void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const 
       for (int64_t gi = g0; gi < g1; ++gi) {
         const std::vector<int32_t> &g = *groups[static_cast<size_t>(gi)];
         const int64_t ne = static_cast<int64_t>(g.size());
-        const uint8_t *base = base_of(g);
+        const uint8_t *base = base_at(static_cast<size_t>(gi));
         float *row = worker_scratch(worker, 0, kRowGroup * kmax);
         float *X = worker_scratch(worker, 1, ne * d + packed_len(ne, d));
         float *XT = X + ne * d;
@@ -477,10 +493,10 @@ void CpuBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const 
     });
   } else {
     // Few experts (decode): each expert's rows are split over the threads.
-    for (const std::vector<int32_t> *gp : groups) {
-      const std::vector<int32_t> &g = *gp;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const std::vector<int32_t> &g = *groups[gi];
       const int64_t ne = static_cast<int64_t>(g.size());
-      const uint8_t *base = base_of(g);
+      const uint8_t *base = base_at(gi);
       moe_x_.resize(static_cast<size_t>(ne * d + packed_len(ne, d)));
       moe_h_.resize(static_cast<size_t>(2 * ne * f + packed_len(ne, f)));
       moe_o_.resize(static_cast<size_t>(ne * d));

@@ -26,6 +26,9 @@ class CpuBackend final : public Backend {
   void deallocate(void *ptr) noexcept override;
   void upload(void *dst, const void *src, uint64_t bytes) override;
   void download(void *dst, const void *src, uint64_t bytes) override;
+  void *host_buffer(unsigned slot, uint64_t bytes) override;
+  void download_async(void *dst, const void *src, uint64_t bytes) override { download(dst, src, bytes); }
+  void wait_downloads() override {}
   void fill_zero(void *dst, uint64_t bytes) override;
   void synchronize() override {}
 
@@ -39,11 +42,14 @@ class CpuBackend final : public Backend {
   void add(const Tensor &a, const Tensor &b, const Tensor &y) override;
   void route(const Tensor &logits, const RouterParams &params, const Tensor &expert_ids,
              const Tensor &weights) override;
-  void moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertSlots &slots,
+  void moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const ExpertBatch &batch,
            const SlotLayout &layout, const Activation &act, const Tensor &y) override;
-  bool has_moe_pairs() const override { return true; }
-  void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &layout,
-                 const Activation &act, std::span<const int32_t> experts, const Tensor &pairs) override;
+  /// Always: the CPU's "device" memory is host memory, so the host picks cost nothing.
+  bool moe_reads_host_picks(int64_t, const SlotLayout &) const override { return true; }
+  void gather_role_table(const Tensor &expert_ids, const void *const *slots, int64_t n_experts, const SlotLayout &layout,
+                         const void **out) override;
+  void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertBatch &batch, const SlotLayout &layout,
+                 const Activation &act, const Tensor &pairs) override;
   void moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) override;
   int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) override;
 
@@ -82,13 +88,13 @@ class CpuBackend final : public Backend {
   float *worker_scratch(unsigned worker, unsigned slot, int64_t n);
 
   std::vector<std::vector<uint8_t>> workspace_ = std::vector<std::vector<uint8_t>>(8);
+  std::vector<std::vector<uint8_t>> host_buffers_ = std::vector<std::vector<uint8_t>>(4);
   ThreadPool pool_;
   std::vector<std::vector<float>> scratch_;  // [worker * 4 + slot]
   std::vector<float> packed_x_;              // matmul's x in blocks of 8 tokens
-  /// The rows of the pairs whose expert @p only lists (every pair when empty) into pair_out
-  /// [k·T rows of D]; moe() and moe_pairs().
-  void compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertSlots &slots, const SlotLayout &layout,
-                     const Activation &act, std::span<const int32_t> only, float *pair_out);
+  /// The rows of the pairs @p batch covers into pair_out [k·T rows of D]; moe() and moe_pairs().
+  void compute_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertBatch &batch, const SlotLayout &layout,
+                     const Activation &act, float *pair_out);
   /// y[t] = Σ_j weights[j, t] · pair_out[t·k + j], j in order; moe() and moe_combine().
   void combine_pairs(const float *pair_out, const Tensor &weights, const Tensor &y);
   std::vector<float> pair_out_, moe_x_, moe_h_, moe_o_;  // moe: per-pair rows, one expert's batch

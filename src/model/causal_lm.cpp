@@ -19,6 +19,11 @@ namespace ep::model {
 // Kimi on CUDA (helper kimi-cuda's kernels) is enabled here once its GPU tests pass.
 bool kimi_runs_on(backend::Device device) { return device == backend::Device::cpu || device == backend::Device::cuda; }
 
+void CausalLm::forward(const int32_t *tokens, int64_t n, LmState &state, float *logits) {
+  const backend::Tensor out = forward(tokens, n, state, logits ? LogitRows::all : LogitRows::none);
+  if (logits && out.data) backend().download(logits, out.data, out.n_bytes());
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -41,11 +46,12 @@ class ModelLm final : public CausalLm {
       : m_(std::move(m)), info_(std::move(info)), first_(first_expert_layer) {}
   const CausalLmInfo &info() const override { return info_; }
   std::unique_ptr<LmState> new_state() const override { return std::make_unique<StateOf<State>>(m_->new_state()); }
-  void forward(const int32_t *tokens, int64_t n, LmState &state, float *logits) override {
+  backend::Tensor forward(const int32_t *tokens, int64_t n, LmState &state, LogitRows rows) override {
     auto *s = dynamic_cast<StateOf<State> *>(&state);
     if (!s) fail(Status::internal, "{}: forward() with the state of another model", info_.architecture);
-    m_->forward(tokens, n, s->state, logits);
+    return m_->forward(tokens, n, s->state, rows);
   }
+  backend::Backend &backend() const override { return m_->backend(); }
   const std::vector<ExpertShape> &expert_shapes() const override { return m_->expert_shapes(); }
   int64_t first_expert_layer() const override { return first_; }
   void set_experts(std::unique_ptr<ExpertProvider> experts) override { m_->set_experts(std::move(experts)); }

@@ -16,6 +16,7 @@
 
 #include "backend/backend.hpp"
 #include "model/expert_provider.hpp"
+#include "model/logit_rows.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -55,9 +56,16 @@ class CausalLm {
   virtual const CausalLmInfo &info() const = 0;
   virtual std::unique_ptr<LmState> new_state() const = 0;
   /// Runs @p n tokens at positions state.n_past() ... and appends them to @p state (which must
-  /// come from this model's new_state()). When @p logits is not null it receives n rows of
-  /// vocab logits (row t predicts token t+1). After an exception the state must be discarded.
-  virtual void forward(const int32_t *tokens, int64_t n, LmState &state, float *logits) = 0;
+  /// come from this model's new_state()). Returns the logits @p rows asks for, in backend
+  /// memory: f32 [vocab] (LogitRows::last), [vocab, n] (all; row t predicts token t+1) or an
+  /// empty tensor (none); valid until the next forward() of this model. After an exception the
+  /// state must be discarded.
+  virtual backend::Tensor forward(const int32_t *tokens, int64_t n, LmState &state, LogitRows rows) = 0;
+  /// forward() with every row copied to @p logits (host memory, n × vocab floats), or none when
+  /// @p logits is null.
+  void forward(const int32_t *tokens, int64_t n, LmState &state, float *logits);
+  /// The backend the model runs on.
+  virtual backend::Backend &backend() const = 0;
   /// Per provider layer (= pack layer): the routed experts' types and shapes in the source.
   virtual const std::vector<ExpertShape> &expert_shapes() const = 0;
   /// The model block of provider / pack layer 0 (the number of leading dense blocks).

@@ -508,13 +508,14 @@ void DeepseekV4Model::moe(int64_t il, const float *x, const Step &s, float *out)
   act.kind = backend::ActivationKind::swiglu;
   act.limit = c.swiglu_limit[static_cast<size_t>(il)];
   if (!experts_) fail(Status::internal, "DeepSeek-V4: no routed-expert provider (set_experts() was not called)");
-  // The expert ids go to the host: the provider makes those experts resident.
-  std::vector<int32_t> ids(static_cast<size_t>(K * n));
-  be_.download(ids.data(), ids_d, ids.size() * 4);
-  run_routed_experts(be_, *experts_, il, E, ids, ids_d, wts, K, x, out, D, n, act);
+  // The shared experts are queued while the router's ids travel to the host (when the provider
+  // needs them there: a cache decides hits and misses on the host).
+  const Tensor ids_t = dev_i32(dv, ids_d, {K, n});
+  const RoutedPicks picks = start_routed_experts(be_, *experts_, il, ids_t);
   backend::Activation sact = act;
   sact.limit = c.swiglu_limit_shared[static_cast<size_t>(il)];
   be_.ffn(dev_f32(dv, x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, sact, dev_f32(dv, shared, {D, n}));
+  finish_routed_experts(be_, *experts_, picks, dev_f32(dv, wts, {K, n}), x, out, D, act);
   be_.add(dev_f32(dv, out, {D, n}), dev_f32(dv, shared, {D, n}), dev_f32(dv, out, {D, n}));
 }
 
@@ -544,8 +545,13 @@ void DeepseekV4Model::hc_site(int64_t il, bool ffn, float *h, const Step &s, Dee
 }
 
 void DeepseekV4Model::forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, float *logits) {
+  const Tensor out = forward(tokens, n, state, logits ? LogitRows::all : LogitRows::none);
+  if (logits && out.data) be_.download(logits, out.data, out.n_bytes());
+}
+
+Tensor DeepseekV4Model::forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, LogitRows rows) {
   const DeepseekV4Config &c = cfg_;
-  if (n <= 0) return;
+  if (n <= 0) return {};
   if (static_cast<int64_t>(state.layers.size()) != c.n_layers)
     fail(Status::invalid_argument, "DeepSeek-V4 forward: state has {} layers, the model {}", state.layers.size(), c.n_layers);
   for (int64_t t = 0; t < n; ++t)
@@ -578,20 +584,23 @@ void DeepseekV4Model::forward(const int32_t *tokens, int64_t n, DeepseekV4State 
     hc_site(il, true, h, s, state);
   }
   state.n_past += n;
-  if (!logits) return;
-  // final hyper-connection head (pre weights only), norm, lm_head
+  if (rows == LogitRows::none) return {};
+  // final hyper-connection head (pre weights only), norm, lm_head: on the last token only when
+  // that is all the caller needs (generation)
+  const int64_t t0 = rows == LogitRows::last ? n - 1 : 0, m = n - t0;
+  const float *hm = h + t0 * hc * D;
   Scratch &sc = *site_scratch_;
   sc.reset();
-  float *flat = sc.f32(hc * D * n), *mix = sc.f32(hc * n), *pre = sc.f32(hc * n), *col = sc.f32(D * n), *normed = sc.f32(D * n),
-        *out = sc.f32(V * n);
-  be_.rms_norm(dev_f32(dv, h, {hc * D, n}), nullptr, c.rms_eps, dev_f32(dv, flat, {hc * D, n}));
-  mm(w_->output_hc_fn, flat, hc * D, n, mix);
-  be_.hc_weights(dev_f32(dv, mix, {hc, n}), w_->output_hc_scale, w_->output_hc_base, c.hc_eps, 0, dev_f32(dv, pre, {hc, n}),
+  float *flat = sc.f32(hc * D * m), *mix = sc.f32(hc * m), *pre = sc.f32(hc * m), *col = sc.f32(D * m), *normed = sc.f32(D * m);
+  float *out = fs.f32(V * m);
+  be_.rms_norm(dev_f32(dv, hm, {hc * D, m}), nullptr, c.rms_eps, dev_f32(dv, flat, {hc * D, m}));
+  mm(w_->output_hc_fn, flat, hc * D, m, mix);
+  be_.hc_weights(dev_f32(dv, mix, {hc, m}), w_->output_hc_scale, w_->output_hc_base, c.hc_eps, 0, dev_f32(dv, pre, {hc, m}),
                  nullptr, nullptr);
-  be_.hc_collapse(dev_f32(dv, h, {D, hc, n}), dev_f32(dv, pre, {hc, n}), dev_f32(dv, col, {D, n}));
-  be_.rms_norm(dev_f32(dv, col, {D, n}), &w_->output_norm, c.rms_eps, dev_f32(dv, normed, {D, n}));
-  mm(w_->output, normed, D, n, out);
-  be_.download(logits, out, static_cast<uint64_t>(V * n) * 4);
+  be_.hc_collapse(dev_f32(dv, hm, {D, hc, m}), dev_f32(dv, pre, {hc, m}), dev_f32(dv, col, {D, m}));
+  be_.rms_norm(dev_f32(dv, col, {D, m}), &w_->output_norm, c.rms_eps, dev_f32(dv, normed, {D, m}));
+  mm(w_->output, normed, D, m, out);
+  return rows == LogitRows::last ? dev_f32(dv, out, {V}) : dev_f32(dv, out, {V, m});
 }
 
 }  // namespace ep::model

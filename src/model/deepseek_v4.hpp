@@ -14,6 +14,7 @@
 #include "backend/backend.hpp"
 #include "model/deepseek_v4_config.hpp"
 #include "model/expert_provider.hpp"
+#include "model/logit_rows.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -70,9 +71,15 @@ class DeepseekV4Model {
 
   const DeepseekV4Config &config() const { return cfg_; }
   DeepseekV4State new_state() const;
-  /// Runs @p n tokens at positions state.n_past ... and appends them to @p state. When
-  /// @p logits is not null it receives n rows of vocab logits (row t predicts token t+1).
+  /// Runs @p n tokens at positions state.n_past ... and appends them to @p state. Returns the
+  /// logits @p rows asks for in backend memory: f32 [vocab] (last), [vocab, n] (all; row t
+  /// predicts token t+1) or an empty tensor (none); valid until the next forward() of this model.
+  backend::Tensor forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, LogitRows rows);
+  /// forward() with every row copied to @p logits (host memory, n × vocab floats), or none when
+  /// @p logits is null.
   void forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, float *logits);
+  /// The backend the model runs on.
+  backend::Backend &backend() const { return be_; }
   /// Replaces the routed-expert source (e.g. the ExpertStore); layouts must match.
   void set_experts(std::unique_ptr<ExpertProvider> experts) { experts_ = std::move(experts); }
   ExpertProvider *experts() const { return experts_.get(); }

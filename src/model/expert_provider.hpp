@@ -1,9 +1,12 @@
-// Where the routed experts come from. The model asks for the experts a step selected and gets
-// the ExpertSlots table the backend's moe() op reads, then releases them after the op.
-//  - PackedExperts: served by the ExpertStore (src/store) from an Expert Pack, through a
-//    bounded slot cache (host-memory device on the CPU backend).
-//  - ResidentExperts: every expert's bytes read from the source file (GGUF or safetensors)
-//    into backend memory once, at load (the reference path; no pack needed).
+// Where the routed experts come from, and the one contract between the MoE layers and them.
+// Per MoE layer the router writes expert ids on the backend; the provider resolves them to a
+// backend::ExpertBatch — the table of slot addresses the backend's moe op reads — and releases
+// it after the op:
+//  - ResidentExperts (here): every expert's bytes read from the source (GGUF or safetensors)
+//    into backend memory once, at load; its batches are built on the device from the router's
+//    ids (no host round trip) unless the backend's moe op reads host picks.
+//  - engine::PackedExperts: served by the ExpertStore (src/store) from an Expert Pack through a
+//    bounded slot cache; the router's ids come to the host once, the store resolves them once.
 #pragma once
 
 #include "backend/backend.hpp"
@@ -11,18 +14,9 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
-
-namespace ep::io {
-class IoSeam;
-}  // namespace ep::io
-
-namespace ep::store {
-class ExpertStore;
-class PackObjectMap;
-struct StoreStats;
-}  // namespace ep::store
 
 namespace ep::model {
 
@@ -58,19 +52,25 @@ class DeviceBuffer {
   uint64_t bytes_ = 0;
 };
 
-/// Supplies routed-expert slots per layer.
+/// Supplies routed-expert batches per layer (see the file comment).
 class ExpertProvider {
  public:
   virtual ~ExpertProvider() = default;
   /// Where gate / up / down sit inside each expert object of layer @p layer.
   virtual const backend::SlotLayout &layout(int64_t layer) const = 0;
-  /// Makes experts ids[0..n) of layer @p layer resident (ids may repeat) and returns the slot
-  /// table, valid until release(). At most max_unique() distinct ids per call.
-  virtual backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) = 0;
-  /// Ends the last acquire() of @p layer (after the MoE op that read its slots).
-  virtual void release(int64_t /*layer*/) {}
-  /// The most distinct expert ids one acquire() may ask for (the model splits a step's tokens
-  /// into chunks that stay within it).
+  /// True when acquire() needs the picks on the host (a cache decides hits and misses there).
+  virtual bool needs_host_ids() const = 0;
+  /// Makes the experts of layer @p layer's picks resident and returns their batch, valid until
+  /// release(). @p ids: i32 [k, T] in backend memory (the router's output); @p host_ids: the
+  /// same k·T ids in host memory, or null when neither needs_host_ids() nor the backend's moe op
+  /// asks for them. With @p only non-empty (distinct experts, host_ids given), the batch covers
+  /// only the pairs whose expert is listed (an expert-major pass: Backend::moe_pairs); at most
+  /// max_unique() distinct experts per call either way.
+  virtual backend::ExpertBatch acquire(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                                       std::span<const int32_t> only) = 0;
+  /// Ends the last acquire() of @p layer (after the ops that read its batch were queued).
+  virtual void release(int64_t layer) = 0;
+  /// The most distinct expert ids one acquire() may cover.
   virtual int64_t max_unique() const { return std::numeric_limits<int64_t>::max(); }
 };
 
@@ -82,18 +82,25 @@ class ResidentExperts final : public ExpertProvider {
   /// (ggml {D, F, E}, {D, F, E}, {F, D, E}): each expert becomes one object gate|up|down.
   void add_layer(const CatalogEntry &gate, const CatalogEntry &up, const CatalogEntry &down);
   const backend::SlotLayout &layout(int64_t layer) const override;
-  backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) override;
+  bool needs_host_ids() const override { return false; }
+  backend::ExpertBatch acquire(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                               std::span<const int32_t> only) override;
+  void release(int64_t) override {}
   uint64_t bytes() const { return bytes_; }
 
  private:
   struct Layer {
     backend::SlotLayout layout;
     std::vector<DeviceBuffer> objects;
-    std::vector<const void *> slots;
+    std::vector<const void *> slots;  // host copy of the object addresses
+    DeviceBuffer slots_dev;           // the same [E] addresses in backend memory
   };
+  const Layer &layer_at(int64_t layer) const;
   backend::Backend &be_;
   std::vector<Layer> layers_;
   uint64_t bytes_ = 0;
+  DeviceBuffer role_table_;              // [3][pairs] in backend memory (reused layer after layer)
+  std::vector<const void *> pair_slots_; // host: per pair
 };
 
 /// What the model expects of each layer's experts (from the source file's stacked tensors):
@@ -105,71 +112,22 @@ struct ExpertShape {
 /// (naming the tensor) when a type is not one the backends multiply.
 ExpertShape expert_shape_of(const CatalogEntry &gate, const CatalogEntry &up, const CatalogEntry &down);
 
-struct PackedExpertsOptions {
-  uint64_t cache_bytes = UINT64_MAX;  ///< slot budget (UINT64_MAX: every expert, at most half the physical memory)
-  uint32_t staging_slots = 0;         ///< 0: the store's default
-  uint32_t queue_depth = 0;           ///< 0: the reader's default
-  uint32_t read_splits = 0;           ///< 0: the reader's default
-  int direct_io = -1;                 ///< 1 O_DIRECT, 0 buffered, -1 automatic
-  std::string policy = "decay";       ///< cache policy (store/expert_store.hpp)
-  std::string stats_path;             ///< JSON stats written at close ("" = none)
-  /// >= 0: the slots live in the memory of this CUDA device (store::make_cuda_device: pinned
-  /// staging, VRAM slots, a transfer stream) and are ordered on @p cuda_stream, which must be
-  /// the compute backend's stream; -1: host-memory slots (the CPU backend).
-  int cuda_device = -1;
-  void *cuda_stream = nullptr;  ///< a cudaStream_t (the CudaBackend's), with cuda_device >= 0
-  /// CUDA: device memory left free for activations and workspaces when the budget is "all of it".
-  uint64_t cuda_reserve_bytes = uint64_t{2} << 30;
-  /// The model block of provider layer 0, which the pack's first_layer must equal: 0 for
-  /// DeepSeek-V4; Kimi's leading dense blocks have no experts (CausalLm::first_expert_layer()).
-  int64_t first_layer = 0;
-  /// The I/O seam the store's reader passes every read through (src/io/seam.hpp): fault
-  /// injection for tests (EIO, short, slow or wrong bytes); null: none.
-  std::shared_ptr<io::IoSeam> seam;
+/// The routed-expert FFN of one MoE layer in two steps, so that the host can queue other work
+/// (the shared experts) while the router's ids travel to the host:
+/// start_routed_experts() begins the one device → host copy of the ids when the provider or the
+/// backend needs them (returns at once); finish_routed_experts() waits for it, acquires the
+/// batch(es), queues Backend::moe and releases. When the step's distinct experts exceed the
+/// provider's max_unique(), the pass is expert-major (moe_pairs per group of experts, then
+/// moe_combine: the same bits). @p ids: i32 [k, T], @p weights: f32 [k, T], x, y: f32 [d, T],
+/// all in backend memory.
+struct RoutedPicks {
+  int64_t layer = 0;
+  backend::Tensor ids;
+  const int32_t *host_ids = nullptr;  ///< set by start_routed_experts() when copied
 };
-
-/// Routed experts served by the ExpertStore from an Expert Pack: host-memory slots for the CPU
-/// backend, VRAM slots (the store's CUDA device, on the backend's stream) for the CUDA backend. The pack's per-role entries (type, shape, offset inside the
-/// object) become the backend's SlotLayout; they must match what the model's source says
-/// (fail-closed, Status::shape / Status::format). A step's tokens are acquired in chunks of at
-/// most max_unique() distinct experts, so a cache of only top_k slots still runs (evicting).
-class PackedExperts final : public ExpertProvider {
- public:
-  /// @p expected: one entry per MoE layer (provider layer l = pack layer l = model block
-  /// options.first_layer + l); @p top_k: experts per token.
-  PackedExperts(const std::string &pack_path, const std::vector<ExpertShape> &expected, int64_t top_k,
-                const PackedExpertsOptions &options);
-  ~PackedExperts() override;
-  const backend::SlotLayout &layout(int64_t layer) const override;
-  backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) override;
-  void release(int64_t layer) override;
-  int64_t max_unique() const override { return max_unique_; }
-
-  store::StoreStats stats() const;
-  uint32_t num_slots() const;
-  uint64_t slot_bytes() const;
-  /// The smallest cache budget the store accepts for this pack and top_k (top_k slots).
-  static uint64_t min_cache_bytes(const std::string &pack_path, int64_t top_k);
-
- private:
-  struct Held;
-  std::shared_ptr<store::PackObjectMap> pack_;
-  std::unique_ptr<store::ExpertStore> store_;
-  std::vector<backend::SlotLayout> layouts_;
-  std::vector<const void *> table_;
-  std::unique_ptr<Held> held_;
-  int64_t max_unique_ = 1;
-};
-
-/// The routed-expert FFN of one MoE layer over @p n tokens: Backend::moe on experts from
-/// @p experts' layer @p layer, the tokens in chunks whose distinct experts fit one acquire()
-/// (the moe op is per token, so chunking does not change its result). When the step's experts
-/// do not fit one acquire and the backend has moe_pairs(), expert-major instead: each expert
-/// goes through the cache once per (large) chunk of tokens, with the same result bits. @p ids: the host copy of
-/// the [n][k] expert ids (ids outside 0 .. n_experts − 1 are skipped); @p ids_dev, @p weights_dev:
-/// the same ids and their weights in backend memory; x, y: [n][d] in backend memory.
-void run_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, int64_t n_experts,
-                        const std::vector<int32_t> &ids, const int32_t *ids_dev, const float *weights_dev, int64_t k,
-                        const float *x, float *y, int64_t d, int64_t n, const backend::Activation &act);
+RoutedPicks start_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, const backend::Tensor &ids);
+void finish_routed_experts(backend::Backend &be, ExpertProvider &experts, const RoutedPicks &picks,
+                           const backend::Tensor &weights, const float *x, float *y, int64_t d,
+                           const backend::Activation &act);
 
 }  // namespace ep::model

@@ -392,9 +392,9 @@ void KimiModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
   rp.bias = &L.bias;
   be_.route(dev_f32(dv, logits, {E, n}), rp, dev_i32(dv, ids_d, {K, n}), dev_f32(dv, wts, {K, n}));
   if (!experts_) fail(Status::internal, "Kimi-Linear: no routed-expert provider (set_experts() was not called)");
-  // The expert ids go to the host: the provider makes those experts resident.
-  std::vector<int32_t> ids(static_cast<size_t>(K * n));
-  be_.download(ids.data(), ids_d, ids.size() * 4);
+  // The ids travel to the host (when the provider needs them there) while the latent projection
+  // and the shared experts are queued.
+  const RoutedPicks picks = start_routed_experts(be_, *experts_, mi, dev_i32(dv, ids_d, {K, n}));
   // K3 latent MoE: the experts run on routed_down(x) and write a latent result
   const int64_t DX = c.expert_latent_dim > 0 ? c.expert_latent_dim : D;
   const float *xe = x;
@@ -405,21 +405,24 @@ void KimiModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
     be_.matmul(L.routed_down, dev_f32(dv, x, {D, n}), dev_f32(dv, xl, {DX, n}));
     xe = xl;
   }
-  run_routed_experts(be_, *experts_, mi, E, ids, ids_d, wts, K, xe, ye, DX, n, act);
+  float *shared = c.n_shared_experts > 0 ? sc.f32(D * n) : nullptr;
+  if (shared) be_.ffn(dev_f32(dv, x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, act, dev_f32(dv, shared, {D, n}));
+  finish_routed_experts(be_, *experts_, picks, dev_f32(dv, wts, {K, n}), xe, ye, DX, act);
   if (c.expert_latent_dim > 0) {
     be_.rms_norm(dev_f32(dv, ye, {DX, n}), L.routed_norm.data ? &L.routed_norm : nullptr, c.rms_eps, dev_f32(dv, ye, {DX, n}));
     be_.matmul(L.routed_up, dev_f32(dv, ye, {DX, n}), dev_f32(dv, out, {D, n}));
   }
-  if (c.n_shared_experts > 0) {
-    float *shared = sc.f32(D * n);
-    be_.ffn(dev_f32(dv, x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, act, dev_f32(dv, shared, {D, n}));
-    be_.add(dev_f32(dv, out, {D, n}), dev_f32(dv, shared, {D, n}), dev_f32(dv, out, {D, n}));
-  }
+  if (shared) be_.add(dev_f32(dv, out, {D, n}), dev_f32(dv, shared, {D, n}), dev_f32(dv, out, {D, n}));
 }
 
 void KimiModel::forward(const int32_t *tokens, int64_t n, KimiState &state, float *logits) {
+  const Tensor out = forward(tokens, n, state, logits ? LogitRows::all : LogitRows::none);
+  if (logits && out.data) be_.download(logits, out.data, out.n_bytes());
+}
+
+Tensor KimiModel::forward(const int32_t *tokens, int64_t n, KimiState &state, LogitRows rows) {
   const KimiConfig &c = cfg_;
-  if (n <= 0) return;
+  if (n <= 0) return {};
   check_state(state);
   for (int64_t t = 0; t < n; ++t)
     if (tokens[t] < 0 || tokens[t] >= c.vocab)
@@ -465,11 +468,13 @@ void KimiModel::forward(const int32_t *tokens, int64_t n, KimiState &state, floa
     be_.add(ht, yt, ht);
   }
   state.n_past += n;
-  if (!logits) return;
+  if (rows == LogitRows::none) return {};
   be_.rms_norm(B > 0 ? mix(w_->output_res) : ht, &w_->output_norm, c.rms_eps, xt);
-  float *out = fs.f32(V * n);
-  be_.matmul(w_->output, xt, dev_f32(dv, out, {V, n}));
-  be_.download(logits, out, static_cast<uint64_t>(V * n) * 4);
+  // the output head on the last token only when that is all the caller needs (generation)
+  const int64_t t0 = rows == LogitRows::last ? n - 1 : 0, m = n - t0;
+  float *out = fs.f32(V * m);
+  be_.matmul(w_->output, dev_f32(dv, xn + t0 * D, {D, m}), dev_f32(dv, out, {V, m}));
+  return rows == LogitRows::last ? dev_f32(dv, out, {V}) : dev_f32(dv, out, {V, m});
 }
 
 }  // namespace ep::model

@@ -17,6 +17,7 @@
 #include "backend/backend.hpp"
 #include "model/backend_memory.hpp"
 #include "model/expert_provider.hpp"
+#include "model/logit_rows.hpp"
 #include "model/kimi_config.hpp"
 
 #include <cstdint>
@@ -66,11 +67,17 @@ class KimiModel {
 
   const KimiConfig &config() const { return cfg_; }
   KimiState new_state() const;
-  /// Runs @p n tokens at positions state.n_past ... and appends them to @p state. When
-  /// @p logits is not null it receives n rows of vocab logits (row t predicts token t+1).
+  /// Runs @p n tokens at positions state.n_past ... and appends them to @p state. Returns the
+  /// logits @p rows asks for in backend memory: f32 [vocab] (last), [vocab, n] (all; row t
+  /// predicts token t+1) or an empty tensor (none); valid until the next forward() of this model.
+  backend::Tensor forward(const int32_t *tokens, int64_t n, KimiState &state, LogitRows rows);
   /// After an exception the state is partly updated and must be discarded. One forward() at a
   /// time per model (it reuses the model's scratch buffers in backend memory).
+  /// forward() with every row copied to @p logits (host memory, n × vocab floats), or none when
+  /// @p logits is null.
   void forward(const int32_t *tokens, int64_t n, KimiState &state, float *logits);
+  /// The backend the model runs on.
+  backend::Backend &backend() const { return be_; }
 
   /// Replaces the routed-expert source. The provider's layer index is the MoE layer's ordinal
   /// (moe_index()), not the model layer: the dense first layers have no experts.

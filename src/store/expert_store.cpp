@@ -38,6 +38,7 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   slot_bytes_ = io::align_up(layout.max_object_bytes(), io::kDirectAlignment);
   staging_slot_bytes_ = slot_bytes_;
   max_ids_ = options_.top_k * options_.tokens_per_acquire;
+  table_ids_ = options_.table_ids ? options_.table_ids : max_ids_;
   cache::BudgetRequest br;
   br.requested_bytes = options_.cache_bytes;
   br.free_bytes = device_->free_bytes();
@@ -58,7 +59,7 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   shape.staging_slots = options_.staging_slots;
   shape.staging_slot_bytes = staging_slot_bytes_;
   shape.tables = options_.table_ring;
-  shape.table_entries = max_ids_;
+  shape.table_entries = table_ids_ * std::max<uint32_t>(options_.table_rows, 1);
   device_->allocate(shape);
 
   reader_ = io::open_reader(options_.pack_path, options_.reader, counters_);
@@ -93,14 +94,17 @@ ExpertStore::~ExpertStore() {
 
 uint32_t ExpertStore::num_slots() const { return cache_->num_slots(); }
 
-Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids) {
+Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, std::span<const uint64_t> table_offsets) {
+  static constexpr uint64_t kSlotsOnly[1] = {0};
+  if (table_offsets.empty()) table_offsets = kSlotsOnly;
+  if (table_offsets.size() > std::max<uint32_t>(options_.table_rows, 1))
+    fail(Status::invalid_argument, "ExpertStore::acquire: {} table rows asked for, the store has {} (StoreOptions::table_rows)",
+         table_offsets.size(), options_.table_rows);
   const ObjectMap &layout = *options_.objects;
   if (layer >= layout.num_layers())
     fail(Status::invalid_argument, "ExpertStore::acquire: layer {} out of range (the pack has {} layers)", layer,
          layout.num_layers());
-  if (ids.empty() || ids.size() > max_ids_)
-    fail(Status::invalid_argument, "ExpertStore::acquire: {} ids for layer {}; expected 1..{} (top_k {} x tokens_per_acquire {})",
-         ids.size(), layer, max_ids_, options_.top_k, options_.tokens_per_acquire);
+  if (ids.empty()) fail(Status::invalid_argument, "ExpertStore::acquire: no ids for layer {}", layer);
   for (uint32_t id : ids)
     if (id >= layout.num_experts())
       fail(Status::invalid_argument, "ExpertStore::acquire: layer {} expert id {} out of range (the pack has {} experts)",
@@ -109,6 +113,10 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids) 
   std::vector<uint32_t> unique(ids.begin(), ids.end());
   std::sort(unique.begin(), unique.end());
   unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  if (unique.size() > max_ids_)
+    fail(Status::invalid_argument,
+         "ExpertStore::acquire: {} distinct experts for layer {}; at most {} (top_k {} x tokens_per_acquire {})", unique.size(),
+         layer, max_ids_, options_.top_k, options_.tokens_per_acquire);
 
   std::lock_guard lock(mutex_);
   const uint64_t tick = ++tick_;
@@ -187,23 +195,31 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids) 
     a.pointers.push_back(device_->slot_ptr(slot_of[i]));
     a.refs.push_back(SlotRef{slot_of[i], generation_[slot_of[i]]});
   }
-  uint32_t table = options_.table_ring;
-  for (uint32_t k = 0; k < options_.table_ring; ++k) {
-    const uint32_t t = (next_table_ + k) % options_.table_ring;
-    if (!table_held_[t]) {
-      table = t;
-      break;
+  // The device table, when it fits: one row of addresses per table offset (e.g. the gate, up
+  // and down weights inside each slot).
+  uint32_t table = kNoTable;
+  if (ids.size() <= table_ids_) {
+    for (uint32_t k = 0; k < options_.table_ring; ++k) {
+      const uint32_t t = (next_table_ + k) % options_.table_ring;
+      if (!table_held_[t]) {
+        table = t;
+        break;
+      }
     }
+    if (table == kNoTable) {
+      unpin_all();
+      fail(Status::busy, "ExpertStore::acquire: {} acquisitions are unreleased (table_ring {}): release some first",
+           options_.table_ring, options_.table_ring);
+    }
+    next_table_ = (table + 1) % options_.table_ring;
+    device_->wait_table(table);
+    std::vector<const void *> rows;
+    rows.reserve(a.pointers.size() * table_offsets.size());
+    for (uint64_t off : table_offsets)
+      for (const void *p : a.pointers) rows.push_back(static_cast<const std::byte *>(p) + off);
+    a.device_table = device_->publish_table(table, rows.data(), static_cast<uint32_t>(rows.size()));
+    table_held_[table] = 1;
   }
-  if (table == options_.table_ring) {
-    unpin_all();
-    fail(Status::busy, "ExpertStore::acquire: {} acquisitions are unreleased (table_ring {}): release some first",
-         options_.table_ring, options_.table_ring);
-  }
-  next_table_ = (table + 1) % options_.table_ring;
-  device_->wait_table(table);
-  a.device_table = device_->publish_table(table, a.pointers.data(), static_cast<uint32_t>(a.pointers.size()));
-  table_held_[table] = 1;
   Held held;
   held.table = table;
   for (uint32_t s : slot_of) held.slots.push_back(SlotRef{s, generation_[s]});
@@ -298,8 +314,10 @@ void ExpertStore::release(const Acquisition &a) {
     device_->record_last_use(ref.slot);
     --pins_[ref.slot];
   }
-  device_->record_table_done(it->second.table);
-  table_held_[it->second.table] = 0;
+  if (it->second.table != kNoTable) {
+    device_->record_table_done(it->second.table);
+    table_held_[it->second.table] = 0;
+  }
   held_.erase(it);
 }
 

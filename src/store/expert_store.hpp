@@ -9,7 +9,8 @@
 //           into a staging slot and, as soon as that read completes, copied to the slot on the
 //           transfer stream, which records the slot's `ready` event (per-expert completion);
 //   then the compute stream waits on every needed slot's `ready` event and a device table of
-//   slot pointers (one per id, in the order given) is published on it.
+//   slot pointers (one per id, in the order given; one row per table offset asked for) is
+//   published on it: the one table the compute kernels read.
 // release(acquisition): records each slot's `last_use` event on the compute stream and unpins.
 //
 // Generations: every slot has a counter bumped whenever it receives a new key; a SlotRef taken
@@ -47,12 +48,17 @@ struct StoreOptions {
   uint64_t cache_bytes = UINT64_MAX;  ///< requested budget (UINT64_MAX: all that is free)
   uint64_t reserve_bytes = 0;         ///< kept free on the device
   uint32_t top_k = 1;
-  uint32_t tokens_per_acquire = 1;    ///< ids per acquire ≤ top_k × tokens_per_acquire
+  uint32_t tokens_per_acquire = 1;    ///< distinct ids per acquire ≤ top_k × tokens_per_acquire
+  /// The device table's capacity in ids (0: top_k × tokens_per_acquire); an acquire of more ids
+  /// publishes none (Acquisition::device_table is null; the host pointers are still there).
+  uint32_t table_ids = 0;
   std::string policy = "decay";       ///< lru, sglang-lfu, decay, decay-bypass
   /// decay.half_life_ticks counts acquires (one per layer and step); 0 = 32 tokens x num_layers.
   cache::DecayOptions decay{0.0, false};
   uint32_t staging_slots = 16;        ///< pinned staging ring (each one object)
   uint32_t table_ring = 64;           ///< device pointer tables in flight
+  /// Rows of addresses a published table holds at most (acquire()'s table_offsets).
+  uint32_t table_rows = 1;
   std::string stats_path;             ///< JSON stats file ("" = none)
   uint32_t stats_every = 0;           ///< write it every N acquires (0 = only on flush_stats())
   bool record_trace = false;          ///< keep (layer, ids) of every acquire
@@ -74,7 +80,10 @@ struct Acquisition {
   std::vector<uint32_t> ids;               ///< as given
   std::vector<const void *> pointers;      ///< per id: slot address (device memory on CUDA)
   std::vector<SlotRef> refs;               ///< per id
-  const void *const *device_table = nullptr;  ///< per id, in device memory; valid until release
+  /// In device memory, [rows][ids]: row r, entry i = pointers[i] + table_offsets[r];
+  /// valid until release (what the compute kernels read). Null when more ids were given than
+  /// StoreOptions::table_ids.
+  const void *const *device_table = nullptr;
   uint32_t hits = 0, misses = 0;           ///< unique keys
 };
 
@@ -89,7 +98,10 @@ class ExpertStore {
   /// EP_ERR_BUDGET when every slot is protected, EP_ERR_IO when a read fails, EP_ERR_CORRUPT
   /// when the bytes read do not match the pack's hashes (the message names the pack, layer,
   /// expert and offset). A failed acquire pins nothing and leaves no half-loaded slot.
-  Acquisition acquire(uint32_t layer, std::span<const uint32_t> ids);
+  /// The published table has one row of addresses per entry of @p table_offsets: row r, entry i
+  /// is slot(ids[i]) + table_offsets[r] (e.g. the model's roles inside an expert object); empty
+  /// means one row of the slots themselves. At most StoreOptions::table_rows rows.
+  Acquisition acquire(uint32_t layer, std::span<const uint32_t> ids, std::span<const uint64_t> table_offsets = {});
   /// Records last_use and unpins. Throws EP_ERR_INVALID_ARGUMENT for an unknown ticket.
   void release(const Acquisition &acquisition);
 
@@ -126,7 +138,9 @@ class ExpertStore {
   std::unique_ptr<cache::SlotCache> cache_;
   uint64_t slot_bytes_ = 0;
   uint64_t staging_slot_bytes_ = 0;
-  uint32_t max_ids_ = 0;
+  uint32_t max_ids_ = 0;    // distinct ids per acquire
+  uint32_t table_ids_ = 0;  // ids the device table holds
+  static constexpr uint32_t kNoTable = UINT32_MAX;
 
   mutable std::mutex mutex_;
   uint64_t tick_ = 0;

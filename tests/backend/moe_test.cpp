@@ -1,6 +1,7 @@
 // MoE end to end on tiny sizes: experts in contiguous slots (gate, up, down at byte offsets),
 // routing, the expert computation and the weighted combine against a formula computed here from
 // dequantized dense matrices in double; dense FFN (shared experts); missing slots are errors.
+#include "backend/expert_batch.hpp"
 #include "backend/cpu_backend.hpp"
 #include "backend/dequant.hpp"
 #include "core/status.hpp"
@@ -110,10 +111,10 @@ TEST_CASE("route + moe + combine match the formula (DeepSeek-V4 and Kimi-K3 styl
     be.route(Tensor::make(logits.data(), GgmlType::f32, Device::cpu, {n_exp, toks}), rp,
              Tensor::make(ids.data(), GgmlType::i32, Device::cpu, {c.k, toks}),
              Tensor::make(w.data(), GgmlType::f32, Device::cpu, {c.k, toks}));
-    ExpertSlots slots{s.table.data(), n_exp};
+    const ep::test::HostBatch hb = ep::test::host_batch(ids, s.table, s.layout);
     be.moe(Tensor::make(x.data(), GgmlType::f32, Device::cpu, {d, toks}),
            Tensor::make(ids.data(), GgmlType::i32, Device::cpu, {c.k, toks}),
-           Tensor::make(w.data(), GgmlType::f32, Device::cpu, {c.k, toks}), slots, s.layout, c.act,
+           Tensor::make(w.data(), GgmlType::f32, Device::cpu, {c.k, toks}), hb.batch, s.layout, c.act,
            Tensor::make(y.data(), GgmlType::f32, Device::cpu, {d, toks}));
     int bad = 0;
     double max_abs = 0;
@@ -141,7 +142,7 @@ TEST_CASE("route + moe + combine match the formula (DeepSeek-V4 and Kimi-K3 styl
   }
 }
 
-TEST_CASE("moe reports a missing slot and an out-of-range expert id", "[moe]") {
+TEST_CASE("moe refuses a batch that does not cover every pair, or has no host slots", "[moe]") {
   CpuBackend be;
   std::mt19937 rng(1);
   const int64_t d = 256, f = 256;
@@ -149,26 +150,30 @@ TEST_CASE("moe reports a missing slot and an out-of-range expert id", "[moe]") {
   s.table[1] = nullptr;
   std::vector<float> x(d, 0.5f), y(d), w = {1.0f};
   std::vector<int32_t> ids = {1};
-  ExpertSlots slots{s.table.data(), 2};
+  ep::test::HostBatch hb = ep::test::host_batch(ids, s.table, s.layout);
   auto run = [&] {
     be.moe(Tensor::make(x.data(), GgmlType::f32, Device::cpu, {d, 1}),
            Tensor::make(ids.data(), GgmlType::i32, Device::cpu, {1, 1}),
-           Tensor::make(w.data(), GgmlType::f32, Device::cpu, {1, 1}), slots, s.layout, Activation{},
+           Tensor::make(w.data(), GgmlType::f32, Device::cpu, {1, 1}), hb.batch, s.layout, Activation{},
            Tensor::make(y.data(), GgmlType::f32, Device::cpu, {d, 1}));
   };
-  try {
-    run();
-    FAIL("missing slot accepted");
-  } catch (const ep::Error &e) {
-    CHECK(e.status() == ep::Status::not_found);
-  }
-  ids[0] = 2;
-  try {
-    run();
-    FAIL("expert id 2 of 2 accepted");
-  } catch (const ep::Error &e) {
-    CHECK(e.status() == ep::Status::corrupt);
-  }
+  auto status = [&] {
+    try {
+      run();
+    } catch (const ep::Error &e) {
+      return e.status();
+    }
+    return ep::Status::ok;
+  };
+  CHECK(status() == ep::Status::internal);  // pair 0's expert has no slot
+  ids[0] = 0;
+  hb = ep::test::host_batch(ids, s.table, s.layout);
+  CHECK(status() == ep::Status::ok);
+  hb.batch.pair_slots = nullptr;
+  CHECK(status() == ep::Status::internal);  // a CPU batch needs the host slots
+  hb = ep::test::host_batch(ids, s.table, s.layout);
+  hb.batch.n_pairs = 2;
+  CHECK(status() == ep::Status::internal);  // a batch of another step
 }
 
 TEST_CASE("ffn (shared experts) equals down(act(gate x, up x))", "[moe]") {
@@ -215,14 +220,15 @@ TEST_CASE("moe_pairs over disjoint expert sets, then moe_combine, give moe()'s b
   auto I = Tensor::make(ids.data(), GgmlType::i32, Device::cpu, {k, toks});
   auto W = Tensor::make(w.data(), GgmlType::f32, Device::cpu, {k, toks});
   std::vector<float> want(static_cast<size_t>(d * toks), NAN);
-  be.moe(X, I, W, ExpertSlots{s.table.data(), n_exp}, s.layout, act, Tensor::make(want.data(), GgmlType::f32, Device::cpu, {d, toks}));
+  be.moe(X, I, W, ep::test::host_batch(ids, s.table, s.layout).batch, s.layout, act,
+         Tensor::make(want.data(), GgmlType::f32, Device::cpu, {d, toks}));
 
   std::vector<float> pairs(static_cast<size_t>(d * k * toks), NAN), got(want.size(), NAN);
   auto P = Tensor::make(pairs.data(), GgmlType::f32, Device::cpu, {d, k * toks});
   for (const std::vector<int32_t> &set : {std::vector<int32_t>{5, 0, 3}, {1, 7}, {2, 4, 6}}) {
     std::vector<const void *> table(static_cast<size_t>(n_exp), nullptr);
     for (int32_t e : set) table[static_cast<size_t>(e)] = s.table[static_cast<size_t>(e)];
-    be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, set, P);
+    be.moe_pairs(X, I, ep::test::host_batch(ids, table, s.layout).batch, s.layout, act, P);
   }
   be.moe_combine(P, W, Tensor::make(got.data(), GgmlType::f32, Device::cpu, {d, toks}));
   CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
@@ -233,7 +239,7 @@ TEST_CASE("moe_pairs over disjoint expert sets, then moe_combine, give moe()'s b
   auto Q = Tensor::make(poisoned.data(), GgmlType::f32, Device::cpu, {d, k * toks});
   std::vector<const void *> table(static_cast<size_t>(n_exp), nullptr);
   table[1] = s.table[1];
-  be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, std::vector<int32_t>{1}, Q);
+  be.moe_pairs(X, I, ep::test::host_batch(ids, table, s.layout).batch, s.layout, act, Q);
   int64_t of_expert_1 = 0, wrong = 0;
   for (int64_t p = 0; p < k * toks; ++p) {
     const bool mine = ids[static_cast<size_t>(p)] == 1;
@@ -243,7 +249,7 @@ TEST_CASE("moe_pairs over disjoint expert sets, then moe_combine, give moe()'s b
   CHECK(of_expert_1 > 0);
   CHECK(wrong == 0);
 
-  // errors: an expert outside the table, a set expert without a slot, pairs of the wrong shape
+  // errors: pairs of the wrong shape, a batch of another step
   auto status = [](auto &&fn) {
     try {
       fn();
@@ -252,13 +258,12 @@ TEST_CASE("moe_pairs over disjoint expert sets, then moe_combine, give moe()'s b
     }
     return ep::Status::ok;
   };
-  CHECK(status([&] { be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, std::vector<int32_t>{8}, Q); }) ==
-        ep::Status::invalid_argument);
-  CHECK(status([&] { be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, std::vector<int32_t>{2}, Q); }) ==
-        ep::Status::not_found);
+  const ep::test::HostBatch one = ep::test::host_batch(ids, table, s.layout);
+  ep::backend::ExpertBatch short_batch = one.batch;
+  short_batch.n_pairs = k * toks - 1;
+  CHECK(status([&] { be.moe_pairs(X, I, short_batch, s.layout, act, Q); }) == ep::Status::internal);
   CHECK(status([&] {
-          be.moe_pairs(X, I, ExpertSlots{table.data(), n_exp}, s.layout, act, std::vector<int32_t>{1},
-                       Tensor::make(poisoned.data(), GgmlType::f32, Device::cpu, {d, toks}));
+          be.moe_pairs(X, I, one.batch, s.layout, act, Tensor::make(poisoned.data(), GgmlType::f32, Device::cpu, {d, toks}));
         }) == ep::Status::shape);
   CHECK(status([&] { be.moe_combine(Tensor::make(pairs.data(), GgmlType::f32, Device::cpu, {d, toks}), W,
                                     Tensor::make(got.data(), GgmlType::f32, Device::cpu, {d, toks})); }) == ep::Status::shape);

@@ -4,6 +4,7 @@
 // weight type and token count, moe (many experts per call = one expert per task; few experts =
 // rows split), attention_sinks, indexer_scores and the row-wise ops; and a whole tiny DeepSeek-V4
 // forward (prefill and decode) gives identical logits with 1, 3 and 7 threads.
+#include "backend/expert_batch.hpp"
 #include "backend/cpu_backend.hpp"
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
@@ -171,7 +172,6 @@ TEST_CASE("threaded moe: the same bytes for every thread count and the per-token
     slots.push_back(std::move(s));
   }
   for (auto &s : slots) table.push_back(s.data());
-  const ExpertSlots es{table.data(), n_exp};
   Activation act;
   act.limit = 10.0f;
   std::vector<std::unique_ptr<CpuBackend>> bes;
@@ -195,8 +195,8 @@ TEST_CASE("threaded moe: the same bytes for every thread count and the per-token
       }
     for (auto &be : bes) {
       std::vector<float> y(static_cast<size_t>(d * toks), NAN);
-      be->moe(f32(x, {d, toks}), Tensor::make(ids.data(), GgmlType::i32, Device::cpu, {k, toks}), f32(wts, {k, toks}), es,
-              l, act, f32(y, {d, toks}));
+      be->moe(f32(x, {d, toks}), Tensor::make(ids.data(), GgmlType::i32, Device::cpu, {k, toks}), f32(wts, {k, toks}),
+              ep::test::host_batch(ids, table, l).batch, l, act, f32(y, {d, toks}));
       INFO("tokens " << toks << ", threads " << be->threads());
       CHECK(same_bytes(y, want));
     }

@@ -20,8 +20,9 @@
 #include "backend/cuda/cuda_backend.hpp"
 #include "deepseek_v4_golden.hpp"
 #include "model/deepseek_v4.hpp"
+#include "engine/packed_experts.hpp"
 #include "model/expert_provider.hpp"
-#include "model/model_source.hpp"
+#include "engine/pack_resolution.hpp"
 #include "store/stats.hpp"
 #include "support/golden_filter.hpp"
 
@@ -36,8 +37,8 @@
 #include <tuple>
 
 using namespace deepseek_v4test;
-using ep::model::PackedExperts;
-using ep::model::PackedExpertsOptions;
+using ep::engine::PackedExperts;
+using ep::engine::PackedExpertsOptions;
 
 namespace {
 
@@ -78,7 +79,7 @@ bool bit_identical(const std::vector<float> &a, const std::vector<float> &b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-std::unique_ptr<DeepseekV4Model> open_packed(const ep::model::ResolvedModel &rm, ep::backend::cuda::CudaBackend &gpu, uint64_t cache_bytes,
+std::unique_ptr<DeepseekV4Model> open_packed(const ep::engine::ResolvedModel &rm, ep::backend::cuda::CudaBackend &gpu, uint64_t cache_bytes,
                                              PackedExperts **out) {
   ep::model::DeepseekV4LoadOptions lo;
   lo.resident_experts = false;
@@ -183,14 +184,14 @@ namespace {
 /// store with an unlimited cache and with the smallest one (top_k slots).
 struct PackedPair {
   fs::path dir;
-  ep::model::ResolvedModel rm;
+  ep::engine::ResolvedModel rm;
   PackedExperts *big_x = nullptr, *small_x = nullptr;
   std::unique_ptr<DeepseekV4Model> big, small;
   PackedPair(const Golden &g, const std::string &tag, ep::backend::cuda::CudaBackend &gpu, int64_t top_k)
       : dir(scratch_dir("gpu_pack_" + tag)) {
-    ep::model::PackPlacement place;
+    ep::engine::PackPlacement place;
     place.pack_dir = dir.string();
-    rm = ep::model::resolve_model(g.gguf, place);
+    rm = ep::engine::resolve_model(g.gguf, place);
     big = open_packed(rm, gpu, UINT64_MAX, &big_x);
     small = open_packed(rm, gpu, PackedExperts::min_cache_bytes(rm.pack, top_k), &small_x);
     REQUIRE(small_x->num_slots() == static_cast<uint32_t>(top_k));

@@ -9,8 +9,9 @@
 #include "core/error.hpp"
 #include "deepseek_v4_golden.hpp"
 #include "model/deepseek_v4.hpp"
+#include "engine/packed_experts.hpp"
 #include "model/expert_provider.hpp"
-#include "model/model_source.hpp"
+#include "engine/pack_resolution.hpp"
 #include "pack/manifest.hpp"
 #include "store/stats.hpp"
 
@@ -26,8 +27,8 @@
 #include <set>
 
 using namespace deepseek_v4test;
-using ep::model::PackedExperts;
-using ep::model::PackedExpertsOptions;
+using ep::engine::PackedExperts;
+using ep::engine::PackedExpertsOptions;
 
 namespace {
 
@@ -36,12 +37,15 @@ class CountingExperts final : public ep::model::ExpertProvider {
  public:
   explicit CountingExperts(std::unique_ptr<PackedExperts> inner) : inner_(std::move(inner)) {}
   const ep::backend::SlotLayout &layout(int64_t layer) const override { return inner_->layout(layer); }
-  ep::backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) override {
-    const std::set<int32_t> u(ids, ids + n);
+  bool needs_host_ids() const override { return inner_->needs_host_ids(); }
+  ep::backend::ExpertBatch acquire(int64_t layer, const ep::backend::Tensor &ids, const int32_t *host_ids,
+                                   std::span<const int32_t> only) override {
+    const std::set<int32_t> u = only.empty() ? std::set<int32_t>(host_ids, host_ids + ids.n_elems())
+                                             : std::set<int32_t>(only.begin(), only.end());
     unique_keys += u.size();
     max_unique_seen = std::max<uint64_t>(max_unique_seen, u.size());
     ++acquires;
-    return inner_->acquire(layer, ids, n);
+    return inner_->acquire(layer, ids, host_ids, only);
   }
   void release(int64_t layer) override { inner_->release(layer); }
   int64_t max_unique() const override { return inner_->max_unique(); }
@@ -86,8 +90,8 @@ bool bit_identical(const std::vector<float> &a, const std::vector<float> &b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-ep::model::PackPlacement placement(const fs::path &dir, bool build = true) {
-  ep::model::PackPlacement p;
+ep::engine::PackPlacement placement(const fs::path &dir, bool build = true) {
+  ep::engine::PackPlacement p;
   p.pack_dir = dir.string();
   p.build = build;
   return p;
@@ -122,7 +126,7 @@ TEST_CASE("deepseek_v4 pack: goldens through the pack, bit-identical to resident
     const Golden g = load_golden(name);
     const fs::path dir = scratch_dir(std::string("pack_") + name);
     // GGUF source
-    const ep::model::ResolvedModel rm = ep::model::resolve_model(g.gguf, placement(dir));
+    const ep::engine::ResolvedModel rm = ep::engine::resolve_model(g.gguf, placement(dir));
     CHECK(rm.built);
     CHECK(fs::path(rm.pack).parent_path() == dir);
     CHECK(fs::exists(ep::pack::manifest_path(rm.pack)));
@@ -144,7 +148,7 @@ TEST_CASE("deepseek_v4 pack: goldens through the pack, bit-identical to resident
     const fs::path ckpt = dir / "checkpoint";
     fs::create_directories(ckpt);
     write_checkpoint(g, ckpt);
-    const ep::model::ResolvedModel rs = ep::model::resolve_model(ckpt.string(), placement(dir));
+    const ep::engine::ResolvedModel rs = ep::engine::resolve_model(ckpt.string(), placement(dir));
     CHECK(rs.built);
     CHECK(rs.pack != rm.pack);
     PackedModel ps = open_packed(rs.source, rs.pack, cpu, UINT64_MAX);
@@ -153,7 +157,7 @@ TEST_CASE("deepseek_v4 pack: goldens through the pack, bit-identical to resident
                 ds.max_abs_diff, ds.max_abs_ref, ds.rel());
     CHECK(ds.rel() <= 1e-4);
     // the pack's manifest names the checkpoint: opening the pack finds the source
-    const ep::model::ResolvedModel rp = ep::model::resolve_model(rs.pack, placement(dir, false));
+    const ep::engine::ResolvedModel rp = ep::engine::resolve_model(rs.pack, placement(dir, false));
     CHECK(fs::path(rp.source) == fs::absolute(ckpt).lexically_normal());
     CHECK_FALSE(rp.built);
     fs::remove_all(dir);
@@ -165,7 +169,7 @@ TEST_CASE("deepseek_v4 pack: the smallest cache (forced evictions) gives identic
   for (const char *name : kConfigs) {
     const Golden g = load_golden(name);
     const fs::path dir = scratch_dir(std::string("evict_") + name);
-    const ep::model::ResolvedModel rm = ep::model::resolve_model(g.gguf, placement(dir));
+    const ep::engine::ResolvedModel rm = ep::engine::resolve_model(g.gguf, placement(dir));
     auto resident = DeepseekV4Model::open(g.gguf, cpu);
     const int64_t K = resident->config().n_experts_used, E = resident->config().n_experts, L = resident->config().n_layers;
     const uint64_t min_bytes = PackedExperts::min_cache_bytes(rm.pack, K);
@@ -216,7 +220,7 @@ TEST_CASE("deepseek_v4 pack: a prompt pass with a small cache reads each picked 
   for (const char *name : kConfigs) {
     const Golden g = load_golden(name);
     const fs::path dir = scratch_dir(std::string("bypass_") + name);
-    const ep::model::ResolvedModel rm = ep::model::resolve_model(g.gguf, placement(dir));
+    const ep::engine::ResolvedModel rm = ep::engine::resolve_model(g.gguf, placement(dir));
     auto resident = DeepseekV4Model::open(g.gguf, cpu);
     const int64_t K = resident->config().n_experts_used, E = resident->config().n_experts, L = resident->config().n_layers;
     PackedModel small = open_packed(rm.source, rm.pack, cpu, PackedExperts::min_cache_bytes(rm.pack, K));
@@ -244,13 +248,13 @@ TEST_CASE("deepseek_v4 pack: built once, reused, rebuilt or stale when the sourc
   fs::copy_file(g.gguf, src);
   const fs::path packs = dir / "packs";
   uint64_t progress_calls = 0, last_done = 0, last_total = 0;
-  ep::model::PackPlacement place = placement(packs);
+  ep::engine::PackPlacement place = placement(packs);
   place.progress = [&](uint64_t done, uint64_t total) {
     ++progress_calls;
     last_done = done;
     last_total = total;
   };
-  const ep::model::ResolvedModel r1 = ep::model::resolve_model(src.string(), place);
+  const ep::engine::ResolvedModel r1 = ep::engine::resolve_model(src.string(), place);
   CHECK(r1.built);
   CHECK(r1.generation == 1);
   CHECK(progress_calls > 0);
@@ -260,46 +264,46 @@ TEST_CASE("deepseek_v4 pack: built once, reused, rebuilt or stale when the sourc
 
   // second open: no rebuild
   progress_calls = 0;
-  const ep::model::ResolvedModel r2 = ep::model::resolve_model(src.string(), place);
+  const ep::engine::ResolvedModel r2 = ep::engine::resolve_model(src.string(), place);
   CHECK_FALSE(r2.built);
   CHECK(r2.pack == r1.pack);
   CHECK(r2.generation == 1);
   CHECK(progress_calls == 0);
   CHECK(file_id(r2.pack) == id1);
   // the pack itself opens, and names its source
-  const ep::model::ResolvedModel r3 = ep::model::resolve_model(r1.pack, place);
+  const ep::engine::ResolvedModel r3 = ep::engine::resolve_model(r1.pack, place);
   CHECK(r3.source == fs::absolute(src).lexically_normal().string());
 
   // the source changes (mtime): building disabled → stale; the pack given explicitly → stale
   fs::last_write_time(src, fs::last_write_time(src) + std::chrono::seconds(5));
-  CHECK(status_of([&] { ep::model::resolve_model(src.string(), placement(packs, false)); }) == ep::Status::stale);
-  CHECK(status_of([&] { ep::model::resolve_model(r1.pack, place); }) == ep::Status::stale);
+  CHECK(status_of([&] { ep::engine::resolve_model(src.string(), placement(packs, false)); }) == ep::Status::stale);
+  CHECK(status_of([&] { ep::engine::resolve_model(r1.pack, place); }) == ep::Status::stale);
   CHECK(file_id(r1.pack) == id1);
   // default: rebuilt, generation 2
-  const ep::model::ResolvedModel r4 = ep::model::resolve_model(src.string(), place);
+  const ep::engine::ResolvedModel r4 = ep::engine::resolve_model(src.string(), place);
   CHECK(r4.built);
   CHECK(r4.generation == 2);
   CHECK_FALSE(r4.rebuild_reason.empty());
   CHECK(r4.pack == r1.pack);
   CHECK_FALSE(file_id(r4.pack) == id1);
-  const ep::model::ResolvedModel r5 = ep::model::resolve_model(src.string(), place);
+  const ep::engine::ResolvedModel r5 = ep::engine::resolve_model(src.string(), place);
   CHECK_FALSE(r5.built);
   // the rebuilt pack still serves the golden logits
   ep::backend::CpuBackend cpu;
   PackedModel pm = open_packed(r5.source, r5.pack, cpu, UINT64_MAX);
   CHECK(compare(run_full(*pm.model, g.tokens), g.logits).rel() <= 1e-4);
   // a missing pack with building disabled
-  CHECK(status_of([&] { ep::model::resolve_model(src.string(), placement(dir / "none", false)); }) == ep::Status::not_found);
+  CHECK(status_of([&] { ep::engine::resolve_model(src.string(), placement(dir / "none", false)); }) == ep::Status::not_found);
   // a pack without its manifest
   fs::remove(ep::pack::manifest_path(r5.pack));
-  CHECK(status_of([&] { ep::model::resolve_model(r5.pack, place); }) == ep::Status::not_found);
+  CHECK(status_of([&] { ep::engine::resolve_model(r5.pack, place); }) == ep::Status::not_found);
   fs::remove_all(dir);
 }
 
 TEST_CASE("deepseek_v4 pack: a pack of another model is refused", "[model][deepseek_v4][pack]") {
   const Golden a = load_golden("deepseek_v4_a"), b = load_golden("deepseek_v4_b");
   const fs::path dir = scratch_dir("mismatch");
-  const ep::model::ResolvedModel rb = ep::model::resolve_model(b.gguf, placement(dir));
+  const ep::engine::ResolvedModel rb = ep::engine::resolve_model(b.gguf, placement(dir));
   ep::backend::CpuBackend cpu;
   ep::model::DeepseekV4LoadOptions lo;
   lo.resident_experts = false;

@@ -18,6 +18,7 @@
 #include "format/pack_file.hpp"
 #include "io/seam.hpp"
 #include "model/deepseek_v4.hpp"
+#include "engine/packed_experts.hpp"
 #include "model/expert_provider.hpp"
 #include "pack/builder.hpp"
 #include "store/device.hpp"
@@ -66,7 +67,7 @@ class SeamExperts final : public model::ExpertProvider {
   SeamExperts(const std::string &pack, const model::DeepseekV4Model &m, std::shared_ptr<io::IoSeam> seam,
               io::Backend backend) {
     const int64_t k = m.config().n_experts_used;
-    model::PackedExperts reference(pack, m.expert_shapes(), k, {});
+    engine::PackedExperts reference(pack, m.expert_shapes(), k, {});
     for (size_t l = 0; l < m.expert_shapes().size(); ++l) layouts_.push_back(reference.layout(static_cast<int64_t>(l)));
     layout_ = store::PackObjectMap::open(pack, false);
     store::StoreOptions so;
@@ -83,18 +84,25 @@ class SeamExperts final : public model::ExpertProvider {
     so.reader.seam = std::move(seam);
     store_ = std::make_unique<store::ExpertStore>(std::move(so), std::make_unique<store::HostDevice>());
     max_unique_ = k;
-    table_.assign(layout_->num_experts(), nullptr);
   }
   const backend::SlotLayout &layout(int64_t layer) const override { return layouts_.at(static_cast<size_t>(layer)); }
-  backend::ExpertSlots acquire(int64_t layer, const int32_t *ids, int64_t n) override {
-    std::vector<uint32_t> unique(ids, ids + n);
-    std::sort(unique.begin(), unique.end());
-    unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
-    held_ = store_->acquire(static_cast<uint32_t>(layer), unique);  // throws: nothing held
+  bool needs_host_ids() const override { return true; }
+  backend::ExpertBatch acquire(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                               std::span<const int32_t> only) override {
+    const int64_t n = ids.n_elems();
+    std::vector<uint32_t> want = only.empty() ? std::vector<uint32_t>(host_ids, host_ids + n)
+                                              : std::vector<uint32_t>(only.begin(), only.end());
+    held_ = store_->acquire(static_cast<uint32_t>(layer), want);  // throws: nothing held
     active_ = true;
-    std::fill(table_.begin(), table_.end(), nullptr);
-    for (size_t i = 0; i < unique.size(); ++i) table_[unique[i]] = held_.pointers[i];
-    return backend::ExpertSlots{table_.data(), static_cast<int32_t>(table_.size())};
+    pair_slots_.assign(static_cast<size_t>(n), nullptr);
+    for (int64_t p = 0; p < n; ++p)
+      for (size_t i = 0; i < want.size(); ++i)
+        if (want[i] == static_cast<uint32_t>(host_ids[p])) pair_slots_[static_cast<size_t>(p)] = held_.pointers[i];
+    backend::ExpertBatch b;
+    b.n_pairs = n;
+    b.pair_slots = pair_slots_.data();
+    b.pair_experts = host_ids;
+    return b;
   }
   void release(int64_t) override {
     if (!active_) return;
@@ -110,7 +118,7 @@ class SeamExperts final : public model::ExpertProvider {
   std::unique_ptr<store::ExpertStore> store_;
   store::Acquisition held_;
   bool active_ = false;
-  std::vector<const void *> table_;
+  std::vector<const void *> pair_slots_;
   int64_t max_unique_ = 1;
 };
 
@@ -143,7 +151,9 @@ void check_no_pins(model::ExpertProvider &ex, uint32_t layers, uint32_t k, uint3
     std::vector<int32_t> ids;
     for (uint32_t i = 0; i < k; ++i) ids.push_back(static_cast<int32_t>((l + i) % n_experts));
     INFO("layer " << l);
-    CHECK_NOTHROW(ex.acquire(l, ids.data(), static_cast<int64_t>(ids.size())));
+    const backend::Tensor t = backend::Tensor::make(ids.data(), backend::GgmlType::i32, backend::Device::cpu,
+                                                    {static_cast<int64_t>(ids.size()), 1});
+    CHECK_NOTHROW(ex.acquire(l, t, ids.data(), {}));
     CHECK_NOTHROW(ex.release(l));
   }
 }
@@ -169,7 +179,7 @@ TEST_CASE("transient faults during generation: bit-identical logits", "[reliabil
   World w;
   const uint32_t k = static_cast<uint32_t>(w.m->config().n_experts_used);
   // The fault-free reference, from the model's own PackedExperts.
-  w.m->set_experts(std::make_unique<model::PackedExperts>(w.pack, w.m->expert_shapes(), k, model::PackedExpertsOptions{}));
+  w.m->set_experts(std::make_unique<engine::PackedExperts>(w.pack, w.m->expert_shapes(), k, engine::PackedExpertsOptions{}));
   const std::vector<float> want = run(*w.m);
 
   for (const io::Backend backend : {io::Backend::automatic, io::Backend::pread}) {
@@ -215,7 +225,7 @@ TEST_CASE("persistent EIO and stale bytes through the model's own PackedExperts:
   World w;
   const uint32_t layers = static_cast<uint32_t>(w.m->expert_shapes().size());
   const uint32_t k = static_cast<uint32_t>(w.m->config().n_experts_used);
-  w.m->set_experts(std::make_unique<model::PackedExperts>(w.pack, w.m->expert_shapes(), k, model::PackedExpertsOptions{}));
+  w.m->set_experts(std::make_unique<engine::PackedExperts>(w.pack, w.m->expert_shapes(), k, engine::PackedExpertsOptions{}));
   const std::vector<float> want = run(*w.m);
   auto pf = format::PackFile::open(w.pack, format::ValidationLevel::structure);
   const uint32_t n_experts = pf->num_experts();
@@ -224,14 +234,14 @@ TEST_CASE("persistent EIO and stale bytes through the model's own PackedExperts:
   for (const int uring_errno : {0, ENOSYS}) {
     INFO("io_uring setup " << (uring_errno ? "fails (ENOSYS): pread pool" : "as the kernel allows"));
     auto seam = std::make_shared<SwitchSeam>(uring_errno);
-    model::PackedExpertsOptions po;
-    po.cache_bytes = model::PackedExperts::min_cache_bytes(w.pack, k);  // top_k slots: every step reads
+    engine::PackedExpertsOptions po;
+    po.cache_bytes = engine::PackedExperts::min_cache_bytes(w.pack, k);  // top_k slots: every step reads
     po.staging_slots = 2;
     po.read_splits = 2;
     po.direct_io = 0;
     po.seam = seam;
-    auto owned = std::make_unique<model::PackedExperts>(w.pack, w.m->expert_shapes(), k, po);
-    model::PackedExperts &ex = *owned;
+    auto owned = std::make_unique<engine::PackedExperts>(w.pack, w.m->expert_shapes(), k, po);
+    engine::PackedExperts &ex = *owned;
     w.m->set_experts(std::move(owned));
     REQUIRE(ex.num_slots() == k);
     if (uring_errno) CHECK(ex.stats().fallback_count > 0);

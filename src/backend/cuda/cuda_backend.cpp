@@ -7,7 +7,11 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
 #include <string_view>
 #include <vector>
 
@@ -35,6 +39,21 @@ enum : unsigned {
   kWsCount = 13,
 };
 constexpr uint64_t kDequantChunkBytes = uint64_t{64} << 20;  // bf16 weight rows per cuBLAS call
+constexpr uint64_t kUploadRingBytes = uint64_t{16} << 20;   // pinned staging of upload()
+constexpr uint64_t kUploadAlign = 256;
+constexpr unsigned kHostBufferSlots = 4;
+
+/// The weight types launch_gemv runs (the decode MoE reads the role table directly only then).
+bool gemv_has_kernel(GgmlType t) {
+  switch (t) {
+    case GgmlType::f32: case GgmlType::f16: case GgmlType::bf16: case GgmlType::q8_0: case GgmlType::q2_k:
+    case GgmlType::q3_k: case GgmlType::q4_k: case GgmlType::q5_k: case GgmlType::q6_k: case GgmlType::mxfp4:
+    case GgmlType::iq2_xxs:
+      return true;
+    default:
+      return false;
+  }
+}
 
 }  // namespace
 
@@ -45,11 +64,35 @@ struct CudaBackend::Impl {
   std::vector<void *> ws = std::vector<void *>(kWsCount, nullptr);
   std::vector<uint64_t> ws_bytes = std::vector<uint64_t>(kWsCount, 0);
   GemmMode gemm_mode = GemmMode::exact_f32;
-  // compute_pairs' host tables: they must outlive its asynchronous copies (cudaMemcpyAsync from
-  // pageable memory is not guaranteed to have read them when it returns), so they live here until
-  // the next call, which comes after the caller's synchronization
-  std::vector<const void *> pair_table;
-  std::vector<int32_t> pair_lists;
+  // Uploads are staged in pinned memory so that they return without waiting for the device:
+  // a ring of kUploadRingBytes; a span is reused only after the event recorded behind its copy.
+  struct UploadSpan {
+    uint64_t begin = 0, end = 0;
+    cudaEvent_t done = nullptr;
+  };
+  std::byte *upload_ring = nullptr;
+  uint64_t upload_head = 0;
+  std::deque<UploadSpan> uploads_in_flight;
+  std::vector<cudaEvent_t> free_events;
+  // download_async(): pinned destinations (host_buffer) and the event behind the last copy.
+  std::vector<void *> host_buffers = std::vector<void *>(kHostBufferSlots, nullptr);
+  std::vector<uint64_t> host_buffer_bytes = std::vector<uint64_t>(kHostBufferSlots, 0);
+  cudaEvent_t download_done = nullptr;
+  // The x row of every GEMV matrix of a decode MoE batch, per (pairs, k): launch_pair_tokens.
+  std::map<std::pair<int64_t, int32_t>, void *> pair_tokens;
+  // The grouped (prefill) MoE path's per-expert token and pair lists (uploaded per call).
+  std::vector<int32_t> group_lists;
+
+  cudaEvent_t take_event() {
+    if (free_events.empty()) {
+      cudaEvent_t e = nullptr;
+      EP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      return e;
+    }
+    cudaEvent_t e = free_events.back();
+    free_events.pop_back();
+    return e;
+  }
 };
 
 CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
@@ -60,12 +103,23 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
   check_cublas(cublasSetStream(impl_->cublas, impl_->stream), "cublasSetStream");
   if (const char *env = std::getenv("EP_CUDA_GEMM"); env && std::string_view(env) == "bf16")
     impl_->gemm_mode = GemmMode::fast_bf16;
+  void *ring = nullptr;
+  EP_CUDA_CHECK(cudaHostAlloc(&ring, kUploadRingBytes, cudaHostAllocPortable));
+  impl_->upload_ring = static_cast<std::byte *>(ring);
+  EP_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->download_done, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
   for (void *p : impl_->ws)
     if (p) cudaFree(p);
+  for (const auto &span : impl_->uploads_in_flight) cudaEventDestroy(span.done);
+  for (cudaEvent_t e : impl_->free_events) cudaEventDestroy(e);
+  if (impl_->download_done) cudaEventDestroy(impl_->download_done);
+  if (impl_->upload_ring) cudaFreeHost(impl_->upload_ring);
+  for (void *p : impl_->host_buffers)
+    if (p) cudaFreeHost(p);
+  for (auto &[key, p] : impl_->pair_tokens) cudaFree(p);
   if (impl_->cublas) cublasDestroy(impl_->cublas);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
@@ -84,14 +138,62 @@ void CudaBackend::deallocate(void *ptr) noexcept {
   }
 }
 void CudaBackend::upload(void *dst, const void *src, uint64_t bytes) {
-  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so src may be reused.
-  EP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream));
-  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  if (bytes == 0) return;
+  Impl &m = *impl_;
+  if (bytes > kUploadRingBytes / 4) {
+    // Large uploads are weights at load time: from pageable memory, waited for.
+    EP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, m.stream));
+    EP_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    return;
+  }
+  uint64_t begin = m.upload_head;
+  if (begin + bytes > kUploadRingBytes) begin = 0;
+  const uint64_t end = begin + bytes;
+  // Spans complete in the order they were queued (one stream): wait for the oldest until no
+  // span in flight overlaps [begin, end).
+  auto overlaps = [&] {
+    for (const auto &span : m.uploads_in_flight)
+      if (span.begin < end && begin < span.end) return true;
+    return false;
+  };
+  while (overlaps()) {
+    Impl::UploadSpan oldest = m.uploads_in_flight.front();
+    m.uploads_in_flight.pop_front();
+    EP_CUDA_CHECK(cudaEventSynchronize(oldest.done));
+    m.free_events.push_back(oldest.done);
+  }
+  std::memcpy(m.upload_ring + begin, src, bytes);
+  EP_CUDA_CHECK(cudaMemcpyAsync(dst, m.upload_ring + begin, bytes, cudaMemcpyHostToDevice, m.stream));
+  Impl::UploadSpan span{begin, end, m.take_event()};
+  EP_CUDA_CHECK(cudaEventRecord(span.done, m.stream));
+  m.uploads_in_flight.push_back(span);
+  m.upload_head = (end + kUploadAlign - 1) / kUploadAlign * kUploadAlign;
 }
 void CudaBackend::download(void *dst, const void *src, uint64_t bytes) {
   EP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream));
   EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
 }
+void *CudaBackend::host_buffer(unsigned slot, uint64_t bytes) {
+  if (slot >= kHostBufferSlots) fail(Status::internal, "cuda host buffer slot {} out of range", slot);
+  Impl &m = *impl_;
+  if (m.host_buffer_bytes[slot] < bytes) {
+    if (m.host_buffers[slot]) {
+      EP_CUDA_CHECK(cudaStreamSynchronize(m.stream));  // a download_async may still write it
+      EP_CUDA_CHECK(cudaFreeHost(m.host_buffers[slot]));
+      m.host_buffers[slot] = nullptr;
+      m.host_buffer_bytes[slot] = 0;
+    }
+    const uint64_t grown = std::max<uint64_t>(bytes, 4096);
+    EP_CUDA_CHECK(cudaHostAlloc(&m.host_buffers[slot], grown, cudaHostAllocPortable));
+    m.host_buffer_bytes[slot] = grown;
+  }
+  return m.host_buffers[slot];
+}
+void CudaBackend::download_async(void *dst, const void *src, uint64_t bytes) {
+  EP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream));
+  EP_CUDA_CHECK(cudaEventRecord(impl_->download_done, impl_->stream));
+}
+void CudaBackend::wait_downloads() { EP_CUDA_CHECK(cudaEventSynchronize(impl_->download_done)); }
 void CudaBackend::fill_zero(void *dst, uint64_t bytes) { EP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, impl_->stream)); }
 void CudaBackend::synchronize() { EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 
@@ -299,7 +401,19 @@ void CudaBackend::route(const Tensor &logits, const backend::RouterParams &p, co
   launch_route(logits.as<float>(), n_exp, n_tok, a, expert_ids.as<int32_t>(), weights.as<float>(), impl_->stream);
 }
 
-void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const backend::ExpertSlots &slots,
+bool CudaBackend::moe_reads_host_picks(int64_t n_tokens, const backend::SlotLayout &l) const {
+  return !(n_tokens <= kGemvMaxTokens && gemv_has_kernel(l.gate.type) && gemv_has_kernel(l.up.type) &&
+           gemv_has_kernel(l.down.type));
+}
+
+void CudaBackend::gather_role_table(const Tensor &expert_ids, const void *const *slots, int64_t n_experts,
+                                    const backend::SlotLayout &l, const void **out) {
+  backend::check_i32(expert_ids, "gather_role_table", "expert_ids", Device::cuda);
+  launch_gather_role_table(expert_ids.as<int32_t>(), expert_ids.n_elems(), slots, n_experts, l.gate.offset, l.up.offset,
+                           l.down.offset, out, impl_->stream);
+}
+
+void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &weights, const backend::ExpertBatch &batch,
                       const backend::SlotLayout &l, const backend::Activation &act, const Tensor &y) {
   backend::check_moe(x, expert_ids, weights, l, y, Device::cuda);
   const int64_t d = x.ne[0], k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
@@ -307,18 +421,23 @@ void CudaBackend::moe(const Tensor &x, const Tensor &expert_ids, const Tensor &w
   // Every (token, j) pair gets its own output row, then each token sums its rows in j order:
   // deterministic, no atomics, and moe_pairs() + moe_combine() give the same bits.
   auto *pair_out = static_cast<float *>(workspace(kWsPairs, static_cast<uint64_t>(pairs * d) * 4));
-  compute_pairs(x, expert_ids, slots, l, act, {}, pair_out);
+  if (!moe_reads_host_picks(n_tok, l)) {
+    if (!batch.role_table || batch.n_pairs != pairs)
+      fail(Status::internal, "moe: the expert batch has no device role table for {} pairs", pairs);
+    compute_pairs_from_table(x, batch, k, l, act, pair_out);
+  } else {
+    backend::check_host_batch(batch, pairs, true, "moe");
+    compute_pairs_grouped(x, batch, l, act, pair_out);
+  }
   launch_moe_combine(pair_out, weights.as<float>(), d, n_tok, static_cast<int32_t>(k), y.as<float>(), impl_->stream);
-  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
 }
 
-void CudaBackend::moe_pairs(const Tensor &x, const Tensor &expert_ids, const backend::ExpertSlots &slots,
-                            const backend::SlotLayout &l, const backend::Activation &act, std::span<const int32_t> experts,
-                            const Tensor &pairs) {
+void CudaBackend::moe_pairs(const Tensor &x, const Tensor &expert_ids, const backend::ExpertBatch &batch,
+                            const backend::SlotLayout &l, const backend::Activation &act, const Tensor &pairs) {
   backend::check_moe_pairs(x, expert_ids, l, pairs, Device::cuda);
-  if (x.n_rows() == 0 || experts.empty()) return;
-  compute_pairs(x, expert_ids, slots, l, act, experts, pairs.as<float>());
-  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));  // the slots are released after this returns
+  if (x.n_rows() == 0) return;
+  backend::check_host_batch(batch, expert_ids.n_elems(), false, "moe_pairs");
+  compute_pairs_grouped(x, batch, l, act, pairs.as<float>());
 }
 
 void CudaBackend::moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) {
@@ -326,112 +445,89 @@ void CudaBackend::moe_combine(const Tensor &pairs, const Tensor &weights, const 
   if (y.n_rows() == 0) return;
   launch_moe_combine(pairs.as<float>(), weights.as<float>(), y.ne[0], y.n_rows(), static_cast<int32_t>(weights.ne[0]),
                      y.as<float>(), impl_->stream);
-  EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
 }
 
-void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const backend::ExpertSlots &slots,
-                                const backend::SlotLayout &l, const backend::Activation &act,
-                                std::span<const int32_t> only, float *pair_out) {
-  const int64_t d = x.ne[0], f = l.gate.ne1, k = expert_ids.ne[0], n_tok = x.n_rows(), pairs = k * n_tok;
-  std::vector<int32_t> ids(static_cast<size_t>(pairs));
-  download(ids.data(), expert_ids.data, ids.size() * sizeof(int32_t));
-  // The pairs this call computes (those whose expert is in @p only, or all), and their experts.
-  // A pair's row never depends on which other pairs are computed with it.
-  const backend::PickedPairs pp = backend::pick_pairs(ids.data(), pairs, slots.n_experts, only);
-  const std::vector<int32_t> &picked = pp.pairs, &picked_ids = pp.experts;
-  const int64_t np = static_cast<int64_t>(picked.size());
-  if (np == 0) return;
-  const std::vector<const uint8_t *> slot = backend::resolve_expert_slots(picked_ids.data(), np, slots);
+void CudaBackend::compute_pairs_from_table(const Tensor &x, const backend::ExpertBatch &batch, int64_t k,
+                                           const backend::SlotLayout &l, const backend::Activation &act, float *pair_out) {
+  // Decode: one launch for gate and up together (when they share a type and fit one launch:
+  // each launch has a fixed cost of a few microseconds) and one for down, over the pairs, the
+  // activation applied as down's kernel reads its input (GemvGlu; its own launch where that
+  // kernel cannot). The role table's rows are the matrices: gate rows then up rows are one
+  // array of 2·n matrices.
+  const int64_t d = x.ne[0], f = l.gate.ne1, np = batch.n_pairs;
   cudaStream_t s = impl_->stream;
-
-  if (n_tok <= kGemvMaxTokens && np <= 65535) {
-    // Decode: one launch for gate and up together (when they share a type and fit one launch:
-    // each launch has a fixed cost of a few microseconds) and one for down, over the picked
-    // (token, expert) pairs, the activation applied as down's kernel reads its input (GemvGlu;
-    // its own launch where that kernel cannot); when not all pairs are picked, the rows are
-    // computed compactly and scattered to their pairs.
-    const bool all = np == pairs;
-    const bool fused = l.gate.type == l.up.type && 2 * np <= 65535;
-    std::vector<const void *> &table = impl_->pair_table;
-    table.assign(static_cast<size_t>(3 * np), nullptr);
-    // x row of each gate matrix, of each up matrix, then (not all) the pair of each pick
-    std::vector<int32_t> &lists = impl_->pair_lists;
-    lists.assign(static_cast<size_t>(all ? 2 * np : 3 * np), 0);
-    for (int64_t i = 0; i < np; ++i) {
-      table[i] = slot[i] + l.gate.offset;
-      table[np + i] = slot[i] + l.up.offset;
-      table[2 * np + i] = slot[i] + l.down.offset;
-      lists[i] = lists[np + i] = picked[i] / static_cast<int32_t>(k);
-      if (!all) lists[2 * np + i] = picked[i];
-    }
-    auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table.size() * sizeof(void *) + lists.size() * 4));
-    EP_CUDA_CHECK(cudaMemcpyAsync(dev, table.data(), table.size() * sizeof(void *), cudaMemcpyHostToDevice, s));
-    auto *dev_lists = reinterpret_cast<int32_t *>(dev + table.size() * sizeof(void *));
-    EP_CUDA_CHECK(cudaMemcpyAsync(dev_lists, lists.data(), lists.size() * 4, cudaMemcpyHostToDevice, s));
-    auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(2 * np * f) * 4));
-    float *u = g + np * f;  // right after the gate rows: one launch writes both
-    float *o = all ? pair_out : static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(np * d) * 4));
-    const auto *dev_table = reinterpret_cast<const void *const *>(dev);
-    GemvArgs a;
-    a.x = x.as<float>();
-    a.x_rows = dev_lists;
-    a.k = d;
-    a.n = f;
-    a.n_mat = static_cast<int32_t>(fused ? 2 * np : np);
-    a.w_ptrs = dev_table;
-    a.y = g;
-    launch_gemv(type_id(l.gate.type), a, s);
-    if (!fused) {
-      a.w_ptrs = dev_table + np;
-      a.y = u;
-      launch_gemv(type_id(l.up.type), a, s);
-    }
-    GemvArgs b;
-    b.w_ptrs = dev_table + 2 * np;
-    b.x = g;
-    b.x_rows = nullptr;  // matrix i reads row i of g
-    b.y = o;
-    b.k = f;
-    b.n = d;
-    b.n_mat = static_cast<int32_t>(np);
-    // mxfp4 measured no faster with the activation in down's kernel (0.96-1.02x per FFN on the
-    // H200, docs/benchmarks.md, session 9; q2_K, q3_K, iq2_xxs 1.02-1.15x): its own launch there
-    if (l.down.type != GgmlType::mxfp4 && gemv_takes_glu(type_id(l.down.type), b)) {
-      b.glu = GemvGlu{u, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u};
-    } else {
-      launch_glu(g, u, np * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
-    }
-    launch_gemv(type_id(l.down.type), b, s);
-    if (!all) launch_scatter_rows(o, dev_lists + 2 * np, d, np, pair_out, s);
-    return;  // the callers synchronize before the slots are released
+  const bool fused = l.gate.type == l.up.type && 2 * np <= 65535;
+  if (np > 65535) fail(Status::unsupported, "moe: {} pairs in one decode batch (at most 65535)", np);
+  void *&tokens = impl_->pair_tokens[{np, static_cast<int32_t>(k)}];
+  if (!tokens) {
+    EP_CUDA_CHECK(cudaMalloc(&tokens, static_cast<size_t>(2 * np) * sizeof(int32_t)));
+    launch_pair_tokens(np, static_cast<int32_t>(k), static_cast<int32_t *>(tokens), s);
   }
+  auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(2 * np * f) * 4));
+  float *u = g + np * f;  // right after the gate rows: one launch writes both
+  GemvArgs a;
+  a.x = x.as<float>();
+  a.x_rows = static_cast<const int32_t *>(tokens);
+  a.k = d;
+  a.n = f;
+  a.n_mat = static_cast<int32_t>(fused ? 2 * np : np);
+  a.w_ptrs = batch.role_table;
+  a.y = g;
+  launch_gemv(type_id(l.gate.type), a, s);
+  if (!fused) {
+    a.w_ptrs = batch.role_table + np;
+    a.y = u;
+    launch_gemv(type_id(l.up.type), a, s);
+  }
+  GemvArgs b;
+  b.w_ptrs = batch.role_table + 2 * np;
+  b.x = g;
+  b.x_rows = nullptr;  // matrix i reads row i of g
+  b.y = pair_out;
+  b.k = f;
+  b.n = d;
+  b.n_mat = static_cast<int32_t>(np);
+  // mxfp4 runs the activation in its own launch: measured no faster inside down's kernel
+  // (q2_K, q3_K and iq2_xxs are faster with it there)
+  if (l.down.type != GgmlType::mxfp4 && gemv_takes_glu(type_id(l.down.type), b)) {
+    b.glu = GemvGlu{u, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u};
+  } else {
+    launch_glu(g, u, np * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
+  }
+  launch_gemv(type_id(l.down.type), b, s);
+}
 
-  // Prefill: group the picked pairs by expert; per expert gather its tokens, run the three
-  // products (GEMV or dequantize + cuBLAS by batch size) and scatter its rows to their pairs.
-  std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(slots.n_experts));
-  for (int32_t p : picked) by_expert[static_cast<size_t>(ids[static_cast<size_t>(p)])].push_back(p);
-  std::vector<int32_t> &lists = impl_->pair_lists;  // per expert: tokens then pair indices
+void CudaBackend::compute_pairs_grouped(const Tensor &x, const backend::ExpertBatch &batch, const backend::SlotLayout &l,
+                                        const backend::Activation &act, float *pair_out) {
+  // Prefill (or a batch covering some pairs): the covered pairs grouped by expert; per expert
+  // gather its tokens, run the three products (GEMV or dequantize + cuBLAS by batch size) and
+  // scatter its rows to their pairs. A pair's row never depends on which other pairs are
+  // computed with it.
+  const int64_t d = x.ne[0], f = l.gate.ne1;
+  const int64_t k = batch.n_pairs / std::max<int64_t>(x.n_rows(), 1);
+  const std::vector<backend::ExpertGroup> groups = backend::group_pairs_by_expert(batch);
+  if (groups.empty()) return;
+  cudaStream_t s = impl_->stream;
+  std::vector<int32_t> &lists = impl_->group_lists;  // per expert: tokens then pair indices
   lists.clear();
-  std::vector<std::pair<int32_t, size_t>> order;
-  for (int32_t e = 0; e < slots.n_experts; ++e) {
-    const auto &v = by_expert[static_cast<size_t>(e)];
-    if (v.empty()) continue;
-    order.emplace_back(e, lists.size());
-    for (int32_t p : v) lists.push_back(p / static_cast<int32_t>(k));
-    for (int32_t p : v) lists.push_back(p);
+  std::vector<size_t> at;
+  int64_t max_n = 0;
+  for (const backend::ExpertGroup &g : groups) {
+    at.push_back(lists.size());
+    for (int32_t p : g.pairs) lists.push_back(p / static_cast<int32_t>(k));
+    for (int32_t p : g.pairs) lists.push_back(p);
+    max_n = std::max<int64_t>(max_n, static_cast<int64_t>(g.pairs.size()));
   }
   auto *dev_lists = static_cast<int32_t *>(workspace(kWsTables, lists.size() * 4));
-  EP_CUDA_CHECK(cudaMemcpyAsync(dev_lists, lists.data(), lists.size() * 4, cudaMemcpyHostToDevice, s));
-  int64_t max_n = 0;
-  for (const auto &v : by_expert) max_n = std::max<int64_t>(max_n, static_cast<int64_t>(v.size()));
+  upload(dev_lists, lists.data(), lists.size() * 4);
   auto *xe = static_cast<float *>(workspace(kWsGather, static_cast<uint64_t>(max_n * d) * 4));
   auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(max_n * f) * 4));
   auto *u = static_cast<float *>(workspace(kWsUp, static_cast<uint64_t>(max_n * f) * 4));
   auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(max_n * d) * 4));
-  for (const auto &[e, at] : order) {
-    const int64_t ne = static_cast<int64_t>(by_expert[static_cast<size_t>(e)].size());
-    const uint8_t *base = static_cast<const uint8_t *>(slots.slot[e]);
-    launch_gather_rows(x.as<float>(), dev_lists + at, d, ne, xe, s);
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const int64_t ne = static_cast<int64_t>(groups[gi].pairs.size());
+    const auto *base = static_cast<const uint8_t *>(groups[gi].slot);
+    launch_gather_rows(x.as<float>(), dev_lists + at[gi], d, ne, xe, s);
     const Tensor xt = Tensor::make(xe, GgmlType::f32, Device::cuda, {d, ne});
     const Tensor gt = Tensor::make(g, GgmlType::f32, Device::cuda, {f, ne});
     const Tensor ut = Tensor::make(u, GgmlType::f32, Device::cuda, {f, ne});
@@ -440,10 +536,8 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
     matmul(Tensor::make(base + l.up.offset, l.up.type, Device::cuda, {d, f}), xt, ut);
     launch_glu(g, u, ne * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
     matmul(Tensor::make(base + l.down.offset, l.down.type, Device::cuda, {f, d}), gt, ot);
-    launch_scatter_rows(o, dev_lists + at + ne, d, ne, pair_out, s);
+    launch_scatter_rows(o, dev_lists + at[gi] + ne, d, ne, pair_out, s);
   }
-  // no synchronization here: the host lists live in impl_ until the next call, and the callers
-  // synchronize before the slots are released
 }
 
 int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams &p, uint64_t counter) {

@@ -35,6 +35,9 @@ class CudaBackend final : public backend::Backend {
   void deallocate(void *ptr) noexcept override;
   void upload(void *dst, const void *src, uint64_t bytes) override;
   void download(void *dst, const void *src, uint64_t bytes) override;
+  void *host_buffer(unsigned slot, uint64_t bytes) override;
+  void download_async(void *dst, const void *src, uint64_t bytes) override;
+  void wait_downloads() override;
   void fill_zero(void *dst, uint64_t bytes) override;
   void synchronize() override;
 
@@ -51,12 +54,15 @@ class CudaBackend final : public backend::Backend {
   void route(const backend::Tensor &logits, const backend::RouterParams &params, const backend::Tensor &expert_ids,
              const backend::Tensor &weights) override;
   void moe(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::Tensor &weights,
-           const backend::ExpertSlots &slots, const backend::SlotLayout &layout, const backend::Activation &act,
+           const backend::ExpertBatch &batch, const backend::SlotLayout &layout, const backend::Activation &act,
            const backend::Tensor &y) override;
-  bool has_moe_pairs() const override { return true; }
-  void moe_pairs(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::ExpertSlots &slots,
-                 const backend::SlotLayout &layout, const backend::Activation &act, std::span<const int32_t> experts,
-                 const backend::Tensor &pairs) override;
+  /// False for decode batches (up to kGemvMaxTokens tokens) whose three roles have GEMV kernels:
+  /// those read the device role table; the rest group pairs by expert on the host.
+  bool moe_reads_host_picks(int64_t n_tokens, const backend::SlotLayout &layout) const override;
+  void gather_role_table(const backend::Tensor &expert_ids, const void *const *slots, int64_t n_experts,
+                         const backend::SlotLayout &layout, const void **out) override;
+  void moe_pairs(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::ExpertBatch &batch,
+                 const backend::SlotLayout &layout, const backend::Activation &act, const backend::Tensor &pairs) override;
   void moe_combine(const backend::Tensor &pairs, const backend::Tensor &weights, const backend::Tensor &y) override;
   int32_t sample(const backend::Tensor &logits, const backend::SamplingParams &params, uint64_t counter) override;
 
@@ -107,13 +113,12 @@ class CudaBackend final : public backend::Backend {
   void *workspace(unsigned slot, uint64_t bytes) override;
 
  private:
-  /// The rows of moe() / moe_pairs(): for every (token t, pick j) whose expert is in @p only
-  /// (all when empty), down(act(gate(x_t), up(x_t))) to pair_out[t·k + j] (device, [D, k·T]).
-  /// Returns with the work queued on the backend's stream: the caller synchronizes before the
-  /// expert slots may be released.
-  void compute_pairs(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::ExpertSlots &slots,
-                     const backend::SlotLayout &layout, const backend::Activation &act, std::span<const int32_t> only,
-                     float *pair_out);
+  /// The rows of moe() for a decode batch: the GEMV kernels read the role table's addresses.
+  void compute_pairs_from_table(const backend::Tensor &x, const backend::ExpertBatch &batch, int64_t k,
+                                const backend::SlotLayout &layout, const backend::Activation &act, float *pair_out);
+  /// The rows of the pairs @p batch covers, grouped by expert on the host (prefill, moe_pairs()).
+  void compute_pairs_grouped(const backend::Tensor &x, const backend::ExpertBatch &batch, const backend::SlotLayout &layout,
+                             const backend::Activation &act, float *pair_out);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

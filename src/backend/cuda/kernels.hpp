@@ -129,6 +129,14 @@ void launch_moe_combine(const float *o, const float *w, int64_t d, int64_t n_tok
 void launch_gather_rows(const float *x, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
 /// out[rows[i]·d ..] = src[i·d ..].
 void launch_scatter_rows(const float *src, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
+/// The role table of an expert batch: out[r·n + p] = slots[ids[p]] + offsets[r] for r < 3 (gate,
+/// up, down), null for an id outside 0 .. n_experts − 1. ids [n], slots [n_experts], out [3·n]
+/// are device arrays.
+void launch_gather_role_table(const int32_t *ids, int64_t n, const void *const *slots, int64_t n_experts, uint64_t gate_offset,
+                              uint64_t up_offset, uint64_t down_offset, const void **out, cudaStream_t stream);
+/// The x row of each GEMV matrix of a MoE batch: out[i] = (i mod n) / k for i < 2·n (the gate
+/// rows, then the up rows, of n = k·T pairs).
+void launch_pair_tokens(int64_t n, int32_t k, int32_t *out, cudaStream_t stream);
 
 /// Sampling on the device (semantics of backend::SamplingParams, after the repetition
 /// penalty); `scratch` holds n floats. Writes the token to *out (device).

@@ -161,4 +161,39 @@ void launch_scatter_rows(const float *src, const int32_t *rows, int64_t d, int64
   EP_CUDA_CHECK_LAUNCH("scatter_kernel");
 }
 
+namespace {
+
+__global__ void gather_role_table_kernel(const int32_t *__restrict__ ids, int64_t n, const void *const *__restrict__ slots,
+                                         int64_t n_experts, uint64_t gate_offset, uint64_t up_offset, uint64_t down_offset,
+                                         const void **out) {
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= n) return;
+  const int32_t e = ids[p];
+  const auto *base = e >= 0 && e < n_experts ? static_cast<const unsigned char *>(slots[e]) : nullptr;
+  out[p] = base ? base + gate_offset : nullptr;
+  out[n + p] = base ? base + up_offset : nullptr;
+  out[2 * n + p] = base ? base + down_offset : nullptr;
+}
+
+__global__ void pair_tokens_kernel(int64_t n, int32_t k, int32_t *out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < 2 * n) out[i] = static_cast<int32_t>((i % n) / k);
+}
+
+}  // namespace
+
+void launch_gather_role_table(const int32_t *ids, int64_t n, const void *const *slots, int64_t n_experts, uint64_t gate_offset,
+                              uint64_t up_offset, uint64_t down_offset, const void **out, cudaStream_t stream) {
+  if (n == 0) return;
+  gather_role_table_kernel<<<blocks_for(n), kThreads, 0, stream>>>(ids, n, slots, n_experts, gate_offset, up_offset,
+                                                                   down_offset, out);
+  EP_CUDA_CHECK_LAUNCH("gather_role_table_kernel");
+}
+
+void launch_pair_tokens(int64_t n, int32_t k, int32_t *out, cudaStream_t stream) {
+  if (n == 0) return;
+  pair_tokens_kernel<<<blocks_for(2 * n), kThreads, 0, stream>>>(n, k, out);
+  EP_CUDA_CHECK_LAUNCH("pair_tokens_kernel");
+}
+
 }  // namespace ep::backend::cuda

@@ -11,6 +11,7 @@
 #include "gpu/check.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/kernels.hpp"
+#include "backend/expert_batch.hpp"
 #include "backend/random_weights.hpp"
 #include "support/catch.hpp"
 
@@ -300,7 +301,7 @@ TEST_CASE("moe (decode and grouped prefill paths), moe_pairs + moe_combine, and 
       tc[e] = host[e].data();
       tg[e] = dev.back()->p;
     }
-    const ExpertSlots sc{tc.data(), n_exp}, sg{tg.data(), n_exp};
+    DevBuf slots_dev(gpu, tg);  // the expert addresses on the device (what ResidentExperts keeps)
     for (int64_t toks : {int64_t{2}, int64_t{20}}) {
       auto x = ep::test::random_floats(static_cast<size_t>(d * toks), rng);
       std::vector<int32_t> ids(static_cast<size_t>(k * toks));
@@ -310,10 +311,19 @@ TEST_CASE("moe (decode and grouped prefill paths), moe_pairs + moe_combine, and 
       std::vector<float> want(static_cast<size_t>(d * toks));
       const Activation act{ActivationKind::swiglu, 10.0f};
       cpu.moe(t_of(x.data(), GgmlType::f32, Device::cpu, {d, toks}), t_of(ids.data(), GgmlType::i32, Device::cpu, {k, toks}),
-              t_of(w.data(), GgmlType::f32, Device::cpu, {k, toks}), sc, l, act,
+              t_of(w.data(), GgmlType::f32, Device::cpu, {k, toks}), ep::test::host_batch(ids, tc, l).batch, l, act,
               t_of(want.data(), GgmlType::f32, Device::cpu, {d, toks}));
+      // The GPU batch: host copies, and the role table built on the device from the ids (as the
+      // resident experts do); it equals the host-built one.
+      ep::test::HostBatch hg = ep::test::host_batch(ids, tg, l);
+      DevBuf roles(gpu, static_cast<uint64_t>(3 * k * toks) * sizeof(void *));
+      gpu.gather_role_table(t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}), static_cast<const void *const *>(slots_dev.p), n_exp,
+                            l, static_cast<const void **>(roles.p));
+      CHECK(roles.get<const void *>() == hg.role_table);
+      hg.batch.role_table = static_cast<const void *const *>(roles.p);
+      CHECK(gpu.moe_reads_host_picks(toks, l) == (toks > 8));
       gpu.moe(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}), t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}),
-              t_of(dw.p, GgmlType::f32, Device::cuda, {k, toks}), sg, l, act, t_of(dy.p, GgmlType::f32, Device::cuda, {d, toks}));
+              t_of(dw.p, GgmlType::f32, Device::cuda, {k, toks}), hg.batch, l, act, t_of(dy.p, GgmlType::f32, Device::cuda, {d, toks}));
       const double err = rel_err(dy.get<float>(), want);
       INFO("types " << static_cast<int>(ty.gu) << "/" << static_cast<int>(ty.down) << " tokens " << toks << " err " << err);
       // 20 tokens over 6 experts: some experts get > 8 tokens and take the (exact f32) cuBLAS path
@@ -329,7 +339,7 @@ TEST_CASE("moe (decode and grouped prefill paths), moe_pairs + moe_combine, and 
         std::vector<const void *> table(static_cast<size_t>(n_exp), nullptr);
         for (int32_t e : set) table[static_cast<size_t>(e)] = tg[static_cast<size_t>(e)];
         gpu.moe_pairs(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}), t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}),
-                      ExpertSlots{table.data(), n_exp}, l, act, set, P);
+                      ep::test::host_batch(ids, table, l).batch, l, act, P);
         if (set.front() == 4) {
           const std::vector<float> rows = dp.get<float>();
           int64_t wrong = 0;
@@ -344,10 +354,10 @@ TEST_CASE("moe (decode and grouped prefill paths), moe_pairs + moe_combine, and 
       const std::vector<float> split = dz.get<float>();
       CHECK(std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)) == 0);
       CHECK(std::isfinite(split[0]));
-      std::vector<const void *> none(static_cast<size_t>(n_exp), nullptr);  // a set expert without a slot
+      ep::test::HostBatch no_host = ep::test::host_batch(ids, tg, l);  // a batch without host slots
+      no_host.batch.pair_slots = nullptr;
       CHECK_THROWS_AS(gpu.moe_pairs(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}),
-                                    t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}), ExpertSlots{none.data(), n_exp}, l,
-                                    act, std::vector<int32_t>{ids[0]}, P),
+                                    t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}), no_host.batch, l, act, P),
                       ep::Error);
     }
     // shared expert / dense FFN on the first slot

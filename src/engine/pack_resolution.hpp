@@ -13,7 +13,7 @@
 #include <functional>
 #include <string>
 
-namespace ep::model {
+namespace ep::engine {
 
 struct PackPlacement {
   /// Directory of packs built for sources; "" = default_pack_dir().
@@ -42,4 +42,4 @@ bool is_pack_file(const std::string &path);
 /// reader's errors.
 ResolvedModel resolve_model(const std::string &path, const PackPlacement &placement);
 
-}  // namespace ep::model
+}  // namespace ep::engine

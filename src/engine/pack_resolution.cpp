@@ -1,4 +1,4 @@
-#include "model/model_source.hpp"
+#include "engine/pack_resolution.hpp"
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace ep::model {
+namespace ep::engine {
 
 namespace fs = std::filesystem;
 
@@ -120,4 +120,4 @@ ResolvedModel resolve_model(const std::string &path, const PackPlacement &placem
   return r;
 }
 
-}  // namespace ep::model
+}  // namespace ep::engine

@@ -1,0 +1,118 @@
+#include "engine/engine.hpp"
+
+#include "backend/cpu_backend.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "engine/pack_resolution.hpp"
+#include "engine/packed_experts.hpp"
+#include "store/stats.hpp"
+#ifdef EP_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"
+#include "gpu/device.hpp"
+#endif
+
+namespace ep::engine {
+
+int cuda_device_count(std::string *why) {
+#ifdef EP_HAVE_CUDA
+  return gpu::device_count(why);
+#else
+  if (why) *why = "this build has no CUDA backend (EP_WITH_CUDA=OFF)";
+  return 0;
+#endif
+}
+
+namespace {
+
+/// True for CUDA (see DeviceChoice); @p arch is the source's architecture.
+bool choose_cuda(DeviceChoice choice, int32_t index, const std::string &arch, const std::string &source) {
+  if (choice == DeviceChoice::cpu) return false;
+  const bool arch_cuda = model::architecture_runs_on(arch, backend::Device::cuda);
+  if (choice == DeviceChoice::cuda && !arch_cuda)
+    fail(Status::unsupported, "EP_DEVICE_CUDA: {} is a {} model, which runs only on the CPU so far (use the CPU or automatic)",
+         source, arch);
+  std::string why;
+  const int count = cuda_device_count(&why);
+  if (choice == DeviceChoice::automatic) {
+    if (count > index && !arch_cuda)
+      log::info("{} is a {} model, which runs only on the CPU so far: using the CPU, not CUDA device {}", source, arch, index);
+    return count > index && arch_cuda;
+  }
+  if (count == 0) fail(Status::no_device, "EP_DEVICE_CUDA: no CUDA device ({})", why);
+  if (index >= count) fail(Status::no_device, "EP_DEVICE_CUDA: device {} of {}", index, count);
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOptions &options) {
+  if (options.device_index < 0) fail(Status::invalid_argument, "device_index {}", options.device_index);
+  if (options.direct_io < -1 || options.direct_io > 1)
+    fail(Status::invalid_argument, "direct_io {} (expected -1, 0 or 1)", options.direct_io);
+  if (options.cpu_threads > 4096) fail(Status::invalid_argument, "cpu_threads {} (expected 0 .. 4096)", options.cpu_threads);
+  PackPlacement place;
+  place.pack_dir = options.pack_dir;
+  place.build = options.pack_build;
+  place.progress = options.progress;
+  // The architecture decides the device and the model class; it is read before a pack is built
+  // (a pack given explicitly is checked first: its manifest names the source).
+  const bool given_pack = is_pack_file(path);
+  if (options.resident_experts && given_pack)
+    fail(Status::invalid_argument, "{} is an Expert Pack; resident experts need the source", path);
+  ResolvedModel rm;
+  if (given_pack) rm = resolve_model(path, place);
+  const std::string source = given_pack ? rm.source : path;
+  const std::string arch = model::source_architecture(source);
+  if (!model::architecture_known(arch))
+    fail(Status::unsupported, "{}: architecture '{}' is not supported (supported: deepseek4, kimi-linear, kimi-k3)", source, arch);
+  const bool use_cuda = choose_cuda(options.device, options.device_index, arch, source);
+  std::unique_ptr<Engine> e(new Engine());
+  void *cuda_stream = nullptr;
+#ifdef EP_HAVE_CUDA
+  if (use_cuda) {
+    auto cuda = std::make_unique<backend::cuda::CudaBackend>(options.device_index);
+    e->device_index_ = options.device_index;
+    cuda_stream = cuda->stream();
+    e->backend_ = std::move(cuda);
+  }
+#else
+  (void)use_cuda;
+#endif
+  if (!e->backend_) e->backend_ = std::make_unique<backend::CpuBackend>(options.cpu_threads);
+  if (options.resident_experts) {
+    e->lm_ = model::open_causal_lm(source, *e->backend_);
+    e->source_path_ = source;
+    return e;
+  }
+  if (!given_pack) rm = resolve_model(path, place);
+  model::CausalLmOptions lo;
+  lo.resident_experts = false;
+  e->lm_ = model::open_causal_lm(rm.source, *e->backend_, lo);
+  PackedExpertsOptions po;
+  po.cache_bytes = options.cache_bytes ? options.cache_bytes : UINT64_MAX;
+  po.staging_slots = options.staging_slots;
+  po.queue_depth = options.queue_depth;
+  po.read_splits = options.read_splits;
+  po.direct_io = options.direct_io;
+  po.cuda_device = e->device_index_;
+  po.cuda_stream = cuda_stream;
+  po.first_layer = e->lm_->first_expert_layer();
+  auto packed = std::make_unique<PackedExperts>(rm.pack, e->lm_->expert_shapes(), e->lm_->info().n_experts_used, po);
+  e->packed_ = packed.get();
+  e->lm_->set_experts(std::move(packed));
+  e->pack_path_ = rm.pack;
+  e->source_path_ = rm.source;
+  return e;
+}
+
+Engine::~Engine() = default;
+
+store::StoreStats Engine::store_stats() const {
+  if (!packed_) return {};
+  std::lock_guard<std::mutex> lock(mutex_);
+  return packed_->stats();
+}
+
+uint64_t Engine::expert_read_bytes() const { return packed_ ? store_stats().pack_read_bytes : 0; }
+
+}  // namespace ep::engine

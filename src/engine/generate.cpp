@@ -1,0 +1,91 @@
+#include "engine/generate.hpp"
+
+#include "core/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/session.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+namespace ep::engine {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void check_generate_params(const GenerateParams &p) {
+  const backend::SamplingParams &s = p.sampling;
+  if (s.top_k < 0 || !(s.top_p > 0.0f && s.top_p <= 1.0f))
+    fail(Status::invalid_argument, "top_k {} / top_p {} out of range", s.top_k, s.top_p);
+  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) fail(Status::invalid_argument, "min_p {} out of range (expected 0..1)", s.min_p);
+  if (!(s.repetition_penalty > 0.0f) || !std::isfinite(s.repetition_penalty))
+    fail(Status::invalid_argument, "repetition_penalty {} (expected > 0; 1 = off)", s.repetition_penalty);
+  if (std::isnan(s.temperature)) fail(Status::invalid_argument, "temperature is NaN");
+  for (size_t i = 0; i < p.stop_tokens.size(); ++i)
+    if (p.stop_tokens[i] < 0) fail(Status::invalid_argument, "stop_tokens[{}] is {}", i, p.stop_tokens[i]);
+  for (size_t i = 0; i < p.stop_strings.size(); ++i)
+    if (p.stop_strings[i].empty()) fail(Status::invalid_argument, "stop_strings[{}] is empty", i);
+}
+
+void generate(Session &session, std::span<const int32_t> prompt, const GenerateParams &params, const TokenHook &hook,
+              GenerateStats &st) {
+  if (prompt.empty() && !session.has_logits()) fail(Status::invalid_argument, "empty prompt on an empty session");
+  session.check_tokens(prompt, "prompt");
+  check_generate_params(params);
+  Engine &engine = session.engine();
+  st.stop_reason = StopReason::length;
+  auto t0 = std::chrono::steady_clock::now();
+  const uint64_t read0 = engine.expert_read_bytes();
+  if (!prompt.empty()) session.append(prompt);
+  st.prompt_tokens = static_cast<uint32_t>(prompt.size());
+  st.prefill_seconds = seconds_since(t0);
+  const uint64_t read1 = engine.expert_read_bytes();
+  st.prefill_expert_bytes = read1 - read0;
+  t0 = std::chrono::steady_clock::now();
+  backend::SamplingParams sp = params.sampling;
+  auto finish = [&] {
+    st.decode_seconds = seconds_since(t0);
+    st.prefill_tokens_per_second = st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0;
+    st.decode_tokens_per_second = st.decode_seconds > 0 ? st.generated_tokens / st.decode_seconds : 0.0;
+    st.session_tokens = session.tokens().size();
+    st.decode_expert_bytes = engine.expert_read_bytes() - read1;
+  };
+  bool cancelled = false;
+  try {
+    for (uint32_t i = 0; i < params.max_new_tokens; ++i) {
+      if (sp.repetition_penalty != 1.0f) {
+        const std::span<const int32_t> all = session.tokens();
+        const size_t w = params.repetition_window && params.repetition_window < all.size() ? params.repetition_window : all.size();
+        sp.penalty_tokens = all.subspan(all.size() - w);
+      }
+      const int32_t tok = session.sample(sp);
+      session.append(std::span<const int32_t>(&tok, 1));
+      ++st.generated_tokens;
+      StopReason reason = StopReason::length;
+      const int h = hook ? hook(tok, i, reason) : 0;
+      if (h < 0) {
+        st.stop_reason = StopReason::cancelled;
+        cancelled = true;
+        break;
+      }
+      if (h > 0) {
+        st.stop_reason = reason;
+        break;
+      }
+      if (std::find(params.stop_tokens.begin(), params.stop_tokens.end(), tok) != params.stop_tokens.end()) {
+        st.stop_reason = StopReason::token;
+        break;
+      }
+    }
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+  if (cancelled) fail(Status::cancelled, "the callback stopped generation after {} tokens", st.generated_tokens);
+}
+
+}  // namespace ep::engine

@@ -1,0 +1,210 @@
+#include "engine/packed_experts.hpp"
+
+#include "core/error.hpp"
+#include "format/ggml_type.hpp"
+#include "format/pack_file.hpp"
+#include "io/file.hpp"
+#include "store/device.hpp"
+#include "store/expert_store.hpp"
+#include "store/pack_object_map.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <span>
+
+namespace ep::engine {
+
+using model::ExpertShape;
+
+struct PackedExperts::Held {
+  bool active = false;
+  int64_t layer = -1;
+  store::Acquisition acq;
+  std::vector<uint32_t> ids;              // what the store was asked for
+  std::vector<const void *> pair_slots;   // per pair (expert-major passes: null for others)
+};
+
+namespace {
+
+uint64_t slot_bytes_of(const store::PackObjectMap &pack) {
+  return io::align_up(pack.max_object_bytes(), io::kDirectAlignment);
+}
+
+}  // namespace
+
+uint64_t PackedExperts::min_cache_bytes(const std::string &pack_path, int64_t top_k) {
+  const auto pack = store::PackObjectMap::open(pack_path, false);
+  return slot_bytes_of(*pack) * static_cast<uint64_t>(std::min<int64_t>(top_k, pack->num_experts()));
+}
+
+PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<ExpertShape> &expected, int64_t top_k,
+                             const PackedExpertsOptions &options)
+    : held_(std::make_unique<Held>()) {
+  pack_ = store::PackObjectMap::open(pack_path, true);
+  const format::PackFile &pf = pack_->pack();
+  const int64_t n_layers = static_cast<int64_t>(expected.size());
+  if (static_cast<int64_t>(pf.first_layer()) != options.first_layer || static_cast<int64_t>(pf.num_layers()) != n_layers)
+    fail(Status::format, "{}: the pack holds layers {}..{}, the model has MoE layers {}..{}", pack_path, pf.first_layer(),
+         static_cast<int64_t>(pf.first_layer()) + pf.num_layers() - 1, options.first_layer, options.first_layer + n_layers - 1);
+  if (top_k <= 0 || top_k > static_cast<int64_t>(pf.num_experts()))
+    fail(Status::format, "{}: top_k {} with {} experts per layer", pack_path, top_k, pf.num_experts());
+  // The pack's entries → the backend's layout; every expert of a layer must agree (one layout
+  // per layer) and match the model's source.
+  const format::Role roles[3] = {format::Role::gate, format::Role::up, format::Role::down};
+  for (uint32_t l = 0; l < pf.num_layers(); ++l) {
+    const ExpertShape &want = expected[l];
+    const backend::SlotWeight *want_w[3] = {&want.gate, &want.up, &want.down};
+    backend::SlotLayout lay;
+    backend::SlotWeight *got_w[3] = {&lay.gate, &lay.up, &lay.down};
+    for (uint32_t e = 0; e < pf.num_experts(); ++e) {
+      for (int r = 0; r < 3; ++r) {
+        const format::RoleEntry &re = pf.entry(l, e, roles[r]);
+        backend::SlotWeight w;
+        w.offset = re.offset_in_object;
+        w.type = re.type;
+        w.ne0 = static_cast<int64_t>(re.ne[0]);
+        w.ne1 = static_cast<int64_t>(re.ne[1]);
+        const bool shape_ok = re.ne[2] == 1 && re.ne[3] == 1 && w.ne0 == want_w[r]->ne0 && w.ne1 == want_w[r]->ne1;
+        if (!shape_ok || w.type != want_w[r]->type)
+          fail(shape_ok ? Status::format : Status::shape,
+               "{}: layer {} expert {} {}: type {} ne [{}, {}, {}, {}] in the pack, the model's source has type {} ne [{}, {}] "
+               "(a pack of another model? rebuild it)",
+               pack_path, l, e, format::role_name(roles[r]), static_cast<uint32_t>(w.type), re.ne[0], re.ne[1], re.ne[2],
+               re.ne[3], static_cast<uint32_t>(want_w[r]->type), want_w[r]->ne0, want_w[r]->ne1);
+        const uint64_t row = format::ggml_row_bytes(w.type, static_cast<uint64_t>(w.ne0), pack_path);
+        if (re.nbytes != row * static_cast<uint64_t>(w.ne1))
+          fail(Status::format, "{}: layer {} expert {} {}: {} bytes, expected {}", pack_path, l, e,
+               format::role_name(roles[r]), re.nbytes, row * static_cast<uint64_t>(w.ne1));
+        if (e == 0) {
+          *got_w[r] = w;
+        } else if (w.offset != got_w[r]->offset) {
+          fail(Status::unsupported, "{}: layer {}: expert {} puts {} at offset {}, expert 0 at {} (one layout per layer needed)",
+               pack_path, l, e, format::role_name(roles[r]), w.offset, got_w[r]->offset);
+        }
+      }
+    }
+    layouts_.push_back(lay);
+  }
+  // How many tokens one acquire may cover: as many as the budget holds top_k experts for, up to
+  // every expert of the layer.
+  const uint32_t E = pf.num_experts(), K = static_cast<uint32_t>(top_k);
+  const uint64_t slot = slot_bytes_of(*pack_);
+  const uint64_t total = static_cast<uint64_t>(E) * pf.num_layers();
+  // "All of it" on the host device means at most half the physical memory (a full-size model's
+  // experts do not fit in RAM); on a GPU, its free memory less a reserve for activations. An
+  // explicit budget is taken as given.
+  std::unique_ptr<store::StoreDevice> device;
+  uint64_t reserve = 0;
+  if (options.cuda_device >= 0) {
+    device = store::make_cuda_device(options.cuda_device, options.cuda_stream);
+    reserve = options.cache_bytes == UINT64_MAX ? options.cuda_reserve_bytes : 0;
+  } else {
+    store::HostDevice::Options host;
+    if (options.cache_bytes == UINT64_MAX) {
+      const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+      if (pages > 0 && page > 0) host.free_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+    }
+    device = std::make_unique<store::HostDevice>(host);
+  }
+  const uint64_t free = device->free_bytes();
+  const uint64_t budget = std::min(options.cache_bytes, free > reserve ? free - reserve : 0);
+  const uint64_t slots = std::min<uint64_t>(budget / slot, total);
+  const uint32_t all_tokens = (E + K - 1) / K;
+  const uint32_t tokens = static_cast<uint32_t>(std::clamp<uint64_t>(slots / K, 1, all_tokens));
+  max_unique_ = std::min<int64_t>(static_cast<int64_t>(K) * tokens, E);
+
+  store::StoreOptions so;
+  so.pack_path = pack_path;
+  so.objects = pack_;
+  so.cache_bytes = options.cache_bytes;
+  so.reserve_bytes = reserve;
+  so.top_k = K;
+  so.tokens_per_acquire = tokens;
+  so.policy = options.policy;
+  so.stats_path = options.stats_path;
+  // The device table: per pair, the gate, up and down addresses inside its slot (the rows the
+  // decode MoE kernels read), for steps of up to table_tokens tokens.
+  so.table_rows = 3;
+  so.table_ids = static_cast<uint32_t>(std::max<int64_t>(options.table_tokens, 1) * top_k);
+  if (options.staging_slots) so.staging_slots = options.staging_slots;
+  if (options.queue_depth) so.reader.queue_depth = options.queue_depth;
+  if (options.read_splits) so.reader.read_splits = options.read_splits;
+  so.reader.direct = options.direct_io < 0 ? io::DirectMode::automatic
+                     : options.direct_io ? io::DirectMode::direct
+                                         : io::DirectMode::buffered;
+  so.reader.seam = options.seam;
+  store_ = std::make_unique<store::ExpertStore>(std::move(so), std::move(device));
+}
+
+PackedExperts::~PackedExperts() {
+  if (held_ && held_->active) {
+    try {
+      store_->release(held_->acq);
+    } catch (const std::exception &) {
+    }
+  }
+}
+
+const backend::SlotLayout &PackedExperts::layout(int64_t layer) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layouts_.size())) fail(Status::invalid_argument, "experts: no layer {}", layer);
+  return layouts_[static_cast<size_t>(layer)];
+}
+
+backend::ExpertBatch PackedExperts::acquire(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                                            std::span<const int32_t> only) {
+  if (layer < 0 || layer >= static_cast<int64_t>(layouts_.size())) fail(Status::invalid_argument, "experts: no layer {}", layer);
+  if (held_->active)
+    fail(Status::internal, "experts: acquire of layer {} while layer {} is still held (release it first)", layer, held_->layer);
+  if (!host_ids) fail(Status::internal, "experts: layer {}: the pack's experts need the router's ids on the host", layer);
+  const int64_t n = ids.n_elems();
+  const uint32_t n_exp = pack_->num_experts();
+  for (int64_t p = 0; p < n; ++p)
+    if (host_ids[p] < 0 || static_cast<uint32_t>(host_ids[p]) >= n_exp)
+      fail(Status::corrupt, "experts: layer {}: expert id {} at pair {} outside 0..{}", layer, host_ids[p], p, n_exp - 1);
+  // The store dedups (the one dedup of a step); with `only`, it loads just those experts.
+  Held &h = *held_;
+  if (only.empty()) {
+    h.ids.assign(host_ids, host_ids + n);
+  } else {
+    h.ids.clear();
+    for (int32_t e : only) {
+      if (e < 0 || static_cast<uint32_t>(e) >= n_exp)
+        fail(Status::invalid_argument, "experts: layer {}: expert {} outside 0..{}", layer, e, n_exp - 1);
+      h.ids.push_back(static_cast<uint32_t>(e));
+    }
+  }
+  const backend::SlotLayout &l = layouts_[static_cast<size_t>(layer)];
+  const uint64_t roles[3] = {l.gate.offset, l.up.offset, l.down.offset};
+  h.acq = store_->acquire(static_cast<uint32_t>(layer), h.ids, only.empty() ? std::span<const uint64_t>(roles)
+                                                                             : std::span<const uint64_t>());
+  h.active = true;
+  h.layer = layer;
+  backend::ExpertBatch b;
+  b.n_pairs = n;
+  b.pair_experts = host_ids;
+  if (only.empty()) {
+    b.pair_slots = h.acq.pointers.data();
+    b.role_table = h.acq.device_table;
+  } else {
+    h.pair_slots.assign(static_cast<size_t>(n), nullptr);
+    for (int64_t p = 0; p < n; ++p)
+      for (size_t i = 0; i < h.ids.size(); ++i)
+        if (h.ids[i] == static_cast<uint32_t>(host_ids[p])) h.pair_slots[static_cast<size_t>(p)] = h.acq.pointers[i];
+    b.pair_slots = h.pair_slots.data();
+  }
+  return b;
+}
+
+void PackedExperts::release(int64_t layer) {
+  if (!held_->active || held_->layer != layer)
+    fail(Status::internal, "experts: release of layer {} without its acquire", layer);
+  held_->active = false;
+  store_->release(held_->acq);
+}
+
+store::StoreStats PackedExperts::stats() const { return store_->stats(); }
+uint32_t PackedExperts::num_slots() const { return store_->num_slots(); }
+uint64_t PackedExperts::slot_bytes() const { return store_->slot_bytes(); }
+
+}  // namespace ep::engine

@@ -1,0 +1,75 @@
+#include "engine/session.hpp"
+
+#include "core/error.hpp"
+#include "engine/engine.hpp"
+
+#include <mutex>
+
+namespace ep::engine {
+
+using backend::GgmlType;
+using backend::Tensor;
+
+Session::Session(Engine &engine) : engine_(engine) {
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  state_ = engine_.lm().new_state();
+  logits_ = engine_.backend().allocate(static_cast<uint64_t>(engine_.info().vocab) * sizeof(float));
+}
+
+Session::~Session() {
+  std::lock_guard<std::mutex> lock(engine_.mutex());  // the state holds backend memory
+  state_.reset();
+  engine_.backend().deallocate(logits_);
+}
+
+int64_t Session::length() const { return state_->n_past(); }
+
+void Session::reset() {
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  state_ = engine_.lm().new_state();
+  tokens_.clear();
+  sample_counter_ = 0;
+}
+
+void Session::check_tokens(std::span<const int32_t> tokens, const char *what) const {
+  const int64_t vocab = engine_.info().vocab;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      fail(Status::invalid_argument, "{}: token {} at index {} is outside 0..{}", what, tokens[i], i, vocab - 1);
+}
+
+void Session::run(std::span<const int32_t> tokens, model::LogitRows rows, std::vector<float> *all) {
+  if (tokens.empty()) fail(Status::invalid_argument, "Session: no tokens to append");
+  const int64_t n = static_cast<int64_t>(tokens.size()), vocab = engine_.info().vocab;
+  {
+    std::lock_guard<std::mutex> lock(engine_.mutex());
+    backend::Backend &be = engine_.backend();
+    const Tensor out = engine_.lm().forward(tokens.data(), n, *state_, rows);
+    // The last row stays on the device for the sampler; a device copy, ordered on the stream.
+    const auto *last = out.as<float>() + (rows == model::LogitRows::all ? (n - 1) * vocab : 0);
+    be.copy(Tensor::make(last, GgmlType::f32, be.device(), {vocab}), Tensor::make(logits_, GgmlType::f32, be.device(), {vocab}));
+    if (all) {
+      all->resize(static_cast<size_t>(n * vocab));
+      be.download(all->data(), out.data, out.n_bytes());
+    }
+  }
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+}
+
+void Session::append(std::span<const int32_t> tokens) { run(tokens, model::LogitRows::last, nullptr); }
+
+std::vector<float> Session::append_scored(std::span<const int32_t> tokens) {
+  std::vector<float> all;
+  run(tokens, model::LogitRows::all, &all);
+  return all;
+}
+
+int32_t Session::sample(const backend::SamplingParams &params) {
+  if (!has_logits()) fail(Status::invalid_argument, "Session: no logits to sample from (append a token first)");
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  backend::Backend &be = engine_.backend();
+  const Tensor z = Tensor::make(logits_, GgmlType::f32, be.device(), {engine_.info().vocab});
+  return be.sample(z, params, sample_counter_++);
+}
+
+}  // namespace ep::engine

@@ -1,0 +1,58 @@
+// One sequence on an Engine (what the C API's ep_session is): the model's decode state, the
+// tokens it holds, and the logits after its last token, kept in backend memory for the sampler
+// (only the sampled token id comes to the host). Every call takes the engine's lock, so
+// sessions of one engine may be used from several threads; one session is used by one thread
+// at a time.
+#pragma once
+
+#include "backend/backend.hpp"
+#include "model/causal_lm.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace ep::engine {
+
+class Engine;
+
+class Session {
+ public:
+  explicit Session(Engine &engine);
+  ~Session();
+  Session(const Session &) = delete;
+  Session &operator=(const Session &) = delete;
+
+  Engine &engine() const { return engine_; }
+  /// Tokens run so far (the next position).
+  int64_t length() const;
+  /// Every token appended, in order.
+  std::span<const int32_t> tokens() const { return tokens_; }
+  /// True once a token was appended: sample() has logits to draw from.
+  bool has_logits() const { return !tokens_.empty(); }
+  /// Empties the session (a fresh state; the sampler's draw counter restarts).
+  void reset();
+  /// Checks that every token is inside the vocabulary (Status::invalid_argument naming @p what
+  /// and the index).
+  void check_tokens(std::span<const int32_t> tokens, const char *what) const;
+  /// Runs @p tokens (at least one) through the model; keeps the last row of logits in backend
+  /// memory. After an exception the session must be reset.
+  void append(std::span<const int32_t> tokens);
+  /// append() that also returns every row's logits in host memory (n × vocab; row t predicts
+  /// token t + 1): ep_score().
+  std::vector<float> append_scored(std::span<const int32_t> tokens);
+  /// Draws the next token from the last logits (has_logits() must hold) with @p params; the
+  /// draw counter advances.
+  int32_t sample(const backend::SamplingParams &params);
+
+ private:
+  void run(std::span<const int32_t> tokens, model::LogitRows rows, std::vector<float> *all);
+  Engine &engine_;
+  std::unique_ptr<model::LmState> state_;
+  void *logits_ = nullptr;  // [vocab] f32 in backend memory
+  std::vector<int32_t> tokens_;
+  uint64_t sample_counter_ = 0;
+};
+
+}  // namespace ep::engine

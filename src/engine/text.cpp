@@ -1,0 +1,217 @@
+#include "engine/text.hpp"
+
+#include "core/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/session.hpp"
+#include "format/gguf.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace ep::engine {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool is_gguf(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+/// The tokenizer file in a checkpoint directory.
+std::string tokenizer_file_in(const fs::path &dir) {
+  for (const char *name : {"tokenizer.json", "tiktoken.model", "tokenizer.model"}) {
+    std::error_code ec;
+    if (fs::is_regular_file(dir / name, ec)) return (dir / name).string();
+  }
+  fail(Status::not_found, "{} holds no tokenizer.json (nor tiktoken.model / tokenizer.model)", dir.string());
+}
+
+/// Streams generated tokens as text: complete UTF-8 only (StreamDecoder), special tokens
+/// skipped, and text that may begin a stop string held back until it is known not to.
+class TextStream {
+ public:
+  TextStream(const ChatTokenizer &t, const std::vector<std::string> &stops, const TextSink &sink)
+      : dec_(t.tok, /*skip_special=*/true), sink_(sink), stops_(stops) {}
+  /// 0 continue, 1 a stop string ended the text, -1 the sink cancelled.
+  int push(int32_t token) {
+    pending_ += dec_.push(token);
+    return drain(false);
+  }
+  int finish() {
+    pending_ += dec_.finish();
+    return drain(true);
+  }
+
+ private:
+  int emit(const std::string &s) {
+    if (s.empty() || !sink_) return 0;
+    return sink_(s) != 0 ? -1 : 0;
+  }
+  int drain(bool final) {
+    size_t cut = std::string::npos;
+    for (const std::string &s : stops_) cut = std::min(cut, pending_.find(s));
+    if (cut != std::string::npos) {
+      const int r = emit(pending_.substr(0, cut));
+      pending_.clear();
+      return r < 0 ? -1 : 1;
+    }
+    size_t hold = 0;
+    if (!final)
+      for (const std::string &s : stops_)
+        for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k)
+          if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
+            hold = k;
+            break;
+          }
+    const std::string out = pending_.substr(0, pending_.size() - hold);
+    pending_.erase(0, pending_.size() - hold);
+    return emit(out);
+  }
+
+  tokenizer::StreamDecoder dec_;
+  const TextSink &sink_;
+  const std::vector<std::string> &stops_;
+  std::string pending_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChatTokenizer> open_tokenizer(const std::string &path_in) {
+  std::error_code ec;
+  if (!fs::exists(path_in, ec)) fail(Status::not_found, "{} does not exist", path_in);
+  const std::string path = fs::is_directory(path_in, ec) ? tokenizer_file_in(path_in) : path_in;
+  auto t = std::make_unique<ChatTokenizer>(tokenizer::Tokenizer::from_file(path));
+  if (const auto text = tokenizer::read_chat_template_text(path)) t->chat = tokenizer::detect_chat_template_text(*text);
+  if (!t->chat) t->chat = tokenizer::detect_chat_template_tokens(t->tok);
+  if (const auto b = t->tok.bos_id()) {
+    t->bos = *b;
+    const int32_t ids[1] = {*b};
+    t->bos_text = t->tok.decode(ids);
+  }
+  if (const auto e = t->tok.eos_id()) t->eos = *e;
+  tokenizer::EncodeOptions eo;
+  eo.add_special = true;
+  const std::vector<int32_t> empty = t->tok.encode("", eo);
+  t->adds_bos = t->bos >= 0 && !empty.empty() && empty.front() == t->bos;
+  t->end_of_turn = t->eos;
+  if (t->chat)
+    if (const auto id = t->tok.token_to_id(tokenizer::end_of_turn_token(*t->chat))) t->end_of_turn = *id;
+  return t;
+}
+
+std::unique_ptr<ChatTokenizer> open_model_tokenizer(const Engine &engine) {
+  const std::string &source = engine.source_path();
+  std::error_code ec;
+  std::string path;
+  if (fs::is_directory(source, ec))
+    path = tokenizer_file_in(source);
+  else if (is_gguf(source))
+    path = source;
+  else
+    path = tokenizer_file_in(fs::path(source).parent_path());
+  if (path == source && is_gguf(source)) {
+    // A GGUF without tokenizer.ggml.*: the checkpoint's own tokenizer files beside it (e.g.
+    // Kimi-K3's tiktoken.model with tokenizer_config.json), else not found.
+    const format::GgufFile f = format::GgufFile::open(source);
+    if (!f.find("tokenizer.ggml.tokens")) {
+      try {
+        path = tokenizer_file_in(fs::path(source).parent_path());
+      } catch (const Error &) {
+        fail(Status::not_found,
+             "the model's GGUF {} has no tokenizer (tokenizer.ggml.tokens) and its directory no tokenizer.json, "
+             "tiktoken.model or tokenizer.model; open one with ep_tokenizer_open()",
+             source);
+      }
+    }
+  }
+  auto t = open_tokenizer(path);
+  // No template text or markers: the model's architecture decides where it has one.
+  if (!t->chat) {
+    t->chat = tokenizer::chat_template_by_name(engine.info().architecture);
+    if (t->chat)
+      if (const auto id = t->tok.token_to_id(tokenizer::end_of_turn_token(*t->chat))) t->end_of_turn = *id;
+  }
+  return t;
+}
+
+std::string render_chat(const ChatTokenizer &t, std::span<const ChatMessage> messages, const ChatOptions &o) {
+  const std::optional<tokenizer::ChatTemplate> which = o.chat_template ? o.chat_template : t.chat;
+  if (!which)
+    fail(Status::unsupported, "no chat template is known for this tokenizer ({}); pick one in ep_chat_options",
+         t.tok.describe());
+  std::vector<tokenizer::ChatMessage> msgs(messages.size());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    msgs[i].role = messages[i].role;
+    msgs[i].content = messages[i].content;
+    msgs[i].reasoning = messages[i].reasoning;
+  }
+  tokenizer::ChatRenderOptions ro;
+  ro.add_generation_prompt = o.add_generation_prompt;
+  if (o.thinking) ro.thinking = *o.thinking;
+  ro.bos_token = t.bos_text;
+  return tokenizer::render_chat(*which, msgs, ro);
+}
+
+void generate_text(Session &session, const ChatTokenizer &t, std::span<const int32_t> prompt, const GenerateParams &params_in,
+                   const TextSink &sink, GenerateStats &st) {
+  GenerateParams params = params_in;
+  if (!params.ignore_eos)
+    for (int32_t id : {t.eos, t.end_of_turn})
+      if (id >= 0) params.stop_tokens.push_back(id);
+  check_generate_params(params);
+  TextStream stream(t, params.stop_strings, sink);
+  const TokenHook hook = [&](int32_t token, uint32_t, StopReason &reason) {
+    const int r = stream.push(token);
+    if (r > 0) reason = StopReason::string;
+    return r;
+  };
+  const uint32_t reused = st.reused_tokens;
+  try {
+    generate(session, prompt, params, hook, st);
+  } catch (...) {
+    st.reused_tokens = reused;
+    throw;
+  }
+  st.reused_tokens = reused;
+  if (st.stop_reason != StopReason::string) {
+    const int r = stream.finish();
+    if (r > 0) st.stop_reason = StopReason::string;
+    if (r < 0) {
+      st.stop_reason = StopReason::cancelled;
+      fail(Status::cancelled, "the callback stopped generation after {} tokens", st.generated_tokens);
+    }
+  }
+}
+
+void generate_text(Session &session, const ChatTokenizer &t, const std::string &text, const GenerateParams &params,
+                   const TextSink &sink, GenerateStats &stats) {
+  std::vector<int32_t> ids;
+  if (session.tokens().empty() && t.adds_bos) ids.push_back(t.bos);
+  t.tok.encode_append(text, ids);
+  stats.reused_tokens = 0;
+  generate_text(session, t, ids, params, sink, stats);
+}
+
+void generate_chat(Session &session, const ChatTokenizer &t, std::span<const ChatMessage> messages, const ChatOptions &options,
+                   const GenerateParams &params, const TextSink &sink, GenerateStats &stats) {
+  if (messages.empty()) fail(Status::invalid_argument, "no messages");
+  ChatOptions o = options;
+  o.add_generation_prompt = true;
+  const std::vector<int32_t> ids = t.tok.encode(render_chat(t, messages, o));
+  const std::span<const int32_t> have = session.tokens();
+  size_t reused = 0;
+  if (!have.empty() && have.size() <= ids.size() && std::equal(have.begin(), have.end(), ids.begin()))
+    reused = have.size();
+  else if (!have.empty())
+    session.reset();
+  stats.reused_tokens = static_cast<uint32_t>(reused);
+  generate_text(session, t, std::span<const int32_t>(ids).subspan(reused), params, sink, stats);
+}
+
+}  // namespace ep::engine

@@ -1,0 +1,72 @@
+// Text on top of the generation loop: a model's tokenizer with its chat template and special
+// ids, chat rendering, streamed text generation (complete UTF-8 only, special tokens skipped,
+// stop strings held back until they are known not to match) and chat turns that reuse the
+// session's tokens when the new rendering extends them.
+#pragma once
+
+#include "engine/generate.hpp"
+#include "tokenizer/chat_template.hpp"
+#include "tokenizer/tokenizer.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ep::engine {
+
+class Engine;
+class Session;
+
+/// A tokenizer, the chat template it goes with, and the ids generation stops at.
+struct ChatTokenizer {
+  explicit ChatTokenizer(tokenizer::Tokenizer t) : tok(std::move(t)) {}
+  tokenizer::Tokenizer tok;
+  std::optional<tokenizer::ChatTemplate> chat;  ///< from the template text, the tokens, or the model
+  std::string bos_text;                         ///< BOS as text ("" without one)
+  int32_t bos = -1, eos = -1, end_of_turn = -1;
+  bool adds_bos = false;                        ///< encode(add_special) starts with BOS
+};
+
+/// Opens the tokenizer at @p path: a tokenizer.json, tiktoken file or GGUF, or a checkpoint
+/// directory holding one (Status::not_found naming what is missing).
+std::unique_ptr<ChatTokenizer> open_tokenizer(const std::string &path);
+/// The tokenizer of @p engine's model: its GGUF's tokenizer.ggml.* metadata, else the
+/// tokenizer files beside its source; the architecture supplies the chat template when the
+/// tokenizer names none.
+std::unique_ptr<ChatTokenizer> open_model_tokenizer(const Engine &engine);
+
+/// One chat message (roles as the templates know them: system, user, assistant, tool).
+struct ChatMessage {
+  std::string role, content, reasoning;
+};
+struct ChatOptions {
+  std::optional<tokenizer::ChatTemplate> chat_template;  ///< none: the tokenizer's (Status::unsupported without one)
+  std::optional<bool> thinking;                          ///< none: the template's default
+  bool add_generation_prompt = true;
+};
+/// The conversation as the template renders it.
+std::string render_chat(const ChatTokenizer &t, std::span<const ChatMessage> messages, const ChatOptions &options);
+
+/// Receives generated text in pieces; return nonzero to cancel.
+using TextSink = std::function<int(std::string_view text)>;
+
+/// Generates text after @p prompt (token ids; may be empty on a session with logits): stop
+/// tokens plus EOS / end of turn (unless params.ignore_eos), stop strings; fills @p stats also
+/// when it throws (Status::cancelled when the sink cancelled).
+void generate_text(Session &session, const ChatTokenizer &t, std::span<const int32_t> prompt, const GenerateParams &params,
+                   const TextSink &sink, GenerateStats &stats);
+/// Encodes @p text (with BOS when the session is empty and the tokenizer adds one) and
+/// generate_text().
+void generate_text(Session &session, const ChatTokenizer &t, const std::string &text, const GenerateParams &params,
+                   const TextSink &sink, GenerateStats &stats);
+/// Renders @p messages with the generation prompt and generates the answer. When the session's
+/// tokens are a prefix of the rendering, only the rest is run (stats.reused_tokens); otherwise
+/// the session is reset first.
+void generate_chat(Session &session, const ChatTokenizer &t, std::span<const ChatMessage> messages, const ChatOptions &options,
+                   const GenerateParams &params, const TextSink &sink, GenerateStats &stats);
+
+}  // namespace ep::engine
