@@ -2,8 +2,9 @@
 // for staging → slot copies, and the events that order them:
 //   ready[slot]        recorded on the transfer stream after the slot's copy; the compute
 //                      stream waits on it before a kernel reads the slot;
-//   last_use[slot]     recorded on the compute stream at release; the slot is not evicted
-//                      (and so not overwritten) until it completed;
+//   last_use[slot]     recorded on the compute stream at release; the transfer stream waits
+//                      on it before it overwrites the slot (a victim may still be read by
+//                      queued kernels: the host does not wait for them);
 //   copied[staging]    recorded after a staging slot's copy; the slot is not read into again
 //                      until it completed;
 //   table_done[table]  recorded at release; the pointer table is not rewritten before.
@@ -93,11 +94,15 @@ class CudaStoreDevice final : public StoreDevice {
   std::byte *slot_ptr(uint32_t slot) override { return slots_ + static_cast<uint64_t>(slot) * shape_.slot_bytes; }
 
   void copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) override {
+    // The slot's previous content may still be read by kernels queued on the compute stream.
+    EP_CUDA_CHECK(cudaStreamWaitEvent(transfer_, last_use_[slot], 0));
     EP_CUDA_CHECK(cudaMemcpyAsync(slot_ptr(slot), staging_ + static_cast<uint64_t>(staging) * shape_.staging_slot_bytes,
                                   bytes, cudaMemcpyHostToDevice, transfer_));
     EP_CUDA_CHECK(cudaEventRecord(ready_[slot], transfer_));
     EP_CUDA_CHECK(cudaEventRecord(copied_[staging], transfer_));
   }
+
+  bool orders_copies_after_last_use() const override { return true; }
 
   void wait_staging(uint32_t staging) override { EP_CUDA_CHECK(cudaEventSynchronize(copied_[staging])); }
   void compute_wait_ready(uint32_t slot) override { EP_CUDA_CHECK(cudaStreamWaitEvent(compute_, ready_[slot], 0)); }

@@ -38,8 +38,13 @@ class StoreDevice {
   virtual std::byte *slot_ptr(uint32_t slot) = 0;
 
   /// Copies @p bytes from staging slot @p staging to slot @p slot on the transfer stream, then
-  /// records the slot's `ready` event and the staging slot's `copied` event.
+  /// records the slot's `ready` event and the staging slot's `copied` event. When
+  /// orders_copies_after_last_use(), the copy starts only after the slot's last `last_use`
+  /// event completed.
   virtual void copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) = 0;
+  /// True when copy_to_slot() waits (on the device, not the host) for the slot's pending
+  /// `last_use` event, so a slot still read by queued kernels may be chosen as a victim.
+  virtual bool orders_copies_after_last_use() const = 0;
   /// Blocks the host until staging slot @p staging may be overwritten (its last copy is done).
   virtual void wait_staging(uint32_t staging) = 0;
   /// Makes the compute stream wait for slot @p slot's `ready` event.
@@ -80,6 +85,9 @@ class HostDevice final : public StoreDevice {
   std::byte *staging_base() override;
   std::byte *slot_ptr(uint32_t slot) override;
   void copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) override;
+  /// False: a host "device" has no streams (in hold_last_use mode its pending events stand for
+  /// kernels still reading, which must never be overwritten).
+  bool orders_copies_after_last_use() const override { return false; }
   void wait_staging(uint32_t) override {}
   void compute_wait_ready(uint32_t) override {}
   void record_last_use(uint32_t slot) override;

@@ -147,6 +147,11 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
   std::size_t placed = 0;
   for (Miss &m : misses) {
     auto p = cache_->place(m.key, tick, [&](uint32_t s) { return pins_[s] == 0 && device_->last_use_done(s); });
+    // Every unpinned slot may still be read by kernels queued before (nothing synchronises the
+    // compute stream): a device that orders the copy after the slot's last_use event takes the
+    // policy's victim among them instead of failing.
+    if (!p && device_->orders_copies_after_last_use())
+      p = cache_->place(m.key, tick, [&](uint32_t s) { return pins_[s] == 0; });
     if (!p) {
       unpin_all();
       for (std::size_t j = 0; j < placed; ++j) cache_->remove(misses[j].key);

@@ -449,41 +449,48 @@ void CudaBackend::moe_combine(const Tensor &pairs, const Tensor &weights, const 
 
 void CudaBackend::compute_pairs_from_table(const Tensor &x, const backend::ExpertBatch &batch, int64_t k,
                                            const backend::SlotLayout &l, const backend::Activation &act, float *pair_out) {
-  // Decode: one launch for gate and up together (when they share a type and fit one launch:
-  // each launch has a fixed cost of a few microseconds) and one for down, over the pairs, the
-  // activation applied as down's kernel reads its input (GemvGlu; its own launch where that
-  // kernel cannot). The role table's rows are the matrices: gate rows then up rows are one
-  // array of 2·n matrices.
-  const int64_t d = x.ne[0], f = l.gate.ne1, np = batch.n_pairs;
-  cudaStream_t s = impl_->stream;
-  const bool fused = l.gate.type == l.up.type && 2 * np <= 65535;
+  const int64_t np = batch.n_pairs;
   if (np > 65535) fail(Status::unsupported, "moe: {} pairs in one decode batch (at most 65535)", np);
   void *&tokens = impl_->pair_tokens[{np, static_cast<int32_t>(k)}];
   if (!tokens) {
     EP_CUDA_CHECK(cudaMalloc(&tokens, static_cast<size_t>(2 * np) * sizeof(int32_t)));
-    launch_pair_tokens(np, static_cast<int32_t>(k), static_cast<int32_t *>(tokens), s);
+    launch_pair_tokens(np, static_cast<int32_t>(k), static_cast<int32_t *>(tokens), impl_->stream);
   }
+  run_pair_gemvs(x, batch.role_table, static_cast<const int32_t *>(tokens), np, l, act, pair_out);
+}
+
+void CudaBackend::run_pair_gemvs(const Tensor &x, const void *const *role_table, const int32_t *x_rows, int64_t np,
+                                 const backend::SlotLayout &l, const backend::Activation &act, float *out) {
+  // Decode: one launch for gate and up together (when they share a type and fit one launch:
+  // each launch has a fixed cost of a few microseconds) and one for down, over the pairs, the
+  // activation applied as down's kernel reads its input (GemvGlu; its own launch where that
+  // kernel cannot). The role table's rows are the matrices: gate rows then up rows are one
+  // array of 2·np matrices.
+  const int64_t d = x.ne[0], f = l.gate.ne1;
+  cudaStream_t s = impl_->stream;
+  const bool fused = l.gate.type == l.up.type && 2 * np <= 65535;
   auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(2 * np * f) * 4));
   float *u = g + np * f;  // right after the gate rows: one launch writes both
   GemvArgs a;
   a.x = x.as<float>();
-  a.x_rows = static_cast<const int32_t *>(tokens);
+  a.x_rows = x_rows;
   a.k = d;
   a.n = f;
   a.n_mat = static_cast<int32_t>(fused ? 2 * np : np);
-  a.w_ptrs = batch.role_table;
+  a.w_ptrs = role_table;
   a.y = g;
   launch_gemv(type_id(l.gate.type), a, s);
   if (!fused) {
-    a.w_ptrs = batch.role_table + np;
+    a.w_ptrs = role_table + np;
+    a.x_rows = x_rows + np;
     a.y = u;
     launch_gemv(type_id(l.up.type), a, s);
   }
   GemvArgs b;
-  b.w_ptrs = batch.role_table + 2 * np;
+  b.w_ptrs = role_table + 2 * np;
   b.x = g;
   b.x_rows = nullptr;  // matrix i reads row i of g
-  b.y = pair_out;
+  b.y = out;
   b.k = f;
   b.n = d;
   b.n_mat = static_cast<int32_t>(np);
@@ -505,9 +512,40 @@ void CudaBackend::compute_pairs_grouped(const Tensor &x, const backend::ExpertBa
   // computed with it.
   const int64_t d = x.ne[0], f = l.gate.ne1;
   const int64_t k = batch.n_pairs / std::max<int64_t>(x.n_rows(), 1);
+  cudaStream_t s = impl_->stream;
+  if (!moe_reads_host_picks(x.n_rows(), l)) {
+    // Few tokens (an expert-major pass of a decode step): the decode GEMVs over the covered
+    // pairs, compacted, then scattered to their rows: the same kernels, so the same bits, as
+    // moe() on the whole step.
+    std::vector<const void *> table;
+    std::vector<int32_t> &lists = impl_->group_lists;  // x rows (gate, then up), then the pairs
+    std::vector<int32_t> covered;
+    for (int64_t p = 0; p < batch.n_pairs; ++p)
+      if (batch.pair_slots[p]) covered.push_back(static_cast<int32_t>(p));
+    const int64_t np = static_cast<int64_t>(covered.size());
+    if (np == 0) return;
+    if (np > 65535) fail(Status::unsupported, "moe_pairs: {} pairs in one decode batch (at most 65535)", np);
+    const uint64_t offsets[3] = {l.gate.offset, l.up.offset, l.down.offset};
+    table.resize(static_cast<size_t>(3 * np));
+    for (int r = 0; r < 3; ++r)
+      for (int64_t i = 0; i < np; ++i)
+        table[static_cast<size_t>(r * np + i)] = static_cast<const uint8_t *>(batch.pair_slots[covered[static_cast<size_t>(i)]]) + offsets[r];
+    lists.clear();
+    for (int rep = 0; rep < 2; ++rep)
+      for (int32_t p : covered) lists.push_back(p / static_cast<int32_t>(k));
+    lists.insert(lists.end(), covered.begin(), covered.end());
+    const uint64_t table_bytes = table.size() * sizeof(void *);
+    auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table_bytes + lists.size() * 4));
+    upload(dev, table.data(), table_bytes);
+    auto *dev_lists = reinterpret_cast<int32_t *>(dev + table_bytes);
+    upload(dev_lists, lists.data(), lists.size() * 4);
+    auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(np * d) * 4));
+    run_pair_gemvs(x, reinterpret_cast<const void *const *>(dev), dev_lists, np, l, act, o);
+    launch_scatter_rows(o, dev_lists + 2 * np, d, np, pair_out, s);
+    return;
+  }
   const std::vector<backend::ExpertGroup> groups = backend::group_pairs_by_expert(batch);
   if (groups.empty()) return;
-  cudaStream_t s = impl_->stream;
   std::vector<int32_t> &lists = impl_->group_lists;  // per expert: tokens then pair indices
   lists.clear();
   std::vector<size_t> at;

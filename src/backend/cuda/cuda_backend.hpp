@@ -116,7 +116,12 @@ class CudaBackend final : public backend::Backend {
   /// The rows of moe() for a decode batch: the GEMV kernels read the role table's addresses.
   void compute_pairs_from_table(const backend::Tensor &x, const backend::ExpertBatch &batch, int64_t k,
                                 const backend::SlotLayout &layout, const backend::Activation &act, float *pair_out);
-  /// The rows of the pairs @p batch covers, grouped by expert on the host (prefill, moe_pairs()).
+  /// The decode GEMVs of @p np pairs: matrix addresses in @p role_table ([3][np], device), the x
+  /// row of each gate and up matrix in @p x_rows ([2][np], device); rows to @p out ([np][D]).
+  void run_pair_gemvs(const backend::Tensor &x, const void *const *role_table, const int32_t *x_rows, int64_t np,
+                      const backend::SlotLayout &layout, const backend::Activation &act, float *out);
+  /// The rows of the pairs @p batch covers: few tokens through the decode GEMVs on a compacted
+  /// table, else grouped by expert on the host (prefill, moe_pairs()).
   void compute_pairs_grouped(const backend::Tensor &x, const backend::ExpertBatch &batch, const backend::SlotLayout &layout,
                              const backend::Activation &act, float *pair_out);
 
