@@ -108,6 +108,31 @@ void apply_repetition_penalty(float *z, int64_t n_vocab, const SamplingParams &p
   }
 }
 
+void Backend::grouped_matmul(const Tensor &w, int64_t groups, const Tensor &x, const Tensor &y) {
+  const int64_t k = w.ne[0], t = x.n_rows();
+  if (groups <= 0 || w.ne[1] % groups != 0 || x.ne[0] != groups * k || y.ne[0] != w.ne[1] || y.n_rows() != t)
+    fail(Status::shape, "grouped_matmul: W [{}, {}] in {} groups · x [{}, {}] → y [{}, {}] do not fit", w.ne[0], w.ne[1], groups,
+         x.ne[0], t, y.ne[0], y.n_rows());
+  const int64_t o = w.ne[1] / groups;
+  const uint64_t w_group_bytes = w.row_bytes() * static_cast<uint64_t>(o);
+  const Device dv = device();
+  for (int64_t g = 0; g < groups; ++g) {
+    const Tensor wg = Tensor::make(static_cast<const uint8_t *>(w.data) + static_cast<uint64_t>(g) * w_group_bytes, w.type, dv, {k, o});
+    if (t == 1) {
+      matmul(wg, Tensor::make(x.as<float>() + g * k, GgmlType::f32, dv, {k, 1}),
+             Tensor::make(y.as<float>() + g * o, GgmlType::f32, dv, {o, 1}));
+      continue;
+    }
+    auto *xg = static_cast<float *>(workspace(6, static_cast<uint64_t>(k * t) * 4));
+    auto *yg = static_cast<float *>(workspace(7, static_cast<uint64_t>(o * t) * 4));
+    copy_2d(xg, static_cast<uint64_t>(k) * 4, x.as<float>() + g * k, static_cast<uint64_t>(groups * k) * 4,
+            static_cast<uint64_t>(k) * 4, static_cast<uint64_t>(t));
+    matmul(wg, Tensor::make(xg, GgmlType::f32, dv, {k, t}), Tensor::make(yg, GgmlType::f32, dv, {o, t}));
+    copy_2d(y.as<float>() + g * o, static_cast<uint64_t>(groups * o) * 4, yg, static_cast<uint64_t>(o) * 4,
+            static_cast<uint64_t>(o) * 4, static_cast<uint64_t>(t));
+  }
+}
+
 void Backend::ffn(const Tensor &x, const Tensor &w_gate, const Tensor &w_up, const Tensor &w_down,
                   const Activation &act, const Tensor &y) {
   const int64_t n_ff = w_gate.ne[1];

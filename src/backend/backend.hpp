@@ -150,6 +150,11 @@ class Backend {
   // ---- ops ----
   /// y[N, T] = W[K, N] · x[K, T] for every supported weight type (decode: T = 1; prefill: T > 1).
   virtual void matmul(const Tensor &w, const Tensor &x, const Tensor &y) = 0;
+  /// Grouped matmul: W [K, G·O] holds G row blocks of O rows, x [G·K, T] and y [G·O, T] are split
+  /// the same way, and block g multiplies only its own slice of every token:
+  /// y[g·O + r, t] = Σ_i W[g·O + r, i] · x[g·K + i, t] (DeepSeek-V4's grouped output projection).
+  /// The default runs one matmul per group (through strided copies when T > 1).
+  virtual void grouped_matmul(const Tensor &w, int64_t groups, const Tensor &x, const Tensor &y);
   /// y = x / sqrt(mean(x²) + eps) (· weight when given, f32 [ne0]) per row.
   virtual void rms_norm(const Tensor &x, const Tensor *weight, float eps, const Tensor &y) = 0;
   /// x, y: f32 [head_dim, n_heads, T]; positions: i32 [T]. Dims outside the rotated range are

@@ -465,16 +465,23 @@ void DeepseekV4Model::attention(int64_t il, const float *x, const Step &s, Layer
   be_.rope(dev_f32(dv, att, {hd, H, n}), s.pos_dev, rope_params(c, compressed, hd, true), dev_f32(dv, att, {hd, H, n}));
   // (o_a's rows may be zero-padded to gin_p values: see Loader::matrix)
   const int64_t gin = H * hd / G, gin_p = L.o_a.ne[0];
-  float *xg = sc.f32(gin_p * n), *yg = sc.f32(O * n), *oa = sc.f32(G * O * n);
-  if (gin_p != gin) be_.fill_zero(xg, static_cast<uint64_t>(gin_p * n) * 4);
-  const uint64_t oa_row = L.o_a.row_bytes();
-  for (int64_t g = 0; g < G; ++g) {
-    be_.copy_2d(xg, static_cast<uint64_t>(gin_p) * 4, att + g * gin, static_cast<uint64_t>(H * hd) * 4, static_cast<uint64_t>(gin) * 4,
-                static_cast<uint64_t>(n));
-    const Tensor wg = Tensor::make(static_cast<const uint8_t *>(L.o_a.data) + static_cast<uint64_t>(g * O) * oa_row, L.o_a.type, dv, {gin_p, O});
-    be_.matmul(wg, dev_f32(dv, xg, {gin_p, n}), dev_f32(dv, yg, {O, n}));
-    be_.copy_2d(oa + g * O, static_cast<uint64_t>(G * O) * 4, yg, static_cast<uint64_t>(O) * 4, static_cast<uint64_t>(O) * 4,
-                static_cast<uint64_t>(n));
+  float *oa = sc.f32(G * O * n);
+  if (gin_p == gin) {
+    be_.grouped_matmul(L.o_a, G, dev_f32(dv, att, {H * hd, n}), dev_f32(dv, oa, {G * O, n}));
+  } else {
+    // o_a's rows were zero-padded to gin_p values: each group's input is padded the same way
+    float *xg = sc.f32(gin_p * n), *yg = sc.f32(O * n);
+    be_.fill_zero(xg, static_cast<uint64_t>(gin_p * n) * 4);
+    const uint64_t oa_row = L.o_a.row_bytes();
+    for (int64_t g = 0; g < G; ++g) {
+      be_.copy_2d(xg, static_cast<uint64_t>(gin_p) * 4, att + g * gin, static_cast<uint64_t>(H * hd) * 4,
+                  static_cast<uint64_t>(gin) * 4, static_cast<uint64_t>(n));
+      const Tensor wg =
+          Tensor::make(static_cast<const uint8_t *>(L.o_a.data) + static_cast<uint64_t>(g * O) * oa_row, L.o_a.type, dv, {gin_p, O});
+      be_.matmul(wg, dev_f32(dv, xg, {gin_p, n}), dev_f32(dv, yg, {O, n}));
+      be_.copy_2d(oa + g * O, static_cast<uint64_t>(G * O) * 4, yg, static_cast<uint64_t>(O) * 4, static_cast<uint64_t>(O) * 4,
+                  static_cast<uint64_t>(n));
+    }
   }
   mm(L.o_b, oa, G * O, n, out);
   // keep the last W − 1 raw rows for the next call

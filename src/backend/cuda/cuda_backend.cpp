@@ -82,6 +82,8 @@ struct CudaBackend::Impl {
   std::map<std::pair<int64_t, int32_t>, void *> pair_tokens;
   // The grouped (prefill) MoE path's per-expert token and pair lists (uploaded per call).
   std::vector<int32_t> group_lists;
+  // grouped_matmul(): the row blocks' addresses of each weight, in device memory.
+  std::map<std::pair<const void *, int64_t>, void *> group_tables;
 
   cudaEvent_t take_event() {
     if (free_events.empty()) {
@@ -120,6 +122,7 @@ CudaBackend::~CudaBackend() {
   for (void *p : impl_->host_buffers)
     if (p) cudaFreeHost(p);
   for (auto &[key, p] : impl_->pair_tokens) cudaFree(p);
+  for (auto &[key, p] : impl_->group_tables) cudaFree(p);
   if (impl_->cublas) cublasDestroy(impl_->cublas);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
@@ -280,6 +283,38 @@ void CudaBackend::matmul(const Tensor &w, const Tensor &x, const Tensor &y) {
   a.n = w.ne[1];
   a.n_tok = static_cast<int32_t>(t);
   a.n_mat = 1;
+  launch_gemv(type_id(w.type), a, impl_->stream);
+}
+
+void CudaBackend::grouped_matmul(const Tensor &w, int64_t groups, const Tensor &x, const Tensor &y) {
+  backend::check_f32(x, "grouped_matmul", "x", Device::cuda);
+  backend::check_f32(y, "grouped_matmul", "y", Device::cuda);
+  const int64_t k = w.ne[0], t = x.n_rows();
+  const bool plain = w.type == GgmlType::f32 || w.type == GgmlType::f16 || w.type == GgmlType::bf16;
+  if (t != 1 || groups <= 0 || groups > 65535 || w.ne[1] % groups != 0 || !gemv_has_kernel(w.type) || (plain && k % 32 != 0))
+    return Backend::grouped_matmul(w, groups, x, y);
+  if (x.ne[0] != groups * k || y.ne[0] != w.ne[1] || y.n_rows() != 1)
+    fail(Status::shape, "grouped_matmul: W [{}, {}] in {} groups · x [{}, {}] → y [{}, {}] do not fit", w.ne[0], w.ne[1], groups,
+         x.ne[0], t, y.ne[0], y.n_rows());
+  // One token: group g's input is x[g·K ..] and its output y[g·O ..], exactly the GEMV's
+  // matrix-m layout, so one launch covers every group.
+  const int64_t o = w.ne[1] / groups;
+  void *&table = impl_->group_tables[{w.data, groups}];
+  if (!table) {
+    std::vector<const void *> blocks(static_cast<size_t>(groups));
+    const uint64_t block_bytes = w.row_bytes() * static_cast<uint64_t>(o);
+    for (int64_t g = 0; g < groups; ++g) blocks[static_cast<size_t>(g)] = static_cast<const uint8_t *>(w.data) + g * block_bytes;
+    EP_CUDA_CHECK(cudaMalloc(&table, blocks.size() * sizeof(void *)));
+    upload(table, blocks.data(), blocks.size() * sizeof(void *));
+  }
+  GemvArgs a;
+  a.w_ptrs = static_cast<const void *const *>(table);
+  a.x = x.as<float>();
+  a.y = y.as<float>();
+  a.k = k;
+  a.n = o;
+  a.n_tok = 1;
+  a.n_mat = static_cast<int32_t>(groups);
   launch_gemv(type_id(w.type), a, impl_->stream);
 }
 
