@@ -394,8 +394,8 @@ void CudaBackend::compute_pairs(const Tensor &x, const Tensor &expert_ids, const
     b.k = f;
     b.n = d;
     b.n_mat = static_cast<int32_t>(np);
-    // mxfp4 measured no faster with the activation in down's kernel (0.96-1.02x per FFN on the
-    // H200, docs/benchmarks.md, session 9; q2_K, q3_K, iq2_xxs 1.02-1.15x): its own launch there
+    // mxfp4 measured no faster with the activation in down's kernel (q2_K, q3_K and iq2_xxs
+    // 1.02-1.15x faster per FFN on an H200): its own launch there
     if (l.down.type != GgmlType::mxfp4 && gemv_takes_glu(type_id(l.down.type), b)) {
       b.glu = GemvGlu{u, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u};
     } else {
