@@ -6,17 +6,12 @@
 // fraction of the cuBLAS bf16 rate. --batch N (or N1,N2,N3,N4, one per shape) sets the experts
 // per GEMV launch: the engine launches gate and up of all picked experts together and down apart,
 // i.e. 12/6/32/16 for DeepSeek-V4-Flash (top-6) and Kimi-K3 (top-16). Weights are cycled through
-// a pool much larger than L2 so that HBM is measured. The "read" column is a kernel that only
-// reads the same matrices with the same launch pattern (read_ceiling.cu, timed by the same loop),
-// as a fraction of the copy bandwidth: what a launch of that shape could reach; "dep" the same
-// reads after the previous launch as a GEMV's (its first loads before griddepcontrol.wait, then the
-// whole input x, then the rest, n outputs written): what the dependency chain leaves a GEMV launch
-// of that shape with free arithmetic. --ffn adds (and
-// --ffn-only runs only) the decode MoE FFN per model (bench_ffn): gate+up, activation and down of
-// one token's experts as three launches, and as two (the activation applied as down's kernel reads
-// its input; the engine's path for every type but mxfp4).
+// a pool much larger than L2 so that HBM is measured. --kernels picks the GEMV kernels (`auto`,
+// the default: what the engine runs). --ffn adds (and --ffn-only runs only) the decode MoE FFN per
+// model (bench_ffn): gate+up, activation and down of one token's experts as three launches, and
+// as two (the activation applied as down's kernel reads its input; the engine's path for every
+// type but mxfp4).
 #include "bench_common.hpp"
-#include "read_ceiling.hpp"
 
 #include "backend/tensor.hpp"
 #include "core/error.hpp"
@@ -119,7 +114,7 @@ Options options_from(const Args &args) {
   for (const auto &name : split_list(args.get("kernels", "auto"))) {
     ep::backend::cuda::GemvKernel k{};
     if (!ep::backend::cuda::parse_gemv_kernel(name.c_str(), k))
-      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a|stream|imma)", name);
+      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a|stream)", name);
     o.kernels.push_back(k);
   }
   return o;
@@ -286,8 +281,6 @@ struct Result {
   int pool_matrices;
   int batch;                     // experts per GEMV launch
   std::vector<GemvResult> gemv;  // one per distinct kernel asked for
-  double read_gbps;              // a kernel that only reads the same matrices, launched the same way
-  double dependent_read_gbps;    // the same, reading after the previous launch as a GEMV (ReadOrder::dependent)
   double gemm_tflops, cublas_tflops;
 };
 
@@ -337,7 +330,7 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
       ep::backend::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
     });
   };
-  Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, 0, 0, 0, cublas_tflops};
+  Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, 0, cublas_tflops};
   for (ep::backend::cuda::GemvKernel want : o.kernels) {
     auto resolved = [&](int mats) {  // the kernel launch_gemv runs for this many matrices per launch
       ep::backend::cuda::GemvArgs probe;
@@ -362,14 +355,6 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
       continue;  // an mma kernel asked for a type it does not run falls back to one measured already
     }
     r.gemv.push_back({name, gemv_gbps(batch, want), o.batch1 ? gemv_gbps(1, want) : 0.0});
-  }
-  {
-    const ReadProbe read(batch, mat_bytes);
-    r.read_gbps = pass_gbps(batch, read.bytes_per_matrix(), [&](const void *const *mats) { read.launch(mats, nullptr, stream); });
-    const ReadProbe dep(batch, mat_bytes, ReadOrder::dependent, s.k, s.n);
-    r.dependent_read_gbps = pass_gbps(batch, dep.bytes_per_matrix(), [&](const void *const *mats) {
-      dep.launch(mats, static_cast<const float *>(x.p), stream);
-    });
   }
   if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to f32 or bf16 + cuBLAS)
     const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});
@@ -535,10 +520,6 @@ int run(const Options &o) {
                             {"matrix_bytes", r.matrix_bytes},
                             {"pool_matrices", r.pool_matrices},
                             {"gemv_batch", r.batch},
-                            {"read_ceiling_gbps", r.read_gbps},
-                            {"read_ceiling_fraction_of_hbm", r.read_gbps / hbm},
-                            {"dependent_read_ceiling_gbps", r.dependent_read_gbps},
-                            {"dependent_read_ceiling_fraction_of_hbm", r.dependent_read_gbps / hbm},
                             {"gemv_gbps", g.gbps},
                             {"gemv_fraction_of_hbm", g.gbps / hbm},
                             {"gemv_batch1_gbps", g.batch1_gbps},
@@ -591,14 +572,14 @@ int run(const Options &o) {
              o.graph ? ", launches replayed from a CUDA graph" : "", o.prefill_tokens,
              o.gemm_mode == ep::backend::cuda::GemmMode::exact_f32 ? "dequantize to f32 + cuBLAS SGEMM (exact, the default)"
                                                           : "dequantize to bf16 + cuBLAS bf16 GEMM (fast)");
-  fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5} {:>6} {:>6}\n", "type", "K x N", "MiB/mat",
-             "kernel", "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS", "mats", "read", "dep");
+  fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5}\n", "type", "K x N", "MiB/mat",
+             "kernel", "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS", "mats");
   for (const auto &r : results)
     for (const auto &g : r.gemv)
-      fmt::print("{:<8} {:>11} {:>9.2f} {:<18} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f} {:>5} {:>6.3f} {:>6.3f}\n", r.type,
+      fmt::print("{:<8} {:>11} {:>9.2f} {:<18} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f} {:>5}\n", r.type,
                  fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), g.kernel,
                  g.gbps, g.gbps / hbm, g.batch1_gbps, g.batch1_gbps / hbm, r.gemm_tflops,
-                 o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0, r.batch, r.read_gbps / hbm, r.dependent_read_gbps / hbm);
+                 o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0, r.batch);
   return 0;
 }
 

@@ -1,5 +1,5 @@
 // The gated activations of the expert FFNs, shared by the elementwise GLU kernel (norm_rope.cu)
-// and the GEMV kernels that apply one to their input (GemvGlu, cuda/gemv_stream.cuh), so that
+// and the GEMV kernels that apply one to their input (GemvGlu, gemv_dp4a.cuh), so that
 // both compute the same f32 values.
 #pragma once
 

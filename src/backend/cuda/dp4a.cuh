@@ -1,7 +1,7 @@
 // dp4a, host-callable: c + Σ_i a.byte_i · b.byte_i over the four bytes of two words, each word's
 // bytes read as signed or unsigned. On the device the instruction; on the host an exact emulation,
-// so that CPU tests (tests/backend/cuda/gemv_imma_emulation_test.cpp, iq2xxs_dot_test.cpp) check the
-// kernels' lane arithmetic with the same function the kernels call.
+// so that CPU tests (tests/backend/cuda/iq2xxs_dot_test.cpp) check the kernels' lane arithmetic
+// with the same function the kernels call.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // Programmatic dependent launch from device code (sm_90+): the two PTX instructions of a kernel
-// launched with cudaLaunchAttributeProgrammaticStreamSerialization — the decode GEMV kernels
-// (gemv_quant.cu) and ep-bench's read ceilings (tools/ep-bench/read_ceiling.cu). Below sm_90
+// launched with cudaLaunchAttributeProgrammaticStreamSerialization — the stream decode GEMV
+// kernel (gemv_stream.cu). Below sm_90
 // both are no-ops (the launchers set the attribute only there).
 #pragma once
 

@@ -1,5 +1,5 @@
 // iq2_xxs decode GEMV: the integer arithmetic of one 32-value sub-block in the stream kernel
-// (DpIq2xxs in gemv_quant.cu), host-callable so that tests/backend/cuda/iq2xxs_dot_test.cpp checks it
+// (DpIq2xxs in gemv_stream.cu), host-callable so that tests/backend/cuda/iq2xxs_dot_test.cpp checks it
 // on a CPU against ggml's definition.
 //
 // ggml (../shared/reference): a sub-block has 8 bytes, four grid indices (byte l: values 8l..8l+7

@@ -1,4 +1,4 @@
-// Host launchers of the compute kernels (cuda/*.cu). Each takes the stream last, checks the
+// Host launchers of the compute kernels (backend/cuda/*.cu). Each takes the stream last, checks the
 // launch and throws ep::Error on failure. Plain pointers and sizes only; shapes are validated
 // by the caller (cuda_backend.cpp). Type ids are ggml type ids (format/ggml_type.hpp).
 #pragma once
@@ -9,16 +9,14 @@
 
 namespace ep::backend::cuda {
 
-/// GEMV kernels (gemv_quant.cu). automatic: the fastest for the type and shape (EP_GEMV_KERNEL
-/// = generic|pipe|mma|dp4a|stream|imma overrides it). dp4a and stream (one token) and mma (1..8
-/// tokens) run mxfp4, q2_K and q3_K with k a multiple of 256, stream also iq2_xxs (one token, k a
-/// multiple of 256, 2-byte-aligned matrices); asked for other types or shapes they fall back to
-/// what automatic picks there. stream is dp4a's arithmetic with the weights streamed through
-/// shared memory (a ring per warp, filled by bulk copies on sm_90+). imma (asked for only; q2_K, one token, k a
-/// multiple of 256) runs q2_K on int8 tensor cores (cuda/gemv_imma.cuh; same x precision as
-/// dp4a; slower than stream on row-major matrices, docs/benchmarks.md). generic and pipe run every
-/// type exactly (f32 x).
-enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream, imma };
+/// GEMV kernel families (gemv.cu picks one; gemv_<family>.cu). automatic: the fastest for the
+/// type and shape; the others are asked for by tests and `ep-bench kernels`. dp4a and stream (one
+/// token) and mma (1..8 tokens) run mxfp4, q2_K and q3_K with k a multiple of 256, stream also
+/// iq2_xxs (one token, k a multiple of 256, 2-byte-aligned matrices); asked for other types or
+/// shapes they fall back to what automatic picks there. stream is dp4a's arithmetic with the
+/// weights streamed through shared memory (a ring per warp, filled by bulk copies on sm_90+).
+/// generic and pipe run every type exactly (f32 x).
+enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream };
 
 /// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =
 /// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of
@@ -31,8 +29,7 @@ enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, strea
 /// Accumulation is f32; the mma kernel carries x as two f16 halves (~22 bits, scaled per token
 /// by a power of two, any f32 range; within 5e-5 of the largest output of an f64 reference in
 /// tests/backend/cuda/gemv_gpu_test.cpp), the dp4a and stream kernels as two int8 parts per 32 values
-/// (per 128 for q2_K and q3_K; ~15 bits, any f32 range; within 2e-4 there, 3.3e-5 measured for
-/// stream in session 12).
+/// (per 128 for q2_K and q3_K; ~15 bits, any f32 range; within 2e-4 there).
 /// A gated activation applied to a GEMV's input as the kernel reads it (GemvArgs::glu): the
 /// input row is act(x_row, up_row) elementwise, with up_row at the same row of `up` as x_row of x
 /// and act launch_glu's (kind 0: SwiGLU clamped by limit when limit > 0; kind 1: SiTU(beta_g,
@@ -66,10 +63,6 @@ bool gemv_takes_glu(uint32_t type, const GemvArgs &args);
 const char *gemv_kernel_name(GemvKernel kernel);
 /// Parses a gemv_kernel_name(); false for an unknown name.
 bool parse_gemv_kernel(const char *name, GemvKernel &out);
-/// Tells launch_gemv that EP_GEMV_KERNEL, EP_GEMV_STREAM_CFG or EP_GEMV_STREAM_GLOG (measurement
-/// overrides) changed in this process: it reads them only while one of them was set when it last
-/// looked (tests that set them between launches call this after each change).
-void gemv_env_changed();
 
 /// Dequantizes `rows` rows of k values (row stride = row bytes) to f32 (dst_f32) or bf16
 /// (dst_bf16; exactly one of them non-null), bit-exact with ggml for f32 output.

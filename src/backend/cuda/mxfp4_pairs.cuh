@@ -1,5 +1,5 @@
 // mxfp4 decode GEMV: the e2m1 → int8 table lookup of the dp4a and stream kernels (DpMxfp4 in
-// cuda/gemv_stream.cuh) and the x layout it implies, host-callable so that
+// gemv_dp4a.cuh) and the x layout it implies, host-callable so that
 // tests/backend/cuda/mxfp4_pairs_test.cpp checks them on a CPU against ggml's kvalues_mxfp4.
 //
 // ggml (../shared/reference): a block is an e8m0 scale byte and 16 bytes; byte i holds value i in
@@ -46,13 +46,12 @@ struct Pairs {
 /// The lookup's first table words (magnitudes 0..3 and their negations), which a byte permute
 /// takes from registers (the second words go in as immediates), and the final permute's selector
 /// base. Left as constants, ptxas re-creates the table words with a move before every permute (241
-/// of the 1,596 instructions of the stream kernel's mxfp4 item loop, SASS of session 12) and builds
-/// the selector with two logic instructions (an immediate each) instead of one; the stream kernel
-/// reads all three from shared memory instead (SMxfp4 in cuda/gemv_stream.cuh). (The `>> 16`
-/// shifts as `mul.hi` by a power of two read from shared memory — IMAD.HI on the FMA pipe instead
-/// of SHF on the ALU pipe, the busiest at 57 % — were 0.96-0.99x at the engine's sizes, with `>> 1`
-/// too 0.94-0.98x, and the funnel shifts as two multiplies as well 0.89-0.95x: docs/benchmarks.md,
-/// session 15.)
+/// of the 1,596 instructions of the stream kernel's mxfp4 item loop in its SASS) and builds the
+/// selector with two logic instructions (an immediate each) instead of one; the stream kernel
+/// reads all three from shared memory instead (SMxfp4 in gemv_stream.cu). (The `>> 16` shifts as
+/// `mul.hi` by a power of two read from shared memory — IMAD.HI on the FMA pipe instead of SHF on
+/// the ALU pipe, the busiest — measured slower, as did the `>> 1` shifts and the funnel shifts as
+/// multiplies.)
 struct PairTables {
   uint32_t pos0 = 0x03020100u, neg0 = 0xFDFEFF00u, sel0 = 0x32103210u;
 };

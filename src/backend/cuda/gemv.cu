@@ -1,0 +1,114 @@
+// launch_gemv: decode GEMV (and small-batch GEMM, up to kGemvMaxTokens tokens) on quantized
+// weights, batched over many matrices per launch (the experts of a MoE layer). It validates the
+// arguments and runs one kernel family (gemv_families.hpp), picked per type and shape:
+//  - stream (gemv_stream.cu; one token, mxfp4, q2_K, q3_K and iq2_xxs with k a multiple of 256
+//    and at least kDp4aMinRows rows per matrix): x quantized per block to int8 hi + lo parts, the
+//    weights streamed through a per-warp ring in shared memory, dp4a;
+//  - dp4a (gemv_dp4a.cu): the same arithmetic with the weights in registers, where stream's
+//    shared memory or alignment does not fit (not iq2_xxs);
+//  - mma (gemv_mma.cu; 2..8 tokens, mxfp4, q2_K, q3_K with k a multiple of 256): tensor cores;
+//  - else generic (gemv_generic.cu) for mxfp4, q4_K and q5_K, pipe (gemv_pipe.cu) for the rest:
+//    the per-lane kernels, exact to f32 rounding.
+// Each default is the fastest that `ep-bench kernels` measured on an H200 for its types and shapes
+// (docs/benchmarks.md, "Kernels"). GemvArgs::kernel asks for one family; one asked for a type or
+// shape it does not cover falls back to the default there.
+#include "backend/cuda/dispatch.cuh"
+#include "backend/cuda/gemv_families.hpp"
+#include "backend/cuda/kernels.hpp"
+#include "backend/cuda/quant_unit.cuh"
+#include "core/status.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace ep::backend::cuda {
+namespace {
+
+using namespace quant;
+
+// Below this many rows per matrix (one token) the per-lane f32 kernels are used: they are exact
+// to f32 rounding, and such matrices (small test models) are too small for speed to matter. The
+// choice depends on the matrix, not on how many share the launch, so a matrix's result does not
+// change with the launch it is in (the MoE's expert-major pass computes subsets of the pairs).
+constexpr int64_t kDp4aMinRows = 2048;
+
+// The kernels that can apply GemvArgs::glu: they read x once per block, into their quantized copy.
+bool applies_glu(GemvKernel kernel) { return kernel == GemvKernel::dp4a || kernel == GemvKernel::stream; }
+
+GemvKernel pick_gemv_kernel(uint32_t type, const GemvArgs &args) {
+  GemvKernel want = args.kernel;
+  const bool mma_ok = gemv_mma_covers(type, args.k), dp4a_ok = gemv_dp4a_covers(type, args);
+  if (want == GemvKernel::stream && !gemv_stream_covers(type, args)) want = GemvKernel::automatic;
+  if (want == GemvKernel::automatic || (want == GemvKernel::mma && !mma_ok) || (want == GemvKernel::dp4a && !dp4a_ok)) {
+    // stream measured faster than dp4a; the same rows-per-matrix rule
+    if (dp4a_ok && args.n >= kDp4aMinRows) return gemv_stream_covers(type, args) ? GemvKernel::stream : GemvKernel::dp4a;
+    const int t = static_cast<int>(type);
+    if (t == kIQ2_XXS && args.n >= kDp4aMinRows && gemv_stream_covers(type, args)) return GemvKernel::stream;
+    if (mma_ok && args.n_tok > 1) return GemvKernel::mma;
+    return t == kQ4_K || t == kQ5_K || t == kMXFP4 ? GemvKernel::generic : GemvKernel::pipe;
+  }
+  return want;
+}
+
+}  // namespace
+
+const char *gemv_kernel_name(GemvKernel kernel) {
+  switch (kernel) {
+    case GemvKernel::automatic: return "auto";
+    case GemvKernel::generic: return "generic";
+    case GemvKernel::pipe: return "pipe";
+    case GemvKernel::mma: return "mma";
+    case GemvKernel::dp4a: return "dp4a";
+    case GemvKernel::stream: return "stream";
+  }
+  return "?";
+}
+
+bool parse_gemv_kernel(const char *name, GemvKernel &out) {
+  for (GemvKernel k : {GemvKernel::automatic, GemvKernel::generic, GemvKernel::pipe, GemvKernel::mma, GemvKernel::dp4a,
+                       GemvKernel::stream}) {
+    if (std::strcmp(name, gemv_kernel_name(k)) == 0) {
+      out = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+GemvKernel gemv_kernel_for(uint32_t type, const GemvArgs &args) { return pick_gemv_kernel(type, args); }
+
+bool gemv_takes_glu(uint32_t type, const GemvArgs &args) { return applies_glu(pick_gemv_kernel(type, args)); }
+
+void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
+  if (args.n_tok < 1 || args.n_tok > kGemvMaxTokens)
+    throw Error(Status::invalid_argument, "launch_gemv: n_tok " + std::to_string(args.n_tok) + " outside 1..8");
+  if (args.n_mat < 1 || args.n_mat > 65535)
+    throw Error(Status::invalid_argument, "launch_gemv: n_mat " + std::to_string(args.n_mat) + " outside 1..65535");
+  if (args.k % 32 != 0 || (reinterpret_cast<uintptr_t>(args.x) & 15) != 0)
+    throw Error(Status::invalid_argument, "launch_gemv: k must be a multiple of 32 and x 16-byte aligned");
+  if (args.n < 0 || args.n > INT32_MAX || args.k > INT32_MAX)
+    throw Error(Status::invalid_argument, "launch_gemv: n = " + std::to_string(args.n) + ", k = " + std::to_string(args.k) +
+                                              ": both must be below 2^31");
+  const GemvKernel kernel = pick_gemv_kernel(type, args);
+  if (args.glu.up != nullptr && ((reinterpret_cast<uintptr_t>(args.glu.up) & 15) != 0 || !applies_glu(kernel)))
+    throw Error(Status::invalid_argument, "launch_gemv: an activation on the input (GemvArgs::glu) needs the dp4a or stream "
+                                          "kernel (gemv_takes_glu) and a 16-byte aligned up row; " +
+                                              std::string(gemv_kernel_name(kernel)) + " was picked for type " +
+                                              std::to_string(type));
+  if (args.n == 0) return;
+  dispatch_type(type, "launch_gemv", [&](auto tag) {
+    constexpr int T = decltype(tag)::value;
+    if (args.k % Traits<T>::elems != 0)
+      throw Error(Status::shape, "launch_gemv: k = " + std::to_string(args.k) + " is not a whole number of blocks");
+  });
+  switch (kernel) {
+    case GemvKernel::generic: return launch_gemv_generic(type, args, stream);
+    case GemvKernel::mma: return launch_gemv_mma(type, args, stream);
+    case GemvKernel::dp4a: return launch_gemv_dp4a(type, args, stream);
+    case GemvKernel::stream: return launch_gemv_stream(type, args, stream);
+    default: return launch_gemv_pipe(type, args, stream);  // pipe (pick_gemv_kernel never returns automatic)
+  }
+}
+
+}  // namespace ep::backend::cuda
