@@ -581,6 +581,14 @@ void CudaBackend::compute_pairs_grouped(const Tensor &x, const backend::ExpertBa
   }
   const std::vector<backend::ExpertGroup> groups = backend::group_pairs_by_expert(batch);
   if (groups.empty()) return;
+  const auto plain_ok = [](const backend::SlotWeight &w) {
+    const bool plain = w.type == GgmlType::f32 || w.type == GgmlType::f16 || w.type == GgmlType::bf16;
+    return gemv_has_kernel(w.type) && (!plain || w.ne0 % 32 == 0);
+  };
+  if (plain_ok(l.gate) && plain_ok(l.up) && plain_ok(l.down)) {
+    run_chunked_expert_gemvs(x, groups, k, l, act, pair_out);
+    return;
+  }
   std::vector<int32_t> &lists = impl_->group_lists;  // per expert: tokens then pair indices
   lists.clear();
   std::vector<size_t> at;
@@ -610,6 +618,101 @@ void CudaBackend::compute_pairs_grouped(const Tensor &x, const backend::ExpertBa
     launch_glu(g, u, ne * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
     matmul(Tensor::make(base + l.down.offset, l.down.type, Device::cuda, {f, d}), gt, ot);
     launch_scatter_rows(o, dev_lists + at[gi] + ne, d, ne, pair_out, s);
+  }
+}
+
+void CudaBackend::run_chunked_expert_gemvs(const Tensor &x, const std::vector<backend::ExpertGroup> &groups, int64_t k,
+                                           const backend::SlotLayout &l, const backend::Activation &act, float *pair_out) {
+  // Every expert's tokens in chunks of kGemvMaxTokens rows (the last one padded with zero rows
+  // whose results are dropped), every chunk a matrix of one GEMV launch per role: a prompt
+  // pass is a handful of launches, and each expert's weights are read once per chunk. A
+  // chunk's rows depend only on its own expert's tokens, so disjoint expert sets (moe_pairs)
+  // give moe()'s bits.
+  constexpr int64_t kChunk = kGemvMaxTokens;
+  constexpr int64_t kMaxRows = 16384;  // rows gathered per pass (bounds the workspaces)
+  const int64_t d = x.ne[0], f = l.gate.ne1;
+  cudaStream_t s = impl_->stream;
+  const uint64_t offsets[3] = {l.gate.offset, l.up.offset, l.down.offset};
+  std::vector<const void *> table;
+  std::vector<int32_t> &lists = impl_->group_lists;
+  for (size_t g0 = 0; g0 < groups.size();) {
+    // the experts of this pass: as many as keep the padded rows within kMaxRows (at least one)
+    size_t g1 = g0;
+    int64_t chunks = 0;
+    while (g1 < groups.size()) {
+      const int64_t c = (static_cast<int64_t>(groups[g1].pairs.size()) + kChunk - 1) / kChunk;
+      if (g1 > g0 && (chunks + c) * kChunk > kMaxRows) break;
+      chunks += c;
+      ++g1;
+    }
+    const int64_t rows = chunks * kChunk;
+    if (2 * chunks > 65535) fail(Status::unsupported, "moe: {} expert chunks in one pass (at most 32767)", chunks);
+    // per row: the token it gathers and the pair it scatters to (-1: padding); per chunk: the
+    // addresses of its expert's roles and its first row
+    table.assign(static_cast<size_t>(3 * chunks), nullptr);
+    lists.assign(static_cast<size_t>(2 * rows + 2 * chunks), -1);
+    int32_t *gather_rows = lists.data(), *scatter_rows = gather_rows + rows, *chunk_rows = scatter_rows + rows;
+    int64_t c = 0;
+    for (size_t gi = g0; gi < g1; ++gi) {
+      const std::vector<int32_t> &pairs = groups[gi].pairs;
+      const auto *base = static_cast<const uint8_t *>(groups[gi].slot);
+      for (size_t p0 = 0; p0 < pairs.size(); p0 += kChunk, ++c) {
+        for (int r = 0; r < 3; ++r) table[static_cast<size_t>(r * chunks + c)] = base + offsets[r];
+        chunk_rows[c] = chunk_rows[chunks + c] = static_cast<int32_t>(c * kChunk);
+        for (size_t i = p0; i < std::min(pairs.size(), p0 + kChunk); ++i) {
+          const int64_t row = c * kChunk + static_cast<int64_t>(i - p0);
+          gather_rows[row] = pairs[i] / static_cast<int32_t>(k);
+          scatter_rows[row] = pairs[i];
+        }
+      }
+    }
+    const uint64_t table_bytes = table.size() * sizeof(void *);
+    auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table_bytes + lists.size() * 4));
+    upload(dev, table.data(), table_bytes);
+    auto *dev_lists = reinterpret_cast<int32_t *>(dev + table_bytes);
+    upload(dev_lists, lists.data(), lists.size() * 4);
+    const auto *dev_table = reinterpret_cast<const void *const *>(dev);
+    const int32_t *dev_gather = dev_lists, *dev_scatter = dev_lists + rows, *dev_chunk_rows = dev_lists + 2 * rows;
+    auto *xe = static_cast<float *>(workspace(kWsGather, static_cast<uint64_t>(rows * d) * 4));
+    auto *gu = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(2 * rows * f) * 4));
+    float *u = gu + rows * f;
+    auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(rows * d) * 4));
+    launch_gather_rows(x.as<float>(), dev_gather, d, rows, xe, s);
+    const bool fused = l.gate.type == l.up.type;
+    GemvArgs a;
+    a.x = xe;
+    a.x_rows = dev_chunk_rows;
+    a.k = d;
+    a.n = f;
+    a.n_tok = static_cast<int32_t>(kChunk);
+    a.n_mat = static_cast<int32_t>(fused ? 2 * chunks : chunks);
+    a.w_ptrs = dev_table;
+    a.y = gu;
+    launch_gemv(type_id(l.gate.type), a, s);
+    if (!fused) {
+      a.n_mat = static_cast<int32_t>(chunks);
+      a.w_ptrs = dev_table + chunks;
+      a.x_rows = dev_chunk_rows + chunks;
+      a.y = u;
+      launch_gemv(type_id(l.up.type), a, s);
+    }
+    GemvArgs b;
+    b.w_ptrs = dev_table + 2 * chunks;
+    b.x = gu;
+    b.x_rows = dev_chunk_rows;  // chunk c reads its rows of the gate output
+    b.y = o;
+    b.k = f;
+    b.n = d;
+    b.n_tok = static_cast<int32_t>(kChunk);
+    b.n_mat = static_cast<int32_t>(chunks);
+    if (l.down.type != GgmlType::mxfp4 && gemv_takes_glu(type_id(l.down.type), b)) {
+      b.glu = GemvGlu{u, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u};
+    } else {
+      launch_glu(gu, u, rows * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, gu, s);
+    }
+    launch_gemv(type_id(l.down.type), b, s);
+    launch_scatter_rows(o, dev_scatter, d, rows, pair_out, s);
+    g0 = g1;
   }
 }
 

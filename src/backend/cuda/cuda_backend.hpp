@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <vector>
 
 #include "backend/backend.hpp"
 
@@ -126,6 +127,11 @@ class CudaBackend final : public backend::Backend {
   /// table, else grouped by expert on the host (prefill, moe_pairs()).
   void compute_pairs_grouped(const backend::Tensor &x, const backend::ExpertBatch &batch, const backend::SlotLayout &layout,
                              const backend::Activation &act, float *pair_out);
+
+  /// The grouped path's rows on GEMV kernels: each expert's tokens in chunks of kGemvMaxTokens,
+  /// one launch per role for all chunks.
+  void run_chunked_expert_gemvs(const backend::Tensor &x, const std::vector<backend::ExpertGroup> &groups, int64_t k,
+                                const backend::SlotLayout &layout, const backend::Activation &act, float *pair_out);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

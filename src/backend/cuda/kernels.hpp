@@ -118,9 +118,9 @@ void launch_route(const float *logits, int64_t n_experts, int64_t n_tok, const R
 /// y[t·d + i] = Σ_j w[t·k + j] · o[(t·k + j)·d + i].
 void launch_moe_combine(const float *o, const float *w, int64_t d, int64_t n_tok, int32_t k, float *y,
                         cudaStream_t stream);
-/// out[i·d ..] = x[rows[i]·d ..].
+/// out[i·d ..] = x[rows[i]·d ..] (zeros where rows[i] < 0).
 void launch_gather_rows(const float *x, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
-/// out[rows[i]·d ..] = src[i·d ..].
+/// out[rows[i]·d ..] = src[i·d ..] (rows[i] < 0: skipped).
 void launch_scatter_rows(const float *src, const int32_t *rows, int64_t d, int64_t n, float *out, cudaStream_t stream);
 /// The role table of an expert batch: out[r·n + p] = slots[ids[p]] + offsets[r] for r < 3 (gate,
 /// up, down), null for an id outside 0 .. n_experts − 1. ids [n], slots [n_experts], out [3·n]

@@ -111,14 +111,16 @@ __global__ void gather_kernel(const float *__restrict__ x, const int32_t *__rest
                               float *__restrict__ out) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= d * n) return;
-  out[idx] = x[static_cast<int64_t>(rows[idx / d]) * d + idx % d];
+  const int32_t r = rows[idx / d];
+  out[idx] = r >= 0 ? x[static_cast<int64_t>(r) * d + idx % d] : 0.0f;
 }
 
 __global__ void scatter_kernel(const float *__restrict__ src, const int32_t *__restrict__ rows, int64_t d, int64_t n,
                                float *__restrict__ out) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= d * n) return;
-  out[static_cast<int64_t>(rows[idx / d]) * d + idx % d] = src[idx];
+  const int32_t r = rows[idx / d];
+  if (r >= 0) out[static_cast<int64_t>(r) * d + idx % d] = src[idx];
 }
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
