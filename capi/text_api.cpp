@@ -3,6 +3,7 @@
 
 #include "capi/guard.hpp"
 #include "capi/model_internal.hpp"
+#include "format/file_format.hpp"
 #include "format/gguf.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
@@ -10,7 +11,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,13 +32,6 @@ using ep::tokenizer::ChatTemplate;
 
 constexpr size_t kTokenizerPropertiesV1 = sizeof(ep_tokenizer_properties);
 constexpr size_t kChatOptionsV1 = sizeof(ep_chat_options);
-
-bool is_gguf(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
-}
 
 /// The tokenizer file in a checkpoint directory.
 std::string tokenizer_file_in(const fs::path &dir, const char *fn) {
@@ -241,11 +234,11 @@ EP_API ep_status ep_tokenizer_open_model(ep_tokenizer **out_tokenizer, const ep_
     std::string path;
     if (fs::is_directory(source, ec))
       path = tokenizer_file_in(source, fn);
-    else if (is_gguf(source))
+    else if (ep::format::is_gguf_file(source))
       path = source;
     else
       path = tokenizer_file_in(fs::path(source).parent_path(), fn);
-    if (path == source && is_gguf(source)) {
+    if (path == source && ep::format::is_gguf_file(source)) {
       // A GGUF without tokenizer.ggml.*: the checkpoint's own tokenizer files beside it (e.g.
       // Kimi-K3's tiktoken.model with tokenizer_config.json), else not found.
       const ep::format::GgufFile f = ep::format::GgufFile::open(source);
