@@ -58,10 +58,10 @@ TEST_CASE("matmul rejects mismatched shapes and unsupported types", "[ops]") {
   } catch (const ep::Error &e) {
     CHECK(e.status() == ep::Status::shape);
   }
-  std::vector<uint8_t> q(18 * 2 * 4);
-  std::vector<float> y4(4);
+  std::vector<uint8_t> q(54 * 4);  // tq1_0: 54 bytes per 256 values, read by no backend
+  std::vector<float> y4(4), x256(256);
   try {
-    be.matmul(Tensor::make(q.data(), GgmlType::q4_0, Device::cpu, {64, 4}), f32(x, {64, 1}), f32(y4, {4, 1}));
+    be.matmul(Tensor::make(q.data(), GgmlType::tq1_0, Device::cpu, {256, 4}), f32(x256, {256, 1}), f32(y4, {4, 1}));
     FAIL("accepted");
   } catch (const ep::Error &e) {
     CHECK(e.status() == ep::Status::unsupported);
