@@ -169,7 +169,8 @@ void CudaBackend::matmul(const Tensor &w, const Tensor &x, const Tensor &y) {
   const bool plain = w.type == GgmlType::f32 || w.type == GgmlType::f16 || w.type == GgmlType::bf16;
   if (plain && w.ne[0] % 32 != 0)  // rows the GEMV / dequant kernels cannot take (tiny test models)
     return launch_matmul_plain(type_id(w.type), w.data, x.as<float>(), y.as<float>(), w.ne[0], w.ne[1], t, impl_->stream);
-  if (t > kGemvMaxTokens) return matmul_gemm(w, x, y);
+  // Types without a GEMV kernel take dequantization + cuBLAS for every token count.
+  if (t > kGemvMaxTokens || !gemv_runs_type(type_id(w.type))) return matmul_gemm(w, x, y);
   GemvArgs a;
   a.w = w.data;
   a.x = x.as<float>();

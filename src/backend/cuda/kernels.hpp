@@ -71,6 +71,10 @@ bool parse_gemv_kernel(const char *name, GemvKernel &out);
 /// looked (tests that set them between launches call this after each change).
 void gemv_env_changed();
 
+/// True when launch_gemv has kernels for ggml type @p type; the other supported weight types
+/// (backend::is_supported_weight_type) are multiplied through launch_dequant_rows and cuBLAS.
+bool gemv_runs_type(uint32_t type);
+
 /// Dequantizes `rows` rows of k values (row stride = row bytes) to f32 (dst_f32) or bf16
 /// (dst_bf16; exactly one of them non-null), bit-exact with ggml for f32 output.
 void launch_dequant_rows(uint32_t type, const void *src, int64_t k, int64_t rows, float *dst_f32,
