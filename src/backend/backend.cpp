@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <iterator>
 
 namespace ep::backend {
 
@@ -149,22 +150,36 @@ void Backend::ffn(const Tensor &x, const Tensor &w_gate, const Tensor &w_up, con
   matmul(w_down, g, y);
 }
 
+namespace {
+// The weight types every backend multiplies and dequantizes (CPU: dequantize_row; CUDA: the
+// dequantization kernels, and GEMV kernels for some).
+constexpr GgmlType kWeightTypes[] = {
+    GgmlType::f32,    GgmlType::f16,   GgmlType::bf16,  GgmlType::q8_0,    GgmlType::q4_0,    GgmlType::q4_1,
+    GgmlType::q5_0,   GgmlType::q5_1,  GgmlType::q2_k,  GgmlType::q3_k,    GgmlType::q4_k,    GgmlType::q5_k,
+    GgmlType::q6_k,   GgmlType::mxfp4, GgmlType::iq1_s, GgmlType::iq1_m,   GgmlType::iq2_xxs, GgmlType::iq2_xs,
+    GgmlType::iq2_s,  GgmlType::iq3_xxs, GgmlType::iq3_s, GgmlType::iq4_nl, GgmlType::iq4_xs,
+};
+}  // namespace
+
 bool is_supported_weight_type(GgmlType type) noexcept {
-  switch (type) {
-    case GgmlType::f32: case GgmlType::f16: case GgmlType::bf16: case GgmlType::q8_0:
-    case GgmlType::q2_k: case GgmlType::q3_k: case GgmlType::q4_k: case GgmlType::q5_k:
-    case GgmlType::q6_k: case GgmlType::mxfp4: case GgmlType::iq2_xxs:
-      return true;
-    default:
-      return false;
+  return std::find(std::begin(kWeightTypes), std::end(kWeightTypes), type) != std::end(kWeightTypes);
+}
+
+std::string supported_weight_type_names() {
+  std::string names;
+  for (GgmlType t : kWeightTypes) {
+    const auto info = format::ggml_type_info(static_cast<uint32_t>(t));
+    if (!names.empty()) names += ' ';
+    names += info ? info->name : std::string_view("?");
   }
+  return names;
 }
 
 void check_weight_type(GgmlType type, const char *op) {
   if (is_supported_weight_type(type)) return;
   const auto info = format::ggml_type_info(static_cast<uint32_t>(type));
-  fail(Status::unsupported, "{}: weight type {} is not supported (supported: f32 f16 bf16 q8_0 q2_K q3_K "
-       "q4_K q5_K q6_K mxfp4 iq2_xxs)", op, info ? info->name : std::string_view("unknown"));
+  fail(Status::unsupported, "{}: weight type {} is not supported (supported: {})", op,
+       info ? info->name : std::string_view("unknown"), supported_weight_type_names());
 }
 
 namespace {

@@ -324,6 +324,8 @@ class Backend {
 // ---- shape checks shared by the backends (throw Error(Status::shape / unsupported)) ----
 /// True for the weight types every backend can multiply and dequantize.
 bool is_supported_weight_type(GgmlType type) noexcept;
+/// Their ggml names, space-separated, for messages.
+std::string supported_weight_type_names();
 void check_weight_type(GgmlType type, const char *op);
 void check_f32(const Tensor &t, const char *op, const char *what, Device device);
 void check_i32(const Tensor &t, const char *op, const char *what, Device device);

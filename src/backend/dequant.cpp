@@ -1,9 +1,12 @@
 #include "backend/dequant.hpp"
 
+#include "backend/backend.hpp"
 #include "backend/iq2xxs_table.hpp"
+#include "backend/iq_grids.hpp"
 #include "core/error.hpp"
 
 #include <cstring>
+#include <string>
 
 namespace ep::backend {
 namespace {
@@ -205,6 +208,218 @@ void dequant_iq2_xxs(const uint8_t *x, float *y, int64_t nb) {
   }
 }
 
+// ---- 32-value blocks: block_q4_0 {d, qs[16]}, block_q4_1 {d, m, qs[16]}, block_q5_0 {d, qh[4],
+// qs[16]}, block_q5_1 {d, m, qh[4], qs[16]}, block_iq4_nl {d, qs[16]}. Byte j holds values j (low
+// nibble) and j + 16 (high nibble); q5's fifth bits: bit j of qh for value j, bit j + 16 for j + 16.
+
+uint32_t read_u32(const uint8_t *p) noexcept {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
+         (static_cast<uint32_t>(p[3]) << 24);
+}
+
+void dequant_q4_0(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 18, y += 32) {
+    const float d = read_half(x);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>((x[2 + j] & 0xF) - 8) * d;
+      y[j + 16] = static_cast<float>((x[2 + j] >> 4) - 8) * d;
+    }
+  }
+}
+
+void dequant_q4_1(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 20, y += 32) {
+    const float d = read_half(x), m = read_half(x + 2);
+    for (int j = 0; j < 16; ++j) {
+      const float p0 = static_cast<float>(x[4 + j] & 0xF) * d;  // product rounded, then the min added
+      const float p1 = static_cast<float>(x[4 + j] >> 4) * d;
+      y[j] = p0 + m;
+      y[j + 16] = p1 + m;
+    }
+  }
+}
+
+void dequant_q5_0(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 22, y += 32) {
+    const float d = read_half(x);
+    const uint32_t qh = read_u32(x + 2);
+    const uint8_t *qs = x + 6;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = static_cast<int>((qh >> j) & 1) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1) << 4;
+      y[j] = static_cast<float>(((qs[j] & 0xF) | h0) - 16) * d;
+      y[j + 16] = static_cast<float>(((qs[j] >> 4) | h1) - 16) * d;
+    }
+  }
+}
+
+void dequant_q5_1(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 24, y += 32) {
+    const float d = read_half(x), m = read_half(x + 2);
+    const uint32_t qh = read_u32(x + 4);
+    const uint8_t *qs = x + 8;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = static_cast<int>((qh >> j) & 1) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1) << 4;
+      const float p0 = static_cast<float>((qs[j] & 0xF) | h0) * d;
+      const float p1 = static_cast<float>((qs[j] >> 4) | h1) * d;
+      y[j] = p0 + m;
+      y[j + 16] = p1 + m;
+    }
+  }
+}
+
+void dequant_iq4_nl(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 18, y += 32) {
+    const float d = read_half(x);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = d * static_cast<float>(kIq4nlValues[x[2 + j] & 0xF]);
+      y[j + 16] = d * static_cast<float>(kIq4nlValues[x[2 + j] >> 4]);
+    }
+  }
+}
+
+// block_iq4_xs: d, scales_h (u16: 2 bits per 32 values), scales_l[4] (a nibble per 32), qs[128]
+void dequant_iq4_xs(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 136) {
+    const float d = read_half(x);
+    const uint32_t scales_h = read_u16(x + 2);
+    const uint8_t *scales_l = x + 4, *qs = x + 8;
+    for (int ib = 0; ib < kQK / 32; ++ib, y += 32, qs += 16) {
+      const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (static_cast<int>((scales_h >> (2 * ib)) & 3) << 4);
+      const float dl = d * static_cast<float>(ls - 32);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = dl * static_cast<float>(kIq4nlValues[qs[j] & 0xF]);
+        y[j + 16] = dl * static_cast<float>(kIq4nlValues[qs[j] >> 4]);
+      }
+    }
+  }
+}
+
+/// 8 values of a grid entry times db with the signs of @p signs (bit j: value j negative).
+void grid8(uint64_t grid, uint32_t signs, float db, float *y) {
+  for (int j = 0; j < 8; ++j)
+    y[j] = db * static_cast<float>((grid >> (8 * j)) & 0xFF) * ((signs >> j) & 1 ? -1.f : 1.f);
+}
+
+// block_iq2_xs: d, qs[32] (u16: 9-bit grid index, 7-bit sign index), scales[8] (a nibble per 16 values)
+void dequant_iq2_xs(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 74) {
+    const float d = read_half(x);
+    const uint8_t *scales = x + 66;
+    for (int ib32 = 0; ib32 < kQK / 32; ++ib32) {
+      const float db[2] = {d * (0.5f + static_cast<float>(scales[ib32] & 0xF)) * 0.25f,
+                           d * (0.5f + static_cast<float>(scales[ib32] >> 4)) * 0.25f};
+      for (int l = 0; l < 4; ++l, y += 8) {
+        const uint32_t q = read_u16(x + 2 + 2 * (4 * ib32 + l));
+        grid8(kIq2xsGrid[q & 511], kIq2xsSigns[q >> 9], db[l / 2], y);
+      }
+    }
+  }
+}
+
+// block_iq2_s: d, qs[64] (32 grid index bytes, then 32 sign bytes), qh[8] (2 high index bits per 8
+// values), scales[8]
+void dequant_iq2_s(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 82) {
+    const float d = read_half(x);
+    const uint8_t *qs = x + 2, *signs = x + 34, *qh = x + 66, *scales = x + 74;
+    for (int ib32 = 0; ib32 < kQK / 32; ++ib32, qs += 4, signs += 4) {
+      const float db[2] = {d * (0.5f + static_cast<float>(scales[ib32] & 0xF)) * 0.25f,
+                           d * (0.5f + static_cast<float>(scales[ib32] >> 4)) * 0.25f};
+      for (int l = 0; l < 4; ++l, y += 8) {
+        const uint32_t index = qs[l] | ((static_cast<uint32_t>(qh[ib32]) << (8 - 2 * l)) & 0x300);
+        grid8(kIq2sGrid[index], signs[l], db[l / 2], y);
+      }
+    }
+  }
+}
+
+/// 4 values of a grid entry times db, signed by bits [first, first + 4) of @p signs.
+void grid4(uint32_t grid, uint32_t signs, int first, float db, float *y) {
+  for (int j = 0; j < 4; ++j)
+    y[j] = db * static_cast<float>((grid >> (8 * j)) & 0xFF) * ((signs >> (first + j)) & 1 ? -1.f : 1.f);
+}
+
+// block_iq3_xxs: d, qs[64] (grid index bytes, 4 values each), then per 32 values a u32: four 7-bit
+// sign indices and a 4-bit scale
+void dequant_iq3_xxs(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 98) {
+    const float d = read_half(x);
+    const uint8_t *qs = x + 2;
+    for (int ib32 = 0; ib32 < kQK / 32; ++ib32, qs += 8) {
+      const uint32_t aux = read_u32(x + 66 + 4 * ib32);
+      const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
+      for (int l = 0; l < 4; ++l, y += 8) {
+        const uint32_t signs = kIq2xsSigns[(aux >> (7 * l)) & 127];
+        grid4(kIq3xxsGrid[qs[2 * l]], signs, 0, db, y);
+        grid4(kIq3xxsGrid[qs[2 * l + 1]], signs, 4, db, y + 4);
+      }
+    }
+  }
+}
+
+// block_iq3_s: d, qs[64] (low 8 index bits), qh[8] (the ninth bit), signs[32], scales[4] (a nibble
+// per 32 values: db = d·(1 + 2·s))
+void dequant_iq3_s(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 110) {
+    const float d = read_half(x);
+    const uint8_t *qs = x + 2, *qh = x + 66, *signs = x + 74, *scales = x + 106;
+    for (int ib32 = 0; ib32 < kQK / 32; ++ib32, qs += 8, signs += 4) {
+      const float db = d * static_cast<float>(1 + 2 * ((scales[ib32 / 2] >> (4 * (ib32 % 2))) & 0xF));
+      const uint32_t h = qh[ib32];
+      for (int l = 0; l < 4; ++l, y += 8) {
+        grid4(kIq3sGrid[qs[2 * l] | ((h << (8 - 2 * l)) & 256)], signs[l], 0, db, y);
+        grid4(kIq3sGrid[qs[2 * l + 1] | ((h << (7 - 2 * l)) & 256)], signs[l], 4, db, y + 4);
+      }
+    }
+  }
+}
+
+/// 8 values of an iq1s grid entry (signed bytes -1, 0, 1): dl·(g + delta).
+void grid8_iq1(uint64_t grid, float dl, float delta, float *y) {
+  for (int j = 0; j < 8; ++j) y[j] = dl * (static_cast<float>(static_cast<int8_t>((grid >> (8 * j)) & 0xFF)) + delta);
+}
+
+// block_iq1_s: d, qs[32] (low 8 index bits), qh[8] (u16 per 32 values: 3 high index bits per 8
+// values, a 3-bit scale, the delta's sign)
+void dequant_iq1_s(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 50) {
+    const float d = read_half(x);
+    const uint8_t *qs = x + 2;
+    for (int ib = 0; ib < kQK / 32; ++ib, qs += 4) {
+      const uint32_t qh = read_u16(x + 34 + 2 * ib);
+      const float dl = d * static_cast<float>(2 * ((qh >> 12) & 7) + 1);
+      const float delta = qh & 0x8000 ? -kIq1sDelta : kIq1sDelta;
+      for (int l = 0; l < 4; ++l, y += 8) grid8_iq1(kIq1sGrid[qs[l] | (((qh >> (3 * l)) & 7) << 8)], dl, delta, y);
+    }
+  }
+}
+
+/// IQ1_M's f16 super-block scale: the top nibbles of its four u16 scale words.
+uint16_t iq1m_scale(const uint8_t *scales) noexcept {
+  const uint32_t s0 = read_u16(scales), s1 = read_u16(scales + 2), s2 = read_u16(scales + 4), s3 = read_u16(scales + 6);
+  return static_cast<uint16_t>((s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000));
+}
+
+// block_iq1_m: qs[32] (low 8 index bits), qh[16] (per 8 values: 3 high index bits and the delta's
+// sign), scales[8] (3-bit scales per 16 values; the f16 scale in the top nibbles)
+void dequant_iq1_m(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += 56) {
+    const uint8_t *qs = x, *qh = x + 32, *sc = x + 48;
+    const float d = fp16_to_fp32(iq1m_scale(sc));
+    for (int ib = 0; ib < kQK / 32; ++ib, qs += 4, qh += 2) {
+      const uint32_t s = read_u16(sc + 2 * (ib / 2));
+      const float dl1 = d * static_cast<float>(2 * ((s >> (6 * (ib % 2) + 0)) & 7) + 1);
+      const float dl2 = d * static_cast<float>(2 * ((s >> (6 * (ib % 2) + 3)) & 7) + 1);
+      for (int l = 0; l < 4; ++l, y += 8) {
+        const uint32_t h = qh[l / 2] >> (4 * (l % 2));  // this 8-value group's nibble
+        const uint32_t index = qs[l] | ((h & 7) << 8);
+        const float delta = h & 8 ? -kIq1sDelta : kIq1sDelta;
+        grid8_iq1(kIq1sGrid[index], l < 2 ? dl1 : dl2, delta, y);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -312,9 +527,21 @@ void dequantize_row(GgmlType type, const void *src, float *dst, int64_t n) {
     case GgmlType::q5_k: return dequant_q5_k(x, dst, nb);
     case GgmlType::q6_k: return dequant_q6_k(x, dst, nb);
     case GgmlType::iq2_xxs: return dequant_iq2_xxs(x, dst, nb);
+    case GgmlType::q4_0: return dequant_q4_0(x, dst, nb);
+    case GgmlType::q4_1: return dequant_q4_1(x, dst, nb);
+    case GgmlType::q5_0: return dequant_q5_0(x, dst, nb);
+    case GgmlType::q5_1: return dequant_q5_1(x, dst, nb);
+    case GgmlType::iq4_nl: return dequant_iq4_nl(x, dst, nb);
+    case GgmlType::iq4_xs: return dequant_iq4_xs(x, dst, nb);
+    case GgmlType::iq2_xs: return dequant_iq2_xs(x, dst, nb);
+    case GgmlType::iq2_s: return dequant_iq2_s(x, dst, nb);
+    case GgmlType::iq3_xxs: return dequant_iq3_xxs(x, dst, nb);
+    case GgmlType::iq3_s: return dequant_iq3_s(x, dst, nb);
+    case GgmlType::iq1_s: return dequant_iq1_s(x, dst, nb);
+    case GgmlType::iq1_m: return dequant_iq1_m(x, dst, nb);
     default:
-      fail(Status::unsupported, "dequantize_row: ggml type {} is not supported by the compute backends "
-           "(supported: f32 f16 bf16 q8_0 q2_K q3_K q4_K q5_K q6_K mxfp4 iq2_xxs)", info.name);
+      fail(Status::unsupported, "dequantize_row: ggml type {} is not supported by the compute backends (supported: {})",
+           info.name, supported_weight_type_names());
   }
 }
 

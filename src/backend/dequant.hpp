@@ -1,5 +1,6 @@
 // Dequantization of ggml rows to f32, bit-exact with ggml's reference (ggml-quants.c) for
-// f32, f16, bf16, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, mxfp4 and iq2_xxs.
+// f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K..q6_K, mxfp4, iq1_s, iq1_m, iq2_xxs, iq2_xs,
+// iq2_s, iq3_xxs, iq3_s, iq4_nl and iq4_xs (backend::is_supported_weight_type()).
 #pragma once
 
 #include "format/ggml_type.hpp"

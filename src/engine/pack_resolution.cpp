@@ -2,15 +2,14 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "format/file_format.hpp"
 #include "format/hash.hpp"
 #include "format/pack_file.hpp"
 #include "pack/builder.hpp"
 #include "pack/manifest.hpp"
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 namespace ep::engine {
 
@@ -23,9 +22,10 @@ std::string abs_path(const std::string &p) { return fs::absolute(p).lexically_no
 /// The source a manifest's pack was built from, as DeepseekV4Model::open() takes it.
 std::string source_of(const pack::Manifest &m, const std::string &manifest_name) {
   if (m.sources.empty()) fail(Status::format, "{}: the manifest lists no source files", manifest_name);
-  const fs::path first(m.sources.front().path);
-  if (first.extension() == ".gguf") return first.string();
-  return first.parent_path().string();  // safetensors: the checkpoint directory (config.json)
+  const std::string &first = m.sources.front().path;
+  const format::FileFormat kind = format::detect_file_format(first);
+  if (kind == format::FileFormat::gguf) return first;
+  return format::checkpoint_dir_of(first, kind);  // safetensors: the checkpoint directory (config.json)
 }
 
 /// Checks a pack and its manifest; returns the manifest. Throws on any mismatch.
@@ -62,10 +62,7 @@ std::string pack_path_for_source(const std::string &source, const std::string &p
 bool is_pack_file(const std::string &path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return false;
-  std::ifstream f(path, std::ios::binary);
-  char magic[8] = {};
-  f.read(magic, 8);
-  return f.gcount() == 8 && std::memcmp(magic, format::kPackMagic.data(), 8) == 0;
+  return format::probe_file_format(path) == format::FileFormat::expert_pack;
 }
 
 ResolvedModel resolve_model(const std::string &path, const PackPlacement &placement) {

@@ -3,25 +3,17 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "engine/session.hpp"
+#include "format/file_format.hpp"
 #include "format/gguf.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 namespace ep::engine {
 
 namespace {
 
 namespace fs = std::filesystem;
-
-bool is_gguf(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
-}
 
 /// The tokenizer file in a checkpoint directory.
 std::string tokenizer_file_in(const fs::path &dir) {
@@ -111,11 +103,11 @@ std::unique_ptr<ChatTokenizer> open_model_tokenizer(const Engine &engine) {
   std::string path;
   if (fs::is_directory(source, ec))
     path = tokenizer_file_in(source);
-  else if (is_gguf(source))
+  else if (format::is_gguf_file(source))
     path = source;
   else
     path = tokenizer_file_in(fs::path(source).parent_path());
-  if (path == source && is_gguf(source)) {
+  if (path == source && format::is_gguf_file(source)) {
     // A GGUF without tokenizer.ggml.*: the checkpoint's own tokenizer files beside it (e.g.
     // Kimi-K3's tiktoken.model with tokenizer_config.json), else not found.
     const format::GgufFile f = format::GgufFile::open(source);

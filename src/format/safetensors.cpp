@@ -1,6 +1,7 @@
 #include "format/safetensors.hpp"
 
 #include "core/error.hpp"
+#include "format/file_format.hpp"
 #include "format/file_writer.hpp"
 
 #include <algorithm>
@@ -149,7 +150,10 @@ SafetensorsSet SafetensorsSet::open(const std::string &path) {
       fail(Status::not_found, "{}: no model.safetensors.index.json or model.safetensors in the directory", path);
     }
   }
-  if (p.extension() == ".json") {
+  const FileFormat kind = detect_file_format(p.string());
+  if (kind != FileFormat::safetensors && kind != FileFormat::safetensors_index)
+    fail(Status::format, "{}: a {}, not a safetensors file or index", p.string(), file_format_name(kind));
+  if (kind == FileFormat::safetensors_index) {
     std::ifstream in(p, std::ios::binary);
     if (!in) fail(Status::not_found, "{}: cannot open the safetensors index", p.string());
     std::stringstream ss;

@@ -54,7 +54,9 @@ class SafetensorsFile {
 /// A checkpoint: one .safetensors file, or the shards listed by model.safetensors.index.json.
 class SafetensorsSet {
  public:
-  /// @p path: a .safetensors file, an index .json, or a directory holding either.
+  /// @p path: a safetensors file, an index (a weight_map JSON), or a directory holding
+  /// model.safetensors.index.json or model.safetensors. Files are recognised by their bytes,
+  /// whatever their names; anything else is Error(Status::format) naming it.
   static SafetensorsSet open(const std::string &path);
   /// Parses an index JSON (weight_map) from memory: tensor name -> shard file name.
   static std::map<std::string, std::string> parse_index(const std::string &json_text, const std::string &name);

@@ -1,6 +1,7 @@
 #include "model/causal_lm.hpp"
 
 #include "core/error.hpp"
+#include "format/file_format.hpp"
 #include "format/gguf.hpp"
 #include "model/deepseek_v4.hpp"
 #include "model/kimi.hpp"
@@ -8,7 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -125,13 +125,6 @@ const Architecture *find_architecture(const std::string &name) {
   return nullptr;
 }
 
-bool has_gguf_magic(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
-}
-
 std::string known_names() {
   std::string s;
   for (const Architecture &a : kArchitectures) s += (s.empty() ? "" : ", ") + std::string(a.gguf_name);
@@ -141,19 +134,23 @@ std::string known_names() {
 }  // namespace
 
 std::string source_architecture(const std::string &source) {
-  std::error_code ec;
-  if (!fs::exists(source, ec)) fail(Status::not_found, "{}: no such file or directory", source);
-  if (fs::is_regular_file(source, ec) && has_gguf_magic(source)) {
+  using format::FileFormat;
+  const FileFormat kind = format::detect_file_format(source);
+  if (kind == FileFormat::gguf) {
     const format::GgufFile f = format::GgufFile::open(source);
     const format::GgufValue *a = f.find("general.architecture");
     if (!a || a->type != format::GgufType::string)
       fail(Status::format, "{}: general.architecture is missing or not a string", source);
     return a->s;
   }
-  const fs::path dir = fs::is_directory(source, ec) ? fs::path(source) : fs::path(source).parent_path();
+  if (kind == FileFormat::expert_pack)
+    fail(Status::invalid_argument, "{}: an Expert Pack, not a model source (GGUF or safetensors checkpoint)", source);
+  std::error_code ec;
+  const fs::path dir = format::checkpoint_dir_of(source, kind);
   const fs::path config = dir / "config.json";
   if (!fs::exists(config, ec))
-    fail(Status::format, "{}: neither a GGUF file nor a safetensors checkpoint (no config.json in {})", source, dir.string());
+    fail(Status::format, "{}: a {}, neither a GGUF file nor a safetensors checkpoint (no config.json in {})", source,
+         format::file_format_name(kind), dir.string());
   std::ifstream in(config);
   std::stringstream ss;
   ss << in.rdbuf();

@@ -4,6 +4,7 @@
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "format/file_format.hpp"
 #include "format/gguf.hpp"
 #include "model/backend_memory.hpp"
 #include "model/weight_catalog.hpp"
@@ -159,17 +160,22 @@ std::string read_text(const std::filesystem::path &p) {
 std::unique_ptr<DeepseekV4Model> DeepseekV4Model::open(const std::string &path, backend::Backend &be,
                                                        const DeepseekV4LoadOptions &options) {
   namespace fs = std::filesystem;
-  const fs::path p(path);
-  if (p.extension() == ".gguf") {
+  using format::FileFormat;
+  const FileFormat kind = format::detect_file_format(path);
+  if (kind == FileFormat::gguf) {
     WeightCatalog cat = WeightCatalog::from_gguf(path);
     const DeepseekV4Config cfg = DeepseekV4Config::from_gguf(format::GgufSet::open(path));
     return std::make_unique<DeepseekV4Model>(cfg, cat, be, options);
   }
-  const fs::path dir = fs::is_directory(p) ? p : p.parent_path();
+  if (kind != FileFormat::safetensors && kind != FileFormat::safetensors_index && kind != FileFormat::hf_config &&
+      kind != FileFormat::checkpoint_dir && kind != FileFormat::directory)
+    fail(Status::format, "{}: a {}, not a DeepSeek-V4 GGUF or safetensors checkpoint", path, format::file_format_name(kind));
+  const fs::path dir = format::checkpoint_dir_of(path, kind);
   const fs::path config = dir / "config.json";
   if (!fs::exists(config)) fail(Status::not_found, "{}: no config.json beside the safetensors checkpoint", dir.string());
   const DeepseekV4Config cfg = DeepseekV4Config::from_hf_json(read_text(config), config.string());
-  WeightCatalog cat = WeightCatalog::from_deepseek_v4_safetensors(path);
+  // the weights: the file given, or the checkpoint directory's index / model.safetensors
+  WeightCatalog cat = WeightCatalog::from_deepseek_v4_safetensors(kind == FileFormat::hf_config ? dir.string() : path);
   return std::make_unique<DeepseekV4Model>(cfg, cat, be, options);
 }
 

@@ -58,8 +58,9 @@ struct DeepseekV4LoadOptions {
 
 class DeepseekV4Model {
  public:
-  /// Opens a model: a .gguf file (first shard of a set), or a safetensors checkpoint (directory
-  /// with config.json, or a .safetensors / index .json beside its config.json).
+  /// Opens a model: a GGUF file (any shard of a split set; any name, e.g. an Ollama blob), or a
+  /// safetensors checkpoint (directory with config.json, or a safetensors file / index / the
+  /// config.json itself). Formats are recognised by their bytes (format/file_format.hpp).
   static std::unique_ptr<DeepseekV4Model> open(const std::string &path, backend::Backend &backend,
                                                const DeepseekV4LoadOptions &options = {});
   /// Loads every weight from @p catalog (fail-closed) into backend memory.

@@ -1,11 +1,13 @@
 #include "model/deepseek_v4_config.hpp"
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "format/gguf.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <string_view>
 
 namespace ep::model {
 
@@ -61,6 +63,21 @@ std::vector<float> per_layer_floats(const format::GgufSet &g, const std::string 
   return out;
 }
 
+/// A key that DeepSeek-V4 allows one value for (llama.cpp's loader and ds4 fix it; some
+/// writers leave it out): a missing key takes that value and is added to @p defaulted; any other
+/// value is refused, naming the key, the value and the file.
+void require_only_value(const format::GgufSet &g, const std::string &key, int64_t only, std::string_view meaning,
+                        std::vector<std::string> &defaulted) {
+  const GgufValue *v = g.find(key);
+  if (!v) {
+    defaulted.push_back(fmt::format("{} = {} ({})", key, only, meaning));
+    return;
+  }
+  const int64_t got = v->as_int(g.first().path() + ": " + key);
+  if (got != only)
+    fail(Status::unsupported, "{}: {} is {}, DeepSeek-V4 allows only {} ({})", g.first().path(), key, got, only, meaning);
+}
+
 }  // namespace
 
 DeepseekV4Config DeepseekV4Config::from_gguf(const format::GgufSet &g) {
@@ -77,12 +94,11 @@ DeepseekV4Config DeepseekV4Config::from_gguf(const format::GgufSet &g) {
     c.n_layers -= nextn;  // MTP layers are counted in block_count; they are not run here
     c.n_mtp_layers = nextn;
   }
+  std::vector<std::string> defaulted;  // keys with one legal value that the writer left out
   c.n_heads = get_int(g, a + "attention.head_count");
-  if (get_int_or(g, a + "attention.head_count_kv", 1) != 1)
-    fail(Status::format, "{}: {}attention.head_count_kv must be 1 (one shared K=V head)", path, a);
+  require_only_value(g, a + "attention.head_count_kv", 1, "one shared K=V head", defaulted);
   c.head_dim = get_int(g, a + "attention.key_length");
-  if (get_int_or(g, a + "attention.value_length", c.head_dim) != c.head_dim)
-    fail(Status::format, "{}: key_length {} != value_length", path, c.head_dim);
+  require_only_value(g, a + "attention.value_length", c.head_dim, "K = V: the key length", defaulted);
   c.rope_dim = get_int_or(g, a + "rope.dimension_count", c.head_dim);
   c.q_lora_rank = get_int(g, a + "attention.q_lora_rank");
   c.o_groups = get_int(g, a + "attention.output_group_count");
@@ -102,8 +118,13 @@ DeepseekV4Config DeepseekV4Config::from_gguf(const format::GgufSet &g) {
   c.rms_eps = static_cast<float>(get_float(g, a + "attention.layer_norm_rms_epsilon"));
   c.routed_scale = static_cast<float>(get_float(g, a + "expert_weights_scale"));
   c.norm_topk = get_int(g, a + "expert_weights_norm") != 0;
-  const int64_t gating = get_int(g, a + "expert_gating_func");
-  if (gating != 4) fail(Status::unsupported, "{}: {}expert_gating_func is {}, DeepSeek-V4 needs 4 (sqrt-softplus)", path, a, gating);
+  require_only_value(g, a + "expert_gating_func", 4, "sqrt-softplus", defaulted);
+  // No group-limited routing: top-k over all experts. One group is the same selection.
+  for (const char *k : {"expert_group_count", "expert_group_used_count"}) {
+    const int64_t n = get_int_or(g, a + k, 0);
+    if (n > 1)
+      fail(Status::unsupported, "{}: {}{} is {}, DeepSeek-V4 routes without expert groups (0 or 1)", path, a, k, n);
+  }
   c.swiglu_limit = per_layer_floats(g, a + "swiglu_clamp_exp", c.n_layers, nullptr);
   c.swiglu_limit_shared = per_layer_floats(g, a + "swiglu_clamp_shexp", c.n_layers, &c.swiglu_limit);
   const GgufValue &ratios = require_key(g, a + "attention.compress_ratios");
@@ -120,19 +141,29 @@ DeepseekV4Config DeepseekV4Config::from_gguf(const format::GgufSet &g) {
   c.rope_theta = static_cast<float>(get_float_or(g, a + "rope.freq_base", 10000.0));
   c.compress_rope_theta = static_cast<float>(get_float(g, a + "attention.compress_rope_freq_base"));
   const GgufValue *st = g.find(a + "rope.scaling.type");
-  if (st && st->type == GgufType::string && st->s == "yarn") {
+  // YaRN is the only scaling DeepSeek-V4 defines: a scaling factor without a type is YaRN (as
+  // ds4 reads it).
+  const bool yarn_by_default = !st && g.find(a + "rope.scaling.factor");
+  if (yarn_by_default) defaulted.push_back(a + "rope.scaling.type = yarn (the only scaling DeepSeek-V4 defines)");
+  if (yarn_by_default || (st && st->type == GgufType::string && st->s == "yarn")) {
     c.yarn_factor = static_cast<float>(get_float(g, a + "rope.scaling.factor"));
     c.yarn_original_max_positions = get_int(g, a + "rope.scaling.original_context_length");
     c.yarn_beta_fast = static_cast<float>(get_float_or(g, a + "rope.scaling.yarn_beta_fast", 32.0));
     c.yarn_beta_slow = static_cast<float>(get_float_or(g, a + "rope.scaling.yarn_beta_slow", 1.0));
   } else if (st && !(st->type == GgufType::string && (st->s == "none" || st->s.empty()))) {
-    fail(Status::unsupported, "{}: rope.scaling.type '{}' (DeepSeek-V4 uses yarn or none)", path, st->to_string());
+    fail(Status::unsupported, "{}: {}rope.scaling.type is {}, DeepSeek-V4 allows only \"yarn\" (or \"none\")", path, a,
+         st->to_string());
   }
   c.max_positions = get_int_or(g, a + "context_length", 0);
   const auto emb = g.find_tensor("token_embd.weight");
   if (!emb) fail(Status::format, "{}: missing tensor token_embd.weight", path);
   c.vocab = static_cast<int64_t>(emb->info->ne[1]);
   c.validate(path);
+  if (!defaulted.empty()) {
+    std::string list;
+    for (const std::string &d : defaulted) list += (list.empty() ? "" : "; ") + d;
+    log::info("{}: metadata missing, set to DeepSeek-V4's only values: {}", path, list);
+  }
   return c;
 }
 

@@ -3,6 +3,7 @@
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "format/file_format.hpp"
 #include "format/gguf.hpp"
 #include "model/weight_catalog.hpp"
 
@@ -104,8 +105,9 @@ backend::Activation glu_activation(const KimiConfig &c) {
 
 std::unique_ptr<KimiModel> KimiModel::open(const std::string &path, backend::Backend &be,
                                                        const KimiLoadOptions &options) {
-  if (std::filesystem::path(path).extension() != ".gguf")
-    fail(Status::unsupported, "{}: Kimi-Linear loads from GGUF only for now (no safetensors name map yet)", path);
+  if (const format::FileFormat kind = format::detect_file_format(path); kind != format::FileFormat::gguf)
+    fail(Status::unsupported, "{}: a {}: Kimi models load from GGUF only for now (no safetensors name map yet)", path,
+         format::file_format_name(kind));
   WeightCatalog cat = WeightCatalog::from_gguf(path);
   const KimiConfig cfg = KimiConfig::from_gguf(format::GgufSet::open(path));
   return std::make_unique<KimiModel>(cfg, cat, be, options);

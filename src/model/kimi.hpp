@@ -55,7 +55,7 @@ struct KimiLoadOptions {
 
 class KimiModel {
  public:
-  /// Opens a `kimi-linear` .gguf file (first shard of a set).
+  /// Opens a `kimi-linear` / `kimi-k3` GGUF file (any shard of a split set; recognised by its bytes).
   static std::unique_ptr<KimiModel> open(const std::string &path, backend::Backend &backend,
                                                const KimiLoadOptions &options = {});
   /// Loads every weight from @p catalog (fail-closed) into backend memory.

@@ -1,6 +1,7 @@
 #include "pack/sources.hpp"
 
 #include "core/error.hpp"
+#include "format/file_format.hpp"
 #include "format/gguf.hpp"
 #include "format/safetensors.hpp"
 
@@ -352,13 +353,17 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
   return plan;
 }
 
-bool is_gguf_path(const std::string &p) {
-  if (fs::is_directory(p)) {
-    for (const auto &e : fs::directory_iterator(p))
-      if (e.path().extension() == ".gguf") return true;
-    return false;
+/// The GGUF files of a directory, recognised by their bytes, in name order (a split set's shards
+/// sort in order; each shard then finds the others).
+std::vector<std::string> gguf_files_in(const std::string &dir) {
+  std::vector<std::string> files;
+  for (const auto &e : fs::directory_iterator(dir)) {
+    std::error_code ec;
+    if (e.is_regular_file(ec) && format::probe_file_format(e.path().string()) == format::FileFormat::gguf)
+      files.push_back(e.path().string());
   }
-  return ends_with(p, ".gguf");
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 }  // namespace
@@ -367,19 +372,25 @@ ExpertPlan plan_sources(const std::vector<std::string> &sources) {
   if (sources.empty()) fail(Status::invalid_argument, "no source files given");
   std::vector<std::string> gguf, st;
   for (const std::string &s : sources) {
-    if (!fs::exists(s)) fail(Status::not_found, "{}: source missing", s);
-    if (is_gguf_path(s)) {
-      if (fs::is_directory(s)) {
-        std::vector<std::string> files;
-        for (const auto &e : fs::directory_iterator(s))
-          if (e.path().extension() == ".gguf") files.push_back(e.path().string());
-        std::sort(files.begin(), files.end());
+    using format::FileFormat;
+    std::error_code ec;
+    if (!fs::exists(s, ec)) fail(Status::not_found, "{}: source missing", s);
+    switch (const FileFormat kind = format::detect_file_format(s)) {
+      case FileFormat::gguf: gguf.push_back(s); break;
+      case FileFormat::safetensors:
+      case FileFormat::safetensors_index: st.push_back(s); break;
+      case FileFormat::hf_config: st.push_back(format::checkpoint_dir_of(s, kind)); break;
+      case FileFormat::checkpoint_dir:
+      case FileFormat::directory: {
+        // A directory of GGUF files (any names: split sets, Ollama blobs) or a safetensors checkpoint.
+        const std::vector<std::string> files = gguf_files_in(s);
+        if (files.empty()) st.push_back(s);
         gguf.insert(gguf.end(), files.begin(), files.end());
-      } else {
-        gguf.push_back(s);
+        break;
       }
-    } else {
-      st.push_back(s);
+      default:
+        fail(Status::invalid_argument, "{}: a {}, not a model source (GGUF or safetensors)", s,
+             format::file_format_name(kind));
     }
   }
   if (!gguf.empty() && !st.empty())

@@ -2,6 +2,7 @@
 #include "tokenizer/chat_template.hpp"
 
 #include "core/error.hpp"
+#include "format/file_format.hpp"
 #include "format/gguf.hpp"
 #include "tokenizer/tokenizer.hpp"
 #include "tokenizer/utf8.hpp"
@@ -213,10 +214,7 @@ std::optional<ChatTemplate> detect_chat_template_tokens(const Tokenizer &tokeniz
 std::string end_of_turn_token(ChatTemplate t) { return t == ChatTemplate::deepseek_v4 ? kDsEos : kEndOfMsg; }
 
 std::optional<std::string> read_chat_template_text(const std::string &tokenizer_path) {
-  std::ifstream in(tokenizer_path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  if (in.gcount() == 4 && std::string_view(magic, 4) == "GGUF") {
+  if (format::is_gguf_file(tokenizer_path)) {
     const format::GgufFile file = format::GgufFile::open(tokenizer_path);
     const format::GgufValue *v = file.find("tokenizer.chat_template");
     if (v == nullptr || v->type != format::GgufType::string) return std::nullopt;

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "format/file_format.hpp"
 #include "tokenizer/bpe.hpp"
 #include "tokenizer/regex.hpp"
 #include "tokenizer/utf8.hpp"
@@ -874,11 +875,7 @@ Tokenizer Tokenizer::from_tiktoken_file(const std::string &path, const std::stri
 Tokenizer Tokenizer::from_file(const std::string &path, const std::string &tiktoken_pattern) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(Status::not_found, "{}: cannot open tokenizer file: {}", path, std::strerror(errno));
-  char magic[4] = {};
-  in.read(magic, 4);
-  if (in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0) return from_gguf_file(path);
-  in.clear();
-  in.seekg(0);
+  if (format::is_gguf_file(path)) return from_gguf_file(path);
   char c = 0;
   while (in.get(c) && (c == ' ' || c == '\n' || c == '\r' || c == '\t')) {
   }

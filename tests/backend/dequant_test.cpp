@@ -2,6 +2,7 @@
 // computed here element by element from the ggml formulas (models.md §4), exactly.
 #include "backend/dequant.hpp"
 #include "backend/iq2xxs_table.hpp"
+#include "backend/iq_grids.hpp"
 #include "core/status.hpp"
 #include "support/catch.hpp"
 
@@ -332,8 +333,8 @@ TEST_CASE("unsupported types and partial blocks are rejected", "[dequant]") {
   std::vector<uint8_t> b(256);
   std::vector<float> y(256);
   try {
-    dequantize_row(GgmlType::iq3_s, b.data(), y.data(), 256);
-    FAIL("iq3_s accepted");
+    dequantize_row(GgmlType::tq1_0, b.data(), y.data(), 256);
+    FAIL("tq1_0 accepted");
   } catch (const ep::Error &e) {
     CHECK(e.status() == ep::Status::unsupported);
   }
@@ -343,4 +344,188 @@ TEST_CASE("unsupported types and partial blocks are rejected", "[dequant]") {
   } catch (const ep::Error &e) {
     CHECK(e.status() == ep::Status::shape);
   }
+}
+
+namespace {
+void put_u16(std::vector<uint8_t> &b, size_t at, uint32_t v) {
+  b[at] = static_cast<uint8_t>(v & 0xFF);
+  b[at + 1] = static_cast<uint8_t>((v >> 8) & 0xFF);
+}
+void put_u32(std::vector<uint8_t> &b, size_t at, uint32_t v) {
+  for (int k = 0; k < 4; ++k) b[at + k] = static_cast<uint8_t>((v >> (8 * k)) & 0xFF);
+}
+/// Value j of a grid entry (byte j).
+int grid_byte(uint64_t entry, int j) { return static_cast<int>((entry >> (8 * j)) & 0xFF); }
+}  // namespace
+
+TEST_CASE("q4_0 and q4_1: nibbles minus 8, or times d plus the min", "[dequant]") {
+  std::vector<uint8_t> b(18, 0);
+  put_half(b, 0, 0.5f);
+  b[2] = 0x0F;  // value 0: 15, value 16: 0
+  b[17] = 0x9F;  // value 15: 15, value 31: 9
+  auto y = deq(GgmlType::q4_0, b, 32);
+  CHECK(y[0] == (15 - 8) * 0.5f);
+  CHECK(y[16] == -8 * 0.5f);
+  CHECK(y[15] == 3.5f);
+  CHECK(y[31] == 0.5f);
+  CHECK(y[1] == -4.0f);
+  put_u16(b, 0, 0xFBFF);  // d = -65504: the extremes stay exact
+  y = deq(GgmlType::q4_0, b, 32);
+  CHECK(y[0] == 7 * -65504.0f);
+  CHECK(y[16] == -8 * -65504.0f);
+  put_u16(b, 0, 0x0001);  // the smallest subnormal half
+  CHECK(deq(GgmlType::q4_0, b, 32)[0] == 7 * std::ldexp(1.0f, -24));
+
+  std::vector<uint8_t> c(20, 0);
+  put_half(c, 0, 0.25f);
+  put_half(c, 2, -1.0f);
+  c[4] = 0xA3;
+  y = deq(GgmlType::q4_1, c, 32);
+  CHECK(y[0] == 3 * 0.25f - 1.0f);
+  CHECK(y[16] == 10 * 0.25f - 1.0f);
+  CHECK(y[1] == -1.0f);
+}
+
+TEST_CASE("q5_0 and q5_1: the fifth bit of value j is bit j of qh", "[dequant]") {
+  std::vector<uint8_t> b(22, 0);
+  put_half(b, 0, 2.0f);
+  put_u32(b, 2, 1u | (1u << 16) | (1u << 31));  // values 0, 16, 31 have their fifth bit
+  b[6] = 0x21;                                    // value 0: 1, value 16: 2
+  b[21] = 0xF0;                                   // value 15: 0, value 31: 15
+  auto y = deq(GgmlType::q5_0, b, 32);
+  CHECK(y[0] == ((1 | 16) - 16) * 2.0f);
+  CHECK(y[16] == ((2 | 16) - 16) * 2.0f);
+  CHECK(y[1] == -16 * 2.0f);
+  CHECK(y[15] == -16 * 2.0f);
+  CHECK(y[31] == ((15 | 16) - 16) * 2.0f);
+
+  std::vector<uint8_t> c(24, 0);
+  put_half(c, 0, 0.5f);
+  put_half(c, 2, 3.0f);
+  put_u32(c, 4, 0xFFFFFFFFu);
+  c[8] = 0xFF;
+  y = deq(GgmlType::q5_1, c, 32);
+  CHECK(y[0] == 31 * 0.5f + 3.0f);
+  CHECK(y[16] == 31 * 0.5f + 3.0f);
+  CHECK(y[1] == 16 * 0.5f + 3.0f);
+}
+
+TEST_CASE("iq4_nl and iq4_xs: the 16 non-linear levels, 6-bit sub-scales minus 32", "[dequant]") {
+  const int8_t kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  for (int i = 0; i < 16; ++i) CHECK(ep::backend::kIq4nlValues[i] == kv[i]);
+  std::vector<uint8_t> b(18, 0);
+  put_half(b, 0, -0.5f);
+  for (int j = 0; j < 16; ++j) b[2 + j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  auto y = deq(GgmlType::iq4_nl, b, 32);
+  for (int j = 0; j < 16; ++j) {
+    CHECK(y[j] == -0.5f * kv[j]);
+    CHECK(y[16 + j] == -0.5f * kv[15 - j]);
+  }
+
+  std::vector<uint8_t> c(136, 0);
+  put_half(c, 0, 0.25f);
+  put_u16(c, 2, 0x3u | (0x2u << 14));  // sub-block 0: high bits 3; sub-block 7: high bits 2
+  c[4] = 0x0F;                         // sub-block 0: low 15, sub-block 1: low 0 (and high 0)
+  c[7] = 0x50;                         // sub-block 7: low 5
+  c[8] = 0x08;                         // sub-block 0, byte 0: values 0 (level 8) and 16 (level 0)
+  c[8 + 16 * 7 + 15] = 0xF7;           // sub-block 7, byte 15: values 15 (level 7) and 31 (level 15)
+  y = deq(GgmlType::iq4_xs, c, 256);
+  CHECK(y[0] == 0.25f * 31 * kv[8]);        // ls = 15 | 3 << 4 = 63
+  CHECK(y[16] == 0.25f * 31 * kv[0]);
+  CHECK(y[32] == 0.25f * -32 * kv[0]);      // ls = 0
+  CHECK(y[224 + 15] == 0.25f * 5 * kv[7]);  // ls = 5 | 2 << 4 = 37
+  CHECK(y[224 + 31] == 0.25f * 5 * kv[15]);
+}
+
+TEST_CASE("iq2_xs and iq2_s: 9- and 10-bit grid indices, signs, a scale per 16 values", "[dequant]") {
+  CHECK(ep::backend::kIq2xsGrid[0] == 0x0808080808080808ull);
+  CHECK(ep::backend::kIq2xsGrid[1] == 0x080808080808082bull);
+  CHECK(ep::backend::kIq2xsGrid[511] == 0x2b2b2b2b2b2b2b2bull);
+  CHECK(ep::backend::kIq2sGrid[1023] == 0x2b2b2b2b2b2b2b2bull);
+  std::vector<uint8_t> b(74, 0);
+  put_half(b, 0, 1.0f);
+  b[66] = 0x5F;                            // sub-block 0: db = (0.5 + 15)/4 for values 0-15, (0.5 + 5)/4 after
+  put_u16(b, 2, 1u | (3u << 9));           // values 0-7: grid 1, sign index 3 (values 0 and 1 negative)
+  put_u16(b, 2 + 4, 511u | (127u << 9));   // values 16-23: grid 511, every sign
+  auto y = deq(GgmlType::iq2_xs, b, 256);
+  CHECK(y[0] == -3.875f * 0x2b);
+  CHECK(y[1] == -3.875f * 8);
+  CHECK(y[2] == 3.875f * 8);
+  for (int j = 16; j < 24; ++j) CHECK(y[j] == -1.375f * 0x2b);
+  CHECK(y[32] == 0.125f * 8);  // sub-block 1: scale nibble 0, grid 0, no signs
+
+  std::vector<uint8_t> c(82, 0);
+  put_half(c, 0, -2.0f);
+  c[74] = 0x30;             // sub-block 0: db = -2·0.5/4 for values 0-15, -2·3.5/4 after
+  c[2] = 1;                 // values 0-7: index 1 (high bits 0)
+  c[3] = 0xFF;              // values 8-15: index 0xFF | 3 << 8 = 1023
+  c[66] = 0x0C;             // qh of sub-block 0: bits 2-3 = 3 for the second group of 8
+  c[34] = 0x01;             // signs of values 0-7: value 0 negative
+  c[34 + 2] = 0x80;         // signs of values 16-23: value 23 negative
+  c[4] = 2;                 // values 16-23: index 2
+  y = deq(GgmlType::iq2_s, c, 256);
+  CHECK(y[0] == 0.25f * 0x2b);  // -2·0.125·43·(-1)
+  CHECK(y[1] == -0.25f * 8);
+  for (int j = 8; j < 16; ++j) CHECK(y[j] == -0.25f * 0x2b);
+  CHECK(y[16] == -1.75f * grid_byte(ep::backend::kIq2sGrid[2], 0));
+  CHECK(y[23] == 1.75f * grid_byte(ep::backend::kIq2sGrid[2], 7));
+}
+
+TEST_CASE("iq3_xxs and iq3_s: two 4-value grid entries per 8 values, signs, scales", "[dequant]") {
+  CHECK(ep::backend::kIq3xxsGrid[1] == 0x04040414u);
+  CHECK(ep::backend::kIq3xxsGrid[255] == 0x3e341c04u);
+  CHECK(ep::backend::kIq3sGrid[511] == 0x0f0f0101u);
+  std::vector<uint8_t> b(98, 0);
+  put_half(b, 0, 1.0f);
+  b[2] = 1;
+  b[3] = 255;
+  put_u32(b, 66, 1u | (15u << 28));  // sign index 1 for values 0-7 (129: values 0 and 7), scale 15
+  auto y = deq(GgmlType::iq3_xxs, b, 256);
+  CHECK(y[0] == -7.75f * 0x14);
+  CHECK(y[1] == 7.75f * 4);
+  CHECK(y[4] == 7.75f * 4);
+  CHECK(y[7] == -7.75f * 0x3e);
+  CHECK(y[32] == 0.25f * 4);  // sub-block 1: scale 0 → (0.5 + 0)·0.5
+
+  std::vector<uint8_t> c(110, 0);
+  put_half(c, 0, 0.5f);
+  c[106] = 0x0F;    // sub-block 0: db = 0.5·31; sub-block 1: 0.5·1
+  c[2] = 0xFF;      // values 0-3: index 0xFF | bit 0 of qh[0] << 8 = 511
+  c[3] = 0;         // values 4-7: index 0 | bit 1 of qh[0] << 8 = 256
+  c[66] = 0x03;
+  c[74] = 0x24;     // signs of values 0-7: values 2 and 5 negative
+  auto y3 = deq(GgmlType::iq3_s, c, 256);
+  CHECK(y3[0] == 15.5f * 1);
+  CHECK(y3[2] == -15.5f * 15);
+  CHECK(y3[4] == 15.5f * grid_byte(ep::backend::kIq3sGrid[256], 0));
+  CHECK(y3[5] == -15.5f * grid_byte(ep::backend::kIq3sGrid[256], 1));
+  CHECK(y3[32] == 0.5f * 1);  // sub-block 1: index 0 = 0x01010101, db = 0.5
+}
+
+TEST_CASE("iq1_s and iq1_m: ternary grid, ±1/8 shift, odd scales", "[dequant]") {
+  CHECK(ep::backend::kIq1sGrid[0] == 0xffffffffffffffffull);
+  CHECK(ep::backend::kIq1sGrid[2047] == 0x0101010101010101ull);
+  CHECK(ep::backend::kIq1sDelta == 0.125f);
+  std::vector<uint8_t> b(50, 0);
+  put_half(b, 0, 1.0f);
+  b[2] = 255;                                    // values 0-7: index 255 | 7 << 8 = 2047
+  put_u16(b, 34, 7u | (7u << 12) | 0x8000u);     // sub-block 0: scale 2·7 + 1, delta −1/8
+  auto y = deq(GgmlType::iq1_s, b, 256);
+  for (int j = 0; j < 8; ++j) CHECK(y[j] == 15.0f * (1 - 0.125f));
+  for (int j = 8; j < 16; ++j) CHECK(y[j] == 15.0f * (-1 - 0.125f));  // index 0: all −1
+  CHECK(y[32] == 1.0f * (-1 + 0.125f));                              // sub-block 1: scale 1, +1/8
+
+  std::vector<uint8_t> c(56, 0);
+  // the f16 scale 1.0 (0x3C00) in the top nibbles of the four scale words: 0, 0, 0xC, 0x3
+  put_u16(c, 48, 7u | (1u << 3));  // sub-block 0: 2·7 + 1 for values 0-15, 2·1 + 1 for 16-31
+  put_u16(c, 50, 0);
+  put_u16(c, 52, 0xC000);
+  put_u16(c, 54, 0x3000);
+  c[0] = 255;
+  c[32] = 0x8F;  // values 0-7: index bits 7, delta −; values 8-15: index bits 0, delta −
+  auto y1 = deq(GgmlType::iq1_m, c, 256);
+  for (int j = 0; j < 8; ++j) CHECK(y1[j] == 15.0f * (1 - 0.125f));
+  for (int j = 8; j < 16; ++j) CHECK(y1[j] == 15.0f * (-1 - 0.125f));
+  CHECK(y1[16] == 3.0f * (-1 + 0.125f));
+  CHECK(y1[32] == 1.0f * (-1 + 0.125f));
 }

@@ -48,6 +48,16 @@ inline std::vector<uint8_t> random_weights(format::GgmlType type, int64_t k, int
       case GgmlType::q4_k: case GgmlType::q5_k: half(0); half(2); break;
       case GgmlType::q6_k: half(208); break;
       case GgmlType::iq2_xxs: half(0); break;
+      case GgmlType::q4_1: case GgmlType::q5_1: half(0); half(2); break;
+      case GgmlType::q4_0: case GgmlType::q5_0: case GgmlType::iq4_nl: case GgmlType::iq4_xs:
+      case GgmlType::iq2_xs: case GgmlType::iq2_s: case GgmlType::iq3_xxs: case GgmlType::iq3_s:
+      case GgmlType::iq1_s: half(0); break;
+      case GgmlType::iq1_m: {  // the f16 scale lives in the top nibbles of the four scale words
+        const uint16_t h = backend::fp32_to_fp16(scale(rng));
+        for (int q = 0; q < 4; ++q)
+          w[b + 49 + 2 * q] = static_cast<uint8_t>((w[b + 49 + 2 * q] & 0x0F) | (((h >> (4 * q)) & 0xF) << 4));
+        break;
+      }
       default: break;
     }
   }
@@ -61,12 +71,28 @@ inline std::vector<float> random_floats(size_t n, std::mt19937 &rng, float lo = 
   return v;
 }
 
-/// The weight types the backends support.
+/// The weight types the backends support that have GEMV kernels on CUDA.
 inline const std::vector<format::GgmlType> &all_weight_types() {
   using format::GgmlType;
   static const std::vector<GgmlType> types = {GgmlType::f32,  GgmlType::f16,  GgmlType::bf16,  GgmlType::q8_0,
                                               GgmlType::q2_k, GgmlType::q3_k, GgmlType::q4_k,  GgmlType::q5_k,
                                               GgmlType::q6_k, GgmlType::mxfp4, GgmlType::iq2_xxs};
+  return types;
+}
+
+/// The supported weight types that CUDA multiplies through dequantization + cuBLAS only.
+inline const std::vector<format::GgmlType> &dequant_only_weight_types() {
+  using format::GgmlType;
+  static const std::vector<GgmlType> types = {
+      GgmlType::q4_0,   GgmlType::q4_1,    GgmlType::q5_0,  GgmlType::q5_1,  GgmlType::iq4_nl, GgmlType::iq4_xs,
+      GgmlType::iq2_xs, GgmlType::iq2_s,   GgmlType::iq3_xxs, GgmlType::iq3_s, GgmlType::iq1_s,  GgmlType::iq1_m};
+  return types;
+}
+
+/// Every supported weight type (backend::is_supported_weight_type).
+inline std::vector<format::GgmlType> every_weight_type() {
+  std::vector<format::GgmlType> types = all_weight_types();
+  types.insert(types.end(), dequant_only_weight_types().begin(), dequant_only_weight_types().end());
   return types;
 }
 

@@ -8,6 +8,7 @@
 #include "backend/cpu_backend.hpp"
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "format/gguf.hpp"
 #include "format/gguf_writer.hpp"
 #include "format/safetensors.hpp"
@@ -198,14 +199,16 @@ TEST_CASE("deepseek_v4: the safetensors name map is fail-closed", "[model][deeps
 
 namespace {
 /// Copies a GGUF, dropping tensor @p drop and adding f32 [4] tensors @p extra (comma-separated;
-/// either may be ""), with metadata values replaced from @p meta.
+/// either may be ""), with metadata values replaced from @p meta and keys @p drop_keys left out.
 void copy_gguf(const std::string &from, const std::string &to, const std::string &drop, const std::string &extra,
-               const std::vector<std::pair<std::string, ep::format::GgufValue>> &meta = {}) {
+               const std::vector<std::pair<std::string, ep::format::GgufValue>> &meta = {},
+               const std::vector<std::string> &drop_keys = {}) {
   const ep::format::GgufFile src = ep::format::GgufFile::open(from);
   ep::format::GgufWriter w;
   for (const auto &kv : src.metadata()) {
     const std::string &key = kv.first;
     if (key == "general.alignment") continue;
+    if (std::find(drop_keys.begin(), drop_keys.end(), key) != drop_keys.end()) continue;
     auto it = std::find_if(meta.begin(), meta.end(), [&](const auto &m) { return m.first == key; });
     w.add(key, it == meta.end() ? kv.second : it->second);
   }
@@ -274,5 +277,83 @@ TEST_CASE("deepseek_v4: MTP layers in a GGUF are skipped", "[model][deepseek_v4]
   CHECK(model->config().n_mtp_layers == 1);
   const Diff d = compare(run_full(*model, g.tokens), g.logits);
   CHECK(d.rel() <= 1e-4);
+  fs::remove_all(dir);
+}
+
+namespace {
+struct CapturedLog {
+  std::vector<std::string> info;
+};
+void capture_log(ep_log_level level, const char *message, void *payload) {
+  if (level == EP_LOG_INFO) static_cast<CapturedLog *>(payload)->info.emplace_back(message);
+}
+}  // namespace
+
+TEST_CASE("deepseek_v4: metadata with one legal value is defaulted when missing, refused when different",
+          "[model][deepseek_v4]") {
+  ep::backend::CpuBackend cpu;
+  const Golden g = load_golden("deepseek_v4_a");
+  const fs::path dir = scratch_dir("defaults");
+  const std::string a = "deepseek4.";
+  // ds4 accepts files without these: they have one value for DeepSeek-V4 (the scaling type is
+  // YaRN when a scaling factor is given)
+  const std::vector<std::string> left_out = {a + "expert_gating_func", a + "attention.head_count_kv",
+                                             a + "attention.value_length", a + "rope.scaling.type"};
+  for (const std::string &k : left_out) REQUIRE(ep::format::GgufFile::open(g.gguf).find(k) != nullptr);
+  const std::string bare = (dir / "bare.gguf").string();
+  copy_gguf(g.gguf, bare, "", "", {}, left_out);
+  CapturedLog log;
+  ep::log::configure(EP_LOG_INFO, capture_log, &log);
+  std::unique_ptr<DeepseekV4Model> model;
+  try {
+    model = DeepseekV4Model::open(bare, cpu);
+  } catch (...) {
+    ep::log::configure(EP_LOG_WARN, nullptr, nullptr);
+    throw;
+  }
+  ep::log::configure(EP_LOG_WARN, nullptr, nullptr);
+  const std::vector<float> got = run_full(*model, g.tokens);
+  const std::vector<float> want = run_full(*DeepseekV4Model::open(g.gguf, cpu), g.tokens);
+  REQUIRE(got.size() == want.size());
+  CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);  // the same model, bit for bit
+  std::string defaulted;
+  for (const std::string &line : log.info)
+    if (line.find("metadata missing") != std::string::npos) defaulted = line;
+  INFO(defaulted);
+  CHECK(defaulted.find(bare) != std::string::npos);
+  for (const std::string &k : left_out) CHECK(defaulted.find(k) != std::string::npos);
+  CHECK(defaulted.find("expert_gating_func = 4 (sqrt-softplus)") != std::string::npos);
+  // the YaRN default matters: without a scaling factor either, the file opens unscaled and differs
+  const std::string unscaled = (dir / "unscaled.gguf").string();
+  copy_gguf(g.gguf, unscaled, "", "", {}, {a + "rope.scaling.type", a + "rope.scaling.factor"});
+  const std::vector<float> plain = run_full(*DeepseekV4Model::open(unscaled, cpu), g.tokens);
+  CHECK(std::memcmp(plain.data(), want.data(), plain.size() * 4) != 0);
+
+  // present with another value: refused naming the key, the value and the file
+  struct Wrong {
+    std::string key;
+    ep::format::GgufValue value;
+    std::string said;
+  };
+  const std::vector<Wrong> wrong = {
+      {a + "expert_gating_func", ep::format::GgufValue::make_u32(2), a + "expert_gating_func is 2, DeepSeek-V4 allows only 4"},
+      {a + "attention.head_count_kv", ep::format::GgufValue::make_u32(2), a + "attention.head_count_kv is 2"},
+      {a + "attention.value_length", ep::format::GgufValue::make_u32(7), a + "attention.value_length is 7"},
+      {a + "expert_group_count", ep::format::GgufValue::make_u32(8), a + "expert_group_count is 8"},
+      {a + "rope.scaling.type", ep::format::GgufValue::make_string("linear"), a + "rope.scaling.type is \"linear\", DeepSeek-V4 allows only \"yarn\""},
+  };
+  for (const Wrong &w : wrong) {
+    const std::string path = (dir / "wrong.gguf").string();
+    copy_gguf(g.gguf, path, "", "", {{w.key, w.value}});
+    try {
+      (void)DeepseekV4Model::open(path, cpu);
+      FAIL(w.key << " = " << w.value.to_string() << " was accepted");
+    } catch (const ep::Error &e) {
+      INFO(e.what());
+      CHECK(e.status() == ep::Status::unsupported);
+      CHECK(std::string(e.what()).find(path) != std::string::npos);
+      CHECK(std::string(e.what()).find(w.said) != std::string::npos);
+    }
+  }
   fs::remove_all(dir);
 }

@@ -6,15 +6,28 @@ load the very same values into a transformers model that the engine reads from t
 Every value produced here is exactly representable in float32 and is computed exactly in
 Python floats (doubles), so the result equals ggml's float32 arithmetic bit for bit.
 
-Types: F32 (0), F16 (1), Q8_0 (8), Q2_K (10), BF16 (30), MXFP4 (39).
+Types: F32 (0), F16 (1), Q8_0 (8), Q2_K (10), BF16 (30), MXFP4 (39); and, dequantization only,
+Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (their
+codebooks from ggml_py_grids.py). Float32 arithmetic is emulated by rounding every product and sum
+to float32 (f32_round) in ggml's order of operations; double rounding through binary64 is exact
+for one operation on float32 operands.
 """
 import math
 import struct
 
+import ggml_py_grids
+
 F32, F16, Q8_0, Q2_K, I32, BF16, MXFP4 = 0, 1, 8, 10, 26, 30, 39
-TYPE_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q2_K: "q2_K", I32: "i32", BF16: "bf16", MXFP4: "mxfp4"}
+Q4_0, Q4_1, Q5_0, Q5_1 = 2, 3, 6, 7
+IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M = 17, 18, 19, 20, 21, 22, 23, 29
+TYPE_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q2_K: "q2_K", I32: "i32", BF16: "bf16", MXFP4: "mxfp4",
+              Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1", IQ4_NL: "iq4_nl", IQ4_XS: "iq4_xs",
+              IQ2_XS: "iq2_xs", IQ2_S: "iq2_s", IQ3_XXS: "iq3_xxs", IQ3_S: "iq3_s", IQ1_S: "iq1_s", IQ1_M: "iq1_m"}
 # (values per block, bytes per block)
-BLOCK = {F32: (1, 4), I32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q2_K: (256, 84), MXFP4: (32, 17)}
+BLOCK = {F32: (1, 4), I32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q2_K: (256, 84), MXFP4: (32, 17),
+         Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), IQ4_NL: (32, 18), IQ4_XS: (256, 136),
+         IQ2_XS: (256, 74), IQ2_S: (256, 82), IQ3_XXS: (256, 98), IQ3_S: (256, 110), IQ1_S: (256, 50),
+         IQ1_M: (256, 56)}
 KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
@@ -109,6 +122,192 @@ def dequant_q2_k(buf):
     return out
 
 
+# ---- the types read only (no encoder): every value computed in ggml's order, rounded to f32 --
+def _u16(b, at):
+    return b[at] | (b[at + 1] << 8)
+
+
+def _u32(b, at):
+    return b[at] | (b[at + 1] << 8) | (b[at + 2] << 16) | (b[at + 3] << 24)
+
+
+def _half(b, at):
+    return f16_from_bits(_u16(b, at))
+
+
+def _blocks(buf, gtype):
+    size = BLOCK[gtype][1]
+    if len(buf) % size:
+        raise ValueError(f"{TYPE_NAMES[gtype]}: {len(buf)} bytes are not whole blocks of {size}")
+    return [buf[i:i + size] for i in range(0, len(buf), size)]
+
+
+def _nibbles(qs):
+    """Byte j holds element j (low nibble) and element j + len(qs) (high nibble)."""
+    return [q & 0xF for q in qs] + [q >> 4 for q in qs]
+
+
+def _dequant_q4_0(buf):
+    out = []
+    for b in _blocks(buf, Q4_0):
+        d = _half(b, 0)
+        out += [f32_round((q - 8) * d) for q in _nibbles(b[2:18])]
+    return out
+
+
+def _dequant_q4_1(buf):
+    out = []
+    for b in _blocks(buf, Q4_1):
+        d, m = _half(b, 0), _half(b, 2)
+        out += [f32_round(f32_round(q * d) + m) for q in _nibbles(b[4:20])]
+    return out
+
+
+def _q5_codes(qh, qs):
+    # element j: low nibble of qs[j] (j < 16) or high nibble of qs[j - 16], fifth bit = bit j of qh
+    return [c | (((qh >> j) & 1) << 4) for j, c in enumerate(_nibbles(qs))]
+
+
+def _dequant_q5_0(buf):
+    out = []
+    for b in _blocks(buf, Q5_0):
+        d = _half(b, 0)
+        out += [f32_round((c - 16) * d) for c in _q5_codes(_u32(b, 2), b[6:22])]
+    return out
+
+
+def _dequant_q5_1(buf):
+    out = []
+    for b in _blocks(buf, Q5_1):
+        d, m = _half(b, 0), _half(b, 2)
+        out += [f32_round(f32_round(c * d) + m) for c in _q5_codes(_u32(b, 4), b[8:24])]
+    return out
+
+
+def _dequant_iq4_nl(buf):
+    kv = ggml_py_grids.IQ4NL_VALUES
+    out = []
+    for b in _blocks(buf, IQ4_NL):
+        d = _half(b, 0)
+        out += [f32_round(d * kv[c]) for c in _nibbles(b[2:18])]
+    return out
+
+
+def _dequant_iq4_xs(buf):
+    kv = ggml_py_grids.IQ4NL_VALUES
+    out = []
+    for b in _blocks(buf, IQ4_XS):
+        d, sh = _half(b, 0), _u16(b, 2)
+        for ib in range(8):
+            ls = ((b[4 + ib // 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+            dl = f32_round(d * (ls - 32))
+            out += [f32_round(dl * kv[c]) for c in _nibbles(b[8 + 16 * ib:24 + 16 * ib])]
+    return out
+
+
+def _signed(db, grid_row, sign_bits):
+    """db·g·(±1) for each value g of a grid row; bit j of sign_bits makes value j negative."""
+    return [f32_round(f32_round(db * g) * (-1.0 if (sign_bits >> j) & 1 else 1.0)) for j, g in enumerate(grid_row)]
+
+
+def _db_iq2(d, nibble):
+    return f32_round(f32_round(d * (0.5 + nibble)) * 0.25)
+
+
+def _dequant_iq2_xs(buf):
+    grid = ggml_py_grids.grid("iq2xs")
+    out = []
+    for b in _blocks(buf, IQ2_XS):
+        d = _half(b, 0)
+        for ib in range(8):
+            sc = b[66 + ib]
+            for l in range(4):
+                q = _u16(b, 2 + 2 * (4 * ib + l))
+                db = _db_iq2(d, sc & 0xF if l < 2 else sc >> 4)
+                out += _signed(db, grid[q & 511], ggml_py_grids.KSIGNS[q >> 9])
+    return out
+
+
+def _dequant_iq2_s(buf):
+    grid = ggml_py_grids.grid("iq2s")
+    out = []
+    for b in _blocks(buf, IQ2_S):
+        d = _half(b, 0)
+        for ib in range(8):
+            sc, qh = b[74 + ib], b[66 + ib]
+            for l in range(4):
+                index = b[2 + 4 * ib + l] | (((qh >> (2 * l)) & 3) << 8)
+                db = _db_iq2(d, sc & 0xF if l < 2 else sc >> 4)
+                out += _signed(db, grid[index], b[34 + 4 * ib + l])
+    return out
+
+
+def _dequant_iq3_xxs(buf):
+    grid = ggml_py_grids.grid("iq3xxs")
+    out = []
+    for b in _blocks(buf, IQ3_XXS):
+        d = _half(b, 0)
+        for ib in range(8):
+            aux = _u32(b, 66 + 4 * ib)
+            db = f32_round(f32_round(d * (0.5 + (aux >> 28))) * 0.5)
+            for l in range(4):
+                signs = ggml_py_grids.KSIGNS[(aux >> (7 * l)) & 127]
+                row = grid[b[2 + 8 * ib + 2 * l]] + grid[b[2 + 8 * ib + 2 * l + 1]]
+                out += _signed(db, row, signs)
+    return out
+
+
+def _dequant_iq3_s(buf):
+    grid = ggml_py_grids.grid("iq3s")
+    out = []
+    for b in _blocks(buf, IQ3_S):
+        d = _half(b, 0)
+        for ib in range(8):
+            db = f32_round(d * (1 + 2 * ((b[106 + ib // 2] >> (4 * (ib % 2))) & 0xF)))
+            qh = b[66 + ib]
+            for l in range(4):
+                i0 = b[2 + 8 * ib + 2 * l] | (((qh >> (2 * l)) & 1) << 8)
+                i1 = b[2 + 8 * ib + 2 * l + 1] | (((qh >> (2 * l + 1)) & 1) << 8)
+                out += _signed(db, grid[i0] + grid[i1], b[74 + 4 * ib + l])
+    return out
+
+
+def _dequant_iq1_s(buf):
+    grid = ggml_py_grids.grid("iq1s")
+    out = []
+    for b in _blocks(buf, IQ1_S):
+        d = _half(b, 0)
+        for ib in range(8):
+            qh = _u16(b, 34 + 2 * ib)
+            dl = f32_round(d * (2 * ((qh >> 12) & 7) + 1))
+            delta = -0.125 if qh & 0x8000 else 0.125
+            for l in range(4):
+                row = grid[b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)]
+                out += [f32_round(dl * (g + delta)) for g in row]
+    return out
+
+
+def _dequant_iq1_m(buf):
+    grid = ggml_py_grids.grid("iq1s")
+    out = []
+    for b in _blocks(buf, IQ1_M):
+        sc = [_u16(b, 48 + 2 * k) for k in range(4)]
+        d = f16_from_bits((sc[0] >> 12) | (((sc[1] >> 12) & 0xF) << 4) | (((sc[2] >> 12) & 0xF) << 8) | (sc[3] & 0xF000))
+        for ib in range(8):
+            for l in range(4):
+                scale = (sc[ib // 2] >> (6 * (ib % 2) + 3 * (l // 2))) & 7
+                dl = f32_round(d * (2 * scale + 1))
+                h = (b[32 + 2 * ib + l // 2] >> (4 * (l % 2))) & 0xF
+                delta = -0.125 if h & 8 else 0.125
+                out += [f32_round(dl * (g + delta)) for g in grid[b[4 * ib + l] | ((h & 7) << 8)]]
+    return out
+
+
+_READ_ONLY = {Q4_0: _dequant_q4_0, Q4_1: _dequant_q4_1, Q5_0: _dequant_q5_0, Q5_1: _dequant_q5_1,
+              IQ4_NL: _dequant_iq4_nl, IQ4_XS: _dequant_iq4_xs, IQ2_XS: _dequant_iq2_xs, IQ2_S: _dequant_iq2_s,
+              IQ3_XXS: _dequant_iq3_xxs, IQ3_S: _dequant_iq3_s, IQ1_S: _dequant_iq1_s, IQ1_M: _dequant_iq1_m}
+
+
 def dequant(gtype, buf):
     """Dequantizes a whole buffer (rows back to back) to a list of floats."""
     buf = bytes(buf)
@@ -124,6 +323,8 @@ def dequant(gtype, buf):
         return dequant_q2_k(buf)
     if gtype == MXFP4:
         return dequant_mxfp4(buf)
+    if gtype in _READ_ONLY:
+        return _READ_ONLY[gtype](buf)
     raise ValueError(f"unsupported type {gtype}")
 
 

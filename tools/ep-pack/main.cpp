@@ -32,8 +32,9 @@ using Clock = std::chrono::steady_clock;
 const char *kUsage =
     "usage:\n"
     "  ep-pack build SRC... -o PACK [--alignment N] [--quiet]\n"
-    "      SRC: a .gguf (the first shard finds the rest), .safetensors files, a\n"
-    "      model.safetensors.index.json, or a directory holding them\n"
+    "      SRC: a GGUF (any shard finds the rest; any name, e.g. an Ollama blob), safetensors\n"
+    "      files, a model.safetensors.index.json, or a directory holding them (recognised by\n"
+    "      their bytes, not their names)\n"
     "  ep-pack validate PACK [--full] [--no-sources]\n"
     "  ep-pack inspect PACK [--json]\n"
     "  ep-pack gguf-info FILE [--all]\n"

@@ -44,16 +44,7 @@ constexpr uint64_t kUploadAlign = 256;
 constexpr unsigned kHostBufferSlots = 4;
 
 /// The weight types launch_gemv runs (the decode MoE reads the role table directly only then).
-bool gemv_has_kernel(GgmlType t) {
-  switch (t) {
-    case GgmlType::f32: case GgmlType::f16: case GgmlType::bf16: case GgmlType::q8_0: case GgmlType::q2_k:
-    case GgmlType::q3_k: case GgmlType::q4_k: case GgmlType::q5_k: case GgmlType::q6_k: case GgmlType::mxfp4:
-    case GgmlType::iq2_xxs:
-      return true;
-    default:
-      return false;
-  }
-}
+bool gemv_has_kernel(GgmlType t) { return gemv_runs_type(static_cast<uint32_t>(t)); }
 
 }  // namespace
 
@@ -274,7 +265,8 @@ void CudaBackend::matmul(const Tensor &w, const Tensor &x, const Tensor &y) {
   const bool plain = w.type == GgmlType::f32 || w.type == GgmlType::f16 || w.type == GgmlType::bf16;
   if (plain && w.ne[0] % 32 != 0)  // rows the GEMV / dequant kernels cannot take (tiny test models)
     return launch_matmul_plain(type_id(w.type), w.data, x.as<float>(), y.as<float>(), w.ne[0], w.ne[1], t, impl_->stream);
-  if (t > kGemvMaxTokens) return matmul_gemm(w, x, y);
+  // Types without a GEMV kernel take dequantization + cuBLAS for every token count.
+  if (t > kGemvMaxTokens || !gemv_runs_type(type_id(w.type))) return matmul_gemm(w, x, y);
   GemvArgs a;
   a.w = w.data;
   a.x = x.as<float>();

@@ -1,9 +1,11 @@
 // Dequantization kernels: rows of any supported type to f32 (bit-exact with ggml) or bf16
-// (the f32 value rounded to nearest even), embedding lookup, f32 → bf16.
+// (the f32 value rounded to nearest even), embedding lookup, f32 → bf16; which types the GEMV
+// kernels run (the others are dequantized for cuBLAS).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "gpu/check.hpp"
+#include "backend/cuda/dequant_unit.cuh"
 #include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/kernels.hpp"
 
@@ -66,7 +68,7 @@ void launch(uint32_t type, const void *src, int64_t k, int64_t rows, const int32
     throw Error(Status::invalid_argument, "dequant: exactly one of dst_f32 / dst_bf16 must be given");
   const int64_t units = k / 32 * rows;
   if (units == 0) return;
-  dispatch_type(type, "dequant", [&](auto tag) {
+  dispatch_dequant_type(type, "dequant", [&](auto tag) {
     constexpr int T = decltype(tag)::value;
     if (k % Traits<T>::elems != 0)
       throw Error(Status::shape, "dequant: row of " + std::to_string(k) + " values is not a whole number of blocks");
@@ -83,6 +85,10 @@ void launch(uint32_t type, const void *src, int64_t k, int64_t rows, const int32
 }
 
 }  // namespace
+
+bool gemv_runs_type(uint32_t type) {
+  return quant::try_dispatch_type(type, [](auto) {});
+}
 
 void launch_dequant_rows(uint32_t type, const void *src, int64_t k, int64_t rows, float *dst_f32, uint16_t *dst_bf16,
                          cudaStream_t stream) {

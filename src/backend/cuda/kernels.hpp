@@ -64,6 +64,10 @@ const char *gemv_kernel_name(GemvKernel kernel);
 /// Parses a gemv_kernel_name(); false for an unknown name.
 bool parse_gemv_kernel(const char *name, GemvKernel &out);
 
+/// True when launch_gemv has kernels for ggml type @p type; the other supported weight types
+/// (backend::is_supported_weight_type) are multiplied through launch_dequant_rows and cuBLAS.
+bool gemv_runs_type(uint32_t type);
+
 /// Dequantizes `rows` rows of k values (row stride = row bytes) to f32 (dst_f32) or bf16
 /// (dst_bf16; exactly one of them non-null), bit-exact with ggml for f32 output.
 void launch_dequant_rows(uint32_t type, const void *src, int64_t k, int64_t rows, float *dst_f32,

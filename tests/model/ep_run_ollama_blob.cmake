@@ -1,0 +1,30 @@
+# ep-run on a GGUF under an Ollama blob name (sha256-<64 hex>, no extension): it opens, builds
+# its pack and scores exactly what the same file named .gguf scores (raw logits compared).
+# cmake -DEP_RUN=<ep-run> -DGGUF=<golden .gguf> -DWORK=<scratch dir> -P ep_run_ollama_blob.cmake
+cmake_minimum_required(VERSION 3.25)
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(blob_path ${WORK}/sha256-9d2f4c1b7a6e5d3c2b1a09f8e7d6c5b4a3928170f6e5d4c3b2a1908f7e6d5c4b)
+file(COPY_FILE ${GGUF} ${blob_path})
+foreach(kind blob gguf)
+  if(kind STREQUAL "blob")
+    set(model ${blob_path})
+  else()
+    set(model ${GGUF})
+  endif()
+  execute_process(COMMAND ${EP_RUN} --model ${model} --tokens 3,14,15,92,65,35 --score
+                          --dump-logits ${WORK}/${kind}.f32 --pack-dir ${WORK}/packs
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "ep-run on ${model} failed (${rc}):\n${out}\n${err}")
+  endif()
+endforeach()
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/blob.f32 ${WORK}/gguf.f32 RESULT_VARIABLE same)
+if(NOT same EQUAL 0)
+  message(FATAL_ERROR "the blob's logits differ from the .gguf's")
+endif()
+file(GLOB packs ${WORK}/packs/sha256-*.epk)
+if(NOT packs)
+  message(FATAL_ERROR "no pack was built for the blob in ${WORK}/packs")
+endif()
+message(STATUS "ep-run: the Ollama blob scores as its .gguf (${packs})")
