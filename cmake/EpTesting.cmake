@@ -26,7 +26,7 @@ add_custom_target(ep_test_data ALL DEPENDS ${_ep_tok_dir}/tokenizer.json ${_ep_t
 # A static library holding one test main (CPU: Catch2's runner; GPU: skip without a device).
 function(_ep_add_test_main target source)
   add_library(${target} STATIC ${PROJECT_SOURCE_DIR}/tests/support/${source})
-  target_link_libraries(${target} PUBLIC Catch2::Catch2 ep_internal)
+  target_link_libraries(${target} PUBLIC Catch2::Catch2 ep_internal ep_testkit)
   target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR}/tests)
   target_compile_definitions(${target} PUBLIC ${EP_CATCH_DEFINITIONS}
     EP_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data" EP_TEST_BUILD_DATA_DIR="${EP_TEST_BUILD_DATA_DIR}")

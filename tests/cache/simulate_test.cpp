@@ -3,6 +3,7 @@
 
 #include "cache/simulate.hpp"
 #include "core/error.hpp"
+#include "testkit/trace.hpp"
 
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +13,8 @@
 
 using namespace ep;
 using namespace ep::cache;
+using ep::testkit::synthetic_trace;
+using ep::testkit::SyntheticTraceOptions;
 
 namespace {
 
