@@ -97,7 +97,7 @@ bool choose_cuda(ep_device_kind kind, int32_t index, const std::string &arch, co
   if (kind == EP_DEVICE_CPU) return false;
   const bool arch_cuda = ep::model::architecture_runs_on(arch, ep::backend::Device::cuda);
   if (kind == EP_DEVICE_CUDA && !arch_cuda)
-    ep::fail(ep::Status::unsupported, "{}: EP_DEVICE_CUDA: {} is a {} model, which runs only on the CPU so far (use EP_DEVICE_CPU or EP_DEVICE_AUTO)",
+    ep::fail(ep::Status::unsupported, "{}: EP_DEVICE_CUDA: {} is a {} model, which has no CUDA implementation (use EP_DEVICE_CPU or EP_DEVICE_AUTO)",
              fn, source, arch);
   std::string why = "this build has no CUDA backend (EP_WITH_CUDA=OFF)";
   int count = 0;
@@ -106,7 +106,7 @@ bool choose_cuda(ep_device_kind kind, int32_t index, const std::string &arch, co
 #endif
   if (kind == EP_DEVICE_AUTO) {
     if (count > index && !arch_cuda)
-      ep::log::info("{}: {} is a {} model, which runs only on the CPU so far: using the CPU, not CUDA device {}", fn, source,
+      ep::log::info("{}: {} is a {} model, which has no CUDA implementation: using the CPU, not CUDA device {}", fn, source,
                     arch, index);
     return count > index && arch_cuda;
   }
