@@ -25,6 +25,29 @@ uint64_t distinct_keys(const Trace &t) {
   return keys.size();
 }
 
+/// The documented shape of the BigMoeOnEdge Qwen3 and gpt-oss route traces (their README), with
+/// the given numbers of decoded tokens (decode phase only).
+void check_route_traces(const std::string &dir, std::size_t qwen_decode_tokens, std::size_t gptoss_decode_tokens) {
+  INFO("traces in " << dir);
+  const Trace q = read_trace(dir + "qwen.route.csv");
+  CHECK(q.num_layers == 48);
+  CHECK(q.num_experts == 128);
+  CHECK(q.top_k == 6);
+  REQUIRE(q.accesses.size() == qwen_decode_tokens * 48);
+  CHECK(q.max_object_bytes() == 3059712);
+  for (std::size_t i = 0; i < q.accesses.size(); ++i) {
+    CHECK(q.accesses[i].layer == i % 48);  // decode is token-major, then layer
+    CHECK(q.accesses[i].experts.size() == 6);
+    CHECK_FALSE(q.accesses[i].prefill);
+  }
+  const Trace g = read_trace(dir + "gptoss.route.csv");
+  CHECK(g.num_layers == 36);
+  CHECK(g.num_experts == 128);
+  CHECK(g.top_k == 2);
+  CHECK(g.accesses.size() == gptoss_decode_tokens * 36);
+  CHECK(g.max_object_bytes() == 13219200);
+}
+
 }  // namespace
 
 TEST_CASE("hits + misses = unique keys; Belady is never beaten", "[cache]") {
@@ -141,17 +164,7 @@ TEST_CASE("excerpts of the real BigMoeOnEdge traces parse with the documented sh
   // tests/data/traces/.../README.md: each excerpt keeps the full preamble, prefill steps 0 and 1
   // (layer-major, the last layer has none) and the first 8 decode tokens.
   const std::string dir = std::string(EP_TEST_DATA_DIR) + "/traces/bigmoeonedge-route-trace-2026-07-15/";
-  const Trace q = read_trace(dir + "qwen.route.csv");
-  CHECK(q.num_layers == 48);
-  CHECK(q.num_experts == 128);
-  CHECK(q.top_k == 6);
-  REQUIRE(q.accesses.size() == 8 * 48);
-  CHECK(q.max_object_bytes() == 3059712);
-  for (std::size_t i = 0; i < q.accesses.size(); ++i) {
-    CHECK(q.accesses[i].layer == i % 48);  // decode is token-major, then layer
-    CHECK(q.accesses[i].experts.size() == 6);
-    CHECK_FALSE(q.accesses[i].prefill);
-  }
+  check_route_traces(dir, 8, 8);
   const Trace qa = read_trace(dir + "qwen.route.csv", TracePhases::all);
   REQUIRE(qa.accesses.size() == 47 + 8 * 48);
   CHECK(qa.tokens_per_acquire == 2);
@@ -160,11 +173,6 @@ TEST_CASE("excerpts of the real BigMoeOnEdge traces parse with the documented sh
     CHECK(qa.accesses[i].layer == i);
     CHECK(qa.accesses[i].experts.size() == 2 * 6);  // both prompt tokens' picks
   }
-  const Trace g = read_trace(dir + "gptoss.route.csv");
-  CHECK(g.num_layers == 36);
-  CHECK(g.top_k == 2);
-  CHECK(g.accesses.size() == 8 * 36);
-  CHECK(g.max_object_bytes() == 13219200);
 }
 
 // The full traces are not in the repository. CTest runs this case as cache_sim_full_traces and
@@ -176,16 +184,5 @@ TEST_CASE("the full BigMoeOnEdge traces parse with the documented shape", "[.][f
                  "gptoss.route.csv of bigmoeonedge-route-trace-2026-07-15)\n";
     return;
   }
-  const std::string dir = std::string(env) + "/";
-  INFO("traces expected in " << dir);
-  REQUIRE(std::filesystem::exists(dir + "qwen.route.csv"));
-  const Trace q = read_trace(dir + "qwen.route.csv");
-  CHECK(q.num_layers == 48);
-  CHECK(q.num_experts == 128);
-  CHECK(q.top_k == 6);
-  CHECK(q.accesses.size() == 128 * 48);
-  CHECK(q.max_object_bytes() == 3059712);
-  const Trace g = read_trace(dir + "gptoss.route.csv");
-  CHECK(g.accesses.size() == 64 * 36);
-  CHECK(g.top_k == 2);
+  check_route_traces(std::string(env) + "/", 128, 64);
 }
