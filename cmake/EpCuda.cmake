@@ -12,7 +12,7 @@ if(NOT EP_WITH_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    # Users get a portable set; the GPU check builds for sm_90 only (scripts/gpu-check).
+    # Users get a portable set; the GPU check builds for sm_90 only (scripts/dev/gpu-check).
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES "80;86;89;90" CACHE STRING "CUDA architectures")
     endif()

@@ -8,13 +8,29 @@ if(Catch2_VERSION VERSION_GREATER_EQUAL 3)
 endif()
 message(STATUS "Catch2 ${Catch2_VERSION} (${Catch2_DIR})")
 
+# Test data: EP_TEST_DATA_DIR is tests/data as committed; EP_TEST_BUILD_DATA_DIR holds what the
+# build unpacks from it. The DeepSeek-V3 tokenizer is committed as a tar.xz (1.3 MB instead of
+# 7.8 MB) and unpacked with CMake's own tar, so no xz program is needed.
+set(EP_TEST_BUILD_DATA_DIR ${PROJECT_BINARY_DIR}/tests/data)
+set(_ep_tok_src ${PROJECT_SOURCE_DIR}/tests/data/tokenizer/deepseek-v3)
+set(_ep_tok_dir ${EP_TEST_BUILD_DATA_DIR}/tokenizer/deepseek-v3)
+add_custom_command(
+  OUTPUT ${_ep_tok_dir}/tokenizer.json ${_ep_tok_dir}/tokenizer_config.json
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${_ep_tok_dir}
+  COMMAND ${CMAKE_COMMAND} -E chdir ${_ep_tok_dir} ${CMAKE_COMMAND} -E tar xf ${_ep_tok_src}/tokenizer.tar.xz --touch
+  DEPENDS ${_ep_tok_src}/tokenizer.tar.xz
+  COMMENT "Unpacking the DeepSeek-V3 tokenizer for the tests"
+  VERBATIM)
+add_custom_target(ep_test_data ALL DEPENDS ${_ep_tok_dir}/tokenizer.json ${_ep_tok_dir}/tokenizer_config.json)
+
 # A static library holding one test main (CPU: Catch2's runner; GPU: skip without a device).
 function(_ep_add_test_main target source)
   add_library(${target} STATIC ${PROJECT_SOURCE_DIR}/tests/support/${source})
-  target_link_libraries(${target} PUBLIC Catch2::Catch2 ep_internal)
+  target_link_libraries(${target} PUBLIC Catch2::Catch2 ep_internal ep_testkit)
   target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR}/tests)
   target_compile_definitions(${target} PUBLIC ${EP_CATCH_DEFINITIONS}
-    EP_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data" EP_SHARED_DIR="${PROJECT_SOURCE_DIR}/../shared")
+    EP_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data" EP_TEST_BUILD_DATA_DIR="${EP_TEST_BUILD_DATA_DIR}")
+  add_dependencies(${target} ep_test_data)
   ep_apply_sanitizers(${target})
 endfunction()
 _ep_add_test_main(ep_test_main catch_main.cpp)

@@ -10,8 +10,8 @@ import (
 	"testing"
 )
 
-// The tokenizer comes from EP_TEST_TOKENIZER (a tokenizer.json; scripts/test-bindings sets it
-// when ../shared has the DeepSeek tokenizer); generation needs the model's own tokenizer.
+// The tokenizer comes from EP_TEST_TOKENIZER (a tokenizer.json; scripts/test-bindings sets it to
+// the DeepSeek-V3 tokenizer of tests/data); generation needs the model's own tokenizer.
 
 func TestTokenizer(t *testing.T) {
 	path := os.Getenv("EP_TEST_TOKENIZER")

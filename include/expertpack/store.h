@@ -4,9 +4,10 @@
  *
  * The expert store (the part of the library that turns routed expert ids into resident
  * expert weights: pack reads, the staging ring and the device expert cache) keeps the counters
- * of ::ep_store_stats. It can write them, atomically, to a JSON file every N acquires; a
- * monitoring program reads that file with ep_store_stats_read_file(). (Reporting the struct
- * for an open model belongs to the model API and is not there yet.)
+ * of ::ep_store_stats. ep_model_store_stats() (model.h) fills the struct for an open model.
+ * ep_store_stats_read_file() reads the same counters from the JSON file an expert store writes,
+ * atomically, every N acquires when it is given one (an option of the store inside the library:
+ * no field of ::ep_model_options asks an opened model for such a file).
  *
  * Thread safety: the functions here keep no state and may be called from any thread.
  */

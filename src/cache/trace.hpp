@@ -1,6 +1,6 @@
 // Routing traces: a sequence of acquires, each one layer and the expert ids it needs. Read
 // from BigMoeOnEdge route CSVs (route_trace v1) or from the store's own recorder
-// ("# ep_store_trace v1"), or generated (uniform, Zipf, Zipf with temporal locality).
+// ("# ep_store_trace v1"); testkit/trace.hpp generates synthetic ones.
 #pragma once
 
 #include <cstdint>
@@ -37,23 +37,6 @@ enum class TracePhases {
 /// Reads a BigMoeOnEdge route CSV (route_trace v1) or an ep_store_trace v1 file.
 /// Throws ep::Error (EP_ERR_FORMAT naming the file and line) on malformed input.
 Trace read_trace(const std::string &path, TracePhases phases = TracePhases::decode);
-
-struct SyntheticTraceOptions {
-  enum class Kind { uniform, zipf, zipf_temporal } kind = Kind::zipf;
-  uint32_t num_layers = 8;
-  uint32_t num_experts = 128;
-  uint32_t top_k = 6;
-  uint32_t tokens = 256;
-  double zipf_s = 1.0;             ///< exponent: weight of rank r is 1 / r^s
-  double temporal_repeat = 0.5;    ///< zipf_temporal: chance that a pick repeats the previous token's expert
-  uint64_t object_bytes = 3u << 20;
-  uint64_t seed = 1;
-};
-
-/// Token-major, then layer (decode order); each access has top_k distinct experts.
-Trace synthetic_trace(const SyntheticTraceOptions &options);
-/// "uniform", "zipf", "zipf-temporal".
-SyntheticTraceOptions::Kind parse_synthetic_kind(const std::string &name);
 
 /// Writes the ep_store_trace v1 text form (what the store's recorder writes).
 void write_trace(const Trace &trace, const std::string &path);

@@ -29,13 +29,13 @@ bool choose_cuda(DeviceChoice choice, int32_t index, const std::string &arch, co
   if (choice == DeviceChoice::cpu) return false;
   const bool arch_cuda = model::architecture_runs_on(arch, backend::Device::cuda);
   if (choice == DeviceChoice::cuda && !arch_cuda)
-    fail(Status::unsupported, "EP_DEVICE_CUDA: {} is a {} model, which runs only on the CPU so far (use the CPU or automatic)",
+    fail(Status::unsupported, "EP_DEVICE_CUDA: {} is a {} model, which has no CUDA implementation (use EP_DEVICE_CPU or EP_DEVICE_AUTO)",
          source, arch);
   std::string why;
   const int count = cuda_device_count(&why);
   if (choice == DeviceChoice::automatic) {
     if (count > index && !arch_cuda)
-      log::info("{} is a {} model, which runs only on the CPU so far: using the CPU, not CUDA device {}", source, arch, index);
+      log::info("{} is a {} model, which has no CUDA implementation: using the CPU, not CUDA device {}", source, arch, index);
     return count > index && arch_cuda;
   }
   if (count == 0) fail(Status::no_device, "EP_DEVICE_CUDA: no CUDA device ({})", why);

@@ -10,9 +10,9 @@
 #include "core/error.hpp"
 #include "core/thread_pool.hpp"
 #include "model/deepseek_v4.hpp"
-#include "model/deepseek_v4_synthetic.hpp"
 #include "random_weights.hpp"
 #include "support/catch.hpp"
+#include "testkit/deepseek_v4_gguf.hpp"
 
 #include <expertpack/expertpack.h>
 
@@ -254,7 +254,7 @@ TEST_CASE("threaded attention, indexer and row ops: the same bytes for every thr
 }
 
 TEST_CASE("threaded DeepSeek-V4 forward: identical logits with 1, 3 and 7 threads", "[threading][model]") {
-  ep::model::DeepseekV4SyntheticSpec spec;  // tiny: hash, sliding, CSA and HCA layers
+  ep::testkit::DeepseekV4SyntheticSpec spec;  // tiny: hash, sliding, CSA and HCA layers
   spec.n_experts = 16;
   spec.n_experts_used = 4;
   spec.expert_gate_up = GgmlType::iq2_xxs;
@@ -263,7 +263,7 @@ TEST_CASE("threaded DeepSeek-V4 forward: identical logits with 1, 3 and 7 thread
   spec.moe_ff = 256;
   const std::filesystem::path path =
       std::filesystem::temp_directory_path() / ("ep_threading_deepseek_v4_" + std::to_string(getpid()) + ".gguf");
-  ep::model::write_deepseek_v4_synthetic_gguf(spec, path.string());
+  ep::testkit::write_deepseek_v4_synthetic_gguf(spec, path.string());
   const int64_t n_tok = 41;
   std::vector<std::vector<float>> full, inc;
   for (unsigned th : {1u, 3u, 7u}) {

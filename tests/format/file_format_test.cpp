@@ -5,7 +5,7 @@
 #include "format/gguf_writer.hpp"
 #include "format/pack_format.hpp"
 #include "format/safetensors.hpp"
-#include "pack/synthetic.hpp"
+#include "testkit/checkpoint.hpp"
 #include "support/catch.hpp"
 #include "support/expect_error.hpp"
 #include "support/temp_dir.hpp"
@@ -75,7 +75,7 @@ TEST_CASE("format: files and directories by content", "[format][detect]") {
   // a safetensors file named .gguf, and an index without its usual name
   const std::string st = dir / "weights.gguf";
   write_safetensors(st, {{"x", StDtype::f32, {2}}},
-                    [](size_t t, uint64_t off, std::span<uint8_t> out) { ep::pack::synthetic_bytes(1, t, off, out); });
+                    [](size_t t, uint64_t off, std::span<uint8_t> out) { ep::testkit::synthetic_bytes(1, t, off, out); });
   CHECK(detect_file_format(st) == FileFormat::safetensors);
   CHECK_FALSE(is_gguf_file(st));
   const std::string idx = dir / "index";

@@ -1,10 +1,10 @@
 #include "core/error.hpp"
 #include "format/gguf.hpp"
 #include "format/gguf_writer.hpp"
-#include "pack/synthetic.hpp"
 #include "support/expect_error.hpp"
 #include "support/temp_dir.hpp"
 #include "support/catch.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <cstring>
 #include <filesystem>
@@ -59,7 +59,7 @@ GgufWriter all_types_writer() {
 }
 
 void fill_pattern(size_t t, uint64_t off, std::span<uint8_t> out) {
-  ep::pack::synthetic_bytes(99, t, off, out);
+  ep::testkit::synthetic_bytes(99, t, off, out);
 }
 
 }  // namespace
@@ -178,10 +178,10 @@ TEST_CASE("GGUF default alignment is 32 and values print", "[format][gguf]") {
 
 TEST_CASE("GGUF split sets are found from any shard; a missing or changed shard is named", "[format][gguf][split]") {
   TempDir dir;
-  ep::pack::SyntheticSpec spec;
+  ep::testkit::SyntheticSpec spec;
   spec.num_layers = 3;
   spec.n_shards = 3;
-  const auto paths = ep::pack::write_synthetic_gguf(spec, dir / "model.gguf");
+  const auto paths = ep::testkit::write_synthetic_gguf(spec, dir / "model.gguf");
   REQUIRE(paths.size() == 3);
   CHECK(paths[0] == dir / "model-00001-of-00003.gguf");
   const GgufSet set = GgufSet::open(paths[0]);
@@ -203,9 +203,9 @@ TEST_CASE("GGUF split sets are found from any shard; a missing or changed shard 
   }
   SECTION("changed shard: a different model's shard") {
     TempDir other;
-    ep::pack::SyntheticSpec spec2 = spec;
+    ep::testkit::SyntheticSpec spec2 = spec;
     spec2.num_layers = 5;
-    const auto p2 = ep::pack::write_synthetic_gguf(spec2, other / "model.gguf");
+    const auto p2 = ep::testkit::write_synthetic_gguf(spec2, other / "model.gguf");
     std::filesystem::copy_file(p2[2], paths[2], std::filesystem::copy_options::overwrite_existing);
     expect_error([&] { GgufSet::open(paths[0]); }, ep::Status::format, "a shard changed");
   }
@@ -317,12 +317,12 @@ TEST_CASE("GGUF reader rejects hostile headers with specific errors", "[format][
 
 TEST_CASE("GGUF reader survives every truncation and random corruption of a real file", "[format][gguf][hostile]") {
   TempDir dir;
-  ep::pack::SyntheticSpec spec;
+  ep::testkit::SyntheticSpec spec;
   spec.num_layers = 2;
   spec.num_experts = 2;
   spec.n_embd = 64;
   spec.n_ff = 32;
-  ep::pack::write_synthetic_gguf(spec, dir / "s.gguf");
+  ep::testkit::write_synthetic_gguf(spec, dir / "s.gguf");
   const std::vector<uint8_t> good = ep::test::read_file(dir / "s.gguf");
   REQUIRE_NOTHROW(GgufFile::parse(mem(good)));
   const uint64_t data_offset = GgufFile::parse(mem(good)).data_offset();

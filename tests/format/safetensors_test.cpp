@@ -1,9 +1,9 @@
 #include "core/error.hpp"
 #include "format/safetensors.hpp"
-#include "pack/synthetic.hpp"
 #include "support/expect_error.hpp"
 #include "support/temp_dir.hpp"
 #include "support/catch.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <cstring>
 #include <filesystem>
@@ -36,7 +36,7 @@ TEST_CASE("safetensors: every dtype, metadata and offsets", "[format][safetensor
   std::vector<StWriteTensor> tensors;
   for (const auto &[name, size] : dtypes) tensors.push_back({"t." + name, *st_dtype_from_name(name), {3, 5}});
   write_safetensors(dir / "x.safetensors", tensors,
-                    [](size_t t, uint64_t off, std::span<uint8_t> out) { ep::pack::synthetic_bytes(5, t, off, out); },
+                    [](size_t t, uint64_t off, std::span<uint8_t> out) { ep::testkit::synthetic_bytes(5, t, off, out); },
                     {{"format", "pt"}});
   const SafetensorsFile f = SafetensorsFile::open(dir / "x.safetensors");
   CHECK(f.metadata().at("format") == "pt");
@@ -48,7 +48,7 @@ TEST_CASE("safetensors: every dtype, metadata and offsets", "[format][safetensor
     CHECK(t->nbytes == 15 * dtypes[i].second);
     CHECK(t->shape == std::vector<uint64_t>{3, 5});
     std::vector<uint8_t> want(t->nbytes), got(t->nbytes);
-    ep::pack::synthetic_bytes(5, i, 0, want);
+    ep::testkit::synthetic_bytes(5, i, 0, want);
     f.source().read(t->file_offset, got.data(), got.size());
     CHECK(want == got);
   }
@@ -104,10 +104,10 @@ TEST_CASE("safetensors: truncations and random corruption never crash", "[format
 
 TEST_CASE("safetensors: sharded checkpoints through model.safetensors.index.json", "[format][safetensors]") {
   TempDir dir;
-  ep::pack::SyntheticSpec spec;
+  ep::testkit::SyntheticSpec spec;
   spec.num_layers = 2;
   spec.n_shards = 3;
-  const std::string index = ep::pack::write_synthetic_safetensors(spec, dir.str(), ep::pack::StLayout::fused);
+  const std::string index = ep::testkit::write_synthetic_safetensors(spec, dir.str(), ep::testkit::StLayout::fused);
   CHECK(std::filesystem::path(index).filename() == "model.safetensors.index.json");
   const SafetensorsSet set = SafetensorsSet::open(index);
   CHECK(set.files().size() == 3);

@@ -6,7 +6,7 @@
 #include "format/pack_file.hpp"
 #include "pack/builder.hpp"
 #include "pack/manifest.hpp"
-#include "pack/synthetic.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <unistd.h>
 
@@ -23,12 +23,12 @@ const ep::format::PackFile *reference_pack() {
   static std::unique_ptr<ep::format::PackFile> pack = [] {
     const std::string dir = "/tmp/ep-manifest-fuzz-" + std::to_string(::getpid());
     std::filesystem::create_directories(dir);
-    ep::pack::SyntheticSpec spec;
+    ep::testkit::SyntheticSpec spec;
     spec.num_layers = 1;
     spec.num_experts = 2;
     spec.n_embd = 64;
     spec.n_ff = 32;
-    const std::string src = ep::pack::write_synthetic_gguf(spec, dir + "/src.gguf")[0];
+    const std::string src = ep::testkit::write_synthetic_gguf(spec, dir + "/src.gguf")[0];
     ep::pack::build_pack(std::vector<std::string>{src}, dir + "/p.epk");
     auto p = ep::format::PackFile::open(dir + "/p.epk", ep::format::ValidationLevel::structure);
     std::filesystem::remove_all(dir);  // the PackFile keeps its descriptor

@@ -4,7 +4,7 @@
 
 #include "core/error.hpp"
 #include "io/reader.hpp"
-#include "store/synthetic_pack.hpp"
+#include "testkit/store_pack.hpp"
 
 #include <cerrno>
 #include <cstring>
@@ -18,7 +18,7 @@ namespace {
 using namespace ep;
 
 struct Fixture {
-  store::SyntheticPackSpec spec;
+  testkit::SyntheticPackSpec spec;
   std::string path;
   Fixture() {
     spec.num_layers = 2;
@@ -26,7 +26,7 @@ struct Fixture {
     spec.object_bytes = 3 * 4096 * 5 + 777;  // not a multiple of 4096: the tail is padding
     spec.seed = 42;
     path = (std::filesystem::current_path() / "io_reader_test.pack").string();
-    store::create_synthetic_pack(path, spec, 2);
+    testkit::create_synthetic_pack(path, spec, 2);
   }
 };
 
@@ -70,7 +70,7 @@ std::vector<io::ReadCompletion> read_all(const io::ReaderOptions &options, io::R
     if (!c.ok) continue;
     const auto layer = static_cast<uint32_t>(c.tag / f.spec.num_experts);
     const auto expert = static_cast<uint32_t>(c.tag % f.spec.num_experts);
-    store::fill_synthetic_object(f.spec, layer, expert, expect);
+    testkit::fill_synthetic_object(f.spec, layer, expert, expect);
     CHECK(std::memcmp(buffer.data() + c.tag * stride, expect.data(), expect.size()) == 0);
   }
   return done;

@@ -120,7 +120,7 @@ struct OnBoth {
 }  // namespace
 
 // The comparisons with the CPU are two cases (steps; one pass), each short enough for one
-// racecheck job of scripts/gpu-check.
+// racecheck job of scripts/dev/gpu-check.
 TEST_CASE("deepseek_v4 on CUDA: logits and greedy tokens match the CPU backend in steps", "[model][deepseek_v4][gpu][goldens]") {
   ep::backend::CpuBackend cpu;
   ep::backend::cuda::CudaBackend gpu;
@@ -158,7 +158,7 @@ TEST_CASE("deepseek_v4 on CUDA: logits and greedy tokens match the CPU backend i
 }
 
 // Its own case, tagged [cublas_bf16]: under racecheck with cuBLAS's nvjet kernels excluded, this
-// path makes racecheck itself fail, so scripts/gpu-check checks it whole (docs/reliability.md,
+// path makes racecheck itself fail, so scripts/dev/gpu-check checks it whole (docs/reliability.md,
 // "GPU kernels").
 TEST_CASE("deepseek_v4 on CUDA: the bf16 GEMM opt-in runs and differs from the exact GEMM", "[model][deepseek_v4][gpu][cublas_bf16][goldens]") {
   ep::backend::CpuBackend cpu;

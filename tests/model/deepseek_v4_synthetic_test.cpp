@@ -6,7 +6,7 @@
 #include "backend/cpu_backend.hpp"
 #include "core/error.hpp"
 #include "model/deepseek_v4.hpp"
-#include "model/deepseek_v4_synthetic.hpp"
+#include "testkit/deepseek_v4_gguf.hpp"
 
 #include <unistd.h>
 
@@ -31,9 +31,9 @@ std::string slurp(const fs::path &p) {
   return ss.str();
 }
 
-void run_and_check(const ep::model::DeepseekV4SyntheticSpec &spec, int64_t n_tokens) {
+void run_and_check(const ep::testkit::DeepseekV4SyntheticSpec &spec, int64_t n_tokens) {
   const fs::path path = temp_file("run");
-  ep::model::write_deepseek_v4_synthetic_gguf(spec, path.string());
+  ep::testkit::write_deepseek_v4_synthetic_gguf(spec, path.string());
   ep::backend::CpuBackend cpu;
   auto model = ep::model::DeepseekV4Model::open(path.string(), cpu);
   const int64_t V = model->config().vocab;
@@ -69,13 +69,13 @@ void run_and_check(const ep::model::DeepseekV4SyntheticSpec &spec, int64_t n_tok
 }  // namespace
 
 TEST_CASE("deepseek_v4 synthetic: the default tiny model runs", "[model][deepseek_v4][synthetic]") {
-  ep::model::DeepseekV4SyntheticSpec spec;
+  ep::testkit::DeepseekV4SyntheticSpec spec;
   run_and_check(spec, 40);
 }
 
 TEST_CASE("deepseek_v4 synthetic: other expert types, hc_mult and ratios", "[model][deepseek_v4][synthetic]") {
   using ep::format::GgmlType;
-  ep::model::DeepseekV4SyntheticSpec spec;
+  ep::testkit::DeepseekV4SyntheticSpec spec;
   spec.hidden = 256;
   spec.moe_ff = 256;
   spec.n_experts = 5;
@@ -95,13 +95,13 @@ TEST_CASE("deepseek_v4 synthetic: other expert types, hc_mult and ratios", "[mod
 }
 
 TEST_CASE("deepseek_v4 synthetic: the file is a function of the seed", "[model][deepseek_v4][synthetic]") {
-  ep::model::DeepseekV4SyntheticSpec spec;
+  ep::testkit::DeepseekV4SyntheticSpec spec;
   spec.compress_ratios = {0, 4};
   const fs::path a = temp_file("a"), b = temp_file("b"), c = temp_file("c");
-  ep::model::write_deepseek_v4_synthetic_gguf(spec, a.string());
-  ep::model::write_deepseek_v4_synthetic_gguf(spec, b.string());
+  ep::testkit::write_deepseek_v4_synthetic_gguf(spec, a.string());
+  ep::testkit::write_deepseek_v4_synthetic_gguf(spec, b.string());
   spec.seed = 2;
-  ep::model::write_deepseek_v4_synthetic_gguf(spec, c.string());
+  ep::testkit::write_deepseek_v4_synthetic_gguf(spec, c.string());
   const std::string sa = slurp(a), sb = slurp(b), sc = slurp(c);
   CHECK(!sa.empty());
   CHECK(sa == sb);
@@ -111,7 +111,7 @@ TEST_CASE("deepseek_v4 synthetic: the file is a function of the seed", "[model][
 }
 
 TEST_CASE("deepseek_v4 synthetic: Flash-shaped spec has the real dimensions", "[model][deepseek_v4][synthetic]") {
-  const auto s = ep::model::DeepseekV4SyntheticSpec::flash_shaped(4);
+  const auto s = ep::testkit::DeepseekV4SyntheticSpec::flash_shaped(4);
   CHECK(s.hidden == 4096);
   CHECK(s.n_experts == 256);
   CHECK(s.head_dim == 512);

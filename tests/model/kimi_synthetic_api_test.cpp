@@ -1,4 +1,4 @@
-// The synthetic Kimi writer (src/model/kimi_synthetic) end to end through the C API: a tiny
+// The synthetic Kimi writer (testkit/kimi_gguf) end to end through the C API: a tiny
 // seeded Kimi-K3 GGUF written as a 3-shard set, packed on first use (pack layer 0 = block 1),
 // generated from with a cache of top_k experts (evictions) exactly like the resident reference,
 // its own Kimi-K3 chat tokenizer; reproducible bytes per seed; the Kimi-Linear variant; and the
@@ -9,7 +9,7 @@
 
 #include "format/gguf.hpp"
 #include "kimi_capi_support.hpp"
-#include "model/kimi_synthetic.hpp"
+#include "testkit/kimi_gguf.hpp"
 
 #include <expertpack/expertpack.h>
 
@@ -26,7 +26,7 @@
 namespace {
 
 namespace fs = std::filesystem;
-using ep::model::KimiSyntheticSpec;
+using ep::testkit::KimiSyntheticSpec;
 using kimicapi::open_model;
 using kimitest::slurp;
 
@@ -45,7 +45,7 @@ TEST_CASE("kimi synthetic: a tiny K3 in 3 shards is packed and generates through
   KimiSyntheticSpec spec = KimiSyntheticSpec::tiny(6);
   spec.seed = 11;
   spec.shards = 3;
-  const std::string first = ep::model::write_kimi_synthetic_gguf(spec, dir.str() + "/k3-tiny.gguf");
+  const std::string first = ep::testkit::write_kimi_synthetic_gguf(spec, dir.str() + "/k3-tiny.gguf");
   CHECK(first == ep::format::split_path(dir.str() + "/k3-tiny", 1, 3));
   for (uint32_t k = 1; k <= 3; ++k) CHECK(fs::exists(ep::format::split_path(dir.str() + "/k3-tiny", k, 3)));
   const std::string packs = dir.str() + "/packs";
@@ -114,16 +114,16 @@ TEST_CASE("kimi synthetic: bytes are a function of the seed; one file equals the
   ep::test::TempDir dir;
   KimiSyntheticSpec spec = KimiSyntheticSpec::tiny(5);
   spec.seed = 3;
-  const std::string a = ep::model::write_kimi_synthetic_gguf(spec, dir.str() + "/a.gguf");
-  const std::string b = ep::model::write_kimi_synthetic_gguf(spec, dir.str() + "/b.gguf");
+  const std::string a = ep::testkit::write_kimi_synthetic_gguf(spec, dir.str() + "/a.gguf");
+  const std::string b = ep::testkit::write_kimi_synthetic_gguf(spec, dir.str() + "/b.gguf");
   CHECK(slurp(a) == slurp(b));
-  CHECK(fs::file_size(a) > ep::model::kimi_synthetic_tensor_bytes(spec));
+  CHECK(fs::file_size(a) > ep::testkit::kimi_synthetic_tensor_bytes(spec));
   spec.seed = 4;
-  const std::string c = ep::model::write_kimi_synthetic_gguf(spec, dir.str() + "/c.gguf");
+  const std::string c = ep::testkit::write_kimi_synthetic_gguf(spec, dir.str() + "/c.gguf");
   CHECK(slurp(a) != slurp(c));
   spec.seed = 3;
   spec.shards = 2;
-  const std::string split = ep::model::write_kimi_synthetic_gguf(spec, dir.str() + "/split.gguf");
+  const std::string split = ep::testkit::write_kimi_synthetic_gguf(spec, dir.str() + "/split.gguf");
   const std::vector<int32_t> tokens = {1, 2, 3, 258, 259, 100, 7};
   ep_model *one = open_model(a, dir.str() + "/packs", 0, 0);
   ep_model *two = open_model(split, dir.str() + "/packs", 0, 0);
@@ -138,7 +138,7 @@ TEST_CASE("kimi synthetic: the Kimi-Linear variant, MXFP4 experts and zipf routi
   spec.k3 = false;
   spec.expert_gate_up = spec.expert_down = ep::format::GgmlType::mxfp4;
   spec.router_zipf = 1.0;
-  const std::string path = ep::model::write_kimi_synthetic_gguf(spec, dir.str() + "/linear.gguf");
+  const std::string path = ep::testkit::write_kimi_synthetic_gguf(spec, dir.str() + "/linear.gguf");
   ep_model *m = open_model(path, dir.str() + "/packs", 0, 0);
   ep_model_properties p;
   ep_model_properties_init(&p);
@@ -171,9 +171,9 @@ TEST_CASE("kimi synthetic: the K3-shaped preset has Kimi-K3's published sizes", 
   CHECK(s.vocab == 163840);
   // Q2_K gate/up (84 bytes per 256) and Q3_K down (110 bytes per 256) per MoE layer:
   const uint64_t per_expert = 2 * (3584ull * 3072 / 256 * 84) + 3072ull * 3584 / 256 * 110;
-  CHECK(ep::model::kimi_synthetic_expert_layer_bytes(s) == 896 * per_expert);
+  CHECK(ep::testkit::kimi_synthetic_expert_layer_bytes(s) == 896 * per_expert);
   // 92 MoE layers ≈ 0.98 TB of routed experts (the published Q2_K GGUF's ~1 TB).
-  const double tb = 92.0 * static_cast<double>(ep::model::kimi_synthetic_expert_layer_bytes(s)) / 1e12;
+  const double tb = 92.0 * static_cast<double>(ep::testkit::kimi_synthetic_expert_layer_bytes(s)) / 1e12;
   CHECK(tb > 0.9);
   CHECK(tb < 1.1);
 }
@@ -228,7 +228,7 @@ TEST_CASE("kimi synthetic: the checkpoint's tiktoken tokenizer beside a GGUF wit
   ep::test::TempDir dir;
   KimiSyntheticSpec spec = KimiSyntheticSpec::tiny(4);
   spec.chat_tokenizer = false;
-  const std::string path = ep::model::write_kimi_synthetic_gguf(spec, dir.str() + "/k3.gguf");
+  const std::string path = ep::testkit::write_kimi_synthetic_gguf(spec, dir.str() + "/k3.gguf");
   ep_model *m = open_model(path, dir.str() + "/packs", 0, 0);
   ep_tokenizer *tok = nullptr;
   CHECK(ep_tokenizer_open_model(&tok, m) == EP_ERR_NOT_FOUND);
@@ -265,7 +265,7 @@ TEST_CASE("kimi synthetic: the checkpoint's tiktoken tokenizer beside a GGUF wit
 
   // Kimi-Linear has another chat format: no template is assumed for it.
   spec.k3 = false;
-  const std::string linear = ep::model::write_kimi_synthetic_gguf(spec, dir.str() + "/linear.gguf");
+  const std::string linear = ep::testkit::write_kimi_synthetic_gguf(spec, dir.str() + "/linear.gguf");
   ep_model *ml = open_model(linear, dir.str() + "/packs", 0, 0);
   REQUIRE(ep_tokenizer_open_model(&tok, ml) == EP_OK);
   ep_tokenizer_properties_init(&tp);

@@ -1,7 +1,7 @@
 """Pure-Python ggml block formats for the oracles (no numpy/torch needed).
 
 Random raw blocks are generated from a `random.Random`, and dequantized exactly the way
-ggml-quants.c does it (see ../shared/reference/models.md section 4), so that the oracle can
+ggml-quants.c does it (llama.cpp ggml/src/ggml-quants.c, dequantize_row_*), so that the oracle can
 load the very same values into a transformers model that the engine reads from the GGUF.
 Every value produced here is exactly representable in float32 and is computed exactly in
 Python floats (doubles), so the result equals ggml's float32 arithmetic bit for bit.

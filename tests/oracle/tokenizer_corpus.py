@@ -7,7 +7,7 @@ punctuation clusters, combining marks and seeded random Unicode.  It is fully de
 by the list of added tokens read from tokenizer.json.
 
     python3 tests/oracle/tokenizer_corpus.py \
-        --tokenizer ../shared/data/tokenizers/deepseek-v3/tokenizer.json \
+        --tokenizer build/tests/data/tokenizer/deepseek-v3/tokenizer.json \
         --out tests/data/tokenizer/corpus.jsonl
 
 writes one JSON object {"text": ...} per line (UTF-8, ensure_ascii=False).  The committed

@@ -8,10 +8,10 @@
 #include "format/safetensors.hpp"
 #include "pack/builder.hpp"
 #include "pack/manifest.hpp"
-#include "pack/synthetic.hpp"
 #include "support/temp_dir.hpp"
 #include "pack/validate.hpp"
 #include "support/catch.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <cstring>
 #include <filesystem>
@@ -141,7 +141,7 @@ void check_pack(const std::string &pack_path, uint32_t first_layer, uint32_t lay
 TEST_CASE("pack from DeepSeek-V4-shaped GGUF, single file and 3 shards", "[pack][build][gguf]") {
   for (uint32_t shards : {1u, 3u}) {
     TempDir dir;
-    pack::SyntheticSpec spec;
+    testkit::SyntheticSpec spec;
     spec.arch = "deepseek4";
     spec.num_layers = 4;
     spec.num_experts = 8;
@@ -151,7 +151,7 @@ TEST_CASE("pack from DeepSeek-V4-shaped GGUF, single file and 3 shards", "[pack]
     spec.expert_type = spec.down_type = GgmlType::mxfp4;
     spec.seed = 11 + shards;
     spec.n_shards = shards;
-    const auto paths = pack::write_synthetic_gguf(spec, dir / "ds4.gguf");
+    const auto paths = testkit::write_synthetic_gguf(spec, dir / "ds4.gguf");
     REQUIRE(paths.size() == shards);
     const auto r = pack::build_pack(std::vector<std::string>{paths[0]}, dir / "ds4.epk");
     CHECK(r.num_layers == 4);
@@ -173,7 +173,7 @@ TEST_CASE("pack from DeepSeek-V4-shaped GGUF, single file and 3 shards", "[pack]
 TEST_CASE("pack from Kimi-K3-shaped GGUF (dense layer 0, K-quants), single file and 3 shards", "[pack][build][gguf]") {
   for (uint32_t shards : {1u, 3u}) {
     TempDir dir;
-    pack::SyntheticSpec spec;
+    testkit::SyntheticSpec spec;
     spec.arch = "kimi-k3";
     spec.num_layers = 4;
     spec.first_moe_layer = 1;
@@ -185,7 +185,7 @@ TEST_CASE("pack from Kimi-K3-shaped GGUF (dense layer 0, K-quants), single file 
     spec.down_type = GgmlType::q4_k;
     spec.seed = 21 + shards;
     spec.n_shards = shards;
-    const auto paths = pack::write_synthetic_gguf(spec, dir / "k3.gguf");
+    const auto paths = testkit::write_synthetic_gguf(spec, dir / "k3.gguf");
     pack::build_pack(std::vector<std::string>(paths.begin(), paths.end()), dir / "k3.epk");
     const auto set = format::GgufSet::open(paths[0]);
     check_pack(dir / "k3.epk", 1, 3, 6, [&](uint32_t l, uint32_t x, Role role) { return expected_gguf(set, l, x, role); });
@@ -199,14 +199,14 @@ TEST_CASE("pack from Kimi-K3-shaped GGUF (dense layer 0, K-quants), single file 
 }
 
 TEST_CASE("pack from safetensors: fused, per-expert and w1/w2/w3, single and sharded", "[pack][build][safetensors]") {
-  const std::pair<pack::StLayout, uint32_t> cases[] = {{pack::StLayout::fused, 1},
-                                                       {pack::StLayout::fused, 3},
-                                                       {pack::StLayout::per_expert, 1},
-                                                       {pack::StLayout::per_expert, 3},
-                                                       {pack::StLayout::per_expert_w123, 2}};
+  const std::pair<testkit::StLayout, uint32_t> cases[] = {{testkit::StLayout::fused, 1},
+                                                       {testkit::StLayout::fused, 3},
+                                                       {testkit::StLayout::per_expert, 1},
+                                                       {testkit::StLayout::per_expert, 3},
+                                                       {testkit::StLayout::per_expert_w123, 2}};
   for (const auto &[layout, shards] : cases) {
     TempDir dir;
-    pack::SyntheticSpec spec;
+    testkit::SyntheticSpec spec;
     spec.arch = "kimi-k3";
     spec.num_layers = 3;
     spec.first_moe_layer = 1;
@@ -215,7 +215,7 @@ TEST_CASE("pack from safetensors: fused, per-expert and w1/w2/w3, single and sha
     spec.n_ff = 48;
     spec.n_shards = shards;
     spec.seed = 31 + static_cast<uint64_t>(layout) * 10 + shards;
-    const std::string src = pack::write_synthetic_safetensors(spec, dir / "ckpt", layout);
+    const std::string src = testkit::write_synthetic_safetensors(spec, dir / "ckpt", layout);
     INFO("layout " << static_cast<int>(layout) << " shards " << shards);
     const std::string config = R"({"model_type": "kimi_k3", "num_experts_per_tok": 3})";
     test::write_file(dir / "ckpt/config.json", std::vector<uint8_t>(config.begin(), config.end()));
@@ -228,7 +228,7 @@ TEST_CASE("pack from safetensors: fused, per-expert and w1/w2/w3, single and sha
 
 TEST_CASE("pack from a full-width DeepSeek-V4 layer: 4096x2048 MXFP4 experts", "[pack][build][fullwidth]") {
   TempDir dir;
-  pack::SyntheticSpec spec;
+  testkit::SyntheticSpec spec;
   spec.arch = "deepseek4";
   spec.num_layers = 1;
   spec.num_experts = 3;
@@ -236,7 +236,7 @@ TEST_CASE("pack from a full-width DeepSeek-V4 layer: 4096x2048 MXFP4 experts", "
   spec.n_ff = 2048;
   spec.expert_type = spec.down_type = GgmlType::mxfp4;
   spec.seed = 4096;
-  const auto paths = pack::write_synthetic_gguf(spec, dir / "wide.gguf");
+  const auto paths = testkit::write_synthetic_gguf(spec, dir / "wide.gguf");
   std::vector<pack::BuildProgress> progress;
   pack::BuildOptions opt;
   opt.chunk_bytes = 1u << 20;

@@ -4,9 +4,9 @@
 #include "core/error.hpp"
 #include "format/pack_file.hpp"
 #include "pack/builder.hpp"
-#include "pack/synthetic.hpp"
 #include "support/temp_dir.hpp"
 #include "support/catch.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <cerrno>
 #include <fcntl.h>
@@ -58,12 +58,12 @@ std::vector<std::string> dir_entries(const std::string &dir) {
 
 TEST_CASE("ENOSPC or EIO at any point leaves no pack and no temporary file", "[pack][faults]") {
   TempDir dir;
-  pack::SyntheticSpec spec;
+  testkit::SyntheticSpec spec;
   spec.num_layers = 2;
   spec.num_experts = 4;
   spec.n_embd = 256;
   spec.n_ff = 128;
-  const std::string src = pack::write_synthetic_gguf(spec, dir / "src.gguf")[0];
+  const std::string src = testkit::write_synthetic_gguf(spec, dir / "src.gguf")[0];
   const std::string out = dir / "m.epk";
   const auto before = dir_entries(dir.str());
   // Learn the size of a good build, then fail at points across it.
@@ -114,8 +114,8 @@ TEST_CASE("ENOSPC or EIO at any point leaves no pack and no temporary file", "[p
 
 TEST_CASE("a second builder is refused while the lock is held", "[pack][faults][lock]") {
   TempDir dir;
-  pack::SyntheticSpec spec;
-  const std::string src = pack::write_synthetic_gguf(spec, dir / "src.gguf")[0];
+  testkit::SyntheticSpec spec;
+  const std::string src = testkit::write_synthetic_gguf(spec, dir / "src.gguf")[0];
   const std::string out = dir / "m.epk";
   const int fd = ::open((out + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
   REQUIRE(fd >= 0);
@@ -136,8 +136,8 @@ TEST_CASE("a second builder is refused while the lock is held", "[pack][faults][
 
 TEST_CASE("a source that changes between planning and copying is refused", "[pack][faults]") {
   TempDir dir;
-  pack::SyntheticSpec spec;
-  const std::string src = pack::write_synthetic_gguf(spec, dir / "src.gguf")[0];
+  testkit::SyntheticSpec spec;
+  const std::string src = testkit::write_synthetic_gguf(spec, dir / "src.gguf")[0];
   const pack::ExpertPlan plan = pack::plan_sources({src});
   {
     auto b = test::read_file(src);

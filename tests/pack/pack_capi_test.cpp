@@ -4,9 +4,9 @@
 
 #include "format/pack_file.hpp"
 #include "pack/builder.hpp"
-#include "pack/synthetic.hpp"
 #include "support/temp_dir.hpp"
 #include "support/catch.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <cstring>
 #include <string>
@@ -15,11 +15,11 @@ using namespace ep;
 
 TEST_CASE("C API: open, describe and close a pack", "[pack][capi]") {
   test::TempDir dir;
-  pack::SyntheticSpec spec;
+  testkit::SyntheticSpec spec;
   spec.num_layers = 3;
   spec.num_experts = 5;
   spec.top_k = 3;
-  const std::string src = pack::write_synthetic_gguf(spec, dir / "s.gguf")[0];
+  const std::string src = testkit::write_synthetic_gguf(spec, dir / "s.gguf")[0];
   const std::string path = dir / "s.epk";
   pack::build_pack(std::vector<std::string>{src}, path);
   auto ref = format::PackFile::open(path);

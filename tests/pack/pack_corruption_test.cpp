@@ -6,10 +6,10 @@
 #include "format/pack_file.hpp"
 #include "pack/builder.hpp"
 #include "pack/manifest.hpp"
-#include "pack/synthetic.hpp"
 #include "support/temp_dir.hpp"
 #include "pack/validate.hpp"
 #include "support/catch.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <chrono>
 #include <cstring>
@@ -32,13 +32,13 @@ struct Fixture {
   std::string pack_path;
   std::vector<uint8_t> bytes;
   Fixture() {
-    pack::SyntheticSpec spec;
+    testkit::SyntheticSpec spec;
     spec.num_layers = 2;
     spec.num_experts = 4;
     spec.n_embd = 128;
     spec.n_ff = 64;
     spec.seed = 5;
-    src = pack::write_synthetic_gguf(spec, dir / "src.gguf")[0];
+    src = testkit::write_synthetic_gguf(spec, dir / "src.gguf")[0];
     pack_path = dir / "p.epk";
     pack::build_pack(std::vector<std::string>{src}, pack_path);
     bytes = test::read_file(pack_path);
@@ -278,13 +278,13 @@ TEST_CASE("manifest and sources: missing, changed, or belonging to another pack"
     }
   }
   SECTION("manifest of another pack") {
-    pack::SyntheticSpec spec;
+    testkit::SyntheticSpec spec;
     spec.num_layers = 2;
     spec.num_experts = 4;
     spec.n_embd = 128;
     spec.n_ff = 64;
     spec.seed = 6;  // different bytes
-    const auto other = pack::write_synthetic_gguf(spec, f.dir / "other.gguf")[0];
+    const auto other = testkit::write_synthetic_gguf(spec, f.dir / "other.gguf")[0];
     pack::build_pack(std::vector<std::string>{other}, f.dir / "other.epk");
     std::filesystem::copy_file(f.dir / "other.epk.json", f.pack_path + ".json",
                                std::filesystem::copy_options::overwrite_existing);

@@ -6,10 +6,10 @@
 #include "core/error.hpp"
 #include "format/pack_file.hpp"
 #include "pack/builder.hpp"
-#include "pack/synthetic.hpp"
 #include "pack/validate.hpp"
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <sched.h>
 #include <signal.h>
@@ -35,13 +35,13 @@ struct Source {
   std::vector<uint8_t> bytes;
   fs::file_time_type mtime;
   explicit Source(uint32_t layers = 4, uint32_t experts = 8, uint64_t n_embd = 512) {
-    pack::SyntheticSpec spec;
+    testkit::SyntheticSpec spec;
     spec.num_layers = layers;
     spec.num_experts = experts;
     spec.n_embd = n_embd;
     spec.n_ff = 256;
     spec.seed = 3;
-    path = pack::write_synthetic_gguf(spec, dir / "src.gguf")[0];
+    path = testkit::write_synthetic_gguf(spec, dir / "src.gguf")[0];
     bytes = test::read_file(path);
     mtime = fs::last_write_time(path);
   }

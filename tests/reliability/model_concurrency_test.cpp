@@ -1,6 +1,6 @@
 // Several sessions generating and scoring on one model from several threads give exactly the
 // results of running the same sessions one after another (include/expertpack/model.h: the
-// model serialises its forward passes). Run under ThreadSanitizer by scripts/tsan, where any
+// model serialises its forward passes). Run under ThreadSanitizer by scripts/dev/tsan, where any
 // data race in the model, the expert store or the reader is a failure.
 #include "rel_support.hpp"
 

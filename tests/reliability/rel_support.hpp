@@ -3,9 +3,9 @@
 // scoring helpers that return everything a comparison needs.
 #pragma once
 
-#include "model/deepseek_v4_synthetic.hpp"
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
+#include "testkit/deepseek_v4_gguf.hpp"
 
 #include <expertpack/expertpack.h>
 
@@ -18,16 +18,16 @@ namespace ep::rel {
 
 /// A small model (4 layers, 8 experts, top-2) written to @p path; 1 MiB or so.
 inline std::string write_small_model(const std::string &path, uint64_t seed = 11) {
-  model::DeepseekV4SyntheticSpec spec;
+  testkit::DeepseekV4SyntheticSpec spec;
   spec.seed = seed;
-  model::write_deepseek_v4_synthetic_gguf(spec, path);
+  testkit::write_deepseek_v4_synthetic_gguf(spec, path);
   return path;
 }
 
 /// The smallest model that still exercises every part (2 layers: sliding and CSA; 4 experts,
 /// top-2): for loops of many open/close cycles.
 inline std::string write_tiny_model(const std::string &path, uint64_t seed = 12) {
-  model::DeepseekV4SyntheticSpec spec;
+  testkit::DeepseekV4SyntheticSpec spec;
   spec.seed = seed;
   spec.vocab = 64;
   spec.hidden = 64;
@@ -44,7 +44,7 @@ inline std::string write_tiny_model(const std::string &path, uint64_t seed = 12)
   spec.index_topk = 2;
   spec.sliding_window = 8;
   spec.compress_ratios = {0, 4};
-  model::write_deepseek_v4_synthetic_gguf(spec, path);
+  testkit::write_deepseek_v4_synthetic_gguf(spec, path);
   return path;
 }
 

@@ -8,7 +8,7 @@
 #include "core/error.hpp"
 #include "io/file.hpp"
 #include "store/expert_store.hpp"
-#include "store/synthetic_pack.hpp"
+#include "testkit/store_pack.hpp"
 
 #include <cuda_runtime.h>
 #include <fcntl.h>
@@ -28,6 +28,7 @@
 
 using namespace ep;
 using namespace ep::store;
+using namespace ep::testkit;
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include "core/error.hpp"
 #include "io/seam.hpp"
 #include "store/expert_store.hpp"
-#include "store/synthetic_pack.hpp"
+#include "testkit/store_pack.hpp"
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -23,6 +23,7 @@
 
 using namespace ep;
 using namespace ep::store;
+using namespace ep::testkit;
 
 namespace {
 

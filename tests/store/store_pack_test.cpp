@@ -4,9 +4,9 @@
 
 #include "format/pack_file.hpp"
 #include "pack/builder.hpp"
-#include "pack/synthetic.hpp"
 #include "store/expert_store.hpp"
 #include "store/pack_object_map.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <xxhash.h>
 
@@ -19,7 +19,7 @@ TEST_CASE("ExpertStore reads a real Expert Pack through PackObjectMap", "[store]
   const auto dir = std::filesystem::current_path() / "store_pack_test.dir";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  pack::SyntheticSpec spec;
+  testkit::SyntheticSpec spec;
   spec.arch = "deepseek4";
   spec.num_layers = 3;
   spec.num_experts = 8;
@@ -27,7 +27,7 @@ TEST_CASE("ExpertStore reads a real Expert Pack through PackObjectMap", "[store]
   spec.n_embd = 256;
   spec.n_ff = 128;
   spec.seed = 77;
-  const auto sources = pack::write_synthetic_gguf(spec, (dir / "m.gguf").string());
+  const auto sources = testkit::write_synthetic_gguf(spec, (dir / "m.gguf").string());
   const auto built = pack::build_pack(sources, (dir / "m.epk").string());
 
   auto layout = store::PackObjectMap::open(built.pack_path);

@@ -1,5 +1,5 @@
 // Which goldens a model test runs: all of them, or the ones EP_TEST_GOLDENS names (a comma-separated
-// list, e.g. "deepseek_v4_b"). scripts/gpu-check sets it to give each golden of a long test case its own
+// list, e.g. "deepseek_v4_b"). scripts/dev/gpu-check sets it to give each golden of a long test case its own
 // sanitizer job; a name the test does not know fails the test (a typo must not run nothing).
 #pragma once
 

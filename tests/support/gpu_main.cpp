@@ -1,6 +1,6 @@
 // The main of every GPU test executable. Without a usable device it prints why and exits 77,
 // which CTest reports as "Skipped" (never "Passed"). With EP_REQUIRE_GPU=1 (set by
-// scripts/gpu-check) a missing device is a failure instead.
+// scripts/dev/gpu-check) a missing device is a failure instead.
 #include <expertpack/expertpack.h>
 
 #define CATCH_CONFIG_RUNNER  // Catch2 v2: we provide main()

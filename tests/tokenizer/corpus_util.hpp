@@ -11,8 +11,10 @@
 
 namespace ep_test {
 
+/// The DeepSeek-V3 tokenizer.json, unpacked by the build from tests/data/tokenizer/deepseek-v3/
+/// (its tokenizer_config.json beside it).
 inline std::string deepseek_tokenizer_path() {
-  return std::string(EP_SHARED_DIR) + "/data/tokenizers/deepseek-v3/tokenizer.json";
+  return std::string(EP_TEST_BUILD_DATA_DIR) + "/tokenizer/deepseek-v3/tokenizer.json";
 }
 inline std::string corpus_path() { return std::string(EP_TEST_DATA_DIR) + "/tokenizer/corpus.jsonl"; }
 inline std::string goldens_path() { return std::string(EP_TEST_DATA_DIR) + "/tokenizer/deepseek_v3_goldens.jsonl"; }

@@ -6,11 +6,11 @@
 #include <expertpack/expertpack.h>
 
 #include "corpus_util.hpp"
-#include "model/deepseek_v4_synthetic.hpp"
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
+#include "testkit/chat_vocab.hpp"
+#include "testkit/deepseek_v4_gguf.hpp"
 #include "tokenizer/chat_template.hpp"
-#include "tokenizer/gguf_vocab.hpp"
 #include "tokenizer/utf8.hpp"
 
 #include <algorithm>
@@ -26,12 +26,12 @@ struct Fixture {
   ep::test::TempDir dir;
   std::string model_path;
   Fixture() {
-    ep::model::DeepseekV4SyntheticSpec spec;
+    ep::testkit::DeepseekV4SyntheticSpec spec;
     spec.seed = 7;
     spec.chat_tokenizer = true;
-    spec.vocab = ep::tokenizer::kSyntheticChatVocabMin;
+    spec.vocab = ep::testkit::kSyntheticChatVocabMin;
     model_path = dir / "chat.gguf";
-    ep::model::write_deepseek_v4_synthetic_gguf(spec, model_path);
+    ep::testkit::write_deepseek_v4_synthetic_gguf(spec, model_path);
   }
 };
 

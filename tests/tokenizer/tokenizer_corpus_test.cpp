@@ -1,4 +1,4 @@
-// The real DeepSeek-V3 tokenizer.json (../shared) over the committed corpus: exact round trip,
+// The real DeepSeek-V3 tokenizer.json (tests/data/tokenizer/deepseek-v3) over the committed corpus: exact round trip,
 // streaming decode, the GGUF path giving the same ids, thread safety. Fails when the tokenizer
 // or the corpus is missing.
 #include "core/error.hpp"
@@ -28,7 +28,7 @@ const Tokenizer &deepseek() {
   static const Tokenizer t = [] {
     const std::string path = ep_test::deepseek_tokenizer_path();
     if (!std::filesystem::exists(path)) {
-      throw std::runtime_error("missing " + path + " (EP_SHARED_DIR must hold data/tokenizers/deepseek-v3)");
+      throw std::runtime_error("missing " + path + " (the build unpacks it from tests/data/tokenizer/deepseek-v3)");
     }
     return Tokenizer::from_json_file(path);
   }();
@@ -46,7 +46,7 @@ std::string printable(const std::string &s) {
 
 }  // namespace
 
-TEST_CASE("the shared tokenizer and the corpus exist") {
+TEST_CASE("the DeepSeek-V3 tokenizer and the corpus exist") {
   INFO("tokenizer: " << ep_test::deepseek_tokenizer_path());
   REQUIRE(std::filesystem::exists(ep_test::deepseek_tokenizer_path()));
   REQUIRE(corpus().size() >= 2000);

@@ -1,6 +1,6 @@
 // Exact ids and decoded text against HF `tokenizers` goldens (tests/oracle/tokenizer_goldens.py,
 // run where HF is installed). Fails when tests/data/tokenizer/deepseek_v3_goldens.jsonl or the
-// shared tokenizer is missing.
+// DeepSeek-V3 tokenizer (unpacked by the build from tests/data/tokenizer/deepseek-v3) is missing.
 #include "core/error.hpp"
 #include "corpus_util.hpp"
 #include "support/catch.hpp"

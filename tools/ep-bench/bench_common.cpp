@@ -4,7 +4,7 @@
 #include "core/log.hpp"
 #include "io/file.hpp"
 #include "store/pack_object_map.hpp"
-#include "store/synthetic_pack.hpp"
+#include "testkit/store_pack.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -24,7 +24,7 @@ std::string Args::get(const std::string &name, const std::string &fallback) cons
 double Args::number(const std::string &name, double fallback) const {
   auto it = options.find(name);
   if (it == options.end()) return fallback;
-  return static_cast<double>(store::parse_size(it->second));
+  return static_cast<double>(testkit::parse_size(it->second));
 }
 
 Args parse_args(int argc, char **argv, int start, const std::vector<std::string> &flags) {
@@ -48,7 +48,7 @@ PackSource pack_from_args(const Args &args) {
   const uint64_t object_bytes = static_cast<uint64_t>(args.number("object-bytes", kDefaultObjectBytes));
   if (args.options.count("pack")) {
     src.path = args.get("pack", "");
-    if (auto spec = store::read_synthetic_header(src.path)) {
+    if (auto spec = testkit::read_synthetic_header(src.path)) {
       src.layout = spec->object_map();
       src.kind = "synthetic";
       return src;
@@ -70,12 +70,12 @@ PackSource pack_from_args(const Args &args) {
   }
   if (!args.options.count("create-size"))
     fail(Status::invalid_argument, "give --pack PATH or --create-size SIZE (e.g. 20G) for a synthetic pack");
-  const uint64_t size = store::parse_size(args.get("create-size", ""));
+  const uint64_t size = testkit::parse_size(args.get("create-size", ""));
   const auto experts = static_cast<uint32_t>(args.number("experts", 256));
-  const auto spec = store::SyntheticPackSpec::for_size(size, object_bytes, experts, 1);
+  const auto spec = testkit::SyntheticPackSpec::for_size(size, object_bytes, experts, 1);
   src.path = args.get("create-path", "ep-bench.synthetic.pack");
   const auto t0 = std::chrono::steady_clock::now();
-  const bool wrote = store::create_synthetic_pack(src.path, spec, std::max(2u, std::thread::hardware_concurrency()));
+  const bool wrote = testkit::create_synthetic_pack(src.path, spec, std::max(2u, std::thread::hardware_concurrency()));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "ep-bench: %s synthetic pack %s: %u layers x %u experts x %llu B = %.2f GiB (%.1f s)\n",
                wrote ? "created" : "reusing", src.path.c_str(), spec.num_layers, spec.num_experts,

@@ -234,7 +234,7 @@ int cmd_e2e(const Args &args) {
                props.architecture, props.num_layers, props.num_experts, props.experts_per_token, pack_path.c_str(),
                static_cast<unsigned long long>(st0.cache_slots), static_cast<unsigned long long>(st0.slot_bytes), open_seconds);
 
-  if (open_only) {  // the pack step of scripts/bench-e2e: build (or check) the pack, nothing else
+  if (open_only) {  // the pack step of scripts/dev/bench-e2e: build (or check) the pack, nothing else
     std::printf("%s\n", pack_path.c_str());
     return 0;
   }

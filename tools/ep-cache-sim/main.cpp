@@ -3,6 +3,7 @@
 #include "cache/budget.hpp"
 #include "cache/simulate.hpp"
 #include "core/error.hpp"
+#include "testkit/trace.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -55,7 +56,7 @@ int main(int argc, char **argv) {
     std::vector<std::string> trace_paths, synthetic_kinds;
     std::vector<double> budgets_mib, fractions;
     std::vector<std::string> policies = cache::policy_names();
-    cache::SyntheticTraceOptions syn;
+    testkit::SyntheticTraceOptions syn;
     cache::TracePhases phases = cache::TracePhases::decode;
     double half_life_tokens = 32;
     bool json = false;
@@ -102,9 +103,9 @@ int main(int argc, char **argv) {
     std::vector<cache::Trace> traces;
     for (const auto &p : trace_paths) traces.push_back(cache::read_trace(p, phases));
     for (const auto &k : synthetic_kinds) {
-      cache::SyntheticTraceOptions o = syn;
-      o.kind = cache::parse_synthetic_kind(k);
-      traces.push_back(cache::synthetic_trace(o));
+      testkit::SyntheticTraceOptions o = syn;
+      o.kind = testkit::parse_synthetic_kind(k);
+      traces.push_back(testkit::synthetic_trace(o));
     }
 
     nlohmann::ordered_json out;

@@ -9,8 +9,8 @@
 #include "format/safetensors.hpp"
 #include "pack/builder.hpp"
 #include "pack/manifest.hpp"
-#include "pack/synthetic.hpp"
 #include "pack/validate.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -180,8 +180,8 @@ int cmd_gguf_info(const Args &a) {
   return 0;
 }
 
-ep::pack::SyntheticSpec spec_from(const Args &a) {
-  ep::pack::SyntheticSpec s;
+ep::testkit::SyntheticSpec spec_from(const Args &a) {
+  ep::testkit::SyntheticSpec s;
   s.arch = a.get("arch", "deepseek4");
   s.num_layers = static_cast<uint32_t>(a.get_u64("layers", 2));
   s.first_moe_layer = static_cast<uint32_t>(a.get_u64("first-moe", s.arch == "kimi-k3" ? 1 : 0));
@@ -203,12 +203,12 @@ int cmd_synth(const Args &a) {
   const auto spec = spec_from(a);
   if (a.has("safetensors")) {
     const std::string l = a.get("safetensors");
-    const auto layout = l == "fused" ? ep::pack::StLayout::fused
-                        : l == "w123" ? ep::pack::StLayout::per_expert_w123
-                                      : ep::pack::StLayout::per_expert;
-    fmt::print("{}\n", ep::pack::write_synthetic_safetensors(spec, out, layout));
+    const auto layout = l == "fused" ? ep::testkit::StLayout::fused
+                        : l == "w123" ? ep::testkit::StLayout::per_expert_w123
+                                      : ep::testkit::StLayout::per_expert;
+    fmt::print("{}\n", ep::testkit::write_synthetic_safetensors(spec, out, layout));
   } else {
-    for (const auto &p : ep::pack::write_synthetic_gguf(spec, out)) fmt::print("{}\n", p);
+    for (const auto &p : ep::testkit::write_synthetic_gguf(spec, out)) fmt::print("{}\n", p);
   }
   return 0;
 }
@@ -232,7 +232,7 @@ int cmd_bench(const Args &a) {
   const double gib = static_cast<double>(a.get_u64("gb", 8));
   // DeepSeek-V4-Flash expert geometry: 4096 x 2048 MXFP4, 256 experts per layer (~13.4 MiB
   // per expert object, ~3.4 GiB per layer).
-  ep::pack::SyntheticSpec spec;
+  ep::testkit::SyntheticSpec spec;
   spec.arch = "deepseek4";
   spec.n_embd = 4096;
   spec.n_ff = 2048;
@@ -248,7 +248,7 @@ int cmd_bench(const Args &a) {
   fmt::print("bench: writing synthetic GGUF {} ({} layers x {} experts of 4096x2048 MXFP4)\n", src, spec.num_layers,
              spec.num_experts);
   auto t0 = Clock::now();
-  ep::pack::write_synthetic_gguf(spec, src);
+  ep::testkit::write_synthetic_gguf(spec, src);
   const uint64_t src_bytes = fs::file_size(src);
   fmt::print("bench: source {} bytes ({}) written in {:.1f} s\n", src_bytes, human_bytes(static_cast<double>(src_bytes)),
              std::chrono::duration<double>(Clock::now() - t0).count());

@@ -1,9 +1,6 @@
 // ep-run: generate from or score a token sequence with a model, through the public C API.
 #include <expertpack/expertpack.h>
 
-#include "format/ggml_type.hpp"
-#include "model/deepseek_v4_synthetic.hpp"
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -11,8 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -29,7 +24,8 @@ const char *kUsage =
     "                 with config.json + safetensors, or an\n"
     "                 Expert Pack (.epk) with its manifest. A source's routed experts are served from\n"
     "                 its pack, built on first use (with progress) and reused while the source is\n"
-    "                 unchanged (a changed source is rebuilt)\n"
+    "                 unchanged (a changed source is rebuilt). A small model to try:\n"
+    "                 ep-synth --preset small --out m.gguf (seeded random weights, chat tokenizer)\n"
     "  --pack-dir DIR where packs of sources live (default $XDG_CACHE_HOME/expertpack, else\n"
     "                 ~/.cache/expertpack)\n"
     "  --no-pack-build  never build: a missing or stale pack is an error\n"
@@ -50,14 +46,6 @@ const char *kUsage =
     "  --top-k K      entries per step in the dump (default 10)\n"
     "  --dump-logits F  --score: write every row of logits to F (raw little-endian f32 [tokens][vocab])\n"
     "  --stats        timing, token counts and expert-cache counters on stderr\n"
-    "  --synthetic PATH [--synthetic-seed N] [--synthetic-experts TYPE]\n"
-    "                 first write a small seeded synthetic DeepSeek-V4 GGUF to PATH (unless it\n"
-    "                 exists) and use it as the model (without --tokens: only write it);\n"
-    "                 TYPE: mxfp4 (default), q2_K, q4_K, q8_0, iq2_xxs. The model carries a small\n"
-    "  --synthetic-flash-layers N  the synthetic model in DeepSeek-V4-Flash's full width (hidden\n"
-    "                 4096, 256 experts x 2048, vocab 129280) with N layers (~3.5 GB per layer)\n"
-    "  --synthetic-down TYPE  the synthetic experts' down projection type (default: TYPE)\n"
-    "                 byte-level tokenizer with DeepSeek-V4's chat markers (for --prompt)\n"
     "\n"
     "text (instead of --tokens; the model's tokenizer, or --tokenizer PATH):\n"
     "  --prompt TEXT  generate text after TEXT, streamed to stdout as it is decoded\n"
@@ -172,9 +160,6 @@ int main(int argc, char **argv) {
   ep_model_options mopt;
   ep_model_options_init(&mopt);
   bool score = false, stats = false;
-  std::string synthetic_path, synthetic_type = "mxfp4", synthetic_down;
-  int64_t synthetic_flash_layers = 0;
-  uint64_t synthetic_seed = 1;
   uint32_t dump_k = 10;
   TextArgs text;
   for (int i = 1; i < argc; ++i) {
@@ -208,11 +193,6 @@ int main(int argc, char **argv) {
     else if (a == "--dump-logits") dump_logits_path = next();
     else if (a == "--top-k") dump_k = static_cast<uint32_t>(std::stoul(next()));
     else if (a == "--stats") stats = true;
-    else if (a == "--synthetic") synthetic_path = next();
-    else if (a == "--synthetic-seed") synthetic_seed = std::stoull(next());
-    else if (a == "--synthetic-experts") synthetic_type = next();
-    else if (a == "--synthetic-down") synthetic_down = next();
-    else if (a == "--synthetic-flash-layers") synthetic_flash_layers = std::stoll(next());
     else if (a == "--device") {
       const std::string d = next();
       if (d == "auto") mopt.device = EP_DEVICE_AUTO;
@@ -237,38 +217,6 @@ int main(int argc, char **argv) {
     } else {
       die("unknown argument " + a + "\n" + kUsage);
     }
-  }
-  if (!synthetic_path.empty()) {
-    if (!std::filesystem::exists(synthetic_path)) {
-      const auto type = ep::format::ggml_type_by_name(synthetic_type);
-      if (!type) die("unknown --synthetic-experts type " + synthetic_type);
-      ep::model::DeepseekV4SyntheticSpec spec;
-      if (synthetic_flash_layers > 0) spec = ep::model::DeepseekV4SyntheticSpec::flash_shaped(synthetic_flash_layers);
-      spec.seed = synthetic_seed;
-      spec.chat_tokenizer = true;
-      spec.vocab = std::max<int64_t>(spec.vocab, 262);
-      spec.expert_gate_up = spec.expert_down = type->type;
-      if (!synthetic_down.empty()) {
-        const auto down = ep::format::ggml_type_by_name(synthetic_down);
-        if (!down) die("unknown --synthetic-down type " + synthetic_down);
-        spec.expert_down = down->type;
-      }
-      if (type->block_elems == 256 && synthetic_flash_layers == 0) spec.hidden = spec.moe_ff = 256;
-      int written_pct = -1;
-      try {
-        ep::model::write_deepseek_v4_synthetic_gguf(spec, synthetic_path, [&](uint64_t done, uint64_t total) {
-          const int pct = total ? static_cast<int>(done * 100 / total) : 100;
-          if (synthetic_flash_layers > 0 && pct / 10 != written_pct / 10) std::fprintf(stderr, "ep-run: writing %d %%\n", pct);
-          written_pct = pct;
-        });
-      } catch (const std::exception &e) {
-        die(std::string("writing the synthetic model: ") + e.what());
-      }
-      std::fprintf(stderr, "ep-run: wrote synthetic DeepSeek-V4 model %s (seed %llu, %s experts)\n", synthetic_path.c_str(),
-                   static_cast<unsigned long long>(synthetic_seed), synthetic_type.c_str());
-    }
-    model_path = synthetic_path;
-    if (tokens_arg.empty() && text.prompt.empty()) return 0;  // only write the model
   }
   const bool text_mode = !text.prompt.empty();
   if (text_mode && !tokens_arg.empty()) die("--prompt and --tokens exclude each other");

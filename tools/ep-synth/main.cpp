@@ -3,15 +3,16 @@
 // streaming to disk, and reports the routing distribution its router produces (per-layer
 // expert-frequency entropy and top-10% share).
 //
-//   ep-synth --out model.gguf [--preset flash|tiny|k3|kimi-tiny] [--layers N | --disk-budget SIZE]
+//   ep-synth --out model.gguf [--preset flash|tiny|small|k3|kimi-tiny] [--layers N | --disk-budget SIZE]
 //            [--experts mxfp4|iq2_xxs|q2_K|q4_K] [--down-experts TYPE] [--seed N] [--zipf S]
 //            [--shards N] [--route-samples N] [--no-write] [--json FILE]
 #include "core/error.hpp"
 #include "format/ggml_type.hpp"
 #include "format/gguf.hpp"
-#include "model/deepseek_v4_synthetic.hpp"
-#include "model/kimi_synthetic.hpp"
-#include "store/synthetic_pack.hpp"
+#include "testkit/chat_vocab.hpp"
+#include "testkit/deepseek_v4_gguf.hpp"
+#include "testkit/kimi_gguf.hpp"
+#include "testkit/store_pack.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -30,13 +31,16 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using ep::model::DeepseekV4SyntheticSpec;
-using ep::model::KimiSyntheticSpec;
+using ep::testkit::DeepseekV4SyntheticSpec;
+using ep::testkit::KimiSyntheticSpec;
 
 constexpr const char *kUsage =
     "usage: ep-synth --out PATH [options]\n"
     "  --preset P             flash: DeepSeek-V4-Flash dimensions (hidden 4096, 256 experts x 2048, top-6,\n"
     "                         vocab 129280, q8_0 dense); tiny: a small runnable DeepSeek-V4 for tests;\n"
+    "                         small: the smallest runnable DeepSeek-V4 with a chat tokenizer (hidden 128,\n"
+    "                         8 experts x 64, top-2, vocab 262, f16 dense; K-quant experts make hidden and\n"
+    "                         ff 256): the demo's and the bindings tests' model;\n"
     "                         k3: Kimi-K3 dimensions (hidden 7168, 896 latent experts of 3584 x 3072, top-16,\n"
     "                         2 shared, dense layer 0 with ff 33792, KDA layers with MLA every 4th and the\n"
     "                         last, vocab 163840, q8_0 dense); kimi-tiny: a small runnable Kimi-K3 for tests.\n"
@@ -79,6 +83,19 @@ DeepseekV4SyntheticSpec tiny_spec(int64_t layers) {
   s.chat_tokenizer = true;
   s.compress_ratios.clear();
   for (int64_t il = 0; il < layers; ++il) s.compress_ratios.push_back(il == 0 ? 0 : (il % 2 == 1 ? 4 : 16));
+  return s;
+}
+
+/// The library's smallest runnable DeepSeek-V4 (the spec's defaults) with the byte-level chat
+/// tokenizer; experts of 256-element blocks (K-quants) need rows of 256, so hidden and ff grow.
+DeepseekV4SyntheticSpec small_spec(int64_t layers, ep::format::GgmlType experts) {
+  DeepseekV4SyntheticSpec s;
+  s.vocab = ep::testkit::kSyntheticChatVocabMin;
+  s.chat_tokenizer = true;
+  s.n_hash_layers = std::min<int64_t>(1, layers);
+  s.compress_ratios.clear();
+  for (int64_t il = 0; il < layers; ++il) s.compress_ratios.push_back(il == 0 ? 0 : (il % 2 == 1 ? 4 : 16));
+  if (ep::format::require_ggml_type(static_cast<uint32_t>(experts), "ep-synth").block_elems == 256) s.hidden = s.moe_ff = 256;
   return s;
 }
 
@@ -239,10 +256,13 @@ void set_common(Plan &p, const Spec &s) {
 }
 
 Plan deepseek_v4_plan(const Args &a, const std::string &preset, int64_t layers) {
-  DeepseekV4SyntheticSpec s = preset == "flash" ? DeepseekV4SyntheticSpec::flash_shaped(layers) : tiny_spec(layers);
+  const ep::format::GgmlType experts = type_arg(a.get("experts", "mxfp4"));
+  DeepseekV4SyntheticSpec s = preset == "flash"   ? DeepseekV4SyntheticSpec::flash_shaped(layers)
+                              : preset == "small" ? small_spec(layers, experts)
+                                                  : tiny_spec(layers);
   if (preset == "flash") s.chat_tokenizer = true;
   s.seed = std::stoull(a.get("seed", "1"));
-  s.expert_gate_up = type_arg(a.get("experts", "mxfp4"));
+  s.expert_gate_up = experts;
   s.expert_down = type_arg(a.get("down-experts", a.get("experts", "mxfp4")));
   if (a.has("zipf")) s.router_zipf = std::stod(a.get("zipf", "0"));
   if (a.has("shards")) ep::fail(ep::Status::invalid_argument, "--shards: only the Kimi presets write split sets");
@@ -255,7 +275,7 @@ Plan deepseek_v4_plan(const Args &a, const std::string &preset, int64_t layers) 
   p.router = {layers, 0, s.n_hash_layers, static_cast<size_t>(s.hidden), static_cast<size_t>(s.n_experts),
               static_cast<size_t>(s.n_experts_used), static_cast<size_t>(s.vocab), s.seed, false};
   p.write = [s](const std::string &out, const std::function<void(uint64_t, uint64_t)> &progress) {
-    ep::model::write_deepseek_v4_synthetic_gguf(s, out, progress);
+    ep::testkit::write_deepseek_v4_synthetic_gguf(s, out, progress);
     return out;
   };
   return p;
@@ -274,13 +294,13 @@ Plan kimi_plan(const Args &a, const std::string &preset, int64_t layers) {
   Plan p;
   p.family = "Kimi-K3";
   p.layers = layers;
-  p.file_bytes = ep::model::kimi_synthetic_tensor_bytes(s);
-  p.pack_bytes = static_cast<uint64_t>(layers - s.n_dense_layers) * ep::model::kimi_synthetic_expert_layer_bytes(s);
+  p.file_bytes = ep::testkit::kimi_synthetic_tensor_bytes(s);
+  p.pack_bytes = static_cast<uint64_t>(layers - s.n_dense_layers) * ep::testkit::kimi_synthetic_expert_layer_bytes(s);
   set_common(p, s);
   p.router = {layers, s.n_dense_layers, 0, static_cast<size_t>(s.hidden), static_cast<size_t>(s.n_experts),
               static_cast<size_t>(s.n_experts_used), static_cast<size_t>(s.vocab), s.seed, true};
   p.write = [s](const std::string &out, const std::function<void(uint64_t, uint64_t)> &progress) {
-    return ep::model::write_kimi_synthetic_gguf(s, out, progress);
+    return ep::testkit::write_kimi_synthetic_gguf(s, out, progress);
   };
   return p;
 }
@@ -288,13 +308,13 @@ Plan kimi_plan(const Args &a, const std::string &preset, int64_t layers) {
 int run(const Args &a) {
   const std::string preset = a.get("preset", "flash");
   const bool kimi = preset == "k3" || preset == "kimi-tiny";
-  if (!kimi && preset != "flash" && preset != "tiny")
-    ep::fail(ep::Status::invalid_argument, "--preset: flash, tiny, k3 or kimi-tiny, not '{}'", preset);
+  if (!kimi && preset != "flash" && preset != "tiny" && preset != "small")
+    ep::fail(ep::Status::invalid_argument, "--preset: flash, tiny, small, k3 or kimi-tiny, not '{}'", preset);
   if (a.has("zipf") && !(std::stod(a.get("zipf", "0")) >= 0)) ep::fail(ep::Status::invalid_argument, "--zipf must be >= 0");
   auto make = [&](int64_t layers) { return kimi ? kimi_plan(a, preset, layers) : deepseek_v4_plan(a, preset, layers); };
   int64_t layers = std::stoll(a.get("layers", preset == "kimi-tiny" ? "6" : "4"));
   if (a.has("disk-budget")) {
-    const uint64_t budget = ep::store::parse_size(a.get("disk-budget", "0"));
+    const uint64_t budget = ep::testkit::parse_size(a.get("disk-budget", "0"));
     layers = 0;
     for (int64_t n = 1; n <= 4096; ++n) {
       const Plan p = make(n);

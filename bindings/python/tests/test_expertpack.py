@@ -191,7 +191,7 @@ class PackTest(unittest.TestCase):
 @unittest.skipUnless(ep.HAVE_TEXT, "the library has no text API")
 class TextTest(unittest.TestCase):
     """The text API. The tokenizer comes from EP_TEST_TOKENIZER (a tokenizer.json; the script sets
-    it when ../shared has the DeepSeek tokenizer); generation needs the model's own tokenizer."""
+    it to the DeepSeek-V3 tokenizer of tests/data); generation needs the model's own tokenizer."""
 
     def tokenizer(self):
         path = os.environ.get("EP_TEST_TOKENIZER")

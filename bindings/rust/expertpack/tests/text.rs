@@ -1,5 +1,5 @@
 //! The text API (feature "text"). The tokenizer comes from EP_TEST_TOKENIZER (a tokenizer.json;
-//! scripts/test-bindings sets it when ../shared has the DeepSeek tokenizer); generation needs the
+//! scripts/test-bindings sets it to the DeepSeek-V3 tokenizer of tests/data); generation needs the
 //! synthetic model's own tokenizer and is skipped (with a message) without one.
 #![cfg(feature = "text")]
 use expertpack::*;

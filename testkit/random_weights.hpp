@@ -1,4 +1,4 @@
-// Seeded random weights for the synthetic GGUF writers (deepseek_v4_synthetic, kimi_synthetic):
+// Seeded random weights for the synthetic GGUF writers (deepseek_v4_gguf, kimi_gguf):
 // every byte is a pure function of (seed, tensor, block), so files of any size are written with
 // constant memory, in parallel, and reproducibly.
 #pragma once
@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-namespace ep::model::synth {
+namespace ep::testkit {
 
 uint64_t mix64(uint64_t z);
 
@@ -72,4 +72,4 @@ std::vector<uint32_t> expert_ranks(uint64_t seed, uint32_t n_experts, int64_t la
 void parallel_fill(const std::function<void(uint64_t offset, std::span<uint8_t> out)> &fill_range, uint64_t offset,
                    std::span<uint8_t> out);
 
-}  // namespace ep::model::synth
+}  // namespace ep::testkit

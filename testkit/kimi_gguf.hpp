@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace ep::model {
+namespace ep::testkit {
 
 struct KimiSyntheticSpec {
   uint64_t seed = 1;
@@ -51,7 +51,7 @@ struct KimiSyntheticSpec {
   format::GgmlType expert_down = format::GgmlType::q3_k;
   /// Type of the dense matrices (rows that do not divide into its blocks fall back to f16).
   format::GgmlType dense = format::GgmlType::f16;
-  /// Also write a tokenizer: tokenizer::synthetic_kimi_chat_vocab(vocab) (needs vocab >= 262).
+  /// Also write a tokenizer: synthetic_kimi_chat_vocab(vocab) (chat_vocab.hpp) (needs vocab >= 262).
   bool chat_tokenizer = true;
   /// Routing shape (ep-synth --zipf), as DeepseekV4SyntheticSpec::router_zipf: < 0 random router
   /// biases; >= 0 the correction bias of the expert of rank r is -router_zipf · 0.25 · ln(1 + r).
@@ -87,4 +87,4 @@ uint64_t kimi_synthetic_tensor_bytes(const KimiSyntheticSpec &spec);
 std::string write_kimi_synthetic_gguf(const KimiSyntheticSpec &spec, const std::string &path,
                                       const std::function<void(uint64_t, uint64_t)> &progress = {});
 
-}  // namespace ep::model
+}  // namespace ep::testkit

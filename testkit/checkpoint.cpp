@@ -1,4 +1,4 @@
-#include "pack/synthetic.hpp"
+#include "testkit/checkpoint.hpp"
 
 #include "core/error.hpp"
 #include "format/gguf_writer.hpp"
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-namespace ep::pack {
+namespace ep::testkit {
 using format::GgmlType;
 using format::GgufType;
 using format::GgufValue;
@@ -165,4 +165,4 @@ std::string write_synthetic_safetensors(const SyntheticSpec &spec, const std::st
   return index;
 }
 
-}  // namespace ep::pack
+}  // namespace ep::testkit

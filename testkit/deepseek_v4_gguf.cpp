@@ -1,8 +1,9 @@
-#include "model/deepseek_v4_synthetic.hpp"
+#include "testkit/deepseek_v4_gguf.hpp"
 
 #include "core/error.hpp"
 #include "format/gguf_writer.hpp"
-#include "model/synthetic_weights.hpp"
+#include "testkit/chat_vocab.hpp"
+#include "testkit/random_weights.hpp"
 #include "tokenizer/gguf_vocab.hpp"
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 #include <cstring>
 #include <numeric>
 
-namespace ep::model {
+namespace ep::testkit {
 
 using format::GgmlType;
 using format::GgufValue;
@@ -41,9 +42,6 @@ DeepseekV4SyntheticSpec DeepseekV4SyntheticSpec::flash_shaped(int64_t n_layers) 
 
 namespace {
 
-using synth::make_block;
-using synth::Rand;
-
 enum class Kind { matrix, norm, small, sinks, scale3, tid2eid, experts, router_bias };
 
 struct TensorSpec {
@@ -57,7 +55,7 @@ struct TensorSpec {
 }  // namespace
 
 std::vector<uint32_t> deepseek_v4_synthetic_expert_ranks(const DeepseekV4SyntheticSpec &s, int64_t layer) {
-  return synth::expert_ranks(s.seed, static_cast<uint32_t>(s.n_experts), layer);
+  return expert_ranks(s.seed, static_cast<uint32_t>(s.n_experts), layer);
 }
 
 void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const std::string &path,
@@ -72,10 +70,10 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
                  I = static_cast<uint64_t>(s.index_head_dim), hc = static_cast<uint64_t>(s.hc_mult), M = (2 + hc) * hc;
   std::vector<TensorSpec> ts;
   auto matrix = [&](const std::string &n, uint64_t ne0, uint64_t ne1, float scale = 1.0f) {
-    ts.push_back({n, synth::dense_type(s.dense, ne0), {ne0, ne1}, Kind::matrix, synth::matrix_std(ne0, scale)});
+    ts.push_back({n, dense_type(s.dense, ne0), {ne0, ne1}, Kind::matrix, matrix_std(ne0, scale)});
   };
   auto f32 = [&](const std::string &n, std::vector<uint64_t> ne, Kind k, float std) { ts.push_back({n, GgmlType::f32, std::move(ne), k, std}); };
-  ts.push_back({"token_embd.weight", synth::dense_type(s.dense, D), {D, V}, Kind::matrix, 1.0f});
+  ts.push_back({"token_embd.weight", dense_type(s.dense, D), {D, V}, Kind::matrix, 1.0f});
   for (int64_t il = 0; il < n_layers; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     const uint64_t ratio = static_cast<uint64_t>(s.compress_ratios[static_cast<size_t>(il)]);
@@ -175,7 +173,7 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
   w.add(a + "hyper_connection.epsilon", GgufValue::make_f32(s.hc_eps));
   w.add(a + "hash_layer_count", u32(s.n_hash_layers));
   w.add(a + "expert_gating_func", u32(4));
-  if (s.chat_tokenizer) tokenizer::add_gguf_vocab_keys(w, tokenizer::synthetic_chat_vocab(s.vocab));
+  if (s.chat_tokenizer) tokenizer::add_gguf_vocab_keys(w, synthetic_chat_vocab(s.vocab));
   for (const TensorSpec &t : ts) w.add_tensor(t.name, t.type, t.ne);
 
   const uint64_t seed = s.seed;
@@ -188,7 +186,7 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
     const auto info = format::require_ggml_type(static_cast<uint32_t>(t.type), t.name);
     uint32_t bb = info.block_bytes;
     if (t.kind == Kind::tid2eid) bb = static_cast<uint32_t>(4 * K);
-    synth::fill_blocks(bb, offset, out, [&](uint64_t bi, uint8_t *block) {
+    fill_blocks(bb, offset, out, [&](uint64_t bi, uint8_t *block) {
       Rand r(seed, ti, bi);
       if (t.kind == Kind::tid2eid && s.router_zipf >= 0) {
         // blk.<il>.ffn_gate_tid2eid: K distinct experts, weight 1 / (1 + rank)^S each.
@@ -211,7 +209,7 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
         }
       } else if (t.kind == Kind::router_bias) {
         const auto il = static_cast<size_t>(t.std);
-        synth::put_f32(block, synth::zipf_router_bias(s.router_zipf, ranks[il][bi % E]));
+        put_f32(block, zipf_router_bias(s.router_zipf, ranks[il][bi % E]));
       } else if (t.kind == Kind::tid2eid) {
         std::vector<int32_t> perm(static_cast<size_t>(E));
         std::iota(perm.begin(), perm.end(), 0);
@@ -221,9 +219,9 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
         }
         std::memcpy(block, perm.data(), 4 * K);
       } else if (t.kind == Kind::norm) {
-        synth::put_f32(block, static_cast<float>(1.0 + t.std * r.gauss()));
+        put_f32(block, static_cast<float>(1.0 + t.std * r.gauss()));
       } else if (t.kind == Kind::scale3) {
-        synth::put_f32(block, static_cast<float>(0.5 + r.uniform()));
+        put_f32(block, static_cast<float>(0.5 + r.uniform()));
       } else {
         make_block(t.type, t.std, r, block, bb);
       }
@@ -232,9 +230,9 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
   // The bytes are a pure function of (tensor, position): large chunks are filled by several
   // threads (any split gives the same file), so writing runs near the disk's speed.
   auto fill = [&](size_t ti, uint64_t offset, std::span<uint8_t> out) {
-    synth::parallel_fill([&](uint64_t off, std::span<uint8_t> part) { fill_range(ti, off, part); }, offset, out);
+    parallel_fill([&](uint64_t off, std::span<uint8_t> part) { fill_range(ti, off, part); }, offset, out);
   };
   w.write(path, 1, fill, progress ? format::GgufProgress(progress) : format::GgufProgress{});
 }
 
-}  // namespace ep::model
+}  // namespace ep::testkit

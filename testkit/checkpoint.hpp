@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace ep::pack {
+namespace ep::testkit {
 
 struct SyntheticSpec {
   std::string arch = "deepseek4";     ///< "deepseek4" or "kimi-k3" (metadata keys and layer layout)
@@ -48,4 +48,4 @@ enum class StLayout {
 /// Returns the path to pass to the builder (the file or the index).
 std::string write_synthetic_safetensors(const SyntheticSpec &spec, const std::string &dir, StLayout layout);
 
-}  // namespace ep::pack
+}  // namespace ep::testkit

@@ -1,4 +1,4 @@
-#include "model/synthetic_weights.hpp"
+#include "testkit/random_weights.hpp"
 
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
@@ -10,7 +10,7 @@
 #include <numeric>
 #include <thread>
 
-namespace ep::model::synth {
+namespace ep::testkit {
 
 using format::GgmlType;
 
@@ -113,4 +113,4 @@ void parallel_fill(const std::function<void(uint64_t, std::span<uint8_t>)> &fill
   if (error) std::rethrow_exception(error);
 }
 
-}  // namespace ep::model::synth
+}  // namespace ep::testkit

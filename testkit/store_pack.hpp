@@ -12,7 +12,7 @@
 #include <span>
 #include <string>
 
-namespace ep::store {
+namespace ep::testkit {
 
 struct SyntheticPackSpec {
   uint32_t num_layers = 4;
@@ -23,7 +23,7 @@ struct SyntheticPackSpec {
   uint64_t stride() const;
   static constexpr uint64_t kDataStart = 4096;
   uint64_t file_bytes() const;
-  std::shared_ptr<UniformObjectMap> object_map() const;
+  std::shared_ptr<store::UniformObjectMap> object_map() const;
   /// A spec of about @p total_bytes with objects of @p object_bytes and @p num_experts per layer.
   static SyntheticPackSpec for_size(uint64_t total_bytes, uint64_t object_bytes, uint32_t num_experts, uint64_t seed);
 };
@@ -43,4 +43,4 @@ std::optional<SyntheticPackSpec> read_synthetic_header(const std::string &path);
 /// "20G", "512M", "4096", "1.5G" → bytes (binary units). Throws on junk.
 uint64_t parse_size(const std::string &text);
 
-}  // namespace ep::store
+}  // namespace ep::testkit

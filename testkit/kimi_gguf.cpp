@@ -1,14 +1,15 @@
-#include "model/kimi_synthetic.hpp"
+#include "testkit/kimi_gguf.hpp"
 
 #include "core/error.hpp"
 #include "format/gguf.hpp"
 #include "format/gguf_writer.hpp"
-#include "model/synthetic_weights.hpp"
+#include "testkit/chat_vocab.hpp"
+#include "testkit/random_weights.hpp"
 #include "tokenizer/gguf_vocab.hpp"
 
 #include <cmath>
 
-namespace ep::model {
+namespace ep::testkit {
 
 using format::GgmlType;
 using format::GgufValue;
@@ -84,13 +85,13 @@ std::vector<TensorSpec> tensor_specs(const KimiSyntheticSpec &s) {
                  NFF = static_cast<uint64_t>(s.dense_ff);
   std::vector<TensorSpec> ts;
   auto matrix = [&](const std::string &n, uint64_t ne0, uint64_t ne1, float scale = 1.0f) {
-    ts.push_back({n, synth::dense_type(s.dense, ne0), {ne0, ne1}, Kind::matrix, synth::matrix_std(ne0, scale)});
+    ts.push_back({n, dense_type(s.dense, ne0), {ne0, ne1}, Kind::matrix, matrix_std(ne0, scale)});
   };
   auto f32 = [&](const std::string &n, std::vector<uint64_t> ne, Kind k, float std) {
     ts.push_back({n, GgmlType::f32, std::move(ne), k, std});
   };
-  const float unit = synth::matrix_std(D);
-  ts.push_back({"token_embd.weight", synth::dense_type(s.dense, D), {D, V}, Kind::matrix, 1.0f});
+  const float unit = matrix_std(D);
+  ts.push_back({"token_embd.weight", dense_type(s.dense, D), {D, V}, Kind::matrix, 1.0f});
   for (int64_t il = 0; il < s.n_layers(); ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     f32(b + "attn_norm.weight", {D}, Kind::norm, 0.1f);
@@ -147,7 +148,7 @@ std::vector<TensorSpec> tensor_specs(const KimiSyntheticSpec &s) {
       matrix(b + "ffn_routed_up.weight", LAT, D);
       f32(b + "ffn_routed_norm.weight", {LAT}, Kind::norm, 0.1f);
     }
-    const float sg = synth::matrix_std(LAT), sd = synth::matrix_std(F);
+    const float sg = matrix_std(LAT), sd = matrix_std(F);
     ts.push_back({b + "ffn_gate_exps.weight", s.expert_gate_up, {LAT, F, E}, Kind::experts, sg});
     ts.push_back({b + "ffn_up_exps.weight", s.expert_gate_up, {LAT, F, E}, Kind::experts, sg});
     ts.push_back({b + "ffn_down_exps.weight", s.expert_down, {F, LAT, E}, Kind::experts, sd});
@@ -187,9 +188,9 @@ void check_spec(const KimiSyntheticSpec &s) {
   if (s.k3 && s.kda_heads != s.n_heads)
     fail(Status::invalid_argument, "synthetic Kimi: Kimi-K3 files have as many KDA heads as attention heads ({} != {})", s.kda_heads,
          s.n_heads);
-  if (s.chat_tokenizer && s.vocab < tokenizer::kSyntheticChatVocabMin)
+  if (s.chat_tokenizer && s.vocab < kSyntheticChatVocabMin)
     fail(Status::invalid_argument, "synthetic Kimi: a chat tokenizer needs a vocab of at least {}, not {}",
-         tokenizer::kSyntheticChatVocabMin, s.vocab);
+         kSyntheticChatVocabMin, s.vocab);
   if (s.shards < 1) fail(Status::invalid_argument, "synthetic Kimi: {} shards", s.shards);
 }
 
@@ -255,34 +256,34 @@ std::string write_kimi_synthetic_gguf(const KimiSyntheticSpec &s, const std::str
     w.add(a + "activation.situ_beta", GgufValue::make_f32(s.situ_beta));
     w.add(a + "activation.situ_linear_beta", GgufValue::make_f32(s.situ_linear_beta));
   }
-  if (s.chat_tokenizer) tokenizer::add_gguf_vocab_keys(w, tokenizer::synthetic_kimi_chat_vocab(s.vocab));
+  if (s.chat_tokenizer) tokenizer::add_gguf_vocab_keys(w, synthetic_kimi_chat_vocab(s.vocab));
   for (const TensorSpec &t : ts) w.add_tensor(t.name, t.type, t.ne);
 
   std::vector<std::vector<uint32_t>> ranks(static_cast<size_t>(s.n_layers()));
   if (s.router_zipf >= 0)
     for (int64_t il = s.n_dense_layers; il < s.n_layers(); ++il)
-      ranks[static_cast<size_t>(il)] = synth::expert_ranks(s.seed, static_cast<uint32_t>(s.n_experts), il);
+      ranks[static_cast<size_t>(il)] = expert_ranks(s.seed, static_cast<uint32_t>(s.n_experts), il);
   auto fill_range = [&](size_t ti, uint64_t offset, std::span<uint8_t> out) {
     const TensorSpec &t = ts[ti];
     const uint32_t bb = format::require_ggml_type(static_cast<uint32_t>(t.type), t.name).block_bytes;
-    synth::fill_blocks(bb, offset, out, [&](uint64_t bi, uint8_t *block) {
-      synth::Rand r(s.seed, ti, bi);
+    fill_blocks(bb, offset, out, [&](uint64_t bi, uint8_t *block) {
+      Rand r(s.seed, ti, bi);
       switch (t.kind) {
-        case Kind::norm: synth::put_f32(block, static_cast<float>(1.0 + t.std * r.gauss())); break;
-        case Kind::negative: synth::put_f32(block, static_cast<float>(-(0.5 + r.uniform()))); break;
+        case Kind::norm: put_f32(block, static_cast<float>(1.0 + t.std * r.gauss())); break;
+        case Kind::negative: put_f32(block, static_cast<float>(-(0.5 + r.uniform()))); break;
         case Kind::router_bias:
-          synth::put_f32(block, synth::zipf_router_bias(s.router_zipf, ranks[static_cast<size_t>(t.layer)][bi % static_cast<uint64_t>(s.n_experts)]));
+          put_f32(block, zipf_router_bias(s.router_zipf, ranks[static_cast<size_t>(t.layer)][bi % static_cast<uint64_t>(s.n_experts)]));
           break;
-        default: synth::make_block(t.type, t.std, r, block, bb); break;
+        default: make_block(t.type, t.std, r, block, bb); break;
       }
     });
   };
   auto fill = [&](size_t ti, uint64_t offset, std::span<uint8_t> out) {
-    synth::parallel_fill([&](uint64_t off, std::span<uint8_t> part) { fill_range(ti, off, part); }, offset, out);
+    parallel_fill([&](uint64_t off, std::span<uint8_t> part) { fill_range(ti, off, part); }, offset, out);
   };
   const std::vector<std::string> files =
       w.write(path, s.shards, fill, progress ? format::GgufProgress(progress) : format::GgufProgress{});
   return files.front();
 }
 
-}  // namespace ep::model
+}  // namespace ep::testkit

@@ -1,4 +1,4 @@
-#include "store/synthetic_pack.hpp"
+#include "testkit/store_pack.hpp"
 
 #include "core/error.hpp"
 #include "io/file.hpp"
@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-namespace ep::store {
+namespace ep::testkit {
 namespace {
 
 constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
@@ -46,8 +46,8 @@ uint64_t SyntheticPackSpec::file_bytes() const {
   return kDataStart + static_cast<uint64_t>(num_layers) * num_experts * stride();
 }
 
-std::shared_ptr<UniformObjectMap> SyntheticPackSpec::object_map() const {
-  return std::make_shared<UniformObjectMap>(num_layers, num_experts, object_bytes, stride(), kDataStart);
+std::shared_ptr<store::UniformObjectMap> SyntheticPackSpec::object_map() const {
+  return std::make_shared<store::UniformObjectMap>(num_layers, num_experts, object_bytes, stride(), kDataStart);
 }
 
 SyntheticPackSpec SyntheticPackSpec::for_size(uint64_t total_bytes, uint64_t object_bytes, uint32_t num_experts,
@@ -171,4 +171,4 @@ uint64_t parse_size(const std::string &text) {
   return static_cast<uint64_t>(std::llround(v * mult));
 }
 
-}  // namespace ep::store
+}  // namespace ep::testkit

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace ep::model {
+namespace ep::testkit {
 
 struct DeepseekV4SyntheticSpec {
   uint64_t seed = 1;
@@ -49,7 +49,7 @@ struct DeepseekV4SyntheticSpec {
   format::GgmlType expert_down = format::GgmlType::mxfp4;
   /// Type of the dense matrices (rows that do not divide into its blocks fall back to f16).
   format::GgmlType dense = format::GgmlType::f16;
-  /// Also write a tokenizer (tokenizer.ggml.*): tokenizer::synthetic_chat_vocab(vocab), a
+  /// Also write a tokenizer (tokenizer.ggml.*): synthetic_chat_vocab(vocab) (chat_vocab.hpp), a
   /// byte-level vocabulary with DeepSeek-V4's chat markers; needs vocab >= 262.
   bool chat_tokenizer = false;
   /// Routing shape (ep-synth --zipf). < 0: random router biases and uniform hash tables (the
@@ -72,4 +72,4 @@ std::vector<uint32_t> deepseek_v4_synthetic_expert_ranks(const DeepseekV4Synthet
 void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &spec, const std::string &path,
                                const std::function<void(uint64_t, uint64_t)> &progress = {});
 
-}  // namespace ep::model
+}  // namespace ep::testkit
