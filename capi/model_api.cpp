@@ -340,4 +340,44 @@ EP_API ep_status ep_score(ep_session *session, const int32_t *tokens, size_t n_t
   });
 }
 
+EP_API ep_status ep_sessions_append(ep_session *const *sessions, const int32_t *const *tokens, const size_t *n_tokens,
+                                    size_t n_sessions) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(sessions, fn, "sessions");
+    ep::capi::require_arg(tokens, fn, "tokens");
+    ep::capi::require_arg(n_tokens, fn, "n_tokens");
+    if (!n_sessions) ep::fail(ep::Status::invalid_argument, "{}: no sessions", fn);
+    std::vector<ep::engine::Session *> ss(n_sessions);
+    std::vector<std::span<const int32_t>> ts(n_sessions);
+    for (size_t i = 0; i < n_sessions; ++i) {
+      if (!sessions[i]) ep::fail(ep::Status::invalid_argument, "{}: sessions[{}] is NULL", fn, i);
+      if (n_tokens[i] && !tokens[i]) ep::fail(ep::Status::invalid_argument, "{}: tokens[{}] is NULL", fn, i);
+      ss[i] = sessions[i]->session.get();
+      ts[i] = std::span<const int32_t>(tokens[i], n_tokens[i]);
+    }
+    ep::engine::append_batch(ss, ts);
+  });
+}
+
+EP_API ep_status ep_session_sample(int32_t *out_token, ep_session *session, const ep_generate_options *options) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_token, fn, "out_token");
+    ep::capi::require_arg(session, fn, "session");
+    const ep::engine::GenerateParams p = ep::capi::generate_params(ep::capi::read_generate_options(options, fn));
+    ep::engine::check_generate_params(p);
+    *out_token = session->session->sample(p.sampling, p.repetition_window);
+  });
+}
+
+EP_API ep_status ep_session_tokens(int32_t *out_tokens, size_t capacity, size_t *out_count, const ep_session *session) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_count, fn, "out_count");
+    ep::capi::require_arg(session, fn, "session");
+    if (capacity) ep::capi::require_arg(out_tokens, fn, "out_tokens");
+    const std::span<const int32_t> t = session->session->tokens();
+    *out_count = t.size();
+    if (capacity >= t.size()) std::copy(t.begin(), t.end(), out_tokens);
+  });
+}
+
 }  // extern "C"

@@ -16,6 +16,10 @@ struct ep_tokenizer {
   std::unique_ptr<ep::engine::ChatTokenizer> t;
 };
 
+struct ep_text_stream {
+  std::unique_ptr<ep::engine::TextStream> stream;
+};
+
 namespace {
 
 using ep::tokenizer::ChatTemplate;
@@ -236,5 +240,48 @@ EP_API ep_status ep_generate_chat(ep_generate_stats *out_stats, ep_session *sess
     });
   });
 }
+
+EP_API ep_status ep_text_stream_open(ep_text_stream **out_stream, const ep_tokenizer *tokenizer,
+                                     const char *const *stop_strings, size_t n_stop_strings) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_stream, fn, "out_stream");
+    *out_stream = nullptr;
+    ep::capi::require_arg(tokenizer, fn, "tokenizer");
+    if (n_stop_strings) ep::capi::require_arg(stop_strings, fn, "stop_strings");
+    std::vector<std::string> stops;
+    for (size_t i = 0; i < n_stop_strings; ++i) {
+      if (!stop_strings[i]) ep::fail(ep::Status::invalid_argument, "{}: stop_strings[{}] is NULL", fn, i);
+      stops.emplace_back(stop_strings[i]);
+    }
+    auto s = std::make_unique<ep_text_stream>();
+    s->stream = std::make_unique<ep::engine::TextStream>(*tokenizer->t, std::move(stops));
+    *out_stream = s.release();
+  });
+}
+
+namespace {
+ep_status text_stream_step(ep_text_stream *stream, const int32_t *token, ep_text_fn callback, void *payload,
+                           int32_t *out_stopped, const char *function) {
+  return ep::capi::guard(function, [&](const char *fn) {
+    ep::capi::require_arg(stream, fn, "stream");
+    if (out_stopped) *out_stopped = 0;
+    const ep::engine::TextSink sink = text_sink(callback, payload);
+    const int r = token ? stream->stream->push(*token, sink) : stream->stream->finish(sink);
+    if (out_stopped) *out_stopped = r > 0 || stream->stream->stopped() ? 1 : 0;
+    if (r < 0) ep::fail(ep::Status::cancelled, "{}: the callback stopped the text", fn);
+  });
+}
+}  // namespace
+
+EP_API ep_status ep_text_stream_push(ep_text_stream *stream, int32_t token, ep_text_fn callback, void *payload,
+                                     int32_t *out_stopped) {
+  return text_stream_step(stream, &token, callback, payload, out_stopped, __func__);
+}
+
+EP_API ep_status ep_text_stream_finish(ep_text_stream *stream, ep_text_fn callback, void *payload, int32_t *out_stopped) {
+  return text_stream_step(stream, nullptr, callback, payload, out_stopped, __func__);
+}
+
+EP_API void ep_text_stream_close(ep_text_stream *stream) { delete stream; }
 
 }  // extern "C"

@@ -294,6 +294,57 @@ EP_API ep_status ep_score(ep_session *session, const int32_t *tokens, size_t n_t
 
 /** @} */
 
+/** @defgroup step Stepping several sessions together
+ *
+ * What a serving host needs for continuous batching: ep_sessions_append() runs the new tokens of
+ * several sessions of one model in one forward pass (the routed experts of all of them are read
+ * once per step: one acquire per MoE layer for the union of their picks), and
+ * ep_session_sample() draws each session's next token from its own last logits, which stay on
+ * the model's device. A session's logits do not depend on what it was batched with (the same
+ * bits as appending its tokens alone, on the CPU; within the CUDA tolerance on CUDA).
+ *  @{ */
+
+/**
+ * @brief Appends tokens to several sessions of one model in one forward pass.
+ * @param sessions   @p n_sessions distinct open sessions of the same model.
+ * @param tokens     Per session, its new token ids (a prefill chunk or one decode token).
+ * @param n_tokens   Per session, how many (>= 1).
+ * @param n_sessions Number of sessions (>= 1).
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, zero counts, a session twice or of
+ *         another model, token id outside the vocabulary). After any other error every session
+ *         of the call must be reset.
+ */
+EP_API ep_status ep_sessions_append(ep_session *const *sessions, const int32_t *const *tokens, const size_t *n_tokens,
+                                    size_t n_sessions);
+
+/**
+ * @brief Draws the next token of a session from the logits after its last token (on the
+ *        model's device; only the token id comes back), with ep_generate()'s sampling settings.
+ * The token is not appended: pass it to ep_sessions_append() (or ep_generate()) next. The
+ * sampler's draw counter of the session advances, so a seeded sequence of draws repeats.
+ * @param[out] out_token The token.
+ * @param session Open session holding at least one token.
+ * @param options NULL for the defaults (greedy), or filled by ep_generate_options_init(); its
+ *        temperature, top_k, top_p, min_p, seed, repetition_penalty and repetition_window apply.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, an empty session, a bad sampling
+ *         value); #EP_ERR_STRUCT_SIZE.
+ */
+EP_API ep_status ep_session_sample(int32_t *out_token, ep_session *session, const ep_generate_options *options);
+
+/**
+ * @brief The token ids a session holds, in order.
+ * @param[out] out_tokens NULL, or room for @p capacity ids.
+ * @param capacity  Entries of @p out_tokens.
+ * @param[out] out_count The session's token count (also when it exceeds @p capacity: then
+ *        nothing is copied).
+ * @param session Open session.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL session or out_count, out_tokens NULL with a
+ *         capacity).
+ */
+EP_API ep_status ep_session_tokens(int32_t *out_tokens, size_t capacity, size_t *out_count, const ep_session *session);
+
+/** @} */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

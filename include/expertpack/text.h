@@ -246,6 +246,59 @@ EP_API ep_status ep_generate_chat(ep_generate_stats *out_stats, ep_session *sess
 
 /** @} */
 
+/** @defgroup textstream Incremental text of generated tokens
+ *
+ * For hosts that sample tokens themselves (ep_session_sample(), continuous batching): turns a
+ * session's generated tokens into text as ep_generate_text() streams it — complete UTF-8 only,
+ * special tokens left out, text that may begin a stop string held back until it is known not
+ * to. One stream per generation; not thread-safe.
+ *  @{ */
+
+/** An incremental detokenizer with stop strings (opaque). Free it with ep_text_stream_close(). */
+typedef struct ep_text_stream ep_text_stream;
+
+/**
+ * @brief Opens a text stream over @p tokenizer.
+ * @param[out] out_stream The stream (the caller owns it).
+ * @param tokenizer  Open tokenizer; it must outlive the stream.
+ * @param stop_strings NULL, or @p n_stop_strings non-empty UTF-8 strings that end the text.
+ * @param n_stop_strings Entries of @p stop_strings.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, an empty or NULL stop string).
+ */
+EP_API ep_status ep_text_stream_open(ep_text_stream **out_stream, const ep_tokenizer *tokenizer,
+                                     const char *const *stop_strings, size_t n_stop_strings);
+
+/**
+ * @brief Adds one generated token; the text it completes goes to @p callback.
+ * @param stream Open stream.
+ * @param token  The token id.
+ * @param callback NULL, or receives the text (it may be called several times or not at all).
+ * @param payload  Passed to @p callback unchanged.
+ * @param[out] out_stopped NULL, or 1 when a stop string appeared (the text before it was
+ *        delivered; later tokens add nothing), else 0.
+ * @return #EP_OK; #EP_ERR_CANCELLED (the callback returned nonzero); #EP_ERR_INVALID_ARGUMENT.
+ */
+EP_API ep_status ep_text_stream_push(ep_text_stream *stream, int32_t token, ep_text_fn callback, void *payload,
+                                     int32_t *out_stopped);
+
+/**
+ * @brief Ends the text: delivers what was held back (an incomplete UTF-8 sequence is dropped).
+ * @param stream Open stream.
+ * @param callback NULL, or receives the text.
+ * @param payload  Passed to @p callback unchanged.
+ * @param[out] out_stopped NULL, or 1 when a stop string ended the text, else 0.
+ * @return #EP_OK; #EP_ERR_CANCELLED (the callback returned nonzero); #EP_ERR_INVALID_ARGUMENT.
+ */
+EP_API ep_status ep_text_stream_finish(ep_text_stream *stream, ep_text_fn callback, void *payload, int32_t *out_stopped);
+
+/**
+ * @brief Frees a stream.
+ * @param stream NULL is a no-op.
+ */
+EP_API void ep_text_stream_close(ep_text_stream *stream);
+
+/** @} */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

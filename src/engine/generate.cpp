@@ -56,12 +56,7 @@ void generate(Session &session, std::span<const int32_t> prompt, const GenerateP
   bool cancelled = false;
   try {
     for (uint32_t i = 0; i < params.max_new_tokens; ++i) {
-      if (sp.repetition_penalty != 1.0f) {
-        const std::span<const int32_t> all = session.tokens();
-        const size_t w = params.repetition_window && params.repetition_window < all.size() ? params.repetition_window : all.size();
-        sp.penalty_tokens = all.subspan(all.size() - w);
-      }
-      const int32_t tok = session.sample(sp);
+      const int32_t tok = session.sample(sp, params.repetition_window);
       session.append(std::span<const int32_t>(&tok, 1));
       ++st.generated_tokens;
       StopReason reason = StopReason::length;

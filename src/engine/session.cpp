@@ -72,4 +72,29 @@ int32_t Session::sample(const backend::SamplingParams &params) {
   return be.sample(z, params, sample_counter_++);
 }
 
+int32_t Session::sample(backend::SamplingParams params, uint32_t repetition_window) {
+  if (params.repetition_penalty != 1.0f) {
+    const size_t n = tokens_.size();
+    const size_t w = repetition_window && repetition_window < n ? repetition_window : n;
+    params.penalty_tokens = std::span<const int32_t>(tokens_.data() + (n - w), w);
+  }
+  return sample(params);
+}
+
+void append_batch(std::span<Session *const> sessions, std::span<const std::span<const int32_t>> tokens) {
+  if (sessions.empty()) fail(Status::invalid_argument, "no sessions to append to");
+  if (tokens.size() != sessions.size())
+    fail(Status::invalid_argument, "{} token lists for {} sessions", tokens.size(), sessions.size());
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    if (!sessions[i]) fail(Status::invalid_argument, "sessions[{}] is NULL", i);
+    if (&sessions[i]->engine() != &sessions[0]->engine())
+      fail(Status::invalid_argument, "sessions[{}] belongs to another model than sessions[0]", i);
+    for (size_t j = 0; j < i; ++j)
+      if (sessions[j] == sessions[i]) fail(Status::invalid_argument, "sessions[{}] and sessions[{}] are the same session", j, i);
+    if (tokens[i].empty()) fail(Status::invalid_argument, "no tokens for sessions[{}]", i);
+    sessions[i]->check_tokens(tokens[i], "tokens");
+  }
+  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->append(tokens[i]);
+}
+
 }  // namespace ep::engine

@@ -16,6 +16,13 @@
 namespace ep::engine {
 
 class Engine;
+class Session;
+
+/// Appends @p tokens[i] to @p sessions[i] (distinct sessions of one engine, every list non-empty)
+/// in one forward pass; each keeps its last row of logits. Status::invalid_argument for a
+/// session given twice, sessions of different engines, empty lists or tokens outside the
+/// vocabulary (checked before anything runs). After another error every session must be reset.
+void append_batch(std::span<Session *const> sessions, std::span<const std::span<const int32_t>> tokens);
 
 class Session {
  public:
@@ -45,8 +52,12 @@ class Session {
   /// Draws the next token from the last logits (has_logits() must hold) with @p params; the
   /// draw counter advances.
   int32_t sample(const backend::SamplingParams &params);
+  /// sample() with the repetition penalty over the session's last @p repetition_window tokens
+  /// (0 = all of them), as the generation loop applies it.
+  int32_t sample(backend::SamplingParams params, uint32_t repetition_window);
 
  private:
+  friend void append_batch(std::span<Session *const>, std::span<const std::span<const int32_t>>);
   void run(std::span<const int32_t> tokens, model::LogitRows rows, std::vector<float> *all);
   Engine &engine_;
   std::unique_ptr<model::LmState> state_;

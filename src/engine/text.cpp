@@ -24,55 +24,48 @@ std::string tokenizer_file_in(const fs::path &dir) {
   fail(Status::not_found, "{} holds no tokenizer.json (nor tiktoken.model / tokenizer.model)", dir.string());
 }
 
-/// Streams generated tokens as text: complete UTF-8 only (StreamDecoder), special tokens
-/// skipped, and text that may begin a stop string held back until it is known not to.
-class TextStream {
- public:
-  TextStream(const ChatTokenizer &t, const std::vector<std::string> &stops, const TextSink &sink)
-      : dec_(t.tok, /*skip_special=*/true), sink_(sink), stops_(stops) {}
-  /// 0 continue, 1 a stop string ended the text, -1 the sink cancelled.
-  int push(int32_t token) {
-    pending_ += dec_.push(token);
-    return drain(false);
-  }
-  int finish() {
-    pending_ += dec_.finish();
-    return drain(true);
-  }
-
- private:
-  int emit(const std::string &s) {
-    if (s.empty() || !sink_) return 0;
-    return sink_(s) != 0 ? -1 : 0;
-  }
-  int drain(bool final) {
-    size_t cut = std::string::npos;
-    for (const std::string &s : stops_) cut = std::min(cut, pending_.find(s));
-    if (cut != std::string::npos) {
-      const int r = emit(pending_.substr(0, cut));
-      pending_.clear();
-      return r < 0 ? -1 : 1;
-    }
-    size_t hold = 0;
-    if (!final)
-      for (const std::string &s : stops_)
-        for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k)
-          if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
-            hold = k;
-            break;
-          }
-    const std::string out = pending_.substr(0, pending_.size() - hold);
-    pending_.erase(0, pending_.size() - hold);
-    return emit(out);
-  }
-
-  tokenizer::StreamDecoder dec_;
-  const TextSink &sink_;
-  const std::vector<std::string> &stops_;
-  std::string pending_;
-};
-
 }  // namespace
+
+TextStream::TextStream(const ChatTokenizer &t, std::vector<std::string> stop_strings)
+    : dec_(t.tok, /*skip_special=*/true), stops_(std::move(stop_strings)) {
+  for (size_t i = 0; i < stops_.size(); ++i)
+    if (stops_[i].empty()) fail(Status::invalid_argument, "stop_strings[{}] is empty", i);
+}
+
+int TextStream::push(int32_t token, const TextSink &sink) {
+  if (stopped_) return 1;
+  pending_ += dec_.push(token);
+  return drain(false, sink);
+}
+
+int TextStream::finish(const TextSink &sink) {
+  if (stopped_) return 1;
+  pending_ += dec_.finish();
+  return drain(true, sink);
+}
+
+int TextStream::drain(bool final, const TextSink &sink) {
+  auto emit = [&](const std::string &text) { return text.empty() || !sink ? 0 : (sink(text) != 0 ? -1 : 0); };
+  size_t cut = std::string::npos;
+  for (const std::string &s : stops_) cut = std::min(cut, pending_.find(s));
+  if (cut != std::string::npos) {
+    const int r = emit(pending_.substr(0, cut));
+    pending_.clear();
+    stopped_ = true;
+    return r < 0 ? -1 : 1;
+  }
+  size_t hold = 0;
+  if (!final)
+    for (const std::string &s : stops_)
+      for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k)
+        if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+  const std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return emit(out);
+}
 
 std::unique_ptr<ChatTokenizer> open_tokenizer(const std::string &path_in) {
   std::error_code ec;
@@ -157,9 +150,9 @@ void generate_text(Session &session, const ChatTokenizer &t, std::span<const int
     for (int32_t id : {t.eos, t.end_of_turn})
       if (id >= 0) params.stop_tokens.push_back(id);
   check_generate_params(params);
-  TextStream stream(t, params.stop_strings, sink);
+  TextStream stream(t, params.stop_strings);
   const TokenHook hook = [&](int32_t token, uint32_t, StopReason &reason) {
-    const int r = stream.push(token);
+    const int r = stream.push(token, sink);
     if (r > 0) reason = StopReason::string;
     return r;
   };
@@ -172,7 +165,7 @@ void generate_text(Session &session, const ChatTokenizer &t, std::span<const int
   }
   st.reused_tokens = reused;
   if (st.stop_reason != StopReason::string) {
-    const int r = stream.finish();
+    const int r = stream.finish(sink);
     if (r > 0) st.stop_reason = StopReason::string;
     if (r < 0) {
       st.stop_reason = StopReason::cancelled;

@@ -54,6 +54,26 @@ std::string render_chat(const ChatTokenizer &t, std::span<const ChatMessage> mes
 /// Receives generated text in pieces; return nonzero to cancel.
 using TextSink = std::function<int(std::string_view text)>;
 
+/// Generated tokens as text: complete UTF-8 only (the tokenizer's StreamDecoder), special tokens
+/// skipped, and text that may begin a stop string held back until it is known not to.
+class TextStream {
+ public:
+  TextStream(const ChatTokenizer &t, std::vector<std::string> stop_strings);
+  /// 0 continue, 1 a stop string ended the text (what came before it was delivered), -1 the
+  /// sink cancelled. After a stop, further tokens deliver nothing.
+  int push(int32_t token, const TextSink &sink);
+  /// Delivers what was held back; the same results.
+  int finish(const TextSink &sink);
+  bool stopped() const { return stopped_; }
+
+ private:
+  int drain(bool final, const TextSink &sink);
+  tokenizer::StreamDecoder dec_;
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
 /// Generates text after @p prompt (token ids; may be empty on a session with logits): stop
 /// tokens plus EOS / end of turn (unless params.ignore_eos), stop strings; fills @p stats also
 /// when it throws (Status::cancelled when the sink cancelled).
