@@ -369,6 +369,18 @@ EP_API ep_status ep_session_sample(int32_t *out_token, ep_session *session, cons
   });
 }
 
+EP_API ep_status ep_session_fork(ep_session **out_session, const ep_session *session) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_session, fn, "out_session");
+    *out_session = nullptr;
+    ep::capi::require_arg(session, fn, "session");
+    auto s = std::make_unique<ep_session>();
+    s->model = session->model;
+    s->session = session->session->fork();
+    *out_session = s.release();
+  });
+}
+
 EP_API ep_status ep_session_tokens(int32_t *out_tokens, size_t capacity, size_t *out_count, const ep_session *session) {
   return ep::capi::guard(__func__, [&](const char *fn) {
     ep::capi::require_arg(out_count, fn, "out_count");

@@ -332,6 +332,17 @@ EP_API ep_status ep_sessions_append(ep_session *const *sessions, const int32_t *
 EP_API ep_status ep_session_sample(int32_t *out_token, ep_session *session, const ep_generate_options *options);
 
 /**
+ * @brief Opens a copy of a session: the same tokens, decode state (copied on the model's
+ *        device), last logits and sampler position. Appending to either leaves the other as it
+ *        is: a host keeps a conversation's state after its prompt and continues from it later
+ *        without running the prompt again.
+ * @param[out] out_session The copy; the caller owns it (ep_session_close()).
+ * @param session Open session.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument); #EP_ERR_OUT_OF_MEMORY.
+ */
+EP_API ep_status ep_session_fork(ep_session **out_session, const ep_session *session);
+
+/**
  * @brief The token ids a session holds, in order.
  * @param[out] out_tokens NULL, or room for @p capacity ids.
  * @param capacity  Entries of @p out_tokens.

@@ -16,6 +16,18 @@ Session::Session(Engine &engine) : engine_(engine) {
   logits_ = engine_.backend().allocate(static_cast<uint64_t>(engine_.info().vocab) * sizeof(float));
 }
 
+std::unique_ptr<Session> Session::fork() const {
+  auto copy = std::make_unique<Session>(engine_);
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  backend::Backend &be = engine_.backend();
+  copy->state_ = state_->clone();
+  const int64_t vocab = engine_.info().vocab;
+  be.copy(Tensor::make(logits_, GgmlType::f32, be.device(), {vocab}), Tensor::make(copy->logits_, GgmlType::f32, be.device(), {vocab}));
+  copy->tokens_ = tokens_;
+  copy->sample_counter_ = sample_counter_;
+  return copy;
+}
+
 Session::~Session() {
   std::lock_guard<std::mutex> lock(engine_.mutex());  // the state holds backend memory
   state_.reset();

@@ -28,6 +28,9 @@ class Session {
  public:
   explicit Session(Engine &engine);
   ~Session();
+  /// A new session holding a copy of this one: its state (copied in backend memory), tokens,
+  /// last logits and draw counter. Appending to either leaves the other as it is.
+  std::unique_ptr<Session> fork() const;
   Session(const Session &) = delete;
   Session &operator=(const Session &) = delete;
 

@@ -34,6 +34,7 @@ class StateOf final : public LmState {
  public:
   explicit StateOf(State s) : state(std::move(s)) {}
   int64_t n_past() const override { return state.n_past; }
+  std::unique_ptr<LmState> clone() const override { return std::make_unique<StateOf>(state); }
   State state;
 };
 

@@ -32,6 +32,8 @@ class LmState {
   virtual ~LmState() = default;
   /// Tokens run so far (the next position).
   virtual int64_t n_past() const = 0;
+  /// A copy of the state (its backend memory copied on the backend): the same sequence, forked.
+  virtual std::unique_ptr<LmState> clone() const = 0;
 };
 
 /// What a model is (ep_model_info()).

@@ -283,9 +283,9 @@ void copy_f32(backend::Backend &be, float *dst, const float *src, int64_t n) {
 }
 
 /// Makes @p buf hold at least @p n floats (new memory, contents not kept).
-float *ensure(backend::Backend &be, DeviceBuffer &buf, int64_t n) {
+float *ensure(backend::Backend &be, StateBuffer &buf, int64_t n) {
   const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(n, 1)) * 4;
-  if (buf.bytes() < bytes) buf = DeviceBuffer(be, bytes);
+  if (buf.bytes() < bytes) buf = StateBuffer(be, bytes);
   return static_cast<float *>(buf.get());
 }
 
@@ -364,7 +364,7 @@ void DeepseekV4Model::compress(int64_t il, bool indexer, const float *x, const S
     // Norm and RoPE at each window's first position, appended to the entries.
     if (st.n_entries + n_win > st.entries_capacity) {
       const int64_t cap = std::max<int64_t>({st.n_entries + n_win, 2 * st.entries_capacity, 16});
-      DeviceBuffer grown(be_, static_cast<uint64_t>(cap * d) * 4);
+      StateBuffer grown(be_, static_cast<uint64_t>(cap * d) * 4);
       copy_f32(be_, static_cast<float *>(grown.get()), static_cast<const float *>(st.entries.get()), st.n_entries * d);
       st.entries = std::move(grown);
       st.entries_capacity = cap;

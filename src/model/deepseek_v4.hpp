@@ -12,6 +12,7 @@
 #pragma once
 
 #include "backend/backend.hpp"
+#include "model/backend_memory.hpp"
 #include "model/deepseek_v4_config.hpp"
 #include "model/expert_provider.hpp"
 #include "model/logit_rows.hpp"
@@ -27,23 +28,24 @@ class WeightCatalog;
 
 /// Running state of one compressor (attention or indexer) of one layer; rows in backend memory.
 struct CompressorState {
-  DeviceBuffer buf_kv, buf_gate;        ///< [ratio][c·d]: projected rows not yet in a closed window
+  StateBuffer buf_kv, buf_gate;         ///< [ratio][c·d]: projected rows not yet in a closed window
   int64_t buf_rows = 0;                 ///< how many of them are in use
   int64_t n_entries = 0;                ///< closed windows so far
-  DeviceBuffer entries;                 ///< [capacity][d]: the first n_entries rows, normed and RoPE'd
+  StateBuffer entries;                  ///< [capacity][d]: the first n_entries rows, normed and RoPE'd
   int64_t entries_capacity = 0;
   bool has_overlap = false;             ///< CSA: the last closed window's first-half rows
-  DeviceBuffer overlap_kv, overlap_gate;  ///< [ratio][d] (gate includes the position bias)
+  StateBuffer overlap_kv, overlap_gate;  ///< [ratio][d] (gate includes the position bias)
 };
 
 struct LayerState {
-  DeviceBuffer window;             ///< [W − 1][head_dim]: the last K=V rows (window_pos.size() in use)
+  StateBuffer window;              ///< [W − 1][head_dim]: the last K=V rows (window_pos.size() in use)
   std::vector<int32_t> window_pos; ///< their positions (host: positions are known on the host)
   CompressorState comp, index;
 };
 
 /// Decode state: prefill, then decode token by token, equals recomputing the whole sequence.
-/// Holds backend memory of the model that made it: it must not outlive that model.
+/// Holds backend memory of the model that made it: it must not outlive that model. Copying it
+/// copies that memory on the backend (a fork of the sequence).
 struct DeepseekV4State {
   int64_t n_past = 0;
   std::vector<LayerState> layers;

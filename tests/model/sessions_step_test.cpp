@@ -103,6 +103,28 @@ TEST_CASE("ep_sessions_append: batched sessions decode as they do alone", "[mode
     ep_session_close(solo);
   }
 
+  // A fork continues as the original does, and appending to it leaves the original alone.
+  {
+    ep_session *f = nullptr;
+    REQUIRE(ep_session_fork(&f, ss[3]) == EP_OK);
+    int32_t a = -1, b = -1;
+    REQUIRE(ep_session_sample(&a, ss[3], nullptr) == EP_OK);
+    REQUIRE(ep_session_sample(&b, f, nullptr) == EP_OK);
+    CHECK(a == b);
+    const int32_t extra[2] = {11, 12};
+    ep_session *fs[1] = {f};
+    const int32_t *ep_[1] = {extra};
+    const size_t en[1] = {2};
+    REQUIRE(ep_sessions_append(fs, ep_, en, 1) == EP_OK);
+    size_t nf = 0, no = 0;
+    REQUIRE(ep_session_tokens(nullptr, 0, &nf, f) == EP_OK);
+    REQUIRE(ep_session_tokens(nullptr, 0, &no, ss[3]) == EP_OK);
+    CHECK(nf == no + 2);
+    REQUIRE(ep_session_sample(&b, ss[3], nullptr) == EP_OK);
+    CHECK(a == b);  // the original's logits are untouched
+    ep_session_close(f);
+  }
+
   // Refusals: a session twice, an empty list, a token outside the vocabulary, an empty session's sample.
   {
     ep_session *two[2] = {ss[1], ss[1]};
