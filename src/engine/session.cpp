@@ -106,7 +106,28 @@ void append_batch(std::span<Session *const> sessions, std::span<const std::span<
     if (tokens[i].empty()) fail(Status::invalid_argument, "no tokens for sessions[{}]", i);
     sessions[i]->check_tokens(tokens[i], "tokens");
   }
-  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->append(tokens[i]);
+  // One forward pass for every session (their tokens back to back); each session's last row of
+  // logits goes to its own buffer, on the device.
+  std::vector<int32_t> all;
+  std::vector<int64_t> offsets{0};
+  std::vector<model::LmState *> states;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    all.insert(all.end(), tokens[i].begin(), tokens[i].end());
+    offsets.push_back(static_cast<int64_t>(all.size()));
+    states.push_back(sessions[i]->state_.get());
+  }
+  Engine &engine = sessions[0]->engine();
+  {
+    std::lock_guard<std::mutex> lock(engine.mutex());
+    backend::Backend &be = engine.backend();
+    const int64_t vocab = engine.info().vocab;
+    const Tensor out = engine.lm().forward_batch(all, offsets, states, model::LogitRows::last);
+    for (size_t i = 0; i < sessions.size(); ++i)
+      be.copy(Tensor::make(out.as<float>() + static_cast<int64_t>(i) * vocab, GgmlType::f32, be.device(), {vocab}),
+              Tensor::make(sessions[i]->logits_, GgmlType::f32, be.device(), {vocab}));
+  }
+  for (size_t i = 0; i < sessions.size(); ++i)
+    sessions[i]->tokens_.insert(sessions[i]->tokens_.end(), tokens[i].begin(), tokens[i].end());
 }
 
 }  // namespace ep::engine

@@ -58,6 +58,12 @@ class BackendScratch {
   int32_t *i32(int64_t n) { return static_cast<int32_t *>(get(static_cast<uint64_t>(n) * 4)); }
   int8_t *i8(int64_t n) { return static_cast<int8_t *>(get(static_cast<uint64_t>(n))); }
   void reset() { std::fill(used_.begin(), used_.end(), 0); }
+  /// Which buffers are in use now; release() frees those taken after it.
+  using Mark = std::vector<char>;
+  Mark mark() const { return used_; }
+  void release(const Mark &m) {
+    for (size_t i = 0; i < used_.size(); ++i) used_[i] = i < m.size() ? m[i] : 0;
+  }
 
  private:
   backend::Backend &be_;

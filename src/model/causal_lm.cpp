@@ -52,6 +52,19 @@ class ModelLm final : public CausalLm {
     if (!s) fail(Status::internal, "{}: forward() with the state of another model", info_.architecture);
     return m_->forward(tokens, n, s->state, rows);
   }
+  backend::Tensor forward_batch(std::span<const int32_t> tokens, std::span<const int64_t> offsets,
+                                std::span<LmState *const> states, LogitRows rows) override {
+    std::vector<State *> own(states.size());
+    for (size_t i = 0; i < states.size(); ++i) {
+      auto *s = dynamic_cast<StateOf<State> *>(states[i]);
+      if (!s) fail(Status::internal, "{}: forward_batch() with the state of another model", info_.architecture);
+      own[i] = &s->state;
+    }
+    backend::Tensor out = m_->forward_batch(tokens, offsets, own, rows);
+    // one sequence's last row comes back as [vocab]: the batch shape is [vocab, 1]
+    if (rows == LogitRows::last && out.data && states.size() == 1) out = backend::Tensor::make(out.data, out.type, out.device, {info_.vocab, 1});
+    return out;
+  }
   backend::Backend &backend() const override { return m_->backend(); }
   const std::vector<ExpertShape> &expert_shapes() const override { return m_->expert_shapes(); }
   int64_t first_expert_layer() const override { return first_; }

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,13 @@ class CausalLm {
   /// forward() with every row copied to @p logits (host memory, n × vocab floats), or none when
   /// @p logits is null.
   void forward(const int32_t *tokens, int64_t n, LmState &state, float *logits);
+  /// One forward pass over several sequences: sequence i is tokens[offsets[i] .. offsets[i+1])
+  /// (at least one token) appended to states[i] (distinct states of this model). Each
+  /// sequence's results are those of forward() on it alone; the routed experts of all of them
+  /// are acquired together, once per MoE layer. LogitRows::last gives each sequence's last
+  /// token's logits, [vocab, sequences]; all gives every row, [vocab, tokens].
+  virtual backend::Tensor forward_batch(std::span<const int32_t> tokens, std::span<const int64_t> offsets,
+                                        std::span<LmState *const> states, LogitRows rows) = 0;
   /// The backend the model runs on.
   virtual backend::Backend &backend() const = 0;
   /// Per provider layer (= pack layer): the routed experts' types and shapes in the source.

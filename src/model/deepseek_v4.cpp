@@ -53,13 +53,23 @@ struct DeepseekV4Model::Scratch : BackendScratch {
   using BackendScratch::BackendScratch;
 };
 
-/// What every layer of one forward() shares: the tokens and positions, on the host and in
-/// backend memory.
+/// One sequence of a forward pass: its tokens and positions, on the host and in backend memory,
+/// where they sit in the pass, and its state.
 struct DeepseekV4Model::Step {
   int64_t n = 0;
+  int64_t offset = 0;               // its first token's index in the pass
   const int32_t *tokens = nullptr;  // host
   const int32_t *pos = nullptr;     // host
   Tensor tokens_dev, pos_dev;       // i32 [n]
+  DeepseekV4State *state = nullptr;
+};
+
+/// Every sequence of one forward pass (their tokens back to back): the per-token work runs over
+/// all of them at once, the attention per sequence.
+struct DeepseekV4Model::Batch {
+  int64_t n = 0;
+  Tensor tokens_dev;  // i32 [n]
+  std::vector<Step> seqs;
 };
 
 namespace {
@@ -496,7 +506,7 @@ void DeepseekV4Model::attention(int64_t il, const float *x, const Step &s, Layer
   st.window_pos.assign(key_pos.begin() + (n_raw - keep), key_pos.begin() + n_raw);
 }
 
-void DeepseekV4Model::moe(int64_t il, const float *x, const Step &s, float *out) {
+void DeepseekV4Model::moe(int64_t il, const float *x, const Batch &s, float *out) {
   const DeepseekV4Config &c = cfg_;
   const Device dv = be_.device();
   Scratch &sc = *site_scratch_;
@@ -532,14 +542,14 @@ void DeepseekV4Model::moe(int64_t il, const float *x, const Step &s, float *out)
   be_.add(dev_f32(dv, out, {D, n}), dev_f32(dv, shared, {D, n}), dev_f32(dv, out, {D, n}));
 }
 
-void DeepseekV4Model::hc_site(int64_t il, bool ffn, float *h, const Step &s, DeepseekV4State &state) {
+void DeepseekV4Model::hc_site(int64_t il, bool ffn, float *h, const Batch &b) {
   const DeepseekV4Config &c = cfg_;
   const Device dv = be_.device();
   Scratch &sc = *site_scratch_;
   sc.reset();
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
   const Weights::Hc &W = ffn ? L.hc_ffn : L.hc_attn;
-  const int64_t D = c.hidden, hc = c.hc_mult, M = c.hc_mix(), n = s.n;
+  const int64_t D = c.hidden, hc = c.hc_mult, M = c.hc_mix(), n = b.n;
   float *flat = sc.f32(hc * D * n), *mix = sc.f32(M * n), *pre = sc.f32(hc * n), *post = sc.f32(hc * n),
         *comb = sc.f32(hc * hc * n), *col = sc.f32(D * n), *xin = sc.f32(D * n), *y = sc.f32(D * n);
   be_.rms_norm(dev_f32(dv, h, {hc * D, n}), nullptr, c.rms_eps, dev_f32(dv, flat, {hc * D, n}));
@@ -549,10 +559,17 @@ void DeepseekV4Model::hc_site(int64_t il, bool ffn, float *h, const Step &s, Dee
                  dev_f32(dv, pre, {hc, n}), &post_t, &comb_t);
   be_.hc_collapse(dev_f32(dv, h, {D, hc, n}), dev_f32(dv, pre, {hc, n}), dev_f32(dv, col, {D, n}));
   be_.rms_norm(dev_f32(dv, col, {D, n}), ffn ? &L.ffn_norm : &L.attn_norm, c.rms_eps, dev_f32(dv, xin, {D, n}));
-  if (ffn)
-    moe(il, xin, s, y);
-  else
-    attention(il, xin, s, state.layers[static_cast<size_t>(il)], y);
+  if (ffn) {
+    moe(il, xin, b, y);
+  } else {
+    // Attention per sequence (its own state and positions); the scratch it takes is reused by the
+    // next sequence (ops are ordered on the stream).
+    const BackendScratch::Mark mark = sc.mark();
+    for (const Step &st : b.seqs) {
+      attention(il, xin + st.offset * D, st, st.state->layers[static_cast<size_t>(il)], y + st.offset * D);
+      sc.release(mark);
+    }
+  }
   const Tensor streams = dev_f32(dv, h, {D, hc, n});
   be_.hc_expand(streams, dev_f32(dv, y, {D, n}), post_t, comb_t, streams);
 }
@@ -563,45 +580,82 @@ void DeepseekV4Model::forward(const int32_t *tokens, int64_t n, DeepseekV4State 
 }
 
 Tensor DeepseekV4Model::forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, LogitRows rows) {
-  const DeepseekV4Config &c = cfg_;
   if (n <= 0) return {};
-  if (static_cast<int64_t>(state.layers.size()) != c.n_layers)
-    fail(Status::invalid_argument, "DeepSeek-V4 forward: state has {} layers, the model {}", state.layers.size(), c.n_layers);
+  const int64_t offsets[2] = {0, n};
+  DeepseekV4State *states[1] = {&state};
+  return forward_batch(std::span<const int32_t>(tokens, static_cast<size_t>(n)), offsets, states, rows);
+}
+
+Tensor DeepseekV4Model::forward_batch(std::span<const int32_t> tokens, std::span<const int64_t> offsets,
+                                      std::span<DeepseekV4State *const> states, LogitRows rows) {
+  const DeepseekV4Config &c = cfg_;
+  const int64_t S = static_cast<int64_t>(states.size()), n = static_cast<int64_t>(tokens.size());
+  if (S == 0 || offsets.size() != states.size() + 1 || offsets.front() != 0 || offsets.back() != n)
+    fail(Status::invalid_argument, "DeepSeek-V4 forward: {} sequence offsets for {} states and {} tokens", offsets.size(), S, n);
+  for (int64_t i = 0; i < S; ++i) {
+    const DeepseekV4State &st = *states[static_cast<size_t>(i)];
+    if (static_cast<int64_t>(st.layers.size()) != c.n_layers)
+      fail(Status::invalid_argument, "DeepSeek-V4 forward: state has {} layers, the model {}", st.layers.size(), c.n_layers);
+    const int64_t len = offsets[static_cast<size_t>(i) + 1] - offsets[static_cast<size_t>(i)];
+    if (len <= 0) fail(Status::invalid_argument, "DeepSeek-V4 forward: sequence {} has no tokens", i);
+    if (st.n_past + len > INT32_MAX) fail(Status::invalid_argument, "DeepSeek-V4 forward: position overflow");
+    for (int64_t j = 0; j < i; ++j)
+      if (states[static_cast<size_t>(j)] == states[static_cast<size_t>(i)])
+        fail(Status::invalid_argument, "DeepSeek-V4 forward: sequences {} and {} share one state", j, i);
+  }
   for (int64_t t = 0; t < n; ++t)
-    if (tokens[t] < 0 || tokens[t] >= c.vocab)
-      fail(Status::invalid_argument, "DeepSeek-V4 forward: token {} at {} is outside 0..{}", tokens[t], t, c.vocab - 1);
-  if (state.n_past + n > INT32_MAX) fail(Status::invalid_argument, "DeepSeek-V4 forward: position overflow");
+    if (tokens[static_cast<size_t>(t)] < 0 || tokens[static_cast<size_t>(t)] >= c.vocab)
+      fail(Status::invalid_argument, "DeepSeek-V4 forward: token {} at {} is outside 0..{}", tokens[static_cast<size_t>(t)], t,
+           c.vocab - 1);
   const Device dv = be_.device();
   const int64_t D = c.hidden, hc = c.hc_mult, V = c.vocab;
   Scratch &fs = *fwd_scratch_;
   fs.reset();
   std::vector<int32_t> pos(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(state.n_past + t);
-  Step s;
-  s.n = n;
-  s.tokens = tokens;
-  s.pos = pos.data();
   int32_t *tok_d = fs.i32(n), *pos_d = fs.i32(n);
-  be_.upload(tok_d, tokens, static_cast<uint64_t>(n) * 4);
+  Batch b;
+  b.n = n;
+  b.tokens_dev = dev_i32(dv, tok_d, {n});
+  for (int64_t i = 0; i < S; ++i) {
+    Step st;
+    st.offset = offsets[static_cast<size_t>(i)];
+    st.n = offsets[static_cast<size_t>(i) + 1] - st.offset;
+    st.state = states[static_cast<size_t>(i)];
+    for (int64_t t = 0; t < st.n; ++t) pos[static_cast<size_t>(st.offset + t)] = static_cast<int32_t>(st.state->n_past + t);
+    st.tokens = tokens.data() + st.offset;
+    st.pos = pos.data() + st.offset;
+    st.tokens_dev = dev_i32(dv, tok_d + st.offset, {st.n});
+    st.pos_dev = dev_i32(dv, pos_d + st.offset, {st.n});
+    b.seqs.push_back(st);
+  }
+  be_.upload(tok_d, tokens.data(), static_cast<uint64_t>(n) * 4);
   be_.upload(pos_d, pos.data(), static_cast<uint64_t>(n) * 4);
-  s.tokens_dev = dev_i32(dv, tok_d, {n});
-  s.pos_dev = dev_i32(dv, pos_d, {n});
   // the embedding, copied into each of the hc streams: h [D, hc, n]
   float *emb = fs.f32(D * n), *h = fs.f32(hc * D * n);
-  be_.embed(w_->token_embd, s.tokens_dev, dev_f32(dv, emb, {D, n}));
+  be_.embed(w_->token_embd, b.tokens_dev, dev_f32(dv, emb, {D, n}));
   for (int64_t j = 0; j < hc; ++j)
     be_.copy_2d(h + j * D, static_cast<uint64_t>(hc * D) * 4, emb, static_cast<uint64_t>(D) * 4, static_cast<uint64_t>(D) * 4,
                 static_cast<uint64_t>(n));
   for (int64_t il = 0; il < c.n_layers; ++il) {
-    hc_site(il, false, h, s, state);
-    hc_site(il, true, h, s, state);
+    hc_site(il, false, h, b);
+    hc_site(il, true, h, b);
   }
-  state.n_past += n;
+  for (const Step &st : b.seqs) st.state->n_past += st.n;
   if (rows == LogitRows::none) return {};
-  // final hyper-connection head (pre weights only), norm, lm_head: on the last token only when
-  // that is all the caller needs (generation)
-  const int64_t t0 = rows == LogitRows::last ? n - 1 : 0, m = n - t0;
-  const float *hm = h + t0 * hc * D;
+  // final hyper-connection head (pre weights only), norm, lm_head: on each sequence's last token
+  // only when that is all the caller needs (generation)
+  const int64_t m = rows == LogitRows::last ? S : n;
+  const float *hm = h;
+  if (rows == LogitRows::last) {
+    if (S == 1) {
+      hm = h + (n - 1) * hc * D;
+    } else {
+      float *last = fs.f32(hc * D * S);
+      for (int64_t i = 0; i < S; ++i)
+        copy_f32(be_, last + i * hc * D, h + (offsets[static_cast<size_t>(i) + 1] - 1) * hc * D, hc * D);
+      hm = last;
+    }
+  }
   Scratch &sc = *site_scratch_;
   sc.reset();
   float *flat = sc.f32(hc * D * m), *mix = sc.f32(hc * m), *pre = sc.f32(hc * m), *col = sc.f32(D * m), *normed = sc.f32(D * m);
@@ -613,7 +667,7 @@ Tensor DeepseekV4Model::forward(const int32_t *tokens, int64_t n, DeepseekV4Stat
   be_.hc_collapse(dev_f32(dv, hm, {D, hc, m}), dev_f32(dv, pre, {hc, m}), dev_f32(dv, col, {D, m}));
   be_.rms_norm(dev_f32(dv, col, {D, m}), &w_->output_norm, c.rms_eps, dev_f32(dv, normed, {D, m}));
   mm(w_->output, normed, D, m, out);
-  return rows == LogitRows::last ? dev_f32(dv, out, {V}) : dev_f32(dv, out, {V, m});
+  return rows == LogitRows::last && S == 1 ? dev_f32(dv, out, {V}) : dev_f32(dv, out, {V, m});
 }
 
 }  // namespace ep::model

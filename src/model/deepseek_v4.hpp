@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,14 @@ class DeepseekV4Model {
   /// logits @p rows asks for in backend memory: f32 [vocab] (last), [vocab, n] (all; row t
   /// predicts token t+1) or an empty tensor (none); valid until the next forward() of this model.
   backend::Tensor forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, LogitRows rows);
+  /// One forward pass over several sequences: sequence i is tokens[offsets[i] .. offsets[i+1])
+  /// at states[i] (distinct states of this model). The per-token work runs over every token at
+  /// once (one acquire of the union of the routed experts per MoE layer), the attention per
+  /// sequence: each sequence's results are those of forward() on it alone. Logits as forward(),
+  /// with LogitRows::last giving each sequence's last token: [vocab, sequences] (or [vocab] for
+  /// one sequence).
+  backend::Tensor forward_batch(std::span<const int32_t> tokens, std::span<const int64_t> offsets,
+                                std::span<DeepseekV4State *const> states, LogitRows rows);
   /// forward() with every row copied to @p logits (host memory, n × vocab floats), or none when
   /// @p logits is null.
   void forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, float *logits);
@@ -96,10 +105,11 @@ class DeepseekV4Model {
  private:
   struct Scratch;
   struct Step;
+  struct Batch;
   void attention(int64_t il, const float *x, const Step &step, LayerState &st, float *out);
   void compress(int64_t il, bool indexer, const float *x, const Step &step, CompressorState &st);
-  void moe(int64_t il, const float *x, const Step &step, float *out);
-  void hc_site(int64_t il, bool ffn, float *h, const Step &step, DeepseekV4State &state);
+  void moe(int64_t il, const float *x, const Batch &batch, float *out);
+  void hc_site(int64_t il, bool ffn, float *h, const Batch &batch);
   /// y[w.ne1, n] = w · x[k, n]; zero-pads x when w's rows were padded past k (Loader::matrix).
   void mm(const backend::Tensor &w, const float *x, int64_t k, int64_t n, float *y);
 

@@ -423,9 +423,27 @@ void KimiModel::forward(const int32_t *tokens, int64_t n, KimiState &state, floa
 }
 
 Tensor KimiModel::forward(const int32_t *tokens, int64_t n, KimiState &state, LogitRows rows) {
-  const KimiConfig &c = cfg_;
   if (n <= 0) return {};
-  check_state(state);
+  const int64_t offsets[2] = {0, n};
+  KimiState *states[1] = {&state};
+  return forward_batch(std::span<const int32_t>(tokens, static_cast<size_t>(n)), offsets, states, rows);
+}
+
+Tensor KimiModel::forward_batch(std::span<const int32_t> tokens_in, std::span<const int64_t> offsets,
+                                std::span<KimiState *const> states, LogitRows rows) {
+  const KimiConfig &c = cfg_;
+  const int64_t S = static_cast<int64_t>(states.size()), n = static_cast<int64_t>(tokens_in.size());
+  const int32_t *tokens = tokens_in.data();
+  if (S == 0 || offsets.size() != states.size() + 1 || offsets.front() != 0 || offsets.back() != n)
+    fail(Status::invalid_argument, "Kimi forward: {} sequence offsets for {} states and {} tokens", offsets.size(), S, n);
+  for (int64_t i = 0; i < S; ++i) {
+    check_state(*states[static_cast<size_t>(i)]);
+    if (offsets[static_cast<size_t>(i) + 1] <= offsets[static_cast<size_t>(i)])
+      fail(Status::invalid_argument, "Kimi forward: sequence {} has no tokens", i);
+    for (int64_t j = 0; j < i; ++j)
+      if (states[static_cast<size_t>(j)] == states[static_cast<size_t>(i)])
+        fail(Status::invalid_argument, "Kimi forward: sequences {} and {} share one state", j, i);
+  }
   for (int64_t t = 0; t < n; ++t)
     if (tokens[t] < 0 || tokens[t] >= c.vocab)
       fail(Status::invalid_argument, "Kimi-Linear forward: token {} at {} is outside 0..{}", tokens[t], t, c.vocab - 1);
@@ -451,12 +469,17 @@ Tensor KimiModel::forward(const int32_t *tokens, int64_t n, KimiState &state, Lo
   };
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
-    KimiLayerState &st = state.layers[static_cast<size_t>(il)];
     be_.rms_norm(B > 0 ? mix(L.attn_res) : ht, &L.attn_norm, c.rms_eps, xt);
-    if (c.mixer[static_cast<size_t>(il)] == KimiMixer::kda)
-      kda(il, xn, n, st, y);
-    else
-      mla(il, xn, n, state.n_past, st, y);
+    // the mixer per sequence (its own state); the rest over every token at once
+    for (int64_t i = 0; i < S; ++i) {
+      KimiState &state = *states[static_cast<size_t>(i)];
+      KimiLayerState &st = state.layers[static_cast<size_t>(il)];
+      const int64_t o = offsets[static_cast<size_t>(i)], len = offsets[static_cast<size_t>(i) + 1] - o;
+      if (c.mixer[static_cast<size_t>(il)] == KimiMixer::kda)
+        kda(il, xn + o * D, len, st, y + o * D);
+      else
+        mla(il, xn + o * D, len, state.n_past, st, y + o * D);
+    }
     if (B > 0 && il % B == 0) {
       // the raw layer input is banked; the stream restarts from the attention output
       be_.copy(dev_f32(dv, h, {D * n}), dev_f32(dv, bank + n_banked * D * n, {D * n}));
@@ -469,14 +492,27 @@ Tensor KimiModel::forward(const int32_t *tokens, int64_t n, KimiState &state, Lo
     ffn(il, xn, n, y);
     be_.add(ht, yt, ht);
   }
-  state.n_past += n;
+  for (int64_t i = 0; i < S; ++i)
+    states[static_cast<size_t>(i)]->n_past += offsets[static_cast<size_t>(i) + 1] - offsets[static_cast<size_t>(i)];
   if (rows == LogitRows::none) return {};
   be_.rms_norm(B > 0 ? mix(w_->output_res) : ht, &w_->output_norm, c.rms_eps, xt);
-  // the output head on the last token only when that is all the caller needs (generation)
-  const int64_t t0 = rows == LogitRows::last ? n - 1 : 0, m = n - t0;
+  // the output head on each sequence's last token only when that is all the caller needs
+  // (generation)
+  const int64_t m = rows == LogitRows::last ? S : n;
+  const float *xm = xn;
+  if (rows == LogitRows::last) {
+    if (S == 1) {
+      xm = xn + (n - 1) * D;
+    } else {
+      float *last = fs.f32(D * S);
+      for (int64_t i = 0; i < S; ++i)
+        be_.copy(dev_f32(dv, xn + (offsets[static_cast<size_t>(i) + 1] - 1) * D, {D}), dev_f32(dv, last + i * D, {D}));
+      xm = last;
+    }
+  }
   float *out = fs.f32(V * m);
-  be_.matmul(w_->output, dev_f32(dv, xn + t0 * D, {D, m}), dev_f32(dv, out, {V, m}));
-  return rows == LogitRows::last ? dev_f32(dv, out, {V}) : dev_f32(dv, out, {V, m});
+  be_.matmul(w_->output, dev_f32(dv, xm, {D, m}), dev_f32(dv, out, {V, m}));
+  return rows == LogitRows::last && S == 1 ? dev_f32(dv, out, {V}) : dev_f32(dv, out, {V, m});
 }
 
 }  // namespace ep::model

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,13 @@ class KimiModel {
   backend::Tensor forward(const int32_t *tokens, int64_t n, KimiState &state, LogitRows rows);
   /// After an exception the state is partly updated and must be discarded. One forward() at a
   /// time per model (it reuses the model's scratch buffers in backend memory).
+  /// One forward pass over several sequences: sequence i is tokens[offsets[i] .. offsets[i+1])
+  /// at states[i] (distinct states of this model). The mixers run per sequence, everything else
+  /// over every token at once (one acquire of the union of the routed experts per MoE layer):
+  /// each sequence's results are those of forward() on it alone. Logits as forward(), with
+  /// LogitRows::last giving each sequence's last token: [vocab, sequences] ([vocab] for one).
+  backend::Tensor forward_batch(std::span<const int32_t> tokens, std::span<const int64_t> offsets,
+                                std::span<KimiState *const> states, LogitRows rows);
   /// forward() with every row copied to @p logits (host memory, n × vocab floats), or none when
   /// @p logits is null.
   void forward(const int32_t *tokens, int64_t n, KimiState &state, float *logits);

@@ -210,3 +210,54 @@ TEST_CASE("ep_text_stream: the host loop's text equals ep_generate_text()", "[mo
   ep_tokenizer_close(t);
   ep_model_close(m);
 }
+
+TEST_CASE("ep_sessions_append on the goldens of every architecture: batched logits are bitwise those alone",
+          "[model][batch]") {
+  const std::string data = EP_TEST_DATA_DIR;
+  for (const std::string &path : {data + "/deepseek_v4/deepseek_v4_a.gguf", data + "/kimi_linear/kimi_a.gguf",
+                                  data + "/kimi_k3/k3_a.gguf"}) {
+    INFO(path);
+    ep::test::TempDir dir;
+    ep_model *m = ep::test::open_model(path, dir.str(), 0, 1, EP_DEVICE_CPU);
+    ep_model_properties p;
+    ep_model_properties_init(&p);
+    REQUIRE(ep_model_info(&p, m) == EP_OK);
+    const int32_t V = static_cast<int32_t>(p.vocab_size);
+    // three sequences of different lengths, then two steps of one token each
+    const std::vector<std::vector<int32_t>> prompts = {{3, 14, 15}, {9, 2, 6, 5, 3, 5, 8}, {7}};
+    const std::vector<std::vector<int32_t>> steps = {{4, 11, 2}, {1, 8, 5}};
+    std::vector<ep_session *> ss(prompts.size(), nullptr);
+    for (auto &s : ss) REQUIRE(ep_session_open(&s, m) == EP_OK);
+    std::vector<const int32_t *> tp;
+    std::vector<size_t> tn;
+    for (const auto &q : prompts) {
+      tp.push_back(q.data());
+      tn.push_back(q.size());
+    }
+    REQUIRE(ep_sessions_append(ss.data(), tp.data(), tn.data(), ss.size()) == EP_OK);
+    for (const auto &st : steps) {
+      for (size_t i = 0; i < ss.size(); ++i) {
+        tp[i] = &st[i];
+        tn[i] = 1;
+      }
+      REQUIRE(ep_sessions_append(ss.data(), tp.data(), tn.data(), ss.size()) == EP_OK);
+    }
+    for (size_t i = 0; i < ss.size(); ++i) {
+      std::vector<int32_t> seq = prompts[i];
+      for (const auto &st : steps) seq.push_back(st[i] % V);
+      const int32_t probe = 1;
+      std::vector<float> batched(static_cast<size_t>(V)), alone(static_cast<size_t>(V));
+      REQUIRE(ep_score(ss[i], &probe, 1, 0, nullptr, batched.data()) == EP_OK);
+      ep_session *solo = nullptr;
+      REQUIRE(ep_session_open(&solo, m) == EP_OK);
+      std::vector<float> rows(seq.size() * static_cast<size_t>(V));
+      REQUIRE(ep_score(solo, seq.data(), seq.size(), 0, nullptr, rows.data()) == EP_OK);
+      REQUIRE(ep_score(solo, &probe, 1, 0, nullptr, alone.data()) == EP_OK);
+      INFO("sequence " << i);
+      CHECK(std::memcmp(batched.data(), alone.data(), alone.size() * sizeof(float)) == 0);
+      ep_session_close(solo);
+    }
+    for (auto *s : ss) ep_session_close(s);
+    ep_model_close(m);
+  }
+}
