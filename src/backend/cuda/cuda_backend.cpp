@@ -483,50 +483,53 @@ void CudaBackend::compute_pairs_from_table(const Tensor &x, const backend::Exper
     EP_CUDA_CHECK(cudaMalloc(&tokens, static_cast<size_t>(2 * np) * sizeof(int32_t)));
     launch_pair_tokens(np, static_cast<int32_t>(k), static_cast<int32_t *>(tokens), impl_->stream);
   }
-  run_pair_gemvs(x, batch.role_table, static_cast<const int32_t *>(tokens), np, l, act, pair_out);
+  run_pair_gemvs(x, batch.role_table, static_cast<const int32_t *>(tokens), np, 1, nullptr, l, act, pair_out);
 }
 
-void CudaBackend::run_pair_gemvs(const Tensor &x, const void *const *role_table, const int32_t *x_rows, int64_t np,
-                                 const backend::SlotLayout &l, const backend::Activation &act, float *out) {
-  // Decode: one launch for gate and up together (when they share a type and fit one launch:
-  // each launch has a fixed cost of a few microseconds) and one for down, over the pairs, the
-  // activation applied as down's kernel reads its input (GemvGlu; its own launch where that
-  // kernel cannot). The role table's rows are the matrices: gate rows then up rows are one
-  // array of 2·np matrices.
-  const int64_t d = x.ne[0], f = l.gate.ne1;
+void CudaBackend::run_pair_gemvs(const Tensor &x, const void *const *role_table, const int32_t *x_rows, int64_t n_mat,
+                                 int32_t n_tok, const int32_t *down_rows, const backend::SlotLayout &l,
+                                 const backend::Activation &act, float *out) {
+  // One launch for gate and up together (when they share a type and fit one launch: each launch
+  // has a fixed cost of a few microseconds) and one for down, the activation applied as down's
+  // kernel reads its input (GemvGlu; its own launch where that kernel cannot). The role table's
+  // rows are the matrices: gate rows then up rows are one array of 2·n_mat matrices.
+  const int64_t d = x.ne[0], f = l.gate.ne1, rows = n_mat * n_tok;
   cudaStream_t s = impl_->stream;
-  const bool fused = l.gate.type == l.up.type && 2 * np <= 65535;
-  auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(2 * np * f) * 4));
-  float *u = g + np * f;  // right after the gate rows: one launch writes both
+  const bool fused = l.gate.type == l.up.type && 2 * n_mat <= 65535;
+  auto *g = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(2 * rows * f) * 4));
+  float *u = g + rows * f;  // right after the gate rows: one launch writes both
   GemvArgs a;
   a.x = x.as<float>();
   a.x_rows = x_rows;
   a.k = d;
   a.n = f;
-  a.n_mat = static_cast<int32_t>(fused ? 2 * np : np);
+  a.n_tok = n_tok;
+  a.n_mat = static_cast<int32_t>(fused ? 2 * n_mat : n_mat);
   a.w_ptrs = role_table;
   a.y = g;
   launch_gemv(type_id(l.gate.type), a, s);
   if (!fused) {
-    a.w_ptrs = role_table + np;
-    a.x_rows = x_rows + np;
+    a.n_mat = static_cast<int32_t>(n_mat);
+    a.w_ptrs = role_table + n_mat;
+    a.x_rows = x_rows + n_mat;
     a.y = u;
     launch_gemv(type_id(l.up.type), a, s);
   }
   GemvArgs b;
-  b.w_ptrs = role_table + 2 * np;
+  b.w_ptrs = role_table + 2 * n_mat;
   b.x = g;
-  b.x_rows = nullptr;  // matrix i reads row i of g
+  b.x_rows = down_rows;  // null: matrix i reads row i of g (one token per matrix)
   b.y = out;
   b.k = f;
   b.n = d;
-  b.n_mat = static_cast<int32_t>(np);
+  b.n_tok = n_tok;
+  b.n_mat = static_cast<int32_t>(n_mat);
   // mxfp4 runs the activation in its own launch: measured no faster inside down's kernel
   // (q2_K, q3_K and iq2_xxs are faster with it there)
   if (l.down.type != GgmlType::mxfp4 && gemv_takes_glu(type_id(l.down.type), b)) {
     b.glu = GemvGlu{u, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u};
   } else {
-    launch_glu(g, u, np * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
+    launch_glu(g, u, rows * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, g, s);
   }
   launch_gemv(type_id(l.down.type), b, s);
 }
@@ -567,7 +570,7 @@ void CudaBackend::compute_pairs_grouped(const Tensor &x, const backend::ExpertBa
     auto *dev_lists = reinterpret_cast<int32_t *>(dev + table_bytes);
     upload(dev_lists, lists.data(), lists.size() * 4);
     auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(np * d) * 4));
-    run_pair_gemvs(x, reinterpret_cast<const void *const *>(dev), dev_lists, np, l, act, o);
+    run_pair_gemvs(x, reinterpret_cast<const void *const *>(dev), dev_lists, np, 1, nullptr, l, act, o);
     launch_scatter_rows(o, dev_lists + 2 * np, d, np, pair_out, s);
     return;
   }
@@ -622,7 +625,7 @@ void CudaBackend::run_chunked_expert_gemvs(const Tensor &x, const std::vector<ba
   // give moe()'s bits.
   constexpr int64_t kChunk = kGemvMaxTokens;
   constexpr int64_t kMaxRows = 16384;  // rows gathered per pass (bounds the workspaces)
-  const int64_t d = x.ne[0], f = l.gate.ne1;
+  const int64_t d = x.ne[0];
   cudaStream_t s = impl_->stream;
   const uint64_t offsets[3] = {l.gate.offset, l.up.offset, l.down.offset};
   std::vector<const void *> table;
@@ -666,43 +669,11 @@ void CudaBackend::run_chunked_expert_gemvs(const Tensor &x, const std::vector<ba
     const auto *dev_table = reinterpret_cast<const void *const *>(dev);
     const int32_t *dev_gather = dev_lists, *dev_scatter = dev_lists + rows, *dev_chunk_rows = dev_lists + 2 * rows;
     auto *xe = static_cast<float *>(workspace(kWsGather, static_cast<uint64_t>(rows * d) * 4));
-    auto *gu = static_cast<float *>(workspace(kWsGate, static_cast<uint64_t>(2 * rows * f) * 4));
-    float *u = gu + rows * f;
     auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(rows * d) * 4));
     launch_gather_rows(x.as<float>(), dev_gather, d, rows, xe, s);
-    const bool fused = l.gate.type == l.up.type;
-    GemvArgs a;
-    a.x = xe;
-    a.x_rows = dev_chunk_rows;
-    a.k = d;
-    a.n = f;
-    a.n_tok = static_cast<int32_t>(kChunk);
-    a.n_mat = static_cast<int32_t>(fused ? 2 * chunks : chunks);
-    a.w_ptrs = dev_table;
-    a.y = gu;
-    launch_gemv(type_id(l.gate.type), a, s);
-    if (!fused) {
-      a.n_mat = static_cast<int32_t>(chunks);
-      a.w_ptrs = dev_table + chunks;
-      a.x_rows = dev_chunk_rows + chunks;
-      a.y = u;
-      launch_gemv(type_id(l.up.type), a, s);
-    }
-    GemvArgs b;
-    b.w_ptrs = dev_table + 2 * chunks;
-    b.x = gu;
-    b.x_rows = dev_chunk_rows;  // chunk c reads its rows of the gate output
-    b.y = o;
-    b.k = f;
-    b.n = d;
-    b.n_tok = static_cast<int32_t>(kChunk);
-    b.n_mat = static_cast<int32_t>(chunks);
-    if (l.down.type != GgmlType::mxfp4 && gemv_takes_glu(type_id(l.down.type), b)) {
-      b.glu = GemvGlu{u, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u};
-    } else {
-      launch_glu(gu, u, rows * f, static_cast<int32_t>(act.kind), act.limit, act.beta_g, act.beta_u, gu, s);
-    }
-    launch_gemv(type_id(l.down.type), b, s);
+    // chunk c's rows of the gathered x and of the gate output start at row c · kChunk
+    run_pair_gemvs(Tensor::make(xe, GgmlType::f32, Device::cuda, {d, rows}), dev_table, dev_chunk_rows, chunks,
+                   static_cast<int32_t>(kChunk), dev_chunk_rows, l, act, o);
     launch_scatter_rows(o, dev_scatter, d, rows, pair_out, s);
     g0 = g1;
   }

@@ -119,10 +119,13 @@ class CudaBackend final : public backend::Backend {
   /// The rows of moe() for a decode batch: the GEMV kernels read the role table's addresses.
   void compute_pairs_from_table(const backend::Tensor &x, const backend::ExpertBatch &batch, int64_t k,
                                 const backend::SlotLayout &layout, const backend::Activation &act, float *pair_out);
-  /// The decode GEMVs of @p np pairs: matrix addresses in @p role_table ([3][np], device), the x
-  /// row of each gate and up matrix in @p x_rows ([2][np], device); rows to @p out ([np][D]).
-  void run_pair_gemvs(const backend::Tensor &x, const void *const *role_table, const int32_t *x_rows, int64_t np,
-                      const backend::SlotLayout &layout, const backend::Activation &act, float *out);
+  /// The expert GEMVs of @p n_mat matrices of @p n_tok tokens each: their addresses in
+  /// @p role_table ([3][n_mat], device), the first x row of each gate and up matrix in @p x_rows
+  /// ([2][n_mat], device), of each down matrix in the gate output in @p down_rows (null: row m);
+  /// rows to @p out ([n_mat · n_tok][D]).
+  void run_pair_gemvs(const backend::Tensor &x, const void *const *role_table, const int32_t *x_rows, int64_t n_mat,
+                      int32_t n_tok, const int32_t *down_rows, const backend::SlotLayout &layout,
+                      const backend::Activation &act, float *out);
   /// The rows of the pairs @p batch covers: few tokens through the decode GEMVs on a compacted
   /// table, else grouped by expert on the host (prefill, moe_pairs()).
   void compute_pairs_grouped(const backend::Tensor &x, const backend::ExpertBatch &batch, const backend::SlotLayout &layout,
