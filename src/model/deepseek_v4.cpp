@@ -173,9 +173,11 @@ std::unique_ptr<DeepseekV4Model> DeepseekV4Model::open(const std::string &path, 
   const fs::path dir = format::checkpoint_dir_of(path, kind);
   const fs::path config = dir / "config.json";
   if (!fs::exists(config)) fail(Status::not_found, "{}: no config.json beside the safetensors checkpoint", dir.string());
-  const DeepseekV4Config cfg = DeepseekV4Config::from_hf_json(read_text(config), config.string());
+  const std::string config_text = read_text(config);
+  const DeepseekV4Config cfg = DeepseekV4Config::from_hf_json(config_text, config.string());
   // the weights: the file given, or the checkpoint directory's index / model.safetensors
-  WeightCatalog cat = WeightCatalog::from_deepseek_v4_safetensors(kind == FileFormat::hf_config ? dir.string() : path);
+  WeightCatalog cat = WeightCatalog::from_deepseek_v4_safetensors(kind == FileFormat::hf_config ? dir.string() : path,
+                                                                  format::CheckpointQuant::from_config_json(config_text, config.string()));
   return std::make_unique<DeepseekV4Model>(cfg, cat, be, options);
 }
 

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace ep::model {
 
@@ -103,13 +105,28 @@ backend::Activation glu_activation(const KimiConfig &c) {
 
 }  // namespace
 
-std::unique_ptr<KimiModel> KimiModel::open(const std::string &path, backend::Backend &be,
-                                                       const KimiLoadOptions &options) {
-  if (const format::FileFormat kind = format::detect_file_format(path); kind != format::FileFormat::gguf)
-    fail(Status::unsupported, "{}: a {}: Kimi models load from GGUF only for now (no safetensors name map yet)", path,
-         format::file_format_name(kind));
-  WeightCatalog cat = WeightCatalog::from_gguf(path);
-  const KimiConfig cfg = KimiConfig::from_gguf(format::GgufSet::open(path));
+std::unique_ptr<KimiModel> KimiModel::open(const std::string &path, backend::Backend &be, const KimiLoadOptions &options) {
+  namespace fs = std::filesystem;
+  using format::FileFormat;
+  const FileFormat kind = format::detect_file_format(path);
+  if (kind == FileFormat::gguf) {
+    WeightCatalog cat = WeightCatalog::from_gguf(path);
+    const KimiConfig cfg = KimiConfig::from_gguf(format::GgufSet::open(path));
+    return std::make_unique<KimiModel>(cfg, cat, be, options);
+  }
+  if (kind != FileFormat::safetensors && kind != FileFormat::safetensors_index && kind != FileFormat::hf_config &&
+      kind != FileFormat::checkpoint_dir && kind != FileFormat::directory)
+    fail(Status::format, "{}: a {}, not a Kimi GGUF or safetensors checkpoint", path, format::file_format_name(kind));
+  const fs::path dir = format::checkpoint_dir_of(path, kind);
+  const fs::path config = dir / "config.json";
+  if (!fs::exists(config)) fail(Status::not_found, "{}: no config.json beside the safetensors checkpoint", dir.string());
+  std::ifstream in(config, std::ios::binary);
+  if (!in) fail(Status::not_found, "{}: cannot open", config.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const KimiConfig cfg = KimiConfig::from_hf_json(ss.str(), config.string());
+  WeightCatalog cat = WeightCatalog::from_kimi_safetensors(kind == FileFormat::hf_config ? dir.string() : path, cfg,
+                                                           format::CheckpointQuant::from_config_json(ss.str(), config.string()));
   return std::make_unique<KimiModel>(cfg, cat, be, options);
 }
 
@@ -120,6 +137,7 @@ KimiModel::KimiModel(const KimiConfig &c, WeightCatalog &cat, backend::Backend &
     : cfg_(c), be_(be), w_(std::make_unique<Weights>()), fwd_scratch_(std::make_unique<BackendScratch>(be)),
       site_scratch_(std::make_unique<BackendScratch>(be)) {
   c.validate(cat.source());
+  cat.set_model("Kimi");
   KimiLoader ld(cat, be, w_->bufs, weight_bytes_);
   const int64_t D = c.hidden, V = c.vocab, H = c.n_heads, R = c.q_lora_rank, KVL = c.kv_lora_rank, QK = c.qk_head_dim(),
                 NOPE = c.qk_nope_dim, ROPE = c.qk_rope_dim, VH = c.v_head_dim, KH = c.kda_heads, dk = c.kda_head_dim,
