@@ -66,6 +66,12 @@ std::string where(const SafetensorsFile &f, const StTensorInfo &t) {
 
 }  // namespace
 
+std::string fp4_scale_tensor_name(const std::string &n) {
+  if (ends_with(n, ".weight_packed")) return n.substr(0, n.size() - 14) + ".weight_scale";
+  if (ends_with(n, ".weight")) return n.substr(0, n.size() - 7) + ".scale";
+  return "";
+}
+
 uint64_t StLogical::nbytes() const {
   if (encoding == StEncoding::fp4_e8m0) return mxfp4_bytes(shape[0], shape[1]);
   if (encoding == StEncoding::fp8_block) return shape[0] * shape[1] * (type == GgmlType::bf16 ? 2 : 4);
@@ -132,7 +138,9 @@ StResolved resolve_checkpoint_tensors(const SafetensorsSet &set, const Checkpoin
       continue;
     }
     if (!sc) {
-      const auto type = ggml_type_of(t.dtype);
+      // an 8-bit integer weight is packed FP4 that lost its scales, never a weight of its own
+      const bool int8_weight = !stem.empty() && (t.dtype == StDtype::i8 || t.dtype == StDtype::u8);
+      const auto type = int8_weight ? std::nullopt : ggml_type_of(t.dtype);
       if (!type) {
         reject(at, t.dtype == StDtype::f8_e4m3 ? fmt::format("FP8 without its block scale tensor {}.scale", stem)
                    : t.dtype == StDtype::i8 || t.dtype == StDtype::u8

@@ -62,6 +62,10 @@ struct StResolved {
 StResolved resolve_checkpoint_tensors(const SafetensorsSet &set, const CheckpointQuant &quant,
                                       const std::vector<std::string> &skip_prefixes = {});
 
+/// The scale tensor's name of a packed FP4 tensor: X.weight → X.scale, X.weight_packed →
+/// X.weight_scale ("" for another name).
+std::string fp4_scale_tensor_name(const std::string &data_name);
+
 /// The ggml type of a plain safetensors dtype (f32, f16, bf16, f64, i8, i16, i32, i64), or nullopt.
 std::optional<GgmlType> ggml_type_of(StDtype dtype) noexcept;
 
