@@ -350,7 +350,7 @@ void write_kimi_checkpoint(const std::string &gguf, KimiCheckpointLayout layout,
   auto put = [&](const std::string &g, const std::string &st) {
     check(pre + st, g);
     const format::GgufTensorInfo &t = s.info(g);
-    if (k3 && t.n_dims == 2 && t.ne[1] > 1) put_bf16(o, s, g, pre + st);
+    if (k3 && !opt.k3_f32 && t.n_dims == 2 && t.ne[1] > 1) put_bf16(o, s, g, pre + st);
     else put_f32(o, s, g, pre + st);
   };
   Rand rnd(opt.seed, 1, 0);
@@ -358,12 +358,15 @@ void write_kimi_checkpoint(const std::string &gguf, KimiCheckpointLayout layout,
     check(pre + norm, g);
     check(pre + proj, g);
     const std::vector<float> v = s.values(s.info(g));
-    std::vector<float> pv(v.size()), prod(v.size());
+    // proj = 2^k and norm = score / 2^k: their product is the source's score exactly
+    std::vector<float> nv(v.size()), pv(v.size()), prod(v.size());
     for (size_t i = 0; i < v.size(); ++i) {
-      pv[i] = static_cast<float>(0.5 + rnd.uniform());
-      prod[i] = v[i] * pv[i];
+      const int k = static_cast<int>(rnd.next() % 3) - 1;
+      pv[i] = std::ldexp(1.0f, k);
+      nv[i] = std::ldexp(v[i], -k);
+      prod[i] = nv[i] * pv[i];
     }
-    o.st.push_back({pre + norm, StDtype::f32, {v.size()}, f32_bytes(v)});
+    o.st.push_back({pre + norm, StDtype::f32, {v.size()}, f32_bytes(nv)});
     o.st.push_back({pre + proj, StDtype::f32, {1, v.size()}, f32_bytes(pv)});
     o.ref.push_back({g, GgmlType::f32, {v.size()}, f32_bytes(prod)});
   };
@@ -437,7 +440,7 @@ void write_kimi_checkpoint(const std::string &gguf, KimiCheckpointLayout layout,
         }
       }
       const uint64_t rows = static_cast<uint64_t>(H * (NOPE + VH)), cols = static_cast<uint64_t>(KVL);
-      if (k3) {
+      if (k3 && !opt.k3_f32) {
         const std::vector<uint8_t> bb = bf16_bytes(kvb);
         o.st.push_back({pre + a + "kv_b_proj.weight", StDtype::bf16, {rows, cols}, bb});
         o.ref.push_back({b + "attn_kv_b.weight", GgmlType::bf16, {cols, rows}, bb});

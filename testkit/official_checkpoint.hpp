@@ -25,6 +25,8 @@ struct OfficialCheckpointOptions {
   uint64_t fp8_block_rows = 128;  ///< written to quantization_config.weight_block_size
   uint64_t fp8_block_cols = 128;
   uint64_t seed = 7;
+  /// Kimi-K3: store the dense matrices as F32 (the GGUF's values exactly) instead of BF16.
+  bool k3_f32 = false;
 };
 
 /// @p gguf: a DeepSeek-V4 GGUF with MXFP4 routed experts. Writes config.json, the shards and the

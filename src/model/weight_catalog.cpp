@@ -208,19 +208,25 @@ CatalogEntry int_entry_of(const std::shared_ptr<const format::SafetensorsSet> &s
 }
 
 /// Per-expert 2-D tensors of one role stacked into [ne0, ne1, n_expert]; every expert must be
-/// present and agree in type and shape.
-CatalogEntry stack_experts(const std::shared_ptr<const format::SafetensorsSet> &set, const std::string &source,
-                           const std::string &gguf_name, const std::map<int64_t, format::StLogical> &parts) {
-  const int64_t n = static_cast<int64_t>(parts.size());
+/// present and agree in type and shape (else nullopt, and @p problem says why).
+std::optional<CatalogEntry> stack_experts(const std::shared_ptr<const format::SafetensorsSet> &set, const std::string &source,
+                                          const std::string &gguf_name, const std::map<int64_t, format::StLogical> &parts,
+                                          std::string *problem) {
+  const int64_t n = parts.rbegin()->first + 1;
   const format::StLogical &first = parts.begin()->second;
   std::vector<format::StLogical> ordered;
   for (int64_t x = 0; x < n; ++x) {
     auto it = parts.find(x);
-    if (it == parts.end()) fail(Status::format, "{}: {} has {} experts but expert {} is missing", source, gguf_name, n, x);
-    if (it->second.type != first.type || it->second.shape != first.shape)
-      fail(Status::format, "{}: expert {} of {} is type {} {}x{}, expert 0 is type {} {}x{} ({})", source, x, gguf_name,
-           static_cast<uint32_t>(it->second.type), it->second.shape[0], it->second.shape[1], static_cast<uint32_t>(first.type),
-           first.shape[0], first.shape[1], it->second.origin);
+    if (it == parts.end()) {
+      *problem = fmt::format("{}: {} has experts up to {} but expert {} is missing", source, gguf_name, n - 1, x);
+      return std::nullopt;
+    }
+    if (it->second.type != first.type || it->second.shape != first.shape) {
+      *problem = fmt::format("{}: expert {} of {} is type {} {}x{}, expert {} is type {} {}x{} ({})", source, x, gguf_name,
+                             static_cast<uint32_t>(it->second.type), it->second.shape[0], it->second.shape[1], parts.begin()->first,
+                             static_cast<uint32_t>(first.type), first.shape[0], first.shape[1], it->second.origin);
+      return std::nullopt;
+    }
     ordered.push_back(it->second);
   }
   CatalogEntry e;
@@ -314,7 +320,11 @@ WeightCatalog WeightCatalog::from_deepseek_v4_safetensors(const std::string &pat
     }
     cat.add(g, entry_of(set, l));
   }
-  for (auto &[g, parts] : experts) cat.add(g, stack_experts(set, path, g, parts));
+  for (auto &[g, parts] : experts) {
+    std::string problem;
+    if (auto e = stack_experts(set, path, g, parts, &problem)) cat.add(g, std::move(*e));
+    else cat.add_unmapped(problem);
+  }
   return cat;
 }
 
@@ -491,7 +501,11 @@ WeightCatalog WeightCatalog::from_kimi_safetensors(const std::string &path, cons
               return a;
             }));
   }
-  for (auto &[g, parts] : experts) cat.add(g, stack_experts(set, path, g, parts));
+  for (auto &[g, parts] : experts) {
+    std::string problem;
+    if (auto e = stack_experts(set, path, g, parts, &problem)) cat.add(g, std::move(*e));
+    else cat.add_unmapped(problem);
+  }
   return cat;
 }
 
