@@ -142,7 +142,7 @@ StResolved resolve_checkpoint_tensors(const SafetensorsSet &set, const Checkpoin
       const bool int8_weight = !stem.empty() && (t.dtype == StDtype::i8 || t.dtype == StDtype::u8);
       const auto type = int8_weight ? std::nullopt : ggml_type_of(t.dtype);
       if (!type) {
-        reject(at, t.dtype == StDtype::f8_e4m3 ? fmt::format("FP8 without its block scale tensor {}.scale", stem)
+        reject(at, t.dtype == StDtype::f8_e4m3 ? fmt::format("FP8 without its block scale tensor {}.scale", stem.empty() ? name : stem)
                    : t.dtype == StDtype::i8 || t.dtype == StDtype::u8
                        ? fmt::format("dtype {} without a scale tensor (packed FP4 needs {}.scale)", st_dtype_name(t.dtype), stem)
                        : fmt::format("dtype {} is not read", st_dtype_name(t.dtype)));

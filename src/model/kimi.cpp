@@ -11,8 +11,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 namespace ep::model {
 
@@ -106,27 +104,14 @@ backend::Activation glu_activation(const KimiConfig &c) {
 }  // namespace
 
 std::unique_ptr<KimiModel> KimiModel::open(const std::string &path, backend::Backend &be, const KimiLoadOptions &options) {
-  namespace fs = std::filesystem;
-  using format::FileFormat;
-  const FileFormat kind = format::detect_file_format(path);
-  if (kind == FileFormat::gguf) {
+  if (format::detect_file_format(path) == format::FileFormat::gguf) {
     WeightCatalog cat = WeightCatalog::from_gguf(path);
     const KimiConfig cfg = KimiConfig::from_gguf(format::GgufSet::open(path));
     return std::make_unique<KimiModel>(cfg, cat, be, options);
   }
-  if (kind != FileFormat::safetensors && kind != FileFormat::safetensors_index && kind != FileFormat::hf_config &&
-      kind != FileFormat::checkpoint_dir && kind != FileFormat::directory)
-    fail(Status::format, "{}: a {}, not a Kimi GGUF or safetensors checkpoint", path, format::file_format_name(kind));
-  const fs::path dir = format::checkpoint_dir_of(path, kind);
-  const fs::path config = dir / "config.json";
-  if (!fs::exists(config)) fail(Status::not_found, "{}: no config.json beside the safetensors checkpoint", dir.string());
-  std::ifstream in(config, std::ios::binary);
-  if (!in) fail(Status::not_found, "{}: cannot open", config.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const KimiConfig cfg = KimiConfig::from_hf_json(ss.str(), config.string());
-  WeightCatalog cat = WeightCatalog::from_kimi_safetensors(kind == FileFormat::hf_config ? dir.string() : path, cfg,
-                                                           format::CheckpointQuant::from_config_json(ss.str(), config.string()));
+  const SafetensorsCheckpoint ck = open_safetensors_checkpoint(path, "Kimi");
+  const KimiConfig cfg = KimiConfig::from_hf_json(ck.config_text, ck.config_path);
+  WeightCatalog cat = WeightCatalog::from_kimi_safetensors(ck.weights, cfg, ck.quant);
   return std::make_unique<KimiModel>(cfg, cat, be, options);
 }
 

@@ -2,9 +2,14 @@
 
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
+#include "format/file_format.hpp"
 #include "format/gguf.hpp"
 #include "format/safetensors.hpp"
 #include "model/kimi_config.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <cmath>
 #include <cstring>
@@ -276,6 +281,27 @@ CatalogEntry f32_entry(std::vector<int64_t> ne, std::string origin, std::functio
 }
 
 }  // namespace
+
+SafetensorsCheckpoint open_safetensors_checkpoint(const std::string &path, const std::string &model) {
+  namespace fs = std::filesystem;
+  using format::FileFormat;
+  const FileFormat kind = format::detect_file_format(path);
+  if (kind != FileFormat::safetensors && kind != FileFormat::safetensors_index && kind != FileFormat::hf_config &&
+      kind != FileFormat::checkpoint_dir && kind != FileFormat::directory)
+    fail(Status::format, "{}: a {}, not a {} GGUF or safetensors checkpoint", path, format::file_format_name(kind), model);
+  const fs::path dir = format::checkpoint_dir_of(path, kind);
+  SafetensorsCheckpoint c;
+  c.config_path = (dir / "config.json").string();
+  if (!fs::exists(c.config_path)) fail(Status::not_found, "{}: no config.json beside the safetensors checkpoint", dir.string());
+  std::ifstream in(c.config_path, std::ios::binary);
+  if (!in) fail(Status::not_found, "{}: cannot open", c.config_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  c.config_text = ss.str();
+  c.quant = format::CheckpointQuant::from_config_json(c.config_text, c.config_path);
+  c.weights = kind == FileFormat::hf_config ? dir.string() : path;  // the directory's index / model.safetensors
+  return c;
+}
 
 float kimi_ssm_a_from_a_log(float a_log) noexcept { return static_cast<float>(-std::exp(static_cast<double>(a_log))); }
 

@@ -74,6 +74,18 @@ class WeightCatalog {
   std::vector<std::shared_ptr<const void>> keep_alive_;
 };
 
+/// A safetensors checkpoint as a model opens it: its config.json and where its weights are.
+struct SafetensorsCheckpoint {
+  std::string weights;      ///< what from_*_safetensors() take: the path given, or the directory
+  std::string config_path;  ///< <checkpoint dir>/config.json
+  std::string config_text;
+  format::CheckpointQuant quant;  ///< from config_text's quantization_config
+};
+/// For @p path (a safetensors file, an index, a directory or the config.json itself, recognised
+/// by its bytes): Error(Status::format) naming @p model for anything else, Status::not_found
+/// without a config.json beside it.
+SafetensorsCheckpoint open_safetensors_checkpoint(const std::string &path, const std::string &model);
+
 /// Maps a DeepSeek-V4 checkpoint tensor name (save_pretrained of transformers 5.17 — which uses
 /// the official checkpoint names under a `model.` prefix — or the official names) to its GGUF
 /// name. For a routed expert tensor, @p expert receives the expert index and the GGUF name is

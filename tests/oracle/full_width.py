@@ -90,60 +90,39 @@ def prompt_tokens(vocab):
 
 # ---- DeepSeek-V4 through transformers ----------------------------------------------------------
 def ds4_config(g):
-    from transformers import DeepseekV4Config
+    """transformers' DeepseekV4Config of a deepseek4 GGUF, through deepseek_v4.py's hf_config()."""
+    import deepseek_v4
     k = lambda key, default=None: g.key("deepseek4." + key, default)  # noqa: E731
     L = k("block_count")
     ratios = list(k("attention.compress_ratios"))[:L]
-    csa = [g.has(f"blk.{il}.indexer.proj.weight") for il in range(L)]
-    types = ["sliding_attention" if r == 0 else ("compressed_sparse_attention" if csa[il] else "heavily_compressed_attention")
-             for il, r in enumerate(ratios)]
-    csa_rate = next((r for r, t in zip(ratios, types) if t == "compressed_sparse_attention"), 4)
-    hca_rate = next((r for r, t in zip(ratios, types) if t == "heavily_compressed_attention"), 128)
+    types = ["sliding_attention" if r == 0 else ("compressed_sparse_attention" if g.has(f"blk.{il}.indexer.proj.weight")
+                                                 else "heavily_compressed_attention") for il, r in enumerate(ratios)]
     n_hash = k("hash_layer_count")
     clamp = k("swiglu_clamp_exp")
-    limit = clamp[0] if isinstance(clamp, list) else clamp
     head_dim, rope = k("attention.key_length"), k("rope.dimension_count")
-    kw = dict(
-        vocab_size=g.tensors["token_embd.weight"][0][1], hidden_size=k("embedding_length"),
-        moe_intermediate_size=k("expert_feed_forward_length"), num_hidden_layers=L, num_attention_heads=k("attention.head_count"),
-        num_key_value_heads=1, head_dim=head_dim, q_lora_rank=k("attention.q_lora_rank"), num_experts_per_tok=k("expert_used_count"),
-        n_routed_experts=k("expert_count"), n_shared_experts=k("expert_shared_count", 1), scoring_func="sqrtsoftplus",
-        norm_topk_prob=True, routed_scaling_factor=k("expert_weights_scale"), max_position_embeddings=k("context_length"),
-        rope_theta=k("rope.freq_base"), layer_types=types,
-        compress_rates={"compressed_sparse_attention": csa_rate, "heavily_compressed_attention": hca_rate},
+    if k("expert_shared_count", 1) != 1:
+        raise SystemExit(f"{g.path}: {k('expert_shared_count')} shared experts (deepseek_v4.hf_config builds 1)")
+    c = dict(
+        vocab=g.tensors["token_embd.weight"][0][1], hidden=k("embedding_length"), moe_ff=k("expert_feed_forward_length"),
+        layers=L, heads=k("attention.head_count"), head_dim=head_dim, q_lora=k("attention.q_lora_rank"),
+        top_k=k("expert_used_count"), experts=k("expert_count"), routed_scale=k("expert_weights_scale"),
+        max_positions=k("context_length"), rope_theta=k("rope.freq_base"), layer_types=types,
+        csa_rate=next((r for r, t in zip(ratios, types) if t == "compressed_sparse_attention"), 4),
+        hca_rate=next((r for r, t in zip(ratios, types) if t == "heavily_compressed_attention"), 128),
         compress_rope_theta=k("attention.compress_rope_freq_base"), hc_mult=k("hyper_connection.count"),
-        hc_sinkhorn_iters=k("hyper_connection.sinkhorn_iterations"), hc_eps=k("hyper_connection.epsilon"),
-        mlp_layer_types=["hash_moe"] * n_hash + ["moe"] * (L - n_hash), swiglu_limit=limit,
-        sliding_window=k("attention.sliding_window"), o_groups=k("attention.output_group_count"),
-        o_lora_rank=k("attention.output_lora_rank"), index_n_heads=k("attention.indexer.head_count"),
-        index_head_dim=k("attention.indexer.key_length"), index_topk=k("attention.indexer.top_k"),
-        num_nextn_predict_layers=0, rms_norm_eps=k("attention.layer_norm_rms_epsilon"), partial_rotary_factor=rope / head_dim,
-        pad_token_id=None, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+        sinkhorn=k("hyper_connection.sinkhorn_iterations"), hc_eps=k("hyper_connection.epsilon"),
+        mlp_layer_types=["hash_moe"] * n_hash + ["moe"] * (L - n_hash),
+        swiglu_limit=clamp[0] if isinstance(clamp, list) else clamp, window=k("attention.sliding_window"),
+        o_groups=k("attention.output_group_count"), o_lora=k("attention.output_lora_rank"),
+        index_heads=k("attention.indexer.head_count"), index_head_dim=k("attention.indexer.key_length"),
+        index_topk=k("attention.indexer.top_k"), rms_eps=k("attention.layer_norm_rms_epsilon"),
+        partial_rotary_factor=rope / head_dim,
+        yarn=dict(factor=k("rope.scaling.factor"), original_max_position_embeddings=k("rope.scaling.original_context_length"),
+                  beta_fast=k("rope.scaling.yarn_beta_fast", 32.0), beta_slow=k("rope.scaling.yarn_beta_slow", 1.0)),
     )
-    y = dict(factor=k("rope.scaling.factor"), original_max_position_embeddings=k("rope.scaling.original_context_length"),
-             beta_fast=k("rope.scaling.yarn_beta_fast", 32.0), beta_slow=k("rope.scaling.yarn_beta_slow", 1.0))
-    errors = []
-    for variant in ("rope_scaling", "rope_parameters"):
-        try:
-            if variant == "rope_scaling":
-                cfg = DeepseekV4Config(**kw, rope_scaling={"type": "yarn", **y})
-            else:
-                cfg = DeepseekV4Config(**kw, rope_parameters={"rope_type": "yarn", **y})
-            if cfg.rope_parameters["compress"].get("rope_type") != "yarn":
-                raise ValueError(f"compress rope is {cfg.rope_parameters['compress']}")
-            break
-        except Exception as e:  # noqa: BLE001
-            errors.append(f"{variant}: {e!r}")
-    else:
-        raise RuntimeError("cannot build a yarn config: " + " | ".join(errors))
-    if int(head_dim * cfg.partial_rotary_factor) != rope:
-        raise RuntimeError(f"rope dims {head_dim} x {cfg.partial_rotary_factor} != {rope}")
-    cfg._attn_implementation = "eager"
-    try:
-        cfg._experts_implementation = "eager"
-    except Exception:  # noqa: BLE001
-        pass
-    return cfg
+    if int(head_dim * c["partial_rotary_factor"]) != rope:
+        raise SystemExit(f"{g.path}: rope dims {rope} of head_dim {head_dim}")
+    return deepseek_v4.hf_config(c)
 
 
 def ds4_names(L):
@@ -331,23 +310,13 @@ def run(name, path, out_dir, device):
 def selftest(device):
     import torch
     gt.selftest(torch, device)
-    worst, ref = k3t.check_tiny(torch, DATA, device)
-    if worst > 1e-5 * ref:
-        raise SystemExit(f"kimi_k3_torch vs kimi_k3_ref on k3_a: max|dlogit| {worst:.3g}")
-    import struct
-    for n in ("kimi_a", "kimi_b"):  # K3 features off: transformers' Kimi-Linear
-        base = os.path.join(DATA, "kimi_linear", n)
-        with open(base + ".json") as f:
-            meta = json.load(f)
-        with open(base + ".logits.f32", "rb") as f:
-            raw = f.read()
-        V = meta["logits_shape"][1]
-        ref_l = struct.unpack(f"<{len(raw) // 4}f", raw)
-        got = k3t.forward(torch, gt.Gguf(base + ".gguf"), meta["tokens"], list(range(len(meta["tokens"]))), device)
-        d = max(abs(float(got[p][v]) - ref_l[p * V + v]) for p in got for v in range(V))
-        if d > 1e-4 * meta["max_abs_logit"]:
-            raise SystemExit(f"kimi_k3_torch vs transformers {n}: max|dlogit| {d:.3g}")
-    print(f"selftest: dequantizers bit-exact; kimi_k3_torch vs kimi_k3_ref {worst:.2g}, vs transformers within 1e-4", flush=True)
+    # kimi_k3_torch against the pure-Python K3 reference, and (K3 features off) transformers
+    for d, name in (("kimi_k3", "k3_a"), ("kimi_linear", "kimi_a"), ("kimi_linear", "kimi_b")):
+        worst, ref = k3t.check_golden(torch, os.path.join(DATA, d, name), device)
+        if worst > (1e-5 if d == "kimi_k3" else 1e-4) * ref:
+            raise SystemExit(f"kimi_k3_torch vs the {name} golden: max|dlogit| {worst:.3g} of {ref:.3g}")
+    print("selftest: dequantizers bit-exact; kimi_k3_torch matches kimi_k3_ref (k3_a) and transformers (kimi_a, kimi_b)",
+          flush=True)
 
 
 def main():

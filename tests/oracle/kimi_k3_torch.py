@@ -5,8 +5,9 @@ when the tokens that picked it are computed, so memory stays far below the model
 
     forward(torch, g, tokens, positions, device)  ->  {position: logits (float64 [vocab])}
 
-`check_tiny()` runs it on the committed tiny K3 golden (tests/data/kimi_k3/k3_a) against
-kimi_k3_ref.py's pure-Python logits; full_width.py runs that first.
+`check_golden()` runs it on a committed golden: the tiny K3 one (tests/data/kimi_k3/k3_a,
+kimi_k3_ref.py's pure-Python logits) and transformers' Kimi-Linear ones; full_width.py runs
+those first.
 """
 import math
 
@@ -215,22 +216,17 @@ def ffn(torch, c, m, b, il, xn, glu, rms, gaps=None):
     return y
 
 
-def check_tiny(torch, data_dir, device="cpu"):
-    """This port against the committed pure-Python K3 golden (tests/data/kimi_k3/k3_a)."""
+def check_golden(torch, base, device="cpu"):
+    """This port against a committed golden (base.{gguf,json,logits.f32}: tests/data/kimi_k3/k3_a
+    from kimi_k3_ref.py, tests/data/kimi_linear/kimi_* from transformers): (max|dlogit|, max|logit|)."""
     import json
-    import os
     import struct
-    base = os.path.join(data_dir, "kimi_k3", "k3_a")
     with open(base + ".json") as f:
         meta = json.load(f)
     with open(base + ".logits.f32", "rb") as f:
         raw = f.read()
     V = meta["logits_shape"][1]
     ref = struct.unpack(f"<{len(raw) // 4}f", raw)
-    g = gt.Gguf(base + ".gguf")
-    got = forward(torch, g, meta["tokens"], list(range(len(meta["tokens"]))), device)
-    worst = 0.0
-    for p, row in got.items():
-        for v in range(V):
-            worst = max(worst, abs(float(row[v]) - ref[p * V + v]))
+    got = forward(torch, gt.Gguf(base + ".gguf"), meta["tokens"], list(range(len(meta["tokens"]))), device)
+    worst = max(abs(float(row[v]) - ref[p * V + v]) for p, row in got.items() for v in range(V))
     return worst, meta["max_abs_logit"]
