@@ -40,6 +40,22 @@ DeepseekV4SyntheticSpec DeepseekV4SyntheticSpec::flash_shaped(int64_t n_layers) 
   return s;
 }
 
+DeepseekV4SyntheticSpec DeepseekV4SyntheticSpec::flash_reduced(int64_t n_layers) {
+  DeepseekV4SyntheticSpec s = flash_shaped(n_layers);
+  s.vocab = 4096;
+  s.hidden = 512;
+  s.n_heads = 8;
+  s.head_dim = 128;
+  s.q_lora_rank = 256;
+  s.o_groups = 4;
+  s.o_lora_rank = 128;
+  s.n_experts = 32;
+  s.moe_ff = 256;
+  s.index_n_heads = 16;
+  s.index_head_dim = 64;
+  return s;
+}
+
 namespace {
 
 enum class Kind { matrix, norm, small, sinks, scale3, tid2eid, experts, router_bias };

@@ -63,6 +63,10 @@ struct DeepseekV4SyntheticSpec {
   /// DeepSeek-V4-Flash dimensions (hidden 4096, 64 heads × 512, 256 experts × 2048, vocab
   /// 129280, ...) with @p n_layers layers following the real compress-ratio pattern.
   static DeepseekV4SyntheticSpec flash_shaped(int64_t n_layers);
+  /// DeepSeek-V4-Flash's structure at a width a CPU runs 2,000-token prompts at in seconds: the
+  /// same window (128), compress ratios (4 / 128 by layer), indexer top-512, 3 hash layers and
+  /// top-6 routing, with hidden 512, 8 heads × 128, 32 experts × 256 and vocab 4096.
+  static DeepseekV4SyntheticSpec flash_reduced(int64_t n_layers);
 };
 
 /// The expert ranks of layer @p layer under router_zipf >= 0: rank[e] (0 = most popular).

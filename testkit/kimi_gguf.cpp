@@ -53,6 +53,25 @@ KimiSyntheticSpec KimiSyntheticSpec::k3_shaped(int64_t n_layers) {
   return s;
 }
 
+KimiSyntheticSpec KimiSyntheticSpec::k3_reduced(int64_t n_layers) {
+  KimiSyntheticSpec s = k3_shaped(n_layers);
+  s.vocab = 4096;
+  s.hidden = 512;
+  s.n_heads = 8;
+  s.q_lora_rank = 256;
+  s.kv_lora_rank = 128;
+  s.qk_nope_dim = 64;
+  s.qk_rope_dim = 32;
+  s.v_head_dim = 64;
+  s.kda_heads = 8;
+  s.kda_head_dim = 64;
+  s.dense_ff = 1024;
+  s.n_experts = 64;
+  s.moe_ff = 256;
+  s.expert_latent_dim = 256;
+  return s;
+}
+
 namespace {
 
 enum class Kind { matrix, norm, small, negative, experts, router_bias };

@@ -71,6 +71,10 @@ struct KimiSyntheticSpec {
   /// 96 × 128, dense layer 0 with ff 33792, 896 experts top-16 of ff 3072 in the latent width
   /// 3584, 2 shared experts, AttnRes block 12, vocab 163840) with @p n_layers layers; q8_0 dense.
   static KimiSyntheticSpec k3_shaped(int64_t n_layers);
+  /// Kimi-K3's structure (top-16 latent MoE, 2 shared experts, AttnRes block 12, the layer
+  /// pattern) at a width a CPU runs 2,000-token prompts at: hidden 512, 8 heads, KDA 8 × 64,
+  /// 64 experts × 256 in a latent width of 256, vocab 4096; q8_0 dense.
+  static KimiSyntheticSpec k3_reduced(int64_t n_layers);
 };
 
 /// Kimi-K3's layer pattern for @p n_layers layers: MLA at 0-based layers 3, 7, 11, ... and the last.

@@ -170,8 +170,10 @@ void PackFile::parse_and_check(ValidationLevel level) {
     if (e.n_dims < 1 || e.n_dims > 4)
       fail(Status::shape, "{}: shape mismatch: index entry {} (layer {}, expert {}, {}) has n_dims {}", file, i,
            e.layer, e.expert, rname, e.n_dims);
-    if (e.reserved0 != 0)
-      fail(Status::format, "{}: index entry {} at offset {}: reserved field is not zero", file, i, entry_off);
+    if (e.source_layout > static_cast<uint32_t>(SourceLayout::fp4_e8m0) ||
+        (e.source_layout == static_cast<uint32_t>(SourceLayout::fp4_e8m0) && e.ggml_type != static_cast<uint32_t>(GgmlType::mxfp4)))
+      fail(Status::format, "{}: index entry {} at offset {}: source layout {} is not one this reader knows for ggml type {}", file, i,
+           entry_off, e.source_layout, e.ggml_type);
     uint64_t rows = 1;
     bool shape_ok = e.ne[0] > 0 && e.ne[0] % info->block_elems == 0;
     for (uint32_t d = 1; d < 4 && shape_ok; ++d) {
@@ -218,6 +220,7 @@ void PackFile::parse_and_check(ValidationLevel level) {
     r.source_file = string_at(strings, e.source_file, file, static_cast<size_t>(i), "source file");
     r.source_tensor = string_at(strings, e.source_tensor, file, static_cast<size_t>(i), "source tensor");
     r.source_offset = e.source_offset;
+    r.source_layout = static_cast<SourceLayout>(e.source_layout);
     entries_.push_back(std::move(r));
   }
 

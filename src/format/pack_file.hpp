@@ -47,6 +47,7 @@ struct RoleEntry {
   std::string_view source_file;     ///< source file path recorded at build time (points into the PackFile)
   std::string_view source_tensor;   ///< source tensor name (points into the PackFile)
   uint64_t source_offset;           ///< absolute offset of the slice in the source file
+  SourceLayout source_layout = SourceLayout::verbatim;  ///< how the payload comes from the source
 };
 
 class PackFile {

@@ -25,6 +25,15 @@ inline constexpr uint32_t kPackRoleAlignment = 256;
 /// Flags a v1 reader knows; any other bit set is EP_ERR_UNSUPPORTED.
 inline constexpr uint32_t kPackKnownFlags = 0;
 
+/// How an entry's payload comes from its source (PackEntry::source_layout).
+enum class SourceLayout : uint32_t {
+  verbatim = 0,  ///< the payload is the source slice [source_offset, + nbytes)
+  /// MXFP4 payload re-laid from packed FP4 (nbytes · 16/17 bytes at source_offset) and E8M0
+  /// scales (nbytes / 17 bytes) in the same safetensors file, in the tensor named by
+  /// fp4_scale_tensor_name(source_tensor) (format/checkpoint_tensors.hpp)
+  fp4_e8m0 = 1,
+};
+
 /// The three matrices of one routed expert, in the order they sit in the object.
 enum class Role : uint32_t { gate = 0, up = 1, down = 2 };
 std::string_view role_name(Role role) noexcept;
@@ -71,13 +80,13 @@ struct PackEntry {
   uint32_t n_dims;                  ///< 1..4
   uint32_t source_file;             ///< string-table offset of the source file path
   uint32_t source_tensor;           ///< string-table offset of the source tensor name
-  uint32_t reserved0;               ///< zero
+  uint32_t source_layout;           ///< SourceLayout (0 in packs of verbatim slices only)
   uint64_t ne[4];                   ///< shape in ggml order (ne[0] contiguous); unused dims 1
   uint64_t source_offset;           ///< absolute offset of the slice in the source file
-  uint64_t nbytes;                  ///< payload bytes (= source slice bytes)
+  uint64_t nbytes;                  ///< payload bytes (= source slice bytes when verbatim)
   uint64_t pack_offset;             ///< absolute offset of the payload in the pack
   uint64_t payload_xxh3;            ///< XXH3-64 of the payload
-  uint8_t source_sha256[32];        ///< SHA-256 of the source slice (= of the payload)
+  uint8_t source_sha256[32];        ///< SHA-256 of the source bytes (verbatim: = of the payload; fp4_e8m0: values then scales)
 };
 static_assert(sizeof(PackEntry) == 128);
 static_assert(offsetof(PackEntry, ne) == 32);

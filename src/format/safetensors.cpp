@@ -114,6 +114,30 @@ SafetensorsFile SafetensorsFile::parse(std::shared_ptr<const ByteSource> source)
     f.index_.emplace(t.name, f.tensors_.size());
     f.tensors_.push_back(std::move(t));
   }
+  // The data region is covered exactly, as the format requires: no two tensors share bytes
+  // (a header that lies about offsets would alias one tensor's data as another's), no holes,
+  // nothing after the last tensor.
+  std::vector<const StTensorInfo *> order;
+  for (const StTensorInfo &t : f.tensors_) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](const StTensorInfo *a, const StTensorInfo *b) {
+    return a->file_offset != b->file_offset ? a->file_offset < b->file_offset : a->nbytes < b->nbytes;
+  });
+  uint64_t end = f.header_bytes_;
+  const StTensorInfo *prev = nullptr;
+  for (const StTensorInfo *t : order) {
+    if (t->file_offset < end)
+      fail(Status::format, "{}: the header lies about offsets: tensor '{}' data [{}, {}) overlaps tensor '{}' [{}, {}) (data offsets)",
+           file, t->name, t->file_offset - f.header_bytes_, t->file_offset - f.header_bytes_ + t->nbytes, prev->name,
+           prev->file_offset - f.header_bytes_, end - f.header_bytes_);
+    if (t->file_offset > end)
+      fail(Status::format, "{}: the header lies about offsets: data bytes [{}, {}) before tensor '{}' belong to no tensor",
+           file, end - f.header_bytes_, t->file_offset - f.header_bytes_, t->name);
+    end = t->file_offset + t->nbytes;
+    prev = t;
+  }
+  if (end != src.size())
+    fail(Status::format, "{}: trailing bytes: the header's tensors end at data offset {}, the file has {} data bytes", file,
+         end - f.header_bytes_, data_bytes);
   return f;
 }
 
@@ -171,6 +195,16 @@ SafetensorsSet SafetensorsSet::open(const std::string &path) {
       auto it = std::find_if(set.files_.begin(), set.files_.end(), [&](const SafetensorsFile &f) { return f.path() == sp.string(); });
       if (it == set.files_.end() || !it->find(tensor))
         fail(Status::not_found, "{}: tensor '{}' listed by {} is not in the shard", sp.string(), tensor, p.string());
+    }
+    // Every tensor of a shard is the index's, in that shard: a shard of another checkpoint (or
+    // of another version of this one) under the listed name holds tensors the index does not.
+    for (const SafetensorsFile &f : set.files_) {
+      for (const StTensorInfo &t : f.tensors()) {
+        auto it = map.find(t.name);
+        if (it == map.end() || (p.parent_path() / it->second).string() != f.path())
+          fail(Status::format, "{}: tensor '{}' at offset {} is {} by {}: a shard of another checkpoint?", f.path(), t.name,
+               t.file_offset, it == map.end() ? "not listed" : "listed in " + it->second, p.string());
+      }
     }
   } else {
     set.files_.push_back(SafetensorsFile::open(p.string()));

@@ -58,6 +58,12 @@ class SafetensorsSet {
   /// model.safetensors.index.json or model.safetensors. Files are recognised by their bytes,
   /// whatever their names; anything else is Error(Status::format) naming it.
   static SafetensorsSet open(const std::string &path);
+  /// A set of already parsed files (the fuzzer, tests).
+  static SafetensorsSet of(std::vector<SafetensorsFile> files) {
+    SafetensorsSet s;
+    s.files_ = std::move(files);
+    return s;
+  }
   /// Parses an index JSON (weight_map) from memory: tensor name -> shard file name.
   static std::map<std::string, std::string> parse_index(const std::string &json_text, const std::string &name);
 

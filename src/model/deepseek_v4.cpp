@@ -13,8 +13,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 namespace ep::model {
 
@@ -157,35 +155,18 @@ backend::RopeParams rope_params(const DeepseekV4Config &c, bool compressed, int6
   return p;
 }
 
-std::string read_text(const std::filesystem::path &p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail(Status::not_found, "{}: cannot open", p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 std::unique_ptr<DeepseekV4Model> DeepseekV4Model::open(const std::string &path, backend::Backend &be,
                                                        const DeepseekV4LoadOptions &options) {
-  namespace fs = std::filesystem;
-  using format::FileFormat;
-  const FileFormat kind = format::detect_file_format(path);
-  if (kind == FileFormat::gguf) {
+  if (format::detect_file_format(path) == format::FileFormat::gguf) {
     WeightCatalog cat = WeightCatalog::from_gguf(path);
     const DeepseekV4Config cfg = DeepseekV4Config::from_gguf(format::GgufSet::open(path));
     return std::make_unique<DeepseekV4Model>(cfg, cat, be, options);
   }
-  if (kind != FileFormat::safetensors && kind != FileFormat::safetensors_index && kind != FileFormat::hf_config &&
-      kind != FileFormat::checkpoint_dir && kind != FileFormat::directory)
-    fail(Status::format, "{}: a {}, not a DeepSeek-V4 GGUF or safetensors checkpoint", path, format::file_format_name(kind));
-  const fs::path dir = format::checkpoint_dir_of(path, kind);
-  const fs::path config = dir / "config.json";
-  if (!fs::exists(config)) fail(Status::not_found, "{}: no config.json beside the safetensors checkpoint", dir.string());
-  const DeepseekV4Config cfg = DeepseekV4Config::from_hf_json(read_text(config), config.string());
-  // the weights: the file given, or the checkpoint directory's index / model.safetensors
-  WeightCatalog cat = WeightCatalog::from_deepseek_v4_safetensors(kind == FileFormat::hf_config ? dir.string() : path);
+  const SafetensorsCheckpoint ck = open_safetensors_checkpoint(path, "DeepSeek-V4");
+  const DeepseekV4Config cfg = DeepseekV4Config::from_hf_json(ck.config_text, ck.config_path);
+  WeightCatalog cat = WeightCatalog::from_deepseek_v4_safetensors(ck.weights, ck.quant);
   return std::make_unique<DeepseekV4Model>(cfg, cat, be, options);
 }
 

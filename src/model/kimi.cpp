@@ -103,13 +103,15 @@ backend::Activation glu_activation(const KimiConfig &c) {
 
 }  // namespace
 
-std::unique_ptr<KimiModel> KimiModel::open(const std::string &path, backend::Backend &be,
-                                                       const KimiLoadOptions &options) {
-  if (const format::FileFormat kind = format::detect_file_format(path); kind != format::FileFormat::gguf)
-    fail(Status::unsupported, "{}: a {}: Kimi models load from GGUF only for now (no safetensors name map yet)", path,
-         format::file_format_name(kind));
-  WeightCatalog cat = WeightCatalog::from_gguf(path);
-  const KimiConfig cfg = KimiConfig::from_gguf(format::GgufSet::open(path));
+std::unique_ptr<KimiModel> KimiModel::open(const std::string &path, backend::Backend &be, const KimiLoadOptions &options) {
+  if (format::detect_file_format(path) == format::FileFormat::gguf) {
+    WeightCatalog cat = WeightCatalog::from_gguf(path);
+    const KimiConfig cfg = KimiConfig::from_gguf(format::GgufSet::open(path));
+    return std::make_unique<KimiModel>(cfg, cat, be, options);
+  }
+  const SafetensorsCheckpoint ck = open_safetensors_checkpoint(path, "Kimi");
+  const KimiConfig cfg = KimiConfig::from_hf_json(ck.config_text, ck.config_path);
+  WeightCatalog cat = WeightCatalog::from_kimi_safetensors(ck.weights, cfg, ck.quant);
   return std::make_unique<KimiModel>(cfg, cat, be, options);
 }
 
@@ -120,6 +122,7 @@ KimiModel::KimiModel(const KimiConfig &c, WeightCatalog &cat, backend::Backend &
     : cfg_(c), be_(be), w_(std::make_unique<Weights>()), fwd_scratch_(std::make_unique<BackendScratch>(be)),
       site_scratch_(std::make_unique<BackendScratch>(be)) {
   c.validate(cat.source());
+  cat.set_model("Kimi");
   KimiLoader ld(cat, be, w_->bufs, weight_bytes_);
   const int64_t D = c.hidden, V = c.vocab, H = c.n_heads, R = c.q_lora_rank, KVL = c.kv_lora_rank, QK = c.qk_head_dim(),
                 NOPE = c.qk_nope_dim, ROPE = c.qk_rope_dim, VH = c.v_head_dim, KH = c.kda_heads, dk = c.kda_head_dim,

@@ -56,7 +56,9 @@ struct KimiLoadOptions {
 
 class KimiModel {
  public:
-  /// Opens a `kimi-linear` / `kimi-k3` GGUF file (any shard of a split set; recognised by its bytes).
+  /// Opens a `kimi-linear` / `kimi-k3` GGUF file (any shard of a split set; recognised by its
+  /// bytes), or a safetensors checkpoint with its config.json (Kimi-Linear as transformers saves
+  /// it, Kimi-K3's release with compressed-tensors MXFP4 experts).
   static std::unique_ptr<KimiModel> open(const std::string &path, backend::Backend &backend,
                                                const KimiLoadOptions &options = {});
   /// Loads every weight from @p catalog (fail-closed) into backend memory.

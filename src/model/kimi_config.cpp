@@ -4,6 +4,7 @@
 #include "format/gguf.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 
@@ -108,6 +109,109 @@ KimiConfig KimiConfig::from_gguf(const format::GgufSet &g) {
   if (!emb) fail(Status::format, "{}: missing tensor token_embd.weight", path);
   c.vocab = static_cast<int64_t>(emb->info->ne[1]);
   c.validate(path);
+  return c;
+}
+
+KimiConfig KimiConfig::from_hf_json(const std::string &text, const std::string &src) {
+  using nlohmann::json;
+  const json top = json::parse(text, nullptr, false);
+  if (top.is_discarded() || !top.is_object()) fail(Status::format, "{}: not a JSON object", src);
+  const bool k3_top = top.value("model_type", std::string()) == "kimi_k3";
+  const json &j = top.contains("text_config") && top["text_config"].is_object() ? top["text_config"] : top;
+  const std::string mt = j.value("model_type", top.value("model_type", std::string()));
+  if (mt != "kimi_linear" && mt != "kimi_k3" && mt != "kimi")
+    fail(Status::unsupported, "{}: model_type is '{}', expected kimi_linear or kimi_k3", src, mt);
+  auto num = [&](const json &o, const char *key) -> const json & {
+    if (!o.contains(key) || !o[key].is_number()) fail(Status::format, "{}: missing number {}", src, key);
+    return o[key];
+  };
+  auto i = [&](const json &o, const char *key) {
+    const json &v = num(o, key);
+    if (!v.is_number_integer()) fail(Status::format, "{}: {} is {}, expected an integer", src, key, v.dump());
+    return v.get<int64_t>();
+  };
+  auto i_or = [&](const json &o, const char *key, int64_t fallback) {
+    return o.contains(key) && !o[key].is_null() ? i(o, key) : fallback;
+  };
+  auto f_or = [&](const json &o, const char *key, double fallback) {
+    return o.contains(key) && !o[key].is_null() ? num(o, key).get<double>() : fallback;
+  };
+  KimiConfig c;
+  c.vocab = i(j, "vocab_size");
+  c.hidden = i(j, "hidden_size");
+  c.n_layers = i(j, "num_hidden_layers");
+  c.rms_eps = static_cast<float>(f_or(j, "rms_norm_eps", 1e-5));
+  c.max_positions = i_or(j, "max_position_embeddings", i_or(j, "model_max_length", 0));
+  const json la = j.contains("linear_attn_config") && j["linear_attn_config"].is_object() ? j["linear_attn_config"] : json::object();
+  if (j.contains("layer_types") && j["layer_types"].is_array()) {
+    if (static_cast<int64_t>(j["layer_types"].size()) != c.n_layers)
+      fail(Status::format, "{}: layer_types has {} entries for {} layers", src, j["layer_types"].size(), c.n_layers);
+    for (const json &t : j["layer_types"]) {
+      const std::string s = t.is_string() ? t.get<std::string>() : "";
+      if (s != "linear_attention" && s != "full_attention") fail(Status::format, "{}: layer type {}", src, t.dump());
+      c.mixer.push_back(s == "full_attention" ? KimiMixer::mla : KimiMixer::kda);
+    }
+  } else if (la.contains("full_attn_layers") && la["full_attn_layers"].is_array()) {
+    c.mixer.assign(static_cast<size_t>(c.n_layers), KimiMixer::kda);
+    for (const json &v : la["full_attn_layers"]) {  // 1-based
+      const int64_t l = v.is_number_integer() ? v.get<int64_t>() : 0;
+      if (l < 1 || l > c.n_layers) fail(Status::format, "{}: full_attn_layers has {} (layers are 1..{})", src, v.dump(), c.n_layers);
+      c.mixer[static_cast<size_t>(l - 1)] = KimiMixer::mla;
+    }
+  } else {
+    fail(Status::format, "{}: neither layer_types nor linear_attn_config.full_attn_layers", src);
+  }
+  c.n_heads = i(j, "num_attention_heads");
+  c.q_lora_rank = i_or(j, "q_lora_rank", 0);
+  c.kv_lora_rank = i(j, "kv_lora_rank");
+  c.qk_nope_dim = i(j, "qk_nope_head_dim");
+  c.qk_rope_dim = i_or(j, "qk_rope_head_dim", 0);
+  c.v_head_dim = i(j, "v_head_dim");
+  c.kda_heads = i_or(la, "num_heads", i_or(j, "linear_num_heads", c.n_heads));
+  c.kda_head_dim = la.contains("head_dim") ? i(la, "head_dim") : i(j, "linear_head_dim");
+  c.conv_kernel = la.contains("short_conv_kernel_size") ? i(la, "short_conv_kernel_size") : i(j, "linear_conv_kernel_dim");
+  if (j.contains("mlp_layer_types") && j["mlp_layer_types"].is_array()) {
+    const json &ml = j["mlp_layer_types"];
+    int64_t dense = 0;
+    for (size_t k = 0; k < ml.size(); ++k) {
+      if (ml[k] == "dense") {
+        if (dense != static_cast<int64_t>(k)) fail(Status::unsupported, "{}: a dense FFN layer after a sparse one", src);
+        ++dense;
+      } else if (ml[k] != "sparse") {
+        fail(Status::format, "{}: mlp layer type {}", src, ml[k].dump());
+      }
+    }
+    c.n_dense_layers = dense;
+  } else {
+    c.n_dense_layers = i_or(j, "first_k_dense_replace", 1);
+  }
+  c.dense_ff = i_or(j, "intermediate_size", 0);
+  c.n_experts = i_or(j, "num_experts", i_or(j, "num_local_experts", 0));
+  c.n_experts_used = i_or(j, "num_experts_per_token", i_or(j, "num_experts_per_tok", 0));
+  c.moe_ff = i_or(j, "moe_intermediate_size", 0);
+  c.n_shared_experts = i_or(j, "num_shared_experts", i_or(j, "n_shared_experts", 0));
+  c.routed_scale = static_cast<float>(f_or(j, "routed_scaling_factor", 1.0));
+  c.norm_topk = j.value("moe_renormalize", j.value("norm_topk_prob", true));
+  const std::string router = j.value("moe_router_activation_func", std::string("sigmoid"));
+  if (router != "sigmoid") fail(Status::unsupported, "{}: moe_router_activation_func '{}', Kimi routes with sigmoid scores", src, router);
+  const int64_t groups = i_or(j, "num_expert_group", 1), groups_used = i_or(j, "topk_group", groups);
+  if (groups > 1 && groups_used < groups)
+    fail(Status::unsupported, "{}: group-limited routing ({} of {} groups) is not implemented", src, groups_used, groups);
+  // Kimi-K3 features
+  const std::string act = j.value("hidden_act", std::string("silu"));
+  if (act != "silu" && act != "situ") fail(Status::unsupported, "{}: hidden_act '{}'", src, act);
+  c.situ = act == "situ";
+  c.situ_beta = static_cast<float>(f_or(j, "activation_situ_beta", 4.0));
+  c.situ_linear_beta = static_cast<float>(f_or(j, "activation_situ_linear_beta", 25.0));
+  c.kda_gate_lower_bound = static_cast<float>(f_or(la, "gate_lower_bound", 0.0));
+  c.kda_full_rank_gate = la.value("use_full_rank_gate", j.value("use_full_rank_gate", false));
+  c.mla_output_gate = j.value("mla_use_output_gate", false);
+  c.expert_latent_dim = i_or(j, "routed_expert_hidden_size", 0);
+  c.attn_res_block_size = i_or(j, "attn_res_block_size", 0);
+  const bool k3 = k3_top || mt == "kimi_k3" || c.situ || c.attn_res_block_size > 0 || c.expert_latent_dim > 0 ||
+                  c.kda_gate_lower_bound != 0.0f || c.mla_output_gate || c.kda_full_rank_gate;
+  c.arch = k3 ? "kimi-k3" : "kimi-linear";
+  c.validate(src);
   return c;
 }
 

@@ -72,6 +72,11 @@ struct KimiConfig {
 
   /// From `kimi-linear.*` or `kimi-k3.*` metadata.
   static KimiConfig from_gguf(const format::GgufSet &gguf);
+  /// From a config.json: KimiLinearForCausalLM's as transformers writes it, or Kimi-K3's
+  /// (KimiK3ForConditionalGeneration: the text model's keys under text_config, with the K3
+  /// features: hidden_act situ, attn_res_block_size, routed_expert_hidden_size,
+  /// mla_use_output_gate, linear_attn_config.gate_lower_bound / use_full_rank_gate).
+  static KimiConfig from_hf_json(const std::string &json_text, const std::string &source);
 };
 
 }  // namespace ep::model

@@ -5,6 +5,7 @@
 #include "expertpack/build_config.h"
 #include "format/byte_source.hpp"
 #include "format/hash.hpp"
+#include "format/microscale.hpp"
 #include "format/pack_file.hpp"
 #include "pack/manifest.hpp"
 
@@ -153,6 +154,10 @@ class SliceReader {
         const ExpertSlice &slice = plan_.slices[s];
         format::Sha256Hasher sha;
         format::Xxh3Hasher xxh;
+        if (slice.layout == format::SourceLayout::fp4_e8m0) {
+          run_fp4(s, slice);
+          continue;
+        }
         for (uint64_t off = 0; off < slice.nbytes || (slice.nbytes == 0 && off == 0);) {
           const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, slice.nbytes - off));
           std::vector<uint8_t> buf;
@@ -183,6 +188,39 @@ class SliceReader {
       std::lock_guard<std::mutex> g(mu_);
       error_ = std::current_exception();
       cv_.notify_all();
+    }
+  }
+
+  /// An FP4 expert role: its values and scales read whole, hashed as they are in the source,
+  /// re-laid into MXFP4 blocks (format/microscale.hpp), then handed out in chunks.
+  void run_fp4(size_t s, const ExpertSlice &slice) {
+    const auto &f = *files_[slice.file];
+    std::vector<uint8_t> values(static_cast<size_t>(slice.source_nbytes)), scales(static_cast<size_t>(slice.scale_nbytes));
+    f.read(slice.offset, values.data(), values.size());
+    f.read(slice.scale_offset, scales.data(), scales.size());
+    format::Sha256Hasher sha;
+    sha.update(values.data(), values.size());
+    sha.update(scales.data(), scales.size());
+    const uint64_t rows = slice.ne[1], cols = slice.ne[0];
+    if (values.size() != rows * cols / 2 || scales.size() != rows * cols / 32 || slice.nbytes != format::mxfp4_bytes(rows, cols))
+      fail(Status::internal, "{}: FP4 slice of {} x {} with {} value and {} scale bytes", slice.tensor, rows, cols, values.size(),
+           scales.size());
+    std::vector<uint8_t> payload(static_cast<size_t>(slice.nbytes));
+    format::fp4_e8m0_to_mxfp4(values.data(), scales.data(), rows, cols, payload.data(),
+                              fmt::format("{}: tensor '{}' at offset {} with scales '{}' at offset {}", f.name(), slice.tensor,
+                                          slice.offset, slice.scale_tensor, slice.scale_offset));
+    digests_[s] = Digest{sha.finish(), format::xxh3_64(payload.data(), payload.size())};
+    for (uint64_t off = 0; off < slice.nbytes;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, slice.nbytes - off));
+      {
+        std::unique_lock<std::mutex> g(mu_);
+        cv_.wait(g, [&] { return stop_ || ready_.size() < kDepth; });
+        if (stop_) return;
+        ready_.push_back(Chunk{s, off, std::vector<uint8_t>(payload.begin() + static_cast<std::ptrdiff_t>(off),
+                                                            payload.begin() + static_cast<std::ptrdiff_t>(off + n))});
+      }
+      cv_.notify_all();
+      off += n;
     }
   }
 
@@ -284,6 +322,7 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
     e.source_tensor = intern(s.tensor);
     for (int d = 0; d < 4; ++d) e.ne[d] = s.ne[d];
     e.source_offset = s.offset;
+    e.source_layout = static_cast<uint32_t>(s.layout);
     e.nbytes = s.nbytes;
   }
   PackHeader h;

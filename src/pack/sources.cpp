@@ -1,6 +1,7 @@
 #include "pack/sources.hpp"
 
 #include "core/error.hpp"
+#include "format/checkpoint_tensors.hpp"
 #include "format/file_format.hpp"
 #include "format/gguf.hpp"
 #include "format/safetensors.hpp"
@@ -12,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 namespace ep::pack {
 namespace fs = std::filesystem;
@@ -140,6 +142,7 @@ ExpertPlan plan_gguf(const std::vector<std::string> &paths) {
         s.file = file_ids.at(f[r]->path());
         s.tensor = t[r]->name;
         s.nbytes = t[r]->nbytes / plan.num_experts;
+        s.source_nbytes = s.nbytes;
         s.offset = t[r]->file_offset + static_cast<uint64_t>(e) * s.nbytes;
         s.type = t[r]->type;
         s.n_dims = 2;
@@ -152,20 +155,6 @@ ExpertPlan plan_gguf(const std::vector<std::string> &paths) {
 }
 
 // --- safetensors ----------------------------------------------------------------------------
-
-std::optional<GgmlType> ggml_from_st(format::StDtype d) {
-  switch (d) {
-    case format::StDtype::f32: return GgmlType::f32;
-    case format::StDtype::f16: return GgmlType::f16;
-    case format::StDtype::bf16: return GgmlType::bf16;
-    case format::StDtype::f64: return GgmlType::f64;
-    case format::StDtype::i8: return GgmlType::i8;
-    case format::StDtype::i16: return GgmlType::i16;
-    case format::StDtype::i32: return GgmlType::i32;
-    case format::StDtype::i64: return GgmlType::i64;
-    default: return std::nullopt;
-  }
-}
 
 struct StExpertName {
   uint32_t layer;
@@ -213,10 +202,18 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
   ExpertPlan plan;
   plan.source_format = "safetensors";
   std::map<std::string, uint32_t> file_ids;
-  struct Found {
-    const format::SafetensorsFile *file;
-    const format::StTensorInfo *info;
-  };
+  // config.json beside the weights: model type, top-k and the FP8 block size.
+  const fs::path config = fs::path(sets.front().files().front().path()).parent_path() / "config.json";
+  format::CheckpointQuant quant;
+  nlohmann::json cfg;
+  if (fs::exists(config)) {
+    std::ifstream in(config);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    cfg = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (cfg.is_object()) quant = format::CheckpointQuant::from_config_json(ss.str(), config.string());
+  }
+  using Found = format::StLogical;
   std::map<std::tuple<uint32_t, uint32_t, int>, Found> per_expert;  // (layer, expert, role)
   std::map<std::pair<uint32_t, int>, Found> fused;                  // (layer, 3 gate_up | 2 down)
   for (const auto &set : sets) {
@@ -224,12 +221,18 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
       if (file_ids.count(file.path())) continue;
       file_ids.emplace(file.path(), static_cast<uint32_t>(plan.files.size()));
       plan.files.push_back(fingerprint(file.path(), file.header_bytes()));
-      for (const auto &t : file.tensors()) {
-        auto n = parse_st_expert_name(t.name);
-        if (!n) continue;
-        if (n->fused) fused[{n->layer, n->role}] = Found{&file, &t};
-        else per_expert[{n->layer, n->expert, n->role}] = Found{&file, &t};
-      }
+    }
+    // MTP layers and vision towers are not run, and their experts not packed
+    const format::StResolved r = format::resolve_checkpoint_tensors(
+        set, quant, {"mtp.", "model.mtp.", "vision_tower.", "language_model.vision_tower.", "mm_projector.", "multi_modal_projector."});
+    for (const std::string &why : r.rejected)
+      if (why.find(".experts.") != std::string::npos)
+        fail(Status::unsupported, "unsupported dtype: a routed expert tensor cannot be packed: {}", why);
+    for (const Found &t : r.tensors) {
+      auto n = parse_st_expert_name(t.name);
+      if (!n) continue;
+      if (n->fused) fused[{n->layer, n->role}] = t;
+      else per_expert[{n->layer, n->expert, n->role}] = t;
     }
   }
   if (fused.empty() && per_expert.empty())
@@ -238,17 +241,40 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
   if (!fused.empty() && !per_expert.empty())
     fail(Status::format, "{}: the checkpoint mixes fused and per-expert expert tensors", paths.front());
   auto type_of = [&](const Found &f) {
-    auto t = ggml_from_st(f.info->dtype);
-    if (!t)
-      fail(Status::unsupported, "{}: unsupported dtype: tensor '{}' is {}, which has no ggml type (the pack stores "
-           "ggml types; convert the checkpoint to GGUF first)", f.file->path(), f.info->name,
-           format::st_dtype_name(f.info->dtype));
-    return *t;
+    if (f.encoding == format::StEncoding::fp8_block || f.type == GgmlType::i8 || f.type == GgmlType::i16 ||
+        f.type == GgmlType::i32 || f.type == GgmlType::i64 || f.type == GgmlType::f64)
+      fail(Status::unsupported, "unsupported dtype: {} cannot be a packed expert (the pack stores float, FP4 (as MXFP4) or "
+           "ggml-quantized experts; FP8 experts are not packed)", f.origin);
+    return f.type;
   };
   auto shape_error = [&](const Found &f, std::string_view expected) {
     std::string s;
-    for (uint64_t d : f.info->shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
-    fail(Status::shape, "{}: shape mismatch: tensor '{}' is [{}], expected {}", f.file->path(), f.info->name, s, expected);
+    for (uint64_t d : f.shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    fail(Status::shape, "shape mismatch: {} is [{}], expected {}", f.origin, s, expected);
+  };
+  // One role of one expert: its payload bytes and where they come from.
+  auto slice_of = [&](const Found &f, uint64_t ne0, uint64_t ne1) {
+    ExpertSlice s;
+    s.file = file_ids.at(f.file->path());
+    s.tensor = f.data->name;
+    s.offset = f.data->file_offset;
+    s.type = type_of(f);
+    s.ne = {ne0, ne1, 1, 1};
+    if (f.encoding == format::StEncoding::fp4_e8m0) {
+      if (f.scale_file != f.file)
+        fail(Status::unsupported, "{}: its scales are in another file ({}); a pack entry reads both from one file", f.origin,
+             f.scale_file->path());
+      s.layout = format::SourceLayout::fp4_e8m0;
+      s.nbytes = f.nbytes();
+      s.source_nbytes = f.data->nbytes;
+      s.scale_tensor = f.scale->name;
+      s.scale_offset = f.scale->file_offset;
+      s.scale_nbytes = f.scale->nbytes;
+    } else {
+      s.nbytes = f.data->nbytes;
+      s.source_nbytes = s.nbytes;
+    }
+    return s;
   };
   if (!fused.empty()) {
     plan.first_layer = fused.begin()->first.first;
@@ -259,7 +285,9 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
       if (gu == fused.end() || dn == fused.end())
         fail(Status::not_found, "{}: layer {} lacks mlp.experts.{} (experts span layers {}..{})", paths.front(), l,
              gu == fused.end() ? "gate_up_proj" : "down_proj", plan.first_layer, last);
-      const auto &gs = gu->second.info->shape, &ds = dn->second.info->shape;
+      if (gu->second.encoding != format::StEncoding::plain || dn->second.encoding != format::StEncoding::plain)
+        fail(Status::unsupported, "{}: fused expert tensors must be plain float tensors", gu->second.origin);
+      const auto &gs = gu->second.shape, &ds = dn->second.shape;
       if (gs.size() != 3 || gs[1] % 2 != 0) shape_error(gu->second, "[E, 2F, D]");
       const uint64_t E = gs[0], F = gs[1] / 2, D = gs[2];
       if (ds.size() != 3 || ds[0] != E || ds[1] != D || ds[2] != F)
@@ -267,25 +295,27 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
       if (l == plan.first_layer) plan.num_experts = static_cast<uint32_t>(E);
       if (E != plan.num_experts) shape_error(gu->second, fmt::format("{} experts like layer {}", plan.num_experts, plan.first_layer));
       const GgmlType gt = type_of(gu->second), dt = type_of(dn->second);
-      const uint64_t es_g = format::st_dtype_size(gu->second.info->dtype), es_d = format::st_dtype_size(dn->second.info->dtype);
+      const uint64_t es_g = format::st_dtype_size(gu->second.data->dtype), es_d = format::st_dtype_size(dn->second.data->dtype);
       for (uint32_t e = 0; e < E; ++e) {
         const uint64_t half = F * D * es_g;
-        const uint64_t base = gu->second.info->file_offset + e * 2 * half;
+        const uint64_t base = gu->second.data->file_offset + e * 2 * half;
         for (int r = 0; r < 2; ++r) {
           ExpertSlice s;
           s.file = file_ids.at(gu->second.file->path());
-          s.tensor = gu->second.info->name;
+          s.tensor = gu->second.data->name;
           s.offset = base + static_cast<uint64_t>(r) * half;  // rows [0, F) are gate, [F, 2F) up
           s.nbytes = half;
+          s.source_nbytes = half;
           s.type = gt;
           s.ne = {D, F, 1, 1};
           plan.slices.push_back(std::move(s));
         }
         ExpertSlice d;
         d.file = file_ids.at(dn->second.file->path());
-        d.tensor = dn->second.info->name;
+        d.tensor = dn->second.data->name;
         d.nbytes = D * F * es_d;
-        d.offset = dn->second.info->file_offset + e * d.nbytes;
+        d.source_nbytes = d.nbytes;
+        d.offset = dn->second.data->file_offset + e * d.nbytes;
         d.type = dt;
         d.ne = {F, D, 1, 1};
         plan.slices.push_back(std::move(d));
@@ -315,21 +345,12 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
         if (experts_per_layer[l] != plan.num_experts)
           fail(Status::shape, "{}: shape mismatch: layer {} has {} experts, layer {} has {}", paths.front(), l,
                experts_per_layer[l], plan.first_layer, plan.num_experts);
-        const auto &gs = f[0]->info->shape;
+        const auto &gs = f[0]->shape;
         if (gs.size() != 2) shape_error(*f[0], "[F, D]");
         const uint64_t F = gs[0], D = gs[1];
-        if (f[1]->info->shape != gs) shape_error(*f[1], fmt::format("[{}, {}] like the gate", F, D));
-        if (f[2]->info->shape != std::vector<uint64_t>{D, F}) shape_error(*f[2], fmt::format("[{}, {}]", D, F));
-        for (int r = 0; r < 3; ++r) {
-          ExpertSlice s;
-          s.file = file_ids.at(f[r]->file->path());
-          s.tensor = f[r]->info->name;
-          s.offset = f[r]->info->file_offset;
-          s.nbytes = f[r]->info->nbytes;
-          s.type = type_of(*f[r]);
-          s.ne = r == 2 ? std::array<uint64_t, 4>{F, D, 1, 1} : std::array<uint64_t, 4>{D, F, 1, 1};
-          plan.slices.push_back(std::move(s));
-        }
+        if (f[1]->shape != gs) shape_error(*f[1], fmt::format("[{}, {}] like the gate", F, D));
+        if (f[2]->shape != std::vector<uint64_t>{D, F}) shape_error(*f[2], fmt::format("[{}, {}]", D, F));
+        for (int r = 0; r < 3; ++r) plan.slices.push_back(r == 2 ? slice_of(*f[r], F, D) : slice_of(*f[r], D, F));
       }
     }
   }
@@ -339,16 +360,11 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
       if (it != file.metadata().end() && plan.arch.empty()) plan.arch = it->second;
     }
   }
-  // transformers' config.json beside the weights: model type and top-k.
-  const fs::path config = fs::path(sets.front().files().front().path()).parent_path() / "config.json";
-  if (fs::exists(config)) {
-    std::ifstream in(config);
-    const nlohmann::json c = nlohmann::json::parse(in, nullptr, false);
-    if (c.is_object()) {
-      if (plan.arch.empty() && c.contains("model_type") && c["model_type"].is_string()) plan.arch = c["model_type"];
-      if (c.contains("num_experts_per_tok") && c["num_experts_per_tok"].is_number_unsigned())
-        plan.top_k = c["num_experts_per_tok"].get<uint32_t>();
-    }
+  if (cfg.is_object()) {
+    const nlohmann::json &tc = cfg.contains("text_config") && cfg["text_config"].is_object() ? cfg["text_config"] : cfg;
+    if (plan.arch.empty() && cfg.contains("model_type") && cfg["model_type"].is_string()) plan.arch = cfg["model_type"];
+    for (const char *k : {"num_experts_per_tok", "num_experts_per_token"})
+      if (tc.contains(k) && tc[k].is_number_unsigned()) plan.top_k = tc[k].get<uint32_t>();
   }
   return plan;
 }

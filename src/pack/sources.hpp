@@ -17,7 +17,15 @@ struct ExpertSlice {
   uint32_t file = 0;                ///< index into ExpertPlan::files
   std::string tensor;               ///< source tensor name
   uint64_t offset = 0;              ///< absolute offset in the source file
-  uint64_t nbytes = 0;
+  uint64_t nbytes = 0;              ///< payload bytes in the pack
+  /// verbatim: the payload is the source bytes [offset, offset + nbytes). fp4_e8m0: FP4 values
+  /// (source_nbytes = nbytes · 16 / 17 at offset) and their E8M0 scales (scale_nbytes at
+  /// scale_offset of the same file) re-laid into MXFP4 blocks (format/microscale.hpp).
+  format::SourceLayout layout = format::SourceLayout::verbatim;
+  uint64_t source_nbytes = 0;
+  std::string scale_tensor;
+  uint64_t scale_offset = 0;
+  uint64_t scale_nbytes = 0;
   format::GgmlType type = format::GgmlType::f32;
   uint32_t n_dims = 2;
   std::array<uint64_t, 4> ne{1, 1, 1, 1};  ///< ggml order

@@ -2,6 +2,8 @@
 
 #include "core/error.hpp"
 #include "format/byte_source.hpp"
+#include "format/checkpoint_tensors.hpp"
+#include "format/safetensors.hpp"
 #include "format/hash.hpp"
 
 #include <chrono>
@@ -23,17 +25,32 @@ void check_source_slices(const format::PackFile &pack) {
   for (const format::RoleEntry &e : pack.entries()) {
     auto &f = files[std::string(e.source_file)];
     if (!f) f = std::make_unique<format::FileSource>(std::string(e.source_file));
-    if (e.source_offset > f->size() || e.nbytes > f->size() - e.source_offset)
-      fail(Status::stale, "{}: source slice changed: {} is {} bytes, the slice of {} lies at {} ({} bytes)", pack.path(),
-           f->name(), f->size(), e.source_tensor, e.source_offset, e.nbytes);
+    // The source bytes the payload came from: the slice itself, or FP4 values and their scales.
+    std::vector<std::pair<uint64_t, uint64_t>> parts;
+    if (e.source_layout == format::SourceLayout::fp4_e8m0) {
+      const std::string scale_name = format::fp4_scale_tensor_name(std::string(e.source_tensor));
+      const format::SafetensorsFile st = format::SafetensorsFile::open(std::string(e.source_file));
+      const format::StTensorInfo *sc = st.find(scale_name);
+      if (!sc || sc->nbytes != e.nbytes / 17)
+        fail(Status::stale, "{}: source slice changed: {} has no scale tensor '{}' of {} bytes for {}", pack.path(), f->name(),
+             scale_name, e.nbytes / 17, e.source_tensor);
+      parts = {{e.source_offset, e.nbytes / 17 * 16}, {sc->file_offset, sc->nbytes}};
+    } else {
+      parts = {{e.source_offset, e.nbytes}};
+    }
     format::Sha256Hasher sha;
     constexpr uint64_t kChunk = 8u << 20;
-    for (uint64_t done = 0; done < e.nbytes;) {
-      const size_t n = static_cast<size_t>(std::min(kChunk, e.nbytes - done));
-      buffer.resize(n);
-      f->read(e.source_offset + done, buffer.data(), n);
-      sha.update(buffer.data(), n);
-      done += n;
+    for (const auto &[offset, size] : parts) {
+      if (offset > f->size() || size > f->size() - offset)
+        fail(Status::stale, "{}: source slice changed: {} is {} bytes, the slice of {} lies at {} ({} bytes)", pack.path(),
+             f->name(), f->size(), e.source_tensor, offset, size);
+      for (uint64_t done = 0; done < size;) {
+        const size_t n = static_cast<size_t>(std::min(kChunk, size - done));
+        buffer.resize(n);
+        f->read(offset + done, buffer.data(), n);
+        sha.update(buffer.data(), n);
+        done += n;
+      }
     }
     const format::Sha256 got = sha.finish();
     if (std::memcmp(got.data(), e.source_sha256.data(), 32) != 0)
@@ -122,7 +139,8 @@ nlohmann::json inspect_json(const format::PackFile &pack, const Manifest *manife
                          {"xxh3", fmt::format("{:016x}", e.xxh3)},
                          {"source_sha256", format::to_hex(e.source_sha256.data(), 32)},
                          {"source", {{"file", std::string(e.source_file)}, {"tensor", std::string(e.source_tensor)}, {"offset", e.source_offset},
-                                     {"nbytes", e.nbytes}}}});
+                                     {"nbytes", e.source_layout == format::SourceLayout::fp4_e8m0 ? e.nbytes / 17 * 16 : e.nbytes},
+                                     {"layout", e.source_layout == format::SourceLayout::fp4_e8m0 ? "fp4_e8m0" : "verbatim"}}}});
       }
       o["roles"] = roles;
       objects.push_back(std::move(o));

@@ -79,6 +79,18 @@ TEST_CASE("safetensors: malformed headers give specific errors", "[format][safet
                ep::Status::format, "overflows");
   expect_error([] { parse_bytes(make_file(R"({"__metadata__":{"x":1}})", 0)); }, ep::Status::format, "__metadata__");
   CHECK(parse_bytes(make_file(R"({"a":{"dtype":"F8_E8M0","shape":[2,4],"data_offsets":[0,8]}})", 8)).find("a")->nbytes == 8);
+  // a header that lies about offsets: two tensors on the same bytes, a hole, bytes after the last one
+  expect_error([] { parse_bytes(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12)); },
+               ep::Status::format, "tensor 'b' data [4, 12) overlaps tensor 'a' [0, 8)");
+  expect_error([] { parse_bytes(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8)); },
+               ep::Status::format, "lies about offsets");
+  expect_error([] { parse_bytes(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12)); },
+               ep::Status::format, "data bytes [0, 4) before tensor 'a' belong to no tensor");
+  expect_error([] { parse_bytes(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12)); },
+               ep::Status::format, "trailing bytes");
+  CHECK(parse_bytes(make_file(R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8))
+            .tensors()
+            .size() == 2);
 }
 
 TEST_CASE("safetensors: truncations and random corruption never crash", "[format][safetensors][hostile]") {
@@ -127,6 +139,27 @@ TEST_CASE("safetensors: sharded checkpoints through model.safetensors.index.json
     std::string text = R"({"weight_map":{"nope":"model-00001-of-00003.safetensors"}})";
     ep::test::write_file(index, std::vector<uint8_t>(text.begin(), text.end()));
     expect_error([&] { SafetensorsSet::open(index); }, ep::Status::not_found, "'nope'");
+  }
+  SECTION("a shard of another checkpoint under a listed name") {
+    TempDir other;
+    ep::testkit::SyntheticSpec o = spec;
+    o.num_layers = 3;
+    ep::testkit::write_synthetic_safetensors(o, other.str(), ep::testkit::StLayout::fused);
+    const std::string shard = dir / "model-00002-of-00003.safetensors";
+    std::filesystem::copy_file(other / "model-00002-of-00003.safetensors", shard, std::filesystem::copy_options::overwrite_existing);
+    try {
+      (void)SafetensorsSet::open(index);
+      FAIL("a foreign shard was accepted");
+    } catch (const ep::Error &e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find("model-0000") != std::string::npos);
+      CHECK(std::string(e.what()).find("tensor '") != std::string::npos);
+    }
+  }
+  SECTION("a truncated shard names the file, the tensor and its offsets") {
+    const std::string shard = dir / "model-00003-of-00003.safetensors";
+    std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 5);
+    expect_error([&] { SafetensorsSet::open(index); }, ep::Status::format, shard + ": truncated file: tensor '");
   }
   expect_error([] { SafetensorsSet::parse_index(R"({"weight_map":{"a":"../evil"}})", "i.json"); }, ep::Status::format,
                "not a file name");

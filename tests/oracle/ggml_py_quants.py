@@ -7,7 +7,7 @@ Every value produced here is exactly representable in float32 and is computed ex
 Python floats (doubles), so the result equals ggml's float32 arithmetic bit for bit.
 
 Types: F32 (0), F16 (1), Q8_0 (8), Q2_K (10), BF16 (30), MXFP4 (39); and, dequantization only,
-Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (their
+Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (their
 codebooks from ggml_py_grids.py). Float32 arithmetic is emulated by rounding every product and sum
 to float32 (f32_round) in ggml's order of operations; double rounding through binary64 is exact
 for one operation on float32 operands.
@@ -19,14 +19,14 @@ import ggml_py_grids
 
 F32, F16, Q8_0, Q2_K, I32, BF16, MXFP4 = 0, 1, 8, 10, 26, 30, 39
 Q4_0, Q4_1, Q5_0, Q5_1 = 2, 3, 6, 7
-IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M = 17, 18, 19, 20, 21, 22, 23, 29
+IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M = 16, 17, 18, 19, 20, 21, 22, 23, 29
 TYPE_NAMES = {F32: "f32", F16: "f16", Q8_0: "q8_0", Q2_K: "q2_K", I32: "i32", BF16: "bf16", MXFP4: "mxfp4",
               Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0", Q5_1: "q5_1", IQ4_NL: "iq4_nl", IQ4_XS: "iq4_xs",
-              IQ2_XS: "iq2_xs", IQ2_S: "iq2_s", IQ3_XXS: "iq3_xxs", IQ3_S: "iq3_s", IQ1_S: "iq1_s", IQ1_M: "iq1_m"}
+              IQ2_XXS: "iq2_xxs", IQ2_XS: "iq2_xs", IQ2_S: "iq2_s", IQ3_XXS: "iq3_xxs", IQ3_S: "iq3_s", IQ1_S: "iq1_s", IQ1_M: "iq1_m"}
 # (values per block, bytes per block)
 BLOCK = {F32: (1, 4), I32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q2_K: (256, 84), MXFP4: (32, 17),
          Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), IQ4_NL: (32, 18), IQ4_XS: (256, 136),
-         IQ2_XS: (256, 74), IQ2_S: (256, 82), IQ3_XXS: (256, 98), IQ3_S: (256, 110), IQ1_S: (256, 50),
+         IQ2_XXS: (256, 66), IQ2_XS: (256, 74), IQ2_S: (256, 82), IQ3_XXS: (256, 98), IQ3_S: (256, 110), IQ1_S: (256, 50),
          IQ1_M: (256, 56)}
 KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
@@ -214,6 +214,22 @@ def _db_iq2(d, nibble):
     return f32_round(f32_round(d * (0.5 + nibble)) * 0.25)
 
 
+def _dequant_iq2_xxs(buf):
+    """block_iq2_xxs {d, qs[32] u16}: per 32 values two u32, the first 4 grid indices, the second
+    4 x 7 sign bits and the 4-bit scale on top."""
+    grid = ggml_py_grids.grid("iq2xxs")
+    out = []
+    for b in _blocks(buf, IQ2_XXS):
+        d = _half(b, 0)
+        for ib in range(8):
+            idx = b[2 + 8 * ib:6 + 8 * ib]
+            aux = _u32(b, 6 + 8 * ib)
+            db = _db_iq2(d, aux >> 28)
+            for l in range(4):
+                out += _signed(db, grid[idx[l]], ggml_py_grids.KSIGNS[(aux >> (7 * l)) & 127])
+    return out
+
+
 def _dequant_iq2_xs(buf):
     grid = ggml_py_grids.grid("iq2xs")
     out = []
@@ -304,7 +320,7 @@ def _dequant_iq1_m(buf):
 
 
 _READ_ONLY = {Q4_0: _dequant_q4_0, Q4_1: _dequant_q4_1, Q5_0: _dequant_q5_0, Q5_1: _dequant_q5_1,
-              IQ4_NL: _dequant_iq4_nl, IQ4_XS: _dequant_iq4_xs, IQ2_XS: _dequant_iq2_xs, IQ2_S: _dequant_iq2_s,
+              IQ4_NL: _dequant_iq4_nl, IQ4_XS: _dequant_iq4_xs, IQ2_XXS: _dequant_iq2_xxs, IQ2_XS: _dequant_iq2_xs, IQ2_S: _dequant_iq2_s,
               IQ3_XXS: _dequant_iq3_xxs, IQ3_S: _dequant_iq3_s, IQ1_S: _dequant_iq1_s, IQ1_M: _dequant_iq1_m}
 
 

@@ -21,7 +21,7 @@ from ggml_py_gguf import GgufWriter  # noqa: E402
 
 # byte offsets of the f16 scales in each block (IQ1_M keeps its scale in the scale words' top nibbles)
 HALVES = {q.Q4_0: (0,), q.Q4_1: (0, 2), q.Q5_0: (0,), q.Q5_1: (0, 2), q.IQ4_NL: (0,), q.IQ4_XS: (0,),
-          q.IQ2_XS: (0,), q.IQ2_S: (0,), q.IQ3_XXS: (0,), q.IQ3_S: (0,), q.IQ1_S: (0,), q.IQ1_M: ()}
+          q.IQ2_XXS: (0,), q.IQ2_XS: (0,), q.IQ2_S: (0,), q.IQ3_XXS: (0,), q.IQ3_S: (0,), q.IQ1_S: (0,), q.IQ1_M: ()}
 EXTREMES = (0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x0000, 0x3C00)  # ±65504, ±2^-24, 0, 1
 
 

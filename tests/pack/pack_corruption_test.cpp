@@ -175,7 +175,7 @@ TEST_CASE("index entries: flipped bytes and edited fields", "[pack][corrupt][ind
   expect_reject(with_entry(f.bytes, 3, [](PackEntry &e) { e.expert = 2; }), Status::format, "expected (0, 1, 0)");
   expect_reject(with_entry(f.bytes, 3, [](PackEntry &e) { e.role = 2; }), Status::format, "expected (0, 1, 0)");
   expect_reject(with_entry(f.bytes, 3, [](PackEntry &e) { e.source_tensor = 1u << 30; }), Status::format, "string offset");
-  expect_reject(with_entry(f.bytes, 3, [](PackEntry &e) { e.reserved0 = 1; }), Status::format, "reserved");
+  expect_reject(with_entry(f.bytes, 3, [](PackEntry &e) { e.source_layout = 2; }), Status::format, "source layout");
   expect_reject(with_entry(f.bytes, 3, [](PackEntry &e) { e.payload_xxh3 ^= 1; }), Status::corrupt, "payload hash mismatch");
 }
 

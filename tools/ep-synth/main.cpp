@@ -43,7 +43,9 @@ constexpr const char *kUsage =
     "                         ff 256): the demo's and the bindings tests' model;\n"
     "                         k3: Kimi-K3 dimensions (hidden 7168, 896 latent experts of 3584 x 3072, top-16,\n"
     "                         2 shared, dense layer 0 with ff 33792, KDA layers with MLA every 4th and the\n"
-    "                         last, vocab 163840, q8_0 dense); kimi-tiny: a small runnable Kimi-K3 for tests.\n"
+    "                         last, vocab 163840, q8_0 dense); kimi-tiny: a small runnable Kimi-K3 for tests;\n"
+    "                         flash-reduced, k3-reduced: their structure (windows, compress ratios, indexer\n"
+    "                         top-512, top-k, AttnRes) at hidden 512 and vocab 4096 (tests/oracle/full_width.py).\n"
     "                         Default: flash\n"
     "  --layers N             transformer blocks (default: 4; kimi-tiny 6)\n"
     "  --disk-budget SIZE     instead of --layers: the most layers whose GGUF plus its Expert Pack (a second\n"
@@ -257,10 +259,11 @@ void set_common(Plan &p, const Spec &s) {
 
 Plan deepseek_v4_plan(const Args &a, const std::string &preset, int64_t layers) {
   const ep::format::GgmlType experts = type_arg(a.get("experts", "mxfp4"));
-  DeepseekV4SyntheticSpec s = preset == "flash"   ? DeepseekV4SyntheticSpec::flash_shaped(layers)
-                              : preset == "small" ? small_spec(layers, experts)
-                                                  : tiny_spec(layers);
-  if (preset == "flash") s.chat_tokenizer = true;
+  DeepseekV4SyntheticSpec s = preset == "flash"           ? DeepseekV4SyntheticSpec::flash_shaped(layers)
+                              : preset == "flash-reduced" ? DeepseekV4SyntheticSpec::flash_reduced(layers)
+                              : preset == "small"         ? small_spec(layers, experts)
+                                                          : tiny_spec(layers);
+  if (preset == "flash" || preset == "flash-reduced") s.chat_tokenizer = true;
   s.seed = std::stoull(a.get("seed", "1"));
   s.expert_gate_up = experts;
   s.expert_down = type_arg(a.get("down-experts", a.get("experts", "mxfp4")));
@@ -282,7 +285,9 @@ Plan deepseek_v4_plan(const Args &a, const std::string &preset, int64_t layers) 
 }
 
 Plan kimi_plan(const Args &a, const std::string &preset, int64_t layers) {
-  KimiSyntheticSpec s = preset == "k3" ? KimiSyntheticSpec::k3_shaped(layers) : KimiSyntheticSpec::tiny(layers);
+  KimiSyntheticSpec s = preset == "k3"           ? KimiSyntheticSpec::k3_shaped(layers)
+                        : preset == "k3-reduced" ? KimiSyntheticSpec::k3_reduced(layers)
+                                                 : KimiSyntheticSpec::tiny(layers);
   s.seed = std::stoull(a.get("seed", "1"));
   if (a.has("experts")) {
     s.expert_gate_up = type_arg(a.get("experts", ""));
@@ -307,9 +312,9 @@ Plan kimi_plan(const Args &a, const std::string &preset, int64_t layers) {
 
 int run(const Args &a) {
   const std::string preset = a.get("preset", "flash");
-  const bool kimi = preset == "k3" || preset == "kimi-tiny";
-  if (!kimi && preset != "flash" && preset != "tiny" && preset != "small")
-    ep::fail(ep::Status::invalid_argument, "--preset: flash, tiny, small, k3 or kimi-tiny, not '{}'", preset);
+  const bool kimi = preset == "k3" || preset == "k3-reduced" || preset == "kimi-tiny";
+  if (!kimi && preset != "flash" && preset != "flash-reduced" && preset != "tiny" && preset != "small")
+    ep::fail(ep::Status::invalid_argument, "--preset: flash, flash-reduced, tiny, small, k3, k3-reduced or kimi-tiny, not '{}'", preset);
   if (a.has("zipf") && !(std::stod(a.get("zipf", "0")) >= 0)) ep::fail(ep::Status::invalid_argument, "--zipf must be >= 0");
   auto make = [&](int64_t layers) { return kimi ? kimi_plan(a, preset, layers) : deepseek_v4_plan(a, preset, layers); };
   int64_t layers = std::stoll(a.get("layers", preset == "kimi-tiny" ? "6" : "4"));
