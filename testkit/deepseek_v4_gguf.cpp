@@ -56,6 +56,15 @@ DeepseekV4SyntheticSpec DeepseekV4SyntheticSpec::flash_reduced(int64_t n_layers)
   return s;
 }
 
+DeepseekV4SyntheticSpec DeepseekV4SyntheticSpec::flash_ds4(int64_t n_layers) {
+  DeepseekV4SyntheticSpec s = flash_shaped(n_layers);
+  s.layout = DeepseekV4SyntheticLayout::ds4;
+  s.expert_gate_up = GgmlType::iq2_xxs;
+  s.expert_down = GgmlType::q2_k;
+  s.chat_tokenizer = true;
+  return s;
+}
+
 namespace {
 
 enum class Kind { matrix, norm, small, sinks, scale3, tid2eid, experts, router_bias };
@@ -84,18 +93,29 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
                  E = static_cast<uint64_t>(s.n_experts), K = static_cast<uint64_t>(s.n_experts_used),
                  F = static_cast<uint64_t>(s.moe_ff), IH = static_cast<uint64_t>(s.index_n_heads),
                  I = static_cast<uint64_t>(s.index_head_dim), hc = static_cast<uint64_t>(s.hc_mult), M = (2 + hc) * hc;
+  const bool ds4 = s.layout == DeepseekV4SyntheticLayout::ds4;
+  const GgmlType dense = ds4 ? GgmlType::q8_0 : s.dense;
   std::vector<TensorSpec> ts;
   auto matrix = [&](const std::string &n, uint64_t ne0, uint64_t ne1, float scale = 1.0f) {
-    ts.push_back({n, dense_type(s.dense, ne0), {ne0, ne1}, Kind::matrix, matrix_std(ne0, scale)});
+    ts.push_back({n, dense_type(dense, ne0), {ne0, ne1}, Kind::matrix, matrix_std(ne0, scale)});
   };
   auto f32 = [&](const std::string &n, std::vector<uint64_t> ne, Kind k, float std) { ts.push_back({n, GgmlType::f32, std::move(ne), k, std}); };
-  ts.push_back({"token_embd.weight", dense_type(s.dense, D), {D, V}, Kind::matrix, 1.0f});
+  // The ds4 layout keeps these in f16: the embedding, the hyper-connection mixers, the
+  // compressors, the indexer and the router.
+  auto side_matrix = [&](const std::string &n, uint64_t ne0, uint64_t ne1) {
+    if (ds4) ts.push_back({n, GgmlType::f16, {ne0, ne1}, Kind::matrix, matrix_std(ne0)});
+    else matrix(n, ne0, ne1);
+  };
+  auto side_params = [&](const std::string &n, std::vector<uint64_t> ne, float std) {
+    ts.push_back({n, ds4 ? GgmlType::f16 : GgmlType::f32, std::move(ne), Kind::small, std});
+  };
+  ts.push_back({"token_embd.weight", ds4 ? GgmlType::f16 : dense_type(dense, D), {D, V}, Kind::matrix, 1.0f});
   for (int64_t il = 0; il < n_layers; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     const uint64_t ratio = static_cast<uint64_t>(s.compress_ratios[static_cast<size_t>(il)]);
     const bool csa = ratio == static_cast<uint64_t>(s.csa_ratio);
     for (const char *site : {"attn", "ffn"}) {
-      matrix(b + "hc_" + site + "_fn.weight", hc * D, M);
+      side_matrix(b + "hc_" + site + "_fn.weight", hc * D, M);
       f32(b + "hc_" + site + "_base.weight", {M}, Kind::small, 0.5f);
       f32(b + "hc_" + site + "_scale.weight", {3}, Kind::scale3, 0.0f);
     }
@@ -111,20 +131,20 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
     f32(b + "attn_sinks.weight", {H}, Kind::sinks, 1.0f);
     if (ratio) {
       const uint64_t cw = csa ? 2 : 1;
-      matrix(b + "attn_compressor_kv.weight", D, cw * hd);
-      matrix(b + "attn_compressor_gate.weight", D, cw * hd);
-      f32(b + "attn_compressor_ape.weight", {cw * hd, ratio}, Kind::small, 0.5f);
+      side_matrix(b + "attn_compressor_kv.weight", D, cw * hd);
+      side_matrix(b + "attn_compressor_gate.weight", D, cw * hd);
+      side_params(b + "attn_compressor_ape.weight", {cw * hd, ratio}, 0.5f);
       f32(b + "attn_compressor_norm.weight", {hd}, Kind::norm, 0.1f);
       if (csa) {
-        f32(b + "indexer.proj.weight", {D, IH}, Kind::small, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
-        matrix(b + "indexer.attn_q_b.weight", R, IH * I);
-        matrix(b + "indexer_compressor_kv.weight", D, 2 * I);
-        matrix(b + "indexer_compressor_gate.weight", D, 2 * I);
-        f32(b + "indexer_compressor_ape.weight", {2 * I, ratio}, Kind::small, 0.5f);
+        side_params(b + "indexer.proj.weight", {D, IH}, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
+        side_matrix(b + "indexer.attn_q_b.weight", R, IH * I);
+        side_matrix(b + "indexer_compressor_kv.weight", D, 2 * I);
+        side_matrix(b + "indexer_compressor_gate.weight", D, 2 * I);
+        side_params(b + "indexer_compressor_ape.weight", {2 * I, ratio}, 0.5f);
         f32(b + "indexer_compressor_norm.weight", {I}, Kind::norm, 0.1f);
       }
     }
-    f32(b + "ffn_gate_inp.weight", {D, E}, Kind::small, static_cast<float>(2.0 / std::sqrt(static_cast<double>(D))));
+    side_params(b + "ffn_gate_inp.weight", {D, E}, static_cast<float>(2.0 / std::sqrt(static_cast<double>(D))));
     if (il < s.n_hash_layers)
       ts.push_back({b + "ffn_gate_tid2eid.weight", GgmlType::i32, {K, V}, Kind::tid2eid, 0.0f});
     else if (s.router_zipf >= 0)
@@ -138,7 +158,7 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
     matrix(b + "ffn_up_shexp.weight", D, F, 1.5f);
     matrix(b + "ffn_down_shexp.weight", F, D);
   }
-  matrix("output_hc_fn.weight", hc * D, hc);
+  side_matrix("output_hc_fn.weight", hc * D, hc);
   f32("output_hc_base.weight", {hc}, Kind::small, 0.5f);
   f32("output_hc_scale.weight", {1}, Kind::scale3, 0.0f);
   f32("output_norm.weight", {D}, Kind::norm, 0.1f);
@@ -189,7 +209,21 @@ void write_deepseek_v4_synthetic_gguf(const DeepseekV4SyntheticSpec &s, const st
   w.add(a + "hyper_connection.epsilon", GgufValue::make_f32(s.hc_eps));
   w.add(a + "hash_layer_count", u32(s.n_hash_layers));
   w.add(a + "expert_gating_func", u32(4));
-  if (s.chat_tokenizer) tokenizer::add_gguf_vocab_keys(w, synthetic_chat_vocab(s.vocab));
+  if (ds4) w.add(a + "vocab_size", u32(s.vocab));
+  if (s.chat_tokenizer || ds4) {
+    tokenizer::GgufVocab vocab = synthetic_chat_vocab(s.vocab);
+    if (ds4) {
+      // ds4 looks these up by text (vocab_load): a DSML marker and a merge table, here empty
+      // (text is one token per byte either way).
+      if (s.vocab <= kDs4DsmlTokenId)
+        fail(Status::invalid_argument, "synthetic DeepSeek-V4, ds4 layout: vocabulary of {} ids, at least {} needed", s.vocab,
+             kDs4DsmlTokenId + 1);
+      vocab.tokens[static_cast<size_t>(kDs4DsmlTokenId)] = "｜DSML｜";
+      vocab.token_types[static_cast<size_t>(kDs4DsmlTokenId)] = 4;  // user-defined, like <think>
+    }
+    tokenizer::add_gguf_vocab_keys(w, vocab);
+    if (ds4 && vocab.merges.empty()) w.add("tokenizer.ggml.merges", GgufValue::make_array(format::GgufType::string, {}));
+  }
   for (const TensorSpec &t : ts) w.add_tensor(t.name, t.type, t.ne);
 
   const uint64_t seed = s.seed;

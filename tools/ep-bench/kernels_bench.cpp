@@ -12,6 +12,7 @@
 // as two (the activation applied as down's kernel reads its input; the engine's path for every
 // type but mxfp4).
 #include "bench_common.hpp"
+#include "cuda_util.hpp"
 
 #include "backend/tensor.hpp"
 #include "core/error.hpp"
@@ -120,24 +121,6 @@ Options options_from(const Args &args) {
   return o;
 }
 
-struct Events {
-  cudaEvent_t start{}, stop{};
-  Events() {
-    EP_CUDA_CHECK(cudaEventCreate(&start));
-    EP_CUDA_CHECK(cudaEventCreate(&stop));
-  }
-  ~Events() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-  double ms() const {
-    float v = 0;
-    EP_CUDA_CHECK(cudaEventSynchronize(stop));
-    EP_CUDA_CHECK(cudaEventElapsedTime(&v, start, stop));
-    return v;
-  }
-};
-
 // The launches `record` makes on `stream`, captured once into a CUDA graph (programmatic
 // dependent launches become programmatic edges) and replayed by launch(): no host work per kernel.
 struct CapturedLaunches {
@@ -158,14 +141,6 @@ struct CapturedLaunches {
   CapturedLaunches(const CapturedLaunches &) = delete;
   CapturedLaunches &operator=(const CapturedLaunches &) = delete;
   void launch(cudaStream_t stream) const { EP_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }
-};
-
-struct DeviceMem {
-  void *p = nullptr;
-  explicit DeviceMem(uint64_t bytes) { EP_CUDA_CHECK(cudaMalloc(&p, bytes)); }
-  ~DeviceMem() { cudaFree(p); }
-  DeviceMem(const DeviceMem &) = delete;
-  DeviceMem &operator=(const DeviceMem &) = delete;
 };
 
 // GB/s of `launches` launches (launch(i), i < launches, reading bytes_per_launch each) on
@@ -205,20 +180,6 @@ void upload_random_x(void *dev, size_t n) {
 
 void check_cublas(cublasStatus_t s, const char *what) {
   if (s != CUBLAS_STATUS_SUCCESS) ep::fail(ep::Status::cuda, "{}: {}", what, cublasGetStatusString(s));
-}
-
-double hbm_copy_gbps(cudaStream_t stream) {
-  const uint64_t bytes = uint64_t{1} << 30;
-  DeviceMem a(bytes), b(bytes);
-  EP_CUDA_CHECK(cudaMemsetAsync(a.p, 1, bytes, stream));
-  EP_CUDA_CHECK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, stream));  // warm-up
-  Events ev;
-  const int iters = 20;
-  EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
-  for (int i = 0; i < iters; ++i)
-    EP_CUDA_CHECK(cudaMemcpyAsync(i % 2 ? a.p : b.p, i % 2 ? b.p : a.p, bytes, cudaMemcpyDeviceToDevice, stream));
-  EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
-  return 2.0 * static_cast<double>(bytes) * iters / (ev.ms() * 1e6);
 }
 
 // cuBLAS bf16 GEMM y[N,T] = W[K,N]^T x[K,T] with f32 output (what the prefill path calls).

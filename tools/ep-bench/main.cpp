@@ -2,6 +2,7 @@
 //   ep-bench io  --pack PACK | --create-size 20G   [--json]
 //   ep-bench h2d [--object-bytes N | --pack PACK]  [--json]
 //   ep-bench kernels [--kernels auto,mma,...] [--types q2_K,...] [--batch 8] [--json]   (CUDA builds)
+//   ep-bench compute --model F.gguf [--prompt-tokens 512] [--gen-tokens 128] [--reps 3] [--ds4-bench PATH] [--json OUT]
 #include "bench_common.hpp"
 
 #include "core/error.hpp"
@@ -15,6 +16,7 @@ int cmd_io(const Args &args);
 int cmd_h2d(const Args &args);
 int cmd_kernels(const Args &args);
 int cmd_e2e(const Args &args);
+int cmd_compute(const Args &args);
 }  // namespace ep::bench
 
 namespace {
@@ -36,6 +38,16 @@ constexpr const char *kUsage =
     "       [--io-seconds 5] [--io-depth 32] [--pack-dir DIR] [--json FILE] [--json-stdout] [--open-only]\n"
     "       the workload one request at a time (temperature 0) through the C API: per dataset prefill/decode tok/s,\n"
     "       cache hit rate, SSD bytes per token; the I/O bound from the disk's raw bandwidth measured in the same run\n"
+    "  compute --model F.gguf [--prompt-tokens 512] [--gen-tokens 128] [--reps 3] [--warmup 1] [--device cuda|cpu]\n"
+    "       [--ds4-bench PATH [--ds4-reps N] [--ds4-args ARGS] [--ds4-timeout 300]] [--prompt-file TEXT] [--work-dir DIR] [--json OUT] [--csv OUT]\n"
+    "       compute speed with every routed expert resident (no pack), greedy, EOS ignored: prefill tok/s of the prompt and\n"
+    "       decode tok/s of the generated tokens, best and median of --reps runs in fresh sessions; the HBM copy bandwidth\n"
+    "       of the same run and the HBM bound of a decode token: bytes/token / bandwidth, where bytes/token = every dense\n"
+    "       tensor once + one row of token_embd and of each ffn_gate_tid2eid + per MoE layer its routed expert bytes x\n"
+    "       top_k / n_experts. --ds4-bench: antirez/ds4's ds4-bench on the same file and prompt text, --ds4-reps times\n"
+    "       (DS4_CUDA_COPY_MODEL=1 unless set), side by side with ratios ours/ds4 and the targets (decode >= 1.2x ds4,\n"
+    "       prefill >= 1.0x ds4, decode <= 3x the HBM bound; medians). --device cpu: the same steps on the CPU backend\n"
+    "       (no HBM bound; a check of the tool). Without a GPU (--device cuda) it fails with exit status 1\n"
     "--json prints one JSON object (io, h2d: raw_gbps, engine_gbps and ratio).\n";
 
 }  // namespace
@@ -49,6 +61,7 @@ int main(int argc, char **argv) {
   try {
     if (cmd == "io") return ep::bench::cmd_io(ep::bench::parse_args(argc, argv, 2, {"json", "no-fio"}));
     if (cmd == "h2d") return ep::bench::cmd_h2d(ep::bench::parse_args(argc, argv, 2, {"json"}));
+    if (cmd == "compute") return ep::bench::cmd_compute(ep::bench::parse_args(argc, argv, 2, {}));
     if (cmd == "e2e") return ep::bench::cmd_e2e(ep::bench::parse_args(argc, argv, 2, {"ignore-eos", "json-stdout", "open-only"}));
     if (cmd == "kernels") {
 #ifdef EP_HAVE_CUDA

@@ -3,9 +3,10 @@
 // streaming to disk, and reports the routing distribution its router produces (per-layer
 // expert-frequency entropy and top-10% share).
 //
-//   ep-synth --out model.gguf [--preset flash|tiny|small|k3|kimi-tiny] [--layers N | --disk-budget SIZE]
-//            [--experts mxfp4|iq2_xxs|q2_K|q4_K] [--down-experts TYPE] [--seed N] [--zipf S]
+//   ep-synth --out model.gguf [--preset flash|flash-ds4|tiny|small|k3|kimi-tiny] [--layers N | --disk-budget SIZE]
+//            [--layout generic|ds4] [--experts mxfp4|iq2_xxs|q2_K|q4_K] [--down-experts TYPE] [--seed N] [--zipf S]
 //            [--shards N] [--route-samples N] [--no-write] [--json FILE]
+#include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "format/ggml_type.hpp"
 #include "format/gguf.hpp"
@@ -37,7 +38,9 @@ using ep::testkit::KimiSyntheticSpec;
 constexpr const char *kUsage =
     "usage: ep-synth --out PATH [options]\n"
     "  --preset P             flash: DeepSeek-V4-Flash dimensions (hidden 4096, 256 experts x 2048, top-6,\n"
-    "                         vocab 129280, q8_0 dense); tiny: a small runnable DeepSeek-V4 for tests;\n"
+    "                         vocab 129280, q8_0 dense); flash-ds4: the same in the ds4 layout with iq2_xxs\n"
+    "                         gate/up and q2_K down experts (a file antirez/ds4 loads, built for that layer\n"
+    "                         count); tiny: a small runnable DeepSeek-V4 for tests;\n"
     "                         small: the smallest runnable DeepSeek-V4 with a chat tokenizer (hidden 128,\n"
     "                         8 experts x 64, top-2, vocab 262, f16 dense; K-quant experts make hidden and\n"
     "                         ff 256): the demo's and the bindings tests' model;\n"
@@ -50,6 +53,12 @@ constexpr const char *kUsage =
     "  --layers N             transformer blocks (default: 4; kimi-tiny 6)\n"
     "  --disk-budget SIZE     instead of --layers: the most layers whose GGUF plus its Expert Pack (a second\n"
     "                         copy of the routed experts) fit in SIZE (e.g. 200G); prints the estimate\n"
+    "  --layout L             DeepSeek-V4 dense tensor types: generic (every matrix in the preset's dense type,\n"
+    "                         router and small parameters f32; default) or ds4 (what antirez/ds4 validates:\n"
+    "                         f16 embedding, hyper-connection, router, compressor and indexer tensors, q8_0\n"
+    "                         attention, shared expert and output, plus deepseek4.vocab_size, an empty\n"
+    "                         tokenizer.ggml.merges and a ｜DSML｜ token; experts iq2_xxs/q2_K by default,\n"
+    "                         iq2_xxs, q2_K or q4_K allowed). Any DeepSeek-V4 preset; flash-ds4 implies it\n"
     "  --experts TYPE         routed expert type (any ggml block type: mxfp4, iq2_xxs, q2_K, q3_K, q4_K, ...);\n"
     "                         default: mxfp4 (DeepSeek-V4), q2_K (Kimi, like the published Q2_K GGUF)\n"
     "  --down-experts TYPE    type of ffn_down_exps (default: --experts; Kimi without --experts: q3_K)\n"
@@ -125,8 +134,10 @@ uint64_t dense_layer_bytes(const DeepseekV4SyntheticSpec &s) {
 
 uint64_t estimate_file_bytes(const DeepseekV4SyntheticSpec &s) {
   const auto layers = static_cast<uint64_t>(s.compress_ratios.size());
-  const uint64_t embed = 2 * static_cast<uint64_t>(static_cast<double>(s.vocab) * static_cast<double>(s.hidden) *
-                                                   (s.dense == ep::format::GgmlType::f16 ? 2.0 : 1.0625));
+  const double vd = static_cast<double>(s.vocab) * static_cast<double>(s.hidden);
+  const bool ds4 = s.layout == ep::testkit::DeepseekV4SyntheticLayout::ds4;  // f16 embedding, q8_0 head
+  const double dense_factor = s.dense == ep::format::GgmlType::f16 && !ds4 ? 2.0 : 1.0625;
+  const uint64_t embed = static_cast<uint64_t>(vd * (ds4 ? 2.0 : dense_factor) + vd * dense_factor);
   return embed + layers * (expert_layer_bytes(s) + dense_layer_bytes(s));
 }
 
@@ -157,12 +168,20 @@ LayerRouting summarize(int64_t layer, bool hash, const std::vector<double> &coun
   return r;
 }
 
+/// @p n values of an f32 or f16 tensor, as f32.
 std::vector<float> read_f32(const ep::format::GgufSet &f, const std::string &name, size_t n) {
   const auto t = f.find_tensor(name);
-  if (!t || t->info->nbytes != n * 4)
-    ep::fail(ep::Status::format, "{}: tensor {} missing or not {} f32 values", f.first().path(), name, n);
+  const bool f16 = t && t->info->type == ep::format::GgmlType::f16;
+  if (!t || t->info->nbytes != n * (f16 ? 2 : 4))
+    ep::fail(ep::Status::format, "{}: tensor {} missing or not {} f32 / f16 values", f.first().path(), name, n);
   std::vector<float> v(n);
-  t->file->source().read(t->info->file_offset, v.data(), n * 4);
+  if (f16) {
+    std::vector<uint16_t> h(n);
+    t->file->source().read(t->info->file_offset, h.data(), n * 2);
+    ep::backend::dequantize_row(ep::format::GgmlType::f16, h.data(), v.data(), static_cast<int64_t>(n));
+  } else {
+    t->file->source().read(t->info->file_offset, v.data(), n * 4);
+  }
   return v;
 }
 
@@ -258,15 +277,31 @@ void set_common(Plan &p, const Spec &s) {
 }
 
 Plan deepseek_v4_plan(const Args &a, const std::string &preset, int64_t layers) {
-  const ep::format::GgmlType experts = type_arg(a.get("experts", "mxfp4"));
-  DeepseekV4SyntheticSpec s = preset == "flash"           ? DeepseekV4SyntheticSpec::flash_shaped(layers)
-                              : preset == "flash-reduced" ? DeepseekV4SyntheticSpec::flash_reduced(layers)
-                              : preset == "small"         ? small_spec(layers, experts)
-                                                          : tiny_spec(layers);
-  if (preset == "flash" || preset == "flash-reduced") s.chat_tokenizer = true;
+  const std::string layout = a.get("layout", preset == "flash-ds4" ? "ds4" : "generic");
+  if (layout != "generic" && layout != "ds4") ep::fail(ep::Status::invalid_argument, "--layout: generic or ds4, not '{}'", layout);
+  if (preset == "flash-ds4" && layout != "ds4") ep::fail(ep::Status::invalid_argument, "--preset flash-ds4 is the ds4 layout");
+  const bool ds4 = layout == "ds4";
+  // ds4 reads IQ2_XXS / Q2_K / Q4_K routed experts; its published file has IQ2_XXS gate/up, Q2_K down.
+  const std::string gate_up_name = a.get("experts", ds4 ? "iq2_xxs" : "mxfp4");
+  const std::string down_name = a.get("down-experts", a.has("experts") ? gate_up_name : ds4 ? "q2_K" : "mxfp4");
+  const ep::format::GgmlType experts = type_arg(gate_up_name);
+  DeepseekV4SyntheticSpec s = preset == "flash" || preset == "flash-ds4" ? DeepseekV4SyntheticSpec::flash_shaped(layers)
+                              : preset == "flash-reduced"                 ? DeepseekV4SyntheticSpec::flash_reduced(layers)
+                              : preset == "small"                         ? small_spec(layers, experts)
+                                                                          : tiny_spec(layers);
+  if (preset == "flash" || preset == "flash-ds4" || preset == "flash-reduced") s.chat_tokenizer = true;
+  if (ds4) {
+    s.layout = ep::testkit::DeepseekV4SyntheticLayout::ds4;
+    s.chat_tokenizer = true;
+    for (const std::string &t : {gate_up_name, down_name}) {
+      const ep::format::GgmlType ty = type_arg(t);
+      if (ty != ep::format::GgmlType::iq2_xxs && ty != ep::format::GgmlType::q2_k && ty != ep::format::GgmlType::q4_k)
+        ep::fail(ep::Status::invalid_argument, "--layout ds4: ds4 reads routed experts of iq2_xxs, q2_K or q4_K, not '{}'", t);
+    }
+  }
   s.seed = std::stoull(a.get("seed", "1"));
   s.expert_gate_up = experts;
-  s.expert_down = type_arg(a.get("down-experts", a.get("experts", "mxfp4")));
+  s.expert_down = type_arg(down_name);
   if (a.has("zipf")) s.router_zipf = std::stod(a.get("zipf", "0"));
   if (a.has("shards")) ep::fail(ep::Status::invalid_argument, "--shards: only the Kimi presets write split sets");
   Plan p;
@@ -313,8 +348,10 @@ Plan kimi_plan(const Args &a, const std::string &preset, int64_t layers) {
 int run(const Args &a) {
   const std::string preset = a.get("preset", "flash");
   const bool kimi = preset == "k3" || preset == "k3-reduced" || preset == "kimi-tiny";
-  if (!kimi && preset != "flash" && preset != "flash-reduced" && preset != "tiny" && preset != "small")
-    ep::fail(ep::Status::invalid_argument, "--preset: flash, flash-reduced, tiny, small, k3, k3-reduced or kimi-tiny, not '{}'", preset);
+  if (!kimi && preset != "flash" && preset != "flash-ds4" && preset != "flash-reduced" && preset != "tiny" && preset != "small")
+    ep::fail(ep::Status::invalid_argument,
+             "--preset: flash, flash-ds4, flash-reduced, tiny, small, k3, k3-reduced or kimi-tiny, not '{}'", preset);
+  if (kimi && a.has("layout")) ep::fail(ep::Status::invalid_argument, "--layout: only the DeepSeek-V4 presets have one");
   if (a.has("zipf") && !(std::stod(a.get("zipf", "0")) >= 0)) ep::fail(ep::Status::invalid_argument, "--zipf must be >= 0");
   auto make = [&](int64_t layers) { return kimi ? kimi_plan(a, preset, layers) : deepseek_v4_plan(a, preset, layers); };
   int64_t layers = std::stoll(a.get("layers", preset == "kimi-tiny" ? "6" : "4"));
@@ -364,6 +401,7 @@ int run(const Args &a) {
   j["path"] = first;
   j["family"] = plan.family;
   j["preset"] = preset;
+  if (!kimi) j["layout"] = a.get("layout", preset == "flash-ds4" ? "ds4" : "generic");
   j["layers"] = layers;
   j["experts"] = plan.experts;
   j["experts_per_token"] = plan.top_k;
