@@ -158,7 +158,7 @@ Common parse_common(const Fields &f, const ApiContext &ctx, const char *max_toke
   if (const auto model = f.string("model"); model && *model != ctx.model_name)
     throw ApiError{404, "The model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'", "model",
                    "model_not_found"};
-  if (const auto n = f.integer("n", 1, 1); n && *n != 1) throw ApiError{400, "only n = 1 is supported", "n", "unsupported"};
+  if (const auto n = f.integer("n", 1, INT64_MAX); n && *n != 1) throw ApiError{400, "only n = 1 is supported", "n", "unsupported"};
   ep_generate_options &o = c.job.sampling;
   ep_generate_options_init(&o);
   o.temperature = static_cast<float>(f.number("temperature", 0, 2).value_or(ctx.temperature));
@@ -347,7 +347,7 @@ Common parse_completion(const json &body, const ApiContext &ctx) {
   for (const char *k : {"echo"})
     if (f.boolean(k).value_or(false)) throw ApiError{400, std::string("'") + k + "' is not supported", k, "unsupported"};
   if (f.string("suffix")) throw ApiError{400, "'suffix' is not supported", "suffix", "unsupported"};
-  if (const auto b = f.integer("best_of", 1, 1); b && *b != 1) throw ApiError{400, "only best_of = 1 is supported", "best_of", "unsupported"};
+  if (const auto b = f.integer("best_of", 1, INT64_MAX); b && *b != 1) throw ApiError{400, "only best_of = 1 is supported", "best_of", "unsupported"};
   const json *p = f.get("prompt");
   if (!p) throw ApiError{400, "'prompt' is required", "prompt", "missing"};
   const json *one = p;

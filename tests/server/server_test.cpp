@@ -9,6 +9,9 @@
 
 #include "server_process.hpp"
 
+#include "reasoning.hpp"
+#include "testkit/kimi_gguf.hpp"
+
 #include <expertpack/expertpack.h>
 
 #include <httplib.h>
@@ -511,7 +514,8 @@ TEST_CASE("ep-server: bad requests get OpenAI error objects and the server keeps
       {{{"stop", 7}}, 400, "invalid_type", "stop"},
       {{{"stop", json::array({""})}}, 400, "invalid_value", "stop"},
       {{{"stream", "yes"}}, 400, "invalid_type", "stream"},
-      {{{"n", 2}}, 400, "", "n"},
+      {{{"n", 2}}, 400, "unsupported", "n"},
+      {{{"n", 0}}, 400, "invalid_value", "n"},
       {{{"model", "gpt-4o"}}, 404, "model_not_found", "model"},
       {{{"model", 12}}, 400, "invalid_type", "model"},
       {{{"messages", json::array({{{"role", "user"}, {"content", std::string(70000, 'a')}}})}}, 413, "request_too_large", ""},
@@ -593,4 +597,90 @@ TEST_CASE("ep-server: a client that disconnects cancels its request; a busy mode
   CHECK(server.stop() == 0);
   late.join();
   CHECK((late_status == 503 || late_status == 0));
+}
+
+namespace {
+
+/// Routes the tokens of @p generated (special tokens matched) through a splitter and returns the
+/// text of each channel.
+std::pair<std::string, std::string> split(const ep_tokenizer *t, ep_chat_template tmpl, bool start_in_reasoning,
+                                          const std::string &generated) {
+  size_t n = 0;
+  REQUIRE(ep_tokenize(nullptr, 0, &n, t, generated.data(), generated.size(), 0) == EP_OK);
+  std::vector<int32_t> ids(n);
+  REQUIRE(ep_tokenize(ids.data(), ids.size(), &n, t, generated.data(), generated.size(), 0) == EP_OK);
+  ep_server::ReasoningSplitter splitter(ep_server::ThinkingMarkers::of(t, tmpl), t, start_in_reasoning);
+  std::vector<int32_t> content, reasoning;
+  for (const int32_t id : ids) {
+    const ep_server::Channel c = splitter.route(id);
+    if (c == ep_server::Channel::content) content.push_back(id);
+    if (c == ep_server::Channel::reasoning) reasoning.push_back(id);
+  }
+  auto text = [&](const std::vector<int32_t> &v) {
+    size_t len = 0;
+    REQUIRE(ep_detokenize(nullptr, 0, &len, t, v.data(), v.size(), 0) == EP_OK);
+    std::string out(len + 1, '\0');
+    REQUIRE(ep_detokenize(out.data(), out.size(), &len, t, v.data(), v.size(), 0) == EP_OK);
+    out.resize(len);
+    return out;
+  };
+  return {text(reasoning), text(content)};
+}
+
+std::string write_kimi_model(const ep::test::TempDir &dir) {
+  ep::testkit::KimiSyntheticSpec spec = ep::testkit::KimiSyntheticSpec::tiny(4);
+  spec.seed = 5;
+  return ep::testkit::write_kimi_synthetic_gguf(spec, dir / "k3-tiny.gguf");
+}
+
+}  // namespace
+
+TEST_CASE("ep-server: the thinking markers split reasoning from the answer", "[reasoning]") {
+  SECTION("DeepSeek-V4 (the demo model's tokenizer)") {
+    ep_tokenizer *t = nullptr;
+    REQUIRE(ep_tokenizer_open(&t, kModel.c_str()) == EP_OK);
+    CHECK(split(t, EP_CHAT_TEMPLATE_DEEPSEEK_V4, true, "Let me see.</think>In the beginning") ==
+          std::pair<std::string, std::string>("Let me see.", "In the beginning"));
+    // Thinking off: the prompt closed the block; a stray marker is not text.
+    CHECK(split(t, EP_CHAT_TEMPLATE_DEEPSEEK_V4, false, "In the</think> beginning") ==
+          std::pair<std::string, std::string>("", "In the beginning"));
+    CHECK(split(t, EP_CHAT_TEMPLATE_DEEPSEEK_V4, false, "A<think>B</think>C") == std::pair<std::string, std::string>("B", "AC"));
+    ep_tokenizer_close(t);
+  }
+  SECTION("Kimi-K3 (a synthetic model's tokenizer)") {
+    ep::test::TempDir dir;
+    ep_tokenizer *t = nullptr;
+    REQUIRE(ep_tokenizer_open(&t, write_kimi_model(dir).c_str()) == EP_OK);
+    const std::string tail = "<|close|>response<|sep|><|close|>message<|sep|>";
+    CHECK(split(t, EP_CHAT_TEMPLATE_KIMI_K3, true, "I ponder.<|close|>think<|sep|><|open|>response<|sep|>The answer." + tail) ==
+          std::pair<std::string, std::string>("I ponder.", "The answer."));
+    CHECK(split(t, EP_CHAT_TEMPLATE_KIMI_K3, false, "The answer." + tail + "more") == std::pair<std::string, std::string>("", "The answer."));
+    ep_tokenizer_close(t);
+  }
+}
+
+TEST_CASE("ep-server: a Kimi-K3 chat continues the whole first turn", "[kimi]") {
+  ep::test::TempDir dir;
+  const std::string model = write_kimi_model(dir);
+  ep::test::ServerProcess server(EP_SERVER_EXE, {"--model", model, "--device", "cpu", "--resident-experts", "--cpu-threads", "2",
+                                                 "--parallel", "2"});
+  Http http(server.port());
+  std::vector<std::pair<std::string, std::string>> conversation = {{"user", "Hello"}};
+  json body = chat_body(conversation, 6);
+  body["model"] = "k3-tiny";
+  const Reply first = http.post("/v1/chat/completions", body);
+  REQUIRE(first.status == 200);
+  const json &msg = first.body.at("choices").at(0).at("message");
+  conversation.push_back({"assistant", msg.at("content").get<std::string>()});
+  conversation.push_back({"user", "And then?"});
+  body = chat_body(conversation, 6);
+  body["model"] = "k3-tiny";
+  body["messages"][1]["reasoning_content"] = msg.value("reasoning_content", "");
+  const Reply second = http.post("/v1/chat/completions", body);
+  REQUIRE(second.status == 200);
+  // Kimi-K3 renders an answered turn as its generation prompt continued, so at least the whole
+  // first prompt is reused (the snapshot at its end).
+  CHECK(second.body.at("usage").at("prompt_tokens_details").at("cached_tokens").get<int>() >=
+        first.body.at("usage").at("prompt_tokens").get<int>());
+  CHECK(server.stop() == 0);
 }
