@@ -406,6 +406,8 @@ TEST_CASE("ep-server: eight concurrent greedy requests answer as each does alone
     });
   }
   for (auto &t : clients) t.join();
+  const json metrics_text = http.get("/metrics").body;
+  INFO("the server's log:\n" << server.log() << "\nits metrics:\n" << (metrics_text.is_string() ? metrics_text.get<std::string>() : metrics_text.dump()));
   for (size_t i = 0; i < requests.size(); ++i) {
     INFO("request " << i << ": " << requests[i].second.dump());
     CHECK(ok[i] == 200);
