@@ -1,0 +1,95 @@
+// One generation request as the scheduler runs it: what to generate (JobRequest), and the
+// output the HTTP side reads while it is produced (text deltas, then the result).
+#pragma once
+
+#include <expertpack/expertpack.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ep_server {
+
+/// Where a generated token's text goes.
+enum class Channel { content, reasoning, markup };
+
+struct JobRequest {
+  std::vector<int32_t> prompt;       ///< token ids to append before generating (at least one)
+  size_t snapshot_at = 0;            ///< prompt position whose state a later request may continue from (0: the prompt's end);
+                                     ///< the finished session is kept too when this is the prompt's end
+  ep_generate_options sampling{};    ///< temperature, top_k, top_p, min_p, seed, repetition penalty (read by ep_session_sample)
+  uint32_t max_tokens = 16;          ///< tokens to generate at most (>= 1)
+  std::vector<std::string> stop;     ///< stop strings of the content
+  bool ignore_eos = false;           ///< do not stop at EOS / end of turn
+  bool split_reasoning = false;      ///< route thinking-marker spans to the reasoning channel (chat)
+  bool start_in_reasoning = false;   ///< the prompt opened a thinking block (thinking on)
+};
+
+enum class FinishReason { stop, length, cancelled, error };
+const char *finish_reason_name(FinishReason r);
+
+/// Token counts and costs of one finished request.
+struct Usage {
+  uint32_t prompt_tokens = 0;
+  uint32_t cached_tokens = 0;       ///< prompt tokens continued from a kept session (not run again)
+  uint32_t completion_tokens = 0;   ///< sampled tokens, a final stop token included
+  uint32_t reasoning_tokens = 0;    ///< of those, in the reasoning channel
+  uint64_t prefill_expert_bytes = 0;  ///< pack bytes read by the steps that ran this prompt (shared with the sequences batched with it)
+  uint64_t decode_expert_bytes = 0;   ///< the same for the steps that ran its generated tokens
+  double queue_ms = 0, prefill_ms = 0, decode_ms = 0;
+};
+
+struct JobResult {
+  FinishReason finish = FinishReason::error;
+  int error_status = 0;             ///< HTTP status of an error
+  std::string error_message;
+  Usage usage;
+};
+
+/// Shared by the HTTP handler that made it and the scheduler that runs it.
+class Job {
+ public:
+  explicit Job(JobRequest request) : request_(std::move(request)), created_(std::chrono::steady_clock::now()) {}
+  Job(const Job &) = delete;
+  Job &operator=(const Job &) = delete;
+
+  const JobRequest &request() const { return request_; }
+  std::chrono::steady_clock::time_point created() const { return created_; }
+
+  /// Asks the scheduler to stop this request (the client went away); it notices at its next step.
+  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+
+  /// Text produced since the last take.
+  struct Delta {
+    std::string content, reasoning;
+    bool empty() const { return content.empty() && reasoning.empty(); }
+  };
+  /// Waits up to @p timeout for output, moves what there is into @p delta; true once the job is
+  /// done and everything was taken.
+  bool wait_take(std::chrono::milliseconds timeout, Delta &delta);
+  /// The result; only meaningful after wait_take() returned true.
+  JobResult result() const;
+
+  // Scheduler side.
+  void emit(Channel channel, std::string_view text);
+  void finish(FinishReason reason, const Usage &usage);
+  void fail(int http_status, std::string message, const Usage &usage);
+
+ private:
+  const JobRequest request_;
+  const std::chrono::steady_clock::time_point created_;
+  std::atomic<bool> cancelled_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Delta pending_;
+  bool done_ = false;
+  JobResult result_;
+};
+
+}  // namespace ep_server

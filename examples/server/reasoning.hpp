@@ -1,0 +1,44 @@
+// Splits an assistant turn's generated tokens into reasoning and answer by the chat template's
+// thinking markers. The markers are special tokens, which a text stream leaves out, so the
+// split is decided per token id:
+//   DeepSeek-V4: reasoning runs until `</think>` (the generation prompt opens `<think>` when
+//   thinking is on, and closes it at once when off).
+//   Kimi-K3: `<|open|>think<|sep|> ... <|close|>think<|sep|>` then
+//   `<|open|>response<|sep|> ... <|close|>response<|sep|>`: the tag names between the
+//   open/close and sep tokens are markup, not text.
+#pragma once
+
+#include <expertpack/expertpack.h>
+
+#include "job.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ep_server {
+
+/// The marker token ids of a tokenizer (-1 where it has none).
+struct ThinkingMarkers {
+  int32_t think_open = -1, think_close = -1;        // DeepSeek-V4
+  int32_t tag_open = -1, tag_close = -1, tag_sep = -1;  // Kimi-K3
+  static ThinkingMarkers of(const ep_tokenizer *tokenizer, ep_chat_template chat_template);
+};
+
+class ReasoningSplitter {
+ public:
+  /// @p tokenizer names the tags (Kimi-K3) and must outlive the splitter.
+  ReasoningSplitter(const ThinkingMarkers &markers, const ep_tokenizer *tokenizer, bool start_in_reasoning);
+  /// The channel of one generated token.
+  Channel route(int32_t token);
+
+ private:
+  void end_tag();
+  ThinkingMarkers m_;
+  const ep_tokenizer *tokenizer_;
+  Channel channel_;
+  bool in_tag_ = false, closing_ = false, answer_over_ = false;
+  std::vector<int32_t> tag_;
+};
+
+}  // namespace ep_server

@@ -1,0 +1,343 @@
+#include "scheduler.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace ep_server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+/// Where a text stream's pieces go: one channel of one job.
+struct Sink {
+  Job *job;
+  Channel channel;
+};
+
+int on_text(const char *piece, size_t length, void *payload) {
+  const Sink &s = *static_cast<const Sink *>(payload);
+  s.job->emit(s.channel, std::string_view(piece, length));
+  return 0;
+}
+
+std::string api_error(const char *what) { return std::string(what) + ": " + ep_last_error(); }
+
+}  // namespace
+
+Scheduler::Scheduler(ep_model *model, const ep_tokenizer *tokenizer, const ThinkingMarkers &markers, const SchedulerOptions &options,
+                     Metrics &metrics)
+    : model_(model), tokenizer_(tokenizer), markers_(markers), options_(options), metrics_(metrics), cache_(options.session_cache) {
+  ep_tokenizer_properties tp;
+  ep_tokenizer_properties_init(&tp);
+  if (ep_tokenizer_info(&tp, tokenizer) == EP_OK) {
+    eos_ = tp.eos_id;
+    end_of_turn_ = tp.end_of_turn_id;
+  }
+  ep_store_stats s;
+  ep_store_stats_init(&s);
+  if (ep_model_store_stats(&s, model_) == EP_OK) {
+    last_read_bytes_ = s.pack_read_bytes;
+    metrics_.set_store(s);
+  }
+  metrics_.set_session_cache(0, cache_.capacity(), 0);
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() { shutdown(); }
+
+bool Scheduler::submit(std::shared_ptr<Job> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return false;
+    pending_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void Scheduler::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::publish_load() {
+  size_t waiting = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting = pending_.size();
+  }
+  metrics_.set_load(slots_.size(), waiting);
+  metrics_.set_session_cache(cache_.size(), cache_.capacity(), cache_.evictions());
+}
+
+void Scheduler::run() {
+  for (;;) {
+    std::vector<std::shared_ptr<Job>> admitted;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !pending_.empty() || !slots_.empty(); });
+      if (stopping_) break;
+      while (!pending_.empty() && slots_.size() + admitted.size() < options_.parallel) {
+        admitted.push_back(std::move(pending_.front()));
+        pending_.pop_front();
+      }
+    }
+    for (auto &job : admitted) start(std::move(job));
+    step();
+    publish_load();
+  }
+  const Usage none;
+  for (auto &slot : slots_) fail(*slot, 503, "the server is shutting down");
+  slots_.clear();
+  std::deque<std::shared_ptr<Job>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(pending_);
+  }
+  for (auto &job : left) job->fail(503, "the server is shutting down", none);
+  publish_load();
+}
+
+void Scheduler::start(std::shared_ptr<Job> job) {
+  auto slot = std::make_unique<Slot>();
+  slot->job = std::move(job);
+  slot->admitted = Clock::now();
+  const JobRequest &r = slot->job->request();
+  slot->usage.prompt_tokens = static_cast<uint32_t>(r.prompt.size());
+  slot->usage.queue_ms = ms_between(slot->job->created(), slot->admitted);
+  if (slot->job->cancelled()) {
+    slot->job->finish(FinishReason::cancelled, slot->usage);
+    metrics_.job_finished(FinishReason::cancelled, slot->usage);
+    return;
+  }
+  auto [fork, reused] = cache_.fork_longest_prefix(r.prompt);
+  if (fork) {
+    slot->session = std::move(fork);
+    slot->pos = slot->reused = reused;
+  } else {
+    ep_session *s = nullptr;
+    if (ep_session_open(&s, model_) != EP_OK) {
+      fail(*slot, 500, api_error("cannot open a session"));
+      return;
+    }
+    slot->session.reset(s);
+  }
+  slot->usage.cached_tokens = static_cast<uint32_t>(slot->reused);
+  std::vector<const char *> stops;
+  for (const std::string &s : r.stop) stops.push_back(s.c_str());
+  ep_text_stream *content = nullptr, *reasoning = nullptr;
+  if (ep_text_stream_open(&content, tokenizer_, stops.data(), stops.size()) != EP_OK ||
+      ep_text_stream_open(&reasoning, tokenizer_, nullptr, 0) != EP_OK) {
+    ep_text_stream_close(content);
+    fail(*slot, 400, api_error("stop"));
+    return;
+  }
+  slot->content.reset(content);
+  slot->reasoning.reset(reasoning);
+  if (r.split_reasoning) slot->splitter.emplace(markers_, tokenizer_, r.start_in_reasoning);
+  slot->last_channel = r.start_in_reasoning ? Channel::reasoning : Channel::content;
+  metrics_.job_admitted(slot->usage.prompt_tokens, slot->usage.cached_tokens);
+  if (slot->pos == r.prompt.size()) {  // the whole prompt was kept: its logits are in the fork
+    slot->decoding = true;
+    slot->prefilled = slot->admitted;
+  }
+  slots_.push_back(std::move(slot));
+}
+
+bool Scheduler::on_token(Slot &slot, int32_t token) {
+  const JobRequest &r = slot.job->request();
+  ++slot.usage.completion_tokens;
+  if (!r.ignore_eos && token >= 0 && (token == eos_ || token == end_of_turn_)) {
+    finish(slot, FinishReason::stop);
+    return false;
+  }
+  const Channel channel = slot.splitter ? slot.splitter->route(token) : Channel::content;
+  if (channel != Channel::markup && channel != slot.last_channel) {
+    // Leaving the reasoning: what its stream held back (an incomplete character) ends with it.
+    if (slot.last_channel == Channel::reasoning) {
+      Sink sink{slot.job.get(), Channel::reasoning};
+      ep_text_stream_finish(slot.reasoning.get(), on_text, &sink, nullptr);
+      ep_text_stream *fresh = nullptr;
+      if (ep_text_stream_open(&fresh, tokenizer_, nullptr, 0) != EP_OK) {
+        fail(slot, 500, api_error("text stream"));
+        return false;
+      }
+      slot.reasoning.reset(fresh);
+    }
+    slot.last_channel = channel;
+  }
+  if (channel == Channel::reasoning) {
+    ++slot.usage.reasoning_tokens;
+    Sink sink{slot.job.get(), Channel::reasoning};
+    ep_text_stream_push(slot.reasoning.get(), token, on_text, &sink, nullptr);
+  } else if (channel == Channel::content) {
+    Sink sink{slot.job.get(), Channel::content};
+    int32_t stopped = 0;
+    ep_text_stream_push(slot.content.get(), token, on_text, &sink, &stopped);
+    if (stopped) {
+      finish(slot, FinishReason::stop);
+      return false;
+    }
+  }
+  if (slot.usage.completion_tokens >= r.max_tokens) {
+    finish(slot, FinishReason::length);
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::finish(Slot &slot, FinishReason reason) {
+  if (reason == FinishReason::stop || reason == FinishReason::length) {
+    Sink rs{slot.job.get(), Channel::reasoning};
+    ep_text_stream_finish(slot.reasoning.get(), on_text, &rs, nullptr);
+    Sink cs{slot.job.get(), Channel::content};
+    int32_t stopped = 0;
+    ep_text_stream_finish(slot.content.get(), on_text, &cs, &stopped);
+    if (stopped) reason = FinishReason::stop;
+  }
+  const Clock::time_point now = Clock::now();
+  if (slot.decoding) {
+    slot.usage.prefill_ms = ms_between(slot.admitted, slot.prefilled);
+    slot.usage.decode_ms = ms_between(slot.prefilled, now);
+  } else {
+    slot.usage.prefill_ms = ms_between(slot.admitted, now);
+  }
+  slot.job->finish(reason, slot.usage);
+  metrics_.job_finished(reason, slot.usage);
+  // The finished session is worth keeping only when its prompt is a prefix of the next turn's
+  // rendering; otherwise (DeepSeek-V4 drops the generation prompt's thinking markers from an
+  // answered turn) only the snapshot can be continued.
+  const JobRequest &r = slot.job->request();
+  const bool continuable = r.snapshot_at == 0 || r.snapshot_at == r.prompt.size();
+  if ((reason == FinishReason::stop || reason == FinishReason::length) && continuable && cache_.capacity()) {
+    size_t n = 0;
+    if (ep_session_tokens(nullptr, 0, &n, slot.session.get()) == EP_OK && n > 0) {
+      std::vector<int32_t> tokens(n);
+      if (ep_session_tokens(tokens.data(), tokens.size(), &n, slot.session.get()) == EP_OK)
+        cache_.put(std::move(tokens), std::move(slot.session));
+    }
+  }
+  slot.session.reset();
+}
+
+void Scheduler::fail(Slot &slot, int status, const std::string &message) {
+  slot.job->fail(status, message, slot.usage);
+  metrics_.job_finished(FinishReason::error, slot.usage);
+  slot.session.reset();
+}
+
+void Scheduler::keep(const Slot &slot, size_t tokens) {
+  const std::vector<int32_t> &prompt = slot.job->request().prompt;
+  const std::span<const int32_t> prefix(prompt.data(), tokens);
+  if (cache_.contains(prefix)) return;
+  ep_session *copy = nullptr;
+  if (ep_session_fork(&copy, slot.session.get()) != EP_OK) return;  // reuse is an optimisation: go on without it
+  cache_.put(std::vector<int32_t>(prefix.begin(), prefix.end()), SessionPtr(copy));
+}
+
+void Scheduler::step() {
+  // Requests whose client went away leave first.
+  std::erase_if(slots_, [&](const std::unique_ptr<Slot> &s) {
+    if (!s->job->cancelled()) return false;
+    finish(*s, FinishReason::cancelled);
+    return true;
+  });
+
+  // Each decoding request's next token, from its own logits and settings.
+  std::erase_if(slots_, [&](const std::unique_ptr<Slot> &s) {
+    s->feed = nullptr;
+    s->feed_count = 0;
+    if (!s->decoding) return false;
+    int32_t token = -1;
+    if (ep_session_sample(&token, s->session.get(), &s->job->request().sampling) != EP_OK) {
+      fail(*s, 500, api_error("sampling"));
+      return true;
+    }
+    if (!on_token(*s, token)) return true;
+    s->next = token;
+    s->feed = &s->next;
+    s->feed_count = 1;
+    return false;
+  });
+
+  // The next chunk of each prompt still being run, as the step's budget allows. A chunk ends at
+  // the snapshot point so the state there can be kept.
+  size_t prefill_tokens = 0, decode_tokens = 0;
+  for (auto &s : slots_) {
+    if (s->decoding) {
+      ++decode_tokens;
+      continue;
+    }
+    const JobRequest &r = s->job->request();
+    size_t n = std::min<size_t>(options_.prefill_chunk, r.prompt.size() - s->pos);
+    if (r.snapshot_at > s->pos && r.snapshot_at < s->pos + n) n = r.snapshot_at - s->pos;
+    if (prefill_tokens > 0 && prefill_tokens + n > options_.step_tokens) continue;  // whole chunks only: waits for the next step
+    s->feed = r.prompt.data() + s->pos;
+    s->feed_count = n;
+    prefill_tokens += n;
+  }
+
+  std::vector<ep_session *> sessions;
+  std::vector<const int32_t *> tokens;
+  std::vector<size_t> counts;
+  for (auto &s : slots_) {
+    if (!s->feed_count) continue;
+    sessions.push_back(s->session.get());
+    tokens.push_back(s->feed);
+    counts.push_back(s->feed_count);
+  }
+  if (sessions.empty()) return;
+
+  const Clock::time_point t0 = Clock::now();
+  const ep_status st = ep_sessions_append(sessions.data(), tokens.data(), counts.data(), sessions.size());
+  StepRecord rec;
+  rec.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  rec.sequences = sessions.size();
+  rec.prefill_tokens = prefill_tokens;
+  rec.decode_tokens = decode_tokens;
+  ep_store_stats ss;
+  ep_store_stats_init(&ss);
+  if (ep_model_store_stats(&ss, model_) == EP_OK) {
+    rec.expert_bytes = ss.pack_read_bytes - last_read_bytes_;
+    last_read_bytes_ = ss.pack_read_bytes;
+    metrics_.set_store(ss);
+  }
+  metrics_.step(rec);
+
+  if (st != EP_OK) {
+    // The engine leaves every session of a failed call to be reset: their requests end.
+    const std::string message = api_error("forward pass");
+    std::erase_if(slots_, [&](const std::unique_ptr<Slot> &s) {
+      if (!s->feed_count) return false;
+      fail(*s, 500, message);
+      return true;
+    });
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  for (auto &s : slots_) {
+    if (!s->feed_count) continue;
+    if (s->decoding) {
+      s->usage.decode_expert_bytes += rec.expert_bytes;
+      continue;
+    }
+    const JobRequest &r = s->job->request();
+    s->usage.prefill_expert_bytes += rec.expert_bytes;
+    s->pos += s->feed_count;
+    const size_t snapshot = r.snapshot_at ? r.snapshot_at : r.prompt.size();
+    if (cache_.capacity() && s->pos == snapshot && s->pos > s->reused) keep(*s, s->pos);
+    if (s->pos == r.prompt.size()) {
+      s->decoding = true;
+      s->prefilled = now;
+    }
+  }
+}
+
+}  // namespace ep_server

@@ -1,0 +1,103 @@
+// Continuous batching on one model, in one thread: every step samples the next token of each
+// running request (ep_session_sample with the request's own settings), then runs one
+// ep_sessions_append over all of them together with the next prompt chunk of each request
+// still being prefilled. New requests join at the next step; finished ones leave at once.
+//
+// A request's tokens do not depend on what it was batched with: the engine appends each
+// session as it would alone, every request samples from its own session with its own seed,
+// and a prompt's chunk boundaries depend only on the prompt and the session it continues from
+// (never on the other requests of a step).
+//
+// Conversations that do not re-read: when a prompt's prefill reaches its snapshot point
+// (JobRequest::snapshot_at) the session is forked into the SessionCache, and a finished
+// request's session is kept too; a later prompt that starts with a kept session's tokens
+// continues from a fork of it and runs only the rest (Usage::cached_tokens).
+#pragma once
+
+#include <expertpack/expertpack.h>
+
+#include "handles.hpp"
+#include "job.hpp"
+#include "metrics.hpp"
+#include "reasoning.hpp"
+#include "session_cache.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+namespace ep_server {
+
+struct SchedulerOptions {
+  uint32_t parallel = 4;        ///< requests decoding together at most
+  uint32_t prefill_chunk = 64;  ///< prompt tokens of one request per step at most
+  uint32_t step_tokens = 256;   ///< prompt tokens of all requests per step at most (the first chunk always runs)
+  size_t session_cache = 8;     ///< kept sessions (0: no reuse)
+};
+
+class Scheduler {
+ public:
+  /// @p model, @p tokenizer and @p metrics must outlive the scheduler; the thread starts here.
+  Scheduler(ep_model *model, const ep_tokenizer *tokenizer, const ThinkingMarkers &markers, const SchedulerOptions &options,
+            Metrics &metrics);
+  ~Scheduler();
+  Scheduler(const Scheduler &) = delete;
+  Scheduler &operator=(const Scheduler &) = delete;
+
+  /// Queues @p job; false when the scheduler is shutting down.
+  bool submit(std::shared_ptr<Job> job);
+  /// Ends every request (HTTP 503, the server is shutting down) and stops the thread. Idempotent.
+  void shutdown();
+
+ private:
+  struct Slot {
+    std::shared_ptr<Job> job;
+    SessionPtr session;
+    size_t pos = 0;       // prompt tokens the session holds
+    size_t reused = 0;    // of those, continued from a kept session
+    bool decoding = false;
+    int32_t next = -1;    // the token sampled this step
+    const int32_t *feed = nullptr;
+    size_t feed_count = 0;
+    TextStreamPtr content, reasoning;
+    std::optional<ReasoningSplitter> splitter;
+    Channel last_channel = Channel::markup;
+    Usage usage;
+    std::chrono::steady_clock::time_point admitted, prefilled;
+  };
+
+  void run();
+  void start(std::shared_ptr<Job> job);
+  void step();
+  bool on_token(Slot &slot, int32_t token);
+  void finish(Slot &slot, FinishReason reason);
+  void fail(Slot &slot, int status, const std::string &message);
+  void keep(const Slot &slot, size_t tokens);
+  void publish_load();
+
+  ep_model *model_;
+  const ep_tokenizer *tokenizer_;
+  ThinkingMarkers markers_;
+  SchedulerOptions options_;
+  Metrics &metrics_;
+  int32_t eos_ = -1, end_of_turn_ = -1;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> pending_;
+  bool stopping_ = false;
+
+  // The scheduler thread's own.
+  std::vector<std::unique_ptr<Slot>> slots_;
+  SessionCache cache_;
+  uint64_t last_read_bytes_ = 0;
+
+  std::thread thread_;  // last: starts after everything above is built
+};
+
+}  // namespace ep_server

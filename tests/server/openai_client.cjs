@@ -1,0 +1,76 @@
+// The official openai npm client against ep-server: models, chat and completions, whole and
+// streamed (the streamed text equals the whole one for greedy requests), usage with
+// stream_options.include_usage, and the client's error classes for refused requests.
+//   node openai_client.cjs BASE_URL API_KEY OPENAI_PACKAGE_DIR
+'use strict';
+const assert = require('node:assert/strict');
+const [baseURL, apiKey, pkg] = process.argv.slice(2);
+const { OpenAI } = require(pkg);
+
+async function main() {
+  const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 600000 });
+
+  const models = await client.models.list();
+  const ids = [];
+  for await (const m of models) ids.push(m.id);
+  assert.deepEqual(ids, ['demo-kjv']);
+  assert.equal((await client.models.retrieve('demo-kjv')).id, 'demo-kjv');
+
+  const chat = {
+    model: 'demo-kjv',
+    messages: [{ role: 'system', content: 'Answer with a verse.' }, { role: 'user', content: 'John 3:16' }],
+    temperature: 0,
+    max_tokens: 24,
+  };
+  const whole = await client.chat.completions.create(chat);
+  assert.equal(whole.object, 'chat.completion');
+  const text = whole.choices[0].message.content;
+  assert.ok(text.length > 0, 'an empty chat answer');
+  assert.equal(whole.choices[0].message.role, 'assistant');
+  assert.ok(whole.usage.completion_tokens > 0 && whole.usage.completion_tokens <= 24);
+  assert.equal(whole.usage.total_tokens, whole.usage.prompt_tokens + whole.usage.completion_tokens);
+
+  const stream = await client.chat.completions.create({ ...chat, stream: true, stream_options: { include_usage: true } });
+  let streamed = '';
+  let finish = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const choice of chunk.choices) {
+      streamed += choice.delta.content ?? '';
+      if (choice.finish_reason) finish = choice.finish_reason;
+    }
+  }
+  assert.equal(streamed, text);
+  assert.equal(finish, whole.choices[0].finish_reason);
+  assert.ok(usage, 'no usage chunk');
+  assert.equal(usage.completion_tokens, whole.usage.completion_tokens);
+  assert.equal(usage.prompt_tokens, whole.usage.prompt_tokens);
+
+  // The second conversation turn continues the first turn's kept state.
+  const next = await client.chat.completions.create({
+    ...chat,
+    messages: [...chat.messages, { role: 'assistant', content: text }, { role: 'user', content: 'Psalms 23:1' }],
+    max_tokens: 8,
+  });
+  assert.ok(next.usage.prompt_tokens_details.cached_tokens > 0, 'nothing of the first turn was reused');
+
+  const completion = { model: 'demo-kjv', prompt: 'And God said', temperature: 0, max_tokens: 16 };
+  const c = await client.completions.create(completion);
+  assert.equal(c.object, 'text_completion');
+  assert.ok(c.choices[0].text.length > 0, 'an empty completion');
+  let ctext = '';
+  for await (const chunk of await client.completions.create({ ...completion, stream: true })) ctext += chunk.choices[0]?.text ?? '';
+  assert.equal(ctext, c.choices[0].text);
+
+  await assert.rejects(client.chat.completions.create({ ...chat, model: 'gpt-nothing' }), (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
+  await assert.rejects(client.chat.completions.create({ ...chat, temperature: 'hot' }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'temperature');
+  const anonymous = new OpenAI({ baseURL, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(anonymous.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+  console.log('openai client: ok');
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

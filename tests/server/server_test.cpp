@@ -1,0 +1,688 @@
+// ep-server end to end on the trained demo model (models/demo-kjv.gguf, DeepSeek-V4, CPU): the
+// OpenAI endpoints against the C API's own generation, continuous batching (concurrent greedy
+// requests answer as they do alone, and steps run several sequences), conversations that
+// continue the kept state of their previous turn (fewer expert bytes read), and robustness:
+// bad requests, disconnecting clients, a busy model, shutdown while a request runs. Every
+// server is stopped with SIGTERM and must exit 0 (under ASan/LSan: no leak).
+#include "support/catch.hpp"
+#include "support/temp_dir.hpp"
+
+#include "server_process.hpp"
+
+#include "reasoning.hpp"
+#include "testkit/kimi_gguf.hpp"
+
+#include <expertpack/expertpack.h>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kModel = EP_DEMO_MODEL;
+
+struct Reply {
+  int status = 0;
+  json body;
+  httplib::Headers headers;
+  std::string header(const std::string &k) const {
+    const auto it = headers.find(k);
+    return it == headers.end() ? std::string() : it->second;
+  }
+};
+
+struct StreamReply {
+  int status = 0;
+  std::string content_type, raw;
+  std::vector<std::string> data;  // each event's data, in order
+};
+
+class Http {
+ public:
+  explicit Http(int port, std::string key = {}) : cli_("127.0.0.1", port), key_(std::move(key)) {
+    cli_.set_read_timeout(600, 0);
+    cli_.set_write_timeout(60, 0);
+  }
+  void set_read_timeout(std::chrono::milliseconds t) {
+    cli_.set_read_timeout(static_cast<time_t>(t.count() / 1000), static_cast<time_t>((t.count() % 1000) * 1000));
+  }
+
+  Reply get(const std::string &path) { return reply(cli_.Get(path.c_str(), headers())); }
+  Reply post(const std::string &path, const json &body) { return post_raw(path, body.dump(), "application/json"); }
+  Reply post_raw(const std::string &path, const std::string &body, const std::string &type) {
+    return reply(cli_.Post(path.c_str(), headers(), body, type.c_str()));
+  }
+
+  /// A streamed request; with @p stop_after > 0 the client closes the connection after that many
+  /// events.
+  StreamReply stream(const std::string &path, json body, size_t stop_after = 0) {
+    body["stream"] = true;
+    StreamReply out;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.headers = headers();
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    std::string pending;
+    req.content_receiver = [&](const char *data, size_t n, uint64_t, uint64_t) {
+      out.raw.append(data, n);
+      pending.append(data, n);
+      for (size_t at; (at = pending.find("\n\n")) != std::string::npos;) {
+        const std::string event = pending.substr(0, at);
+        pending.erase(0, at + 2);
+        if (event.rfind("data: ", 0) == 0) out.data.push_back(event.substr(6));
+        else out.data.push_back("<not a data event: " + event + ">");
+      }
+      return stop_after == 0 || out.data.size() < stop_after;
+    };
+    const httplib::Result r = cli_.send(req);
+    if (r) {
+      out.status = r->status;
+      out.content_type = r->get_header_value("Content-Type");
+    }
+    return out;
+  }
+
+ private:
+  httplib::Headers headers() const {
+    httplib::Headers h;
+    if (!key_.empty()) h.emplace("Authorization", "Bearer " + key_);
+    return h;
+  }
+  static Reply reply(const httplib::Result &r) {
+    Reply out;
+    if (!r) return out;
+    out.status = r->status;
+    out.headers = r->headers;
+    out.body = json::parse(r->body, nullptr, false);
+    if (out.body.is_discarded()) out.body = r->body;
+    return out;
+  }
+  httplib::Client cli_;
+  std::string key_;
+};
+
+/// One value of the server's /metrics (-1 when the series is missing).
+double metric(Http &http, const std::string &series) {
+  const Reply r = http.get("/metrics");
+  const std::string text = r.body.is_string() ? r.body.get<std::string>() : std::string();
+  size_t at = 0;
+  while ((at = text.find(series + " ", at)) != std::string::npos) {
+    if (at == 0 || text[at - 1] == '\n') return std::stod(text.substr(at + series.size() + 1));
+    at += series.size();
+  }
+  return -1;
+}
+
+/// Waits until a metric reaches @p want (the scheduler updates them after its step).
+bool wait_metric(Http &http, const std::string &series, double want, std::chrono::seconds timeout = 120s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (metric(http, series) >= want) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+std::vector<std::string> server_args(const ep::test::TempDir &dir, std::vector<std::string> more) {
+  std::vector<std::string> a = {"--model", kModel, "--device", "cpu", "--pack-dir", dir / "packs", "--cpu-threads", "2"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+json chat_body(const std::vector<std::pair<std::string, std::string>> &messages, int max_tokens) {
+  json ms = json::array();
+  for (const auto &[role, content] : messages) ms.push_back({{"role", role}, {"content", content}});
+  return {{"model", "demo-kjv"}, {"messages", ms}, {"temperature", 0}, {"max_tokens", max_tokens}};
+}
+
+/// The C API's own greedy answers, for comparison with the server's.
+class Reference {
+ public:
+  Reference() {
+    ep_model_options o;
+    ep_model_options_init(&o);
+    o.device = EP_DEVICE_CPU;
+    o.resident_experts = 1;
+    REQUIRE(ep_model_open(&model_, kModel.c_str(), &o) == EP_OK);
+    REQUIRE(ep_tokenizer_open_model(&tok_, model_) == EP_OK);
+  }
+  ~Reference() {
+    ep_tokenizer_close(tok_);
+    ep_model_close(model_);
+  }
+  std::string chat(const std::vector<std::pair<std::string, std::string>> &messages, uint32_t max_tokens) {
+    std::vector<ep_chat_message> ms;
+    for (const auto &[role, content] : messages) ms.push_back({role.c_str(), content.c_str(), nullptr});
+    return run([&](ep_session *s, const ep_generate_options *g, std::string *out) {
+      return ep_generate_chat(nullptr, s, tok_, ms.data(), ms.size(), nullptr, g, append, out);
+    }, max_tokens);
+  }
+  std::string text(const std::string &prompt, uint32_t max_tokens) {
+    return run([&](ep_session *s, const ep_generate_options *g, std::string *out) {
+      return ep_generate_text(nullptr, s, tok_, prompt.c_str(), g, append, out);
+    }, max_tokens);
+  }
+
+ private:
+  static int append(const char *piece, size_t n, void *payload) {
+    static_cast<std::string *>(payload)->append(piece, n);
+    return 0;
+  }
+  template <class F>
+  std::string run(F f, uint32_t max_tokens) {
+    ep_session *s = nullptr;
+    REQUIRE(ep_session_open(&s, model_) == EP_OK);
+    ep_generate_options g;
+    ep_generate_options_init(&g);
+    g.max_new_tokens = max_tokens;
+    std::string out;
+    REQUIRE(f(s, &g, &out) == EP_OK);
+    ep_session_close(s);
+    return out;
+  }
+  ep_model *model_ = nullptr;
+  ep_tokenizer *tok_ = nullptr;
+};
+
+std::string chat_text(const Reply &r) { return r.body.at("choices").at(0).at("message").at("content").get<std::string>(); }
+std::string completion_text(const Reply &r) { return r.body.at("choices").at(0).at("text").get<std::string>(); }
+
+/// The text of a streamed answer, checking the framing of every chunk on the way.
+std::string streamed_text(const StreamReply &s, bool chat, json *usage = nullptr, std::string *finish = nullptr) {
+  REQUIRE(s.status == 200);
+  REQUIRE(s.content_type.rfind("text/event-stream", 0) == 0);
+  REQUIRE(!s.data.empty());
+  CHECK(s.data.back() == "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 1 < s.data.size(); ++i) {
+    const json c = json::parse(s.data[i]);
+    INFO(s.data[i]);
+    REQUIRE(c.contains("choices"));
+    CHECK(c.at("object") == (chat ? "chat.completion.chunk" : "text_completion"));
+    if (c.at("choices").empty()) {  // the usage chunk (stream_options.include_usage)
+      if (usage) *usage = c.at("usage");
+      continue;
+    }
+    const json &ch = c.at("choices").at(0);
+    if (chat) {
+      if (i == 0) CHECK(ch.at("delta").at("role") == "assistant");
+      if (ch.at("delta").contains("content")) text += ch.at("delta").at("content").get<std::string>();
+    } else {
+      text += ch.at("text").get<std::string>();
+    }
+    if (!ch.at("finish_reason").is_null() && finish) *finish = ch.at("finish_reason").get<std::string>();
+  }
+  return text;
+}
+
+void check_error(const Reply &r, int status, const std::string &code = {}, const std::string &param = {}) {
+  INFO(r.body.dump());
+  CHECK(r.status == status);
+  REQUIRE(r.body.is_object());
+  REQUIRE(r.body.contains("error"));
+  const json &e = r.body.at("error");
+  CHECK(e.at("message").is_string());
+  CHECK(!e.at("message").get<std::string>().empty());
+  CHECK(e.at("type").is_string());
+  CHECK((e.at("param").is_string() || e.at("param").is_null()));
+  CHECK(e.contains("code"));
+  if (!code.empty()) CHECK(e.at("code") == code);
+  if (!param.empty()) CHECK(e.at("param") == param);
+}
+
+const std::vector<std::pair<std::string, std::string>> kJohn = {{"user", "John 3:16"}};
+
+}  // namespace
+
+TEST_CASE("ep-server: the OpenAI endpoints answer as the C API generates", "[api]") {
+  ep::test::TempDir dir;
+  Reference ref;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--parallel", "2"}));
+  Http http(server.port());
+
+  const Reply health = http.get("/health");
+  CHECK(health.status == 200);
+  CHECK(health.body.at("status") == "ok");
+  const Reply models = http.get("/v1/models");
+  REQUIRE(models.status == 200);
+  CHECK(models.body.at("object") == "list");
+  CHECK(models.body.at("data").at(0).at("id") == "demo-kjv");
+  CHECK(http.get("/v1/models/demo-kjv").status == 200);
+  check_error(http.get("/v1/models/other"), 404, "model_not_found");
+
+  SECTION("chat, whole and streamed") {
+    const std::string want = ref.chat(kJohn, 24);
+    REQUIRE(!want.empty());
+    const Reply r = http.post("/v1/chat/completions", chat_body(kJohn, 24));
+    REQUIRE(r.status == 200);
+    CHECK(r.body.at("object") == "chat.completion");
+    CHECK(r.body.at("model") == "demo-kjv");
+    CHECK(r.body.at("id").get<std::string>().rfind("chatcmpl-", 0) == 0);
+    CHECK(chat_text(r) == want);
+    CHECK(r.body.at("choices").at(0).at("message").at("role") == "assistant");
+    const json &u = r.body.at("usage");
+    CHECK(u.at("completion_tokens") == 24);
+    CHECK(r.body.at("choices").at(0).at("finish_reason") == "length");
+    CHECK(u.at("total_tokens").get<int>() == u.at("prompt_tokens").get<int>() + u.at("completion_tokens").get<int>());
+    CHECK(u.at("prompt_tokens_details").at("cached_tokens").is_number_integer());
+
+    json body = chat_body(kJohn, 24);
+    body["stream_options"] = {{"include_usage", true}};
+    json usage;
+    std::string finish;
+    const StreamReply s = http.stream("/v1/chat/completions", body);
+    CHECK(streamed_text(s, true, &usage, &finish) == want);
+    CHECK(finish == "length");
+    REQUIRE(usage.is_object());
+    CHECK(usage.at("completion_tokens") == 24);
+    CHECK(usage.at("prompt_tokens") == u.at("prompt_tokens"));
+    // Every chunk but the usage chunk carries "usage": null when usage is asked for.
+    for (size_t i = 0; i + 2 < s.data.size(); ++i) CHECK(json::parse(s.data[i]).at("usage").is_null());
+    // Without include_usage there is no usage chunk.
+    const StreamReply plain = http.stream("/v1/chat/completions", chat_body(kJohn, 24));
+    json none;
+    CHECK(streamed_text(plain, true, &none) == want);
+    CHECK(none.is_null());
+  }
+
+  SECTION("completions, whole and streamed, with a stop string") {
+    const std::string prompt = "And God said";
+    const std::string want = ref.text(prompt, 20);
+    REQUIRE(want.size() > 12);
+    json body = {{"model", "demo-kjv"}, {"prompt", prompt}, {"temperature", 0}, {"max_tokens", 20}};
+    const Reply r = http.post("/v1/completions", body);
+    REQUIRE(r.status == 200);
+    CHECK(r.body.at("object") == "text_completion");
+    CHECK(completion_text(r) == want);
+    CHECK(streamed_text(http.stream("/v1/completions", body), false) == want);
+    // A stop string from the middle of the text ends it there.
+    const std::string stop = want.substr(want.size() / 2, 4);
+    body["stop"] = json::array({stop});
+    const Reply stopped = http.post("/v1/completions", body);
+    REQUIRE(stopped.status == 200);
+    CHECK(completion_text(stopped) == want.substr(0, want.find(stop)));
+    CHECK(stopped.body.at("choices").at(0).at("finish_reason") == "stop");
+    std::string finish;
+    CHECK(streamed_text(http.stream("/v1/completions", body), false, nullptr, &finish) == want.substr(0, want.find(stop)));
+    CHECK(finish == "stop");
+    // A token-id prompt is taken as it is.
+    const Reply ids = http.post("/v1/completions", {{"prompt", json::array({0, 5, 6, 7})}, {"max_tokens", 3}, {"temperature", 0}});
+    REQUIRE(ids.status == 200);
+    CHECK(ids.body.at("usage").at("prompt_tokens") == 4);
+  }
+
+  SECTION("sampling with a seed repeats; the end of the turn stops a chat") {
+    json body = chat_body(kJohn, 16);
+    body["temperature"] = 0.9;
+    body["top_p"] = 0.95;
+    body["seed"] = 1234;
+    const Reply a = http.post("/v1/chat/completions", body);
+    const Reply b = http.post("/v1/chat/completions", body);
+    REQUIRE(a.status == 200);
+    REQUIRE(b.status == 200);
+    CHECK(chat_text(a) == chat_text(b));
+    // The demo model ends its answers with the end-of-sentence token well within 200 tokens.
+    const Reply full = http.post("/v1/chat/completions", chat_body(kJohn, 200));
+    REQUIRE(full.status == 200);
+    CHECK(full.body.at("choices").at(0).at("finish_reason") == "stop");
+    CHECK(full.body.at("usage").at("completion_tokens").get<int>() < 200);
+    CHECK(chat_text(full) == ref.chat(kJohn, 200));
+  }
+
+  SECTION("thinking on: the answer is split into reasoning_content and content") {
+    json body = chat_body(kJohn, 24);
+    body["thinking"] = true;
+    const Reply r = http.post("/v1/chat/completions", body);
+    REQUIRE(r.status == 200);
+    const json &msg = r.body.at("choices").at(0).at("message");
+    const int reasoning = r.body.at("usage").at("completion_tokens_details").at("reasoning_tokens").get<int>();
+    CHECK(reasoning <= 24);
+    if (reasoning > 0) CHECK(msg.contains("reasoning_content"));
+    // One token fewer in the prompt than with thinking off: "<think>" opens, without "</think>".
+    const Reply off = http.post("/v1/chat/completions", chat_body(kJohn, 1));
+    CHECK(r.body.at("usage").at("prompt_tokens").get<int>() + 1 == off.body.at("usage").at("prompt_tokens").get<int>());
+  }
+
+  const std::string m = http.get("/metrics").body.get<std::string>();
+  CHECK(m.find("ep_server_steps_total ") != std::string::npos);
+  CHECK(m.find("ep_store_pack_read_bytes_total ") != std::string::npos);
+  CHECK(m.find("ep_server_http_requests_total{endpoint=\"health\",status=\"200\"} 1\n") != std::string::npos);
+  CHECK(m.find("ep_server_http_requests_total{endpoint=\"models\",status=\"404\"} 1\n") != std::string::npos);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: eight concurrent greedy requests answer as each does alone", "[batching]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--parallel", "8", "--session-cache", "0"}));
+  Http http(server.port());
+  // Chats and completions of different lengths; one prompt longer than a prefill chunk, so its
+  // chunks run in the same steps as the others' decoding; one runs long (ignore_eos) so the
+  // others overlap it.
+  std::string long_prompt;
+  for (int i = 0; i < 12; ++i) long_prompt += "And the LORD spake unto Moses, saying, ";
+  std::vector<std::pair<std::string, json>> requests = {
+      {"/v1/chat/completions", chat_body({{"user", "John 3:16"}}, 20)},
+      {"/v1/chat/completions", chat_body({{"user", "Psalms 23:1"}}, 16)},
+      {"/v1/chat/completions", chat_body({{"user", "Genesis 1:1"}, {"assistant", "In the beginning"}, {"user", "Exodus 3:14"}}, 24)},
+      {"/v1/completions", {{"prompt", "And God said"}, {"temperature", 0}, {"max_tokens", 18}}},
+      {"/v1/completions", {{"prompt", "In the beginning"}, {"temperature", 0}, {"max_tokens", 12}}},
+      {"/v1/completions", {{"prompt", long_prompt}, {"temperature", 0}, {"max_tokens", 10}}},
+      {"/v1/completions", {{"prompt", "Blessed are the"}, {"temperature", 0}, {"max_tokens", 48}, {"ignore_eos", true}}},
+      {"/v1/chat/completions", chat_body({{"user", "Revelation 22:21"}}, 14)},
+  };
+  auto answer = [](Http &h, const std::pair<std::string, json> &req) {
+    const Reply r = h.post(req.first, req.second);
+    REQUIRE(r.status == 200);
+    return r.body.at("choices").at(0).contains("message") ? chat_text(r) : completion_text(r);
+  };
+  std::vector<std::string> alone;
+  for (const auto &req : requests) alone.push_back(answer(http, req));
+  REQUIRE(metric(http, "ep_server_steps_batched_total") == 0);  // one at a time: nothing was batched
+
+  std::vector<std::string> together(requests.size());
+  std::vector<int> ok(requests.size(), 0);
+  std::barrier start(static_cast<std::ptrdiff_t>(requests.size()));
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    clients.emplace_back([&, i] {
+      Http h(server.port());
+      start.arrive_and_wait();
+      const Reply r = h.post(requests[i].first, requests[i].second);
+      ok[i] = r.status;
+      if (r.status == 200)
+        together[i] = r.body.at("choices").at(0).contains("message") ? chat_text(r) : completion_text(r);
+    });
+  }
+  for (auto &t : clients) t.join();
+  const json metrics_text = http.get("/metrics").body;
+  INFO("the server's log:\n" << server.log() << "\nits metrics:\n" << (metrics_text.is_string() ? metrics_text.get<std::string>() : metrics_text.dump()));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    INFO("request " << i << ": " << requests[i].second.dump());
+    CHECK(ok[i] == 200);
+    CHECK(together[i] == alone[i]);
+  }
+  CHECK(metric(http, "ep_server_steps_batched_total") > 0);
+  CHECK(metric(http, "ep_server_step_sequences_max") > 1);
+  CHECK(metric(http, "ep_server_steps_mixed_total") > 0);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: a conversation's next turn continues the kept state and reads fewer expert bytes", "[reuse]") {
+  ep::test::TempDir dir;
+  // A system prompt of a few hundred tokens, so that the whole conversation is several prefill
+  // chunks while the second turn's new part is one.
+  std::string system = "Answer with the verse asked for, in the words of the King James Version.";
+  for (int i = 0; i < 8; ++i) system += " In the beginning God created the heaven and the earth, and the earth was without form, and void.";
+  // A small expert cache (2 slots for the demo model's 96 experts): a prefill reads experts for each chunk.
+  const std::vector<std::string> small = {"--cache-mib", "0.08", "--parallel", "2"};
+  struct Turns {
+    Reply first, second;
+  };
+  auto converse = [&](bool reuse, bool thinking) {
+    std::vector<std::string> args = small;
+    args.insert(args.end(), {"--session-cache", reuse ? "8" : "0"});
+    ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, args));
+    Http http(server.port());
+    std::vector<std::pair<std::string, std::string>> conversation = {{"system", system}, {"user", "John 3:16"}};
+    json body = chat_body(conversation, 20);
+    body["thinking"] = thinking;
+    Turns t;
+    t.first = http.post("/v1/chat/completions", body);
+    REQUIRE(t.first.status == 200);
+    conversation.push_back({"assistant", chat_text(t.first)});
+    conversation.push_back({"user", "Psalms 23:1"});
+    body = chat_body(conversation, 20);
+    body["thinking"] = thinking;
+    t.second = http.post("/v1/chat/completions", body);
+    REQUIRE(t.second.status == 200);
+    if (reuse) CHECK(metric(http, "ep_server_requests_reused_total") >= 1);
+    CHECK(server.stop() == 0);
+    return t;
+  };
+  for (const bool thinking : {false, true}) {
+    INFO("thinking " << thinking);
+    const Turns kept = converse(true, thinking);
+    const Turns fresh = converse(false, thinking);
+    const json &u1 = kept.first.body.at("usage");
+    const json &u2 = kept.second.body.at("usage");
+    const int first_prompt = u1.at("prompt_tokens").get<int>();
+    const int cached = u2.at("prompt_tokens_details").at("cached_tokens").get<int>();
+    // The first turn's prompt up to its assistant marker is reused: DeepSeek-V4 renders the
+    // answered turn as `<｜Assistant｜></think>answer<eos>`, so only the generation prompt's
+    // thinking tokens after the marker (one or two) and what follows are run again.
+    CHECK(cached >= first_prompt - 2);
+    CHECK(cached < u2.at("prompt_tokens").get<int>());
+    CHECK(fresh.second.body.at("usage").at("prompt_tokens_details").at("cached_tokens") == 0);
+    CHECK(fresh.second.body.at("usage").at("prompt_tokens") == u2.at("prompt_tokens"));
+    // The same answers, and fewer expert bytes read for the second turn's prompt.
+    CHECK(chat_text(kept.first) == chat_text(fresh.first));
+    CHECK(chat_text(kept.second) == chat_text(fresh.second));
+    const uint64_t kept_bytes = kept.second.body.at("timings").at("prefill_expert_bytes").get<uint64_t>();
+    const uint64_t fresh_bytes = fresh.second.body.at("timings").at("prefill_expert_bytes").get<uint64_t>();
+    CHECK(fresh_bytes > 0);
+    CHECK(kept_bytes < fresh_bytes);
+    CHECK(kept.second.header("X-Prefill-Expert-Bytes") == std::to_string(kept_bytes));
+  }
+}
+
+TEST_CASE("ep-server: bad requests get OpenAI error objects and the server keeps serving", "[robustness]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(
+      EP_SERVER_EXE, server_args(dir, {"--api-key", "sesame", "--max-body-bytes", "65536", "--max-prompt-tokens", "256",
+                                       "--max-tokens", "64", "--parallel", "1"}));
+  Http anonymous(server.port()), wrong(server.port(), "open"), http(server.port(), "sesame");
+  const json good = chat_body(kJohn, 4);
+
+  check_error(anonymous.post("/v1/chat/completions", good), 401, "invalid_api_key");
+  check_error(wrong.post("/v1/chat/completions", good), 401, "invalid_api_key");
+  check_error(anonymous.get("/v1/models"), 401, "invalid_api_key");
+  CHECK(anonymous.get("/health").status == 200);  // outside /v1: no key needed
+
+  const std::string chat = "/v1/chat/completions";
+  check_error(http.post_raw(chat, "{\"messages\": [", "application/json"), 400, "invalid_json");
+  check_error(http.post_raw(chat, "[1, 2]", "application/json"), 400, "invalid_json");
+  check_error(http.post_raw(chat, std::string(100, '[') + std::string(100, ']'), "application/json"), 400, "invalid_json");
+  check_error(http.post_raw(chat, "{\"messages\": \"\xff\xfe\"}", "application/json"), 400, "invalid_json");
+  check_error(http.post(chat, json::object()), 400, "missing", "messages");
+  check_error(http.post(chat, {{"messages", "John 3:16"}}), 400, "invalid_type", "messages");
+  check_error(http.post(chat, {{"messages", json::array({{{"content", "x"}}})}}), 400, "missing");
+  check_error(http.post(chat, {{"messages", json::array({{{"role", "wizard"}, {"content", "x"}}})}}), 400);
+  check_error(http.post(chat, {{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}})}}), 400,
+              "unsupported");
+  // Fields of the good request replaced by wrong ones (a JSON merge patch each).
+  struct BadField {
+    json patch;
+    int status;
+    std::string code, param;
+  };
+  const std::vector<BadField> bad_fields = {
+      {{{"temperature", "warm"}}, 400, "invalid_type", "temperature"},
+      {{{"temperature", 7}}, 400, "invalid_value", "temperature"},
+      {{{"max_tokens", 65}}, 400, "invalid_value", "max_tokens"},
+      {{{"max_tokens", 0}}, 400, "invalid_value", "max_tokens"},
+      {{{"max_tokens", 2.5}}, 400, "invalid_type", "max_tokens"},
+      {{{"stop", 7}}, 400, "invalid_type", "stop"},
+      {{{"stop", json::array({""})}}, 400, "invalid_value", "stop"},
+      {{{"stream", "yes"}}, 400, "invalid_type", "stream"},
+      {{{"n", 2}}, 400, "unsupported", "n"},
+      {{{"n", 0}}, 400, "invalid_value", "n"},
+      {{{"model", "gpt-4o"}}, 404, "model_not_found", "model"},
+      {{{"model", 12}}, 400, "invalid_type", "model"},
+      {{{"messages", json::array({{{"role", "user"}, {"content", std::string(70000, 'a')}}})}}, 413, "request_too_large", ""},
+  };
+  for (const BadField &b : bad_fields) {
+    json bad = good;
+    bad.merge_patch(b.patch);
+    INFO("patch " << b.patch.dump().substr(0, 200));
+    check_error(http.post(chat, bad), b.status, b.code, b.param);
+  }
+  json bad = good;
+  std::string long_text;
+  for (int i = 0; i < 100; ++i) long_text += "And God said, Let there be light. ";
+  bad["messages"][0]["content"] = long_text;
+  check_error(http.post(chat, bad), 400, "context_length_exceeded");
+  check_error(http.post("/v1/completions", {{"prompt", json::array({1, 2, 100000})}}), 400, "invalid_value", "prompt");
+  check_error(http.post("/v1/completions", {{"prompt", json::array({"a", "b"})}}), 400, "unsupported", "prompt");
+  check_error(http.post("/v1/completions", {{"prompt", 5}}), 400, "invalid_type", "prompt");
+  check_error(http.post("/v1/completions", {{"prompt", "a"}, {"logprobs", 3}}), 400, "unsupported", "logprobs");
+  check_error(http.post("/v1/embeddings", {{"input", "x"}}), 404, "not_found");
+  check_error(http.get("/v1/chat/completions"), 404, "not_found");
+
+  // After all of that, requests are answered.
+  const Reply r = http.post(chat, good);
+  CHECK(r.status == 200);
+  CHECK(r.body.at("usage").at("completion_tokens") == 4);
+  CHECK(metric(http, "ep_server_http_requests_total{endpoint=\"chat_completions\",status=\"400\"}") > 10);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: a client that disconnects cancels its request; a busy model queues the next", "[robustness]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--parallel", "1", "--max-tokens", "100000"}));
+  Http http(server.port());
+  const json endless = {{"prompt", "And God said"}, {"max_tokens", 100000}, {"ignore_eos", true}, {"temperature", 0}};
+
+  // Streamed: the client reads three events and closes the connection.
+  const StreamReply s = http.stream("/v1/completions", endless, 3);
+  CHECK(s.data.size() == 3);
+  CHECK(wait_metric(http, "ep_server_requests_finished_total{reason=\"cancelled\"}", 1));
+  // Whole: the client gives up waiting.
+  {
+    Http impatient(server.port());
+    impatient.set_read_timeout(500ms);
+    const Reply r = impatient.post("/v1/completions", endless);
+    CHECK(r.status == 0);  // no answer: the client timed out
+  }
+  CHECK(wait_metric(http, "ep_server_requests_finished_total{reason=\"cancelled\"}", 2));
+  // The one batch slot is free again: a request is answered at once.
+  const Reply next = http.post("/v1/chat/completions", chat_body(kJohn, 6));
+  CHECK(next.status == 200);
+  CHECK(next.body.at("usage").at("completion_tokens") == 6);
+
+  // While the slot is taken, a second request waits for it and is answered after the first.
+  std::atomic<int> first_status{0};
+  std::string first_text;
+  std::thread first([&] {
+    Http h(server.port());
+    const Reply r = h.post("/v1/completions", {{"prompt", "In the beginning"}, {"max_tokens", 200}, {"ignore_eos", true}, {"temperature", 0}});
+    first_status = r.status;
+    if (r.status == 200) first_text = completion_text(r);
+  });
+  REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 60s));
+  CHECK(http.get("/health").status == 200);  // the HTTP side answers while the model is busy
+  const Reply queued = http.post("/v1/chat/completions", chat_body(kJohn, 6));
+  first.join();
+  CHECK(first_status == 200);
+  CHECK(queued.status == 200);
+  CHECK(queued.body.at("timings").at("queue_ms").get<double>() > 20);  // it waited for the first one's 200 tokens
+  CHECK(chat_text(queued) == chat_text(next));
+
+  // Shutting down while a request runs: it ends, and the server exits cleanly.
+  std::atomic<int> late_status{-1};
+  std::thread late([&] {
+    Http h(server.port());
+    late_status = h.post("/v1/completions", endless).status;
+  });
+  REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 60s));
+  CHECK(server.stop() == 0);
+  late.join();
+  CHECK((late_status == 503 || late_status == 0));
+}
+
+namespace {
+
+/// Routes the tokens of @p generated (special tokens matched) through a splitter and returns the
+/// text of each channel.
+std::pair<std::string, std::string> split(const ep_tokenizer *t, ep_chat_template tmpl, bool start_in_reasoning,
+                                          const std::string &generated) {
+  size_t n = 0;
+  REQUIRE(ep_tokenize(nullptr, 0, &n, t, generated.data(), generated.size(), 0) == EP_OK);
+  std::vector<int32_t> ids(n);
+  REQUIRE(ep_tokenize(ids.data(), ids.size(), &n, t, generated.data(), generated.size(), 0) == EP_OK);
+  ep_server::ReasoningSplitter splitter(ep_server::ThinkingMarkers::of(t, tmpl), t, start_in_reasoning);
+  std::vector<int32_t> content, reasoning;
+  for (const int32_t id : ids) {
+    const ep_server::Channel c = splitter.route(id);
+    if (c == ep_server::Channel::content) content.push_back(id);
+    if (c == ep_server::Channel::reasoning) reasoning.push_back(id);
+  }
+  auto text = [&](const std::vector<int32_t> &v) {
+    size_t len = 0;
+    REQUIRE(ep_detokenize(nullptr, 0, &len, t, v.data(), v.size(), 0) == EP_OK);
+    std::string out(len + 1, '\0');
+    REQUIRE(ep_detokenize(out.data(), out.size(), &len, t, v.data(), v.size(), 0) == EP_OK);
+    out.resize(len);
+    return out;
+  };
+  return {text(reasoning), text(content)};
+}
+
+std::string write_kimi_model(const ep::test::TempDir &dir) {
+  ep::testkit::KimiSyntheticSpec spec = ep::testkit::KimiSyntheticSpec::tiny(4);
+  spec.seed = 5;
+  return ep::testkit::write_kimi_synthetic_gguf(spec, dir / "k3-tiny.gguf");
+}
+
+}  // namespace
+
+TEST_CASE("ep-server: the thinking markers split reasoning from the answer", "[reasoning]") {
+  SECTION("DeepSeek-V4 (the demo model's tokenizer)") {
+    ep_tokenizer *t = nullptr;
+    REQUIRE(ep_tokenizer_open(&t, kModel.c_str()) == EP_OK);
+    CHECK(split(t, EP_CHAT_TEMPLATE_DEEPSEEK_V4, true, "Let me see.</think>In the beginning") ==
+          std::pair<std::string, std::string>("Let me see.", "In the beginning"));
+    // Thinking off: the prompt closed the block; a stray marker is not text.
+    CHECK(split(t, EP_CHAT_TEMPLATE_DEEPSEEK_V4, false, "In the</think> beginning") ==
+          std::pair<std::string, std::string>("", "In the beginning"));
+    CHECK(split(t, EP_CHAT_TEMPLATE_DEEPSEEK_V4, false, "A<think>B</think>C") == std::pair<std::string, std::string>("B", "AC"));
+    ep_tokenizer_close(t);
+  }
+  SECTION("Kimi-K3 (a synthetic model's tokenizer)") {
+    ep::test::TempDir dir;
+    ep_tokenizer *t = nullptr;
+    REQUIRE(ep_tokenizer_open(&t, write_kimi_model(dir).c_str()) == EP_OK);
+    const std::string tail = "<|close|>response<|sep|><|close|>message<|sep|>";
+    CHECK(split(t, EP_CHAT_TEMPLATE_KIMI_K3, true, "I ponder.<|close|>think<|sep|><|open|>response<|sep|>The answer." + tail) ==
+          std::pair<std::string, std::string>("I ponder.", "The answer."));
+    CHECK(split(t, EP_CHAT_TEMPLATE_KIMI_K3, false, "The answer." + tail + "more") == std::pair<std::string, std::string>("", "The answer."));
+    ep_tokenizer_close(t);
+  }
+}
+
+TEST_CASE("ep-server: a Kimi-K3 chat continues the whole first turn", "[kimi]") {
+  ep::test::TempDir dir;
+  const std::string model = write_kimi_model(dir);
+  ep::test::ServerProcess server(EP_SERVER_EXE, {"--model", model, "--device", "cpu", "--resident-experts", "--cpu-threads", "2",
+                                                 "--parallel", "2"});
+  Http http(server.port());
+  std::vector<std::pair<std::string, std::string>> conversation = {{"user", "Hello"}};
+  json body = chat_body(conversation, 6);
+  body["model"] = "k3-tiny";
+  const Reply first = http.post("/v1/chat/completions", body);
+  REQUIRE(first.status == 200);
+  const json &msg = first.body.at("choices").at(0).at("message");
+  conversation.push_back({"assistant", msg.at("content").get<std::string>()});
+  conversation.push_back({"user", "And then?"});
+  body = chat_body(conversation, 6);
+  body["model"] = "k3-tiny";
+  body["messages"][1]["reasoning_content"] = msg.value("reasoning_content", "");
+  const Reply second = http.post("/v1/chat/completions", body);
+  REQUIRE(second.status == 200);
+  // Kimi-K3 renders an answered turn as its generation prompt continued, so at least the whole
+  // first prompt is reused (the snapshot at its end).
+  CHECK(second.body.at("usage").at("prompt_tokens_details").at("cached_tokens").get<int>() >=
+        first.body.at("usage").at("prompt_tokens").get<int>());
+  CHECK(server.stop() == 0);
+}
