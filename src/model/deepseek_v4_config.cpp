@@ -194,6 +194,16 @@ double jnum_or(const json &j, const char *key, double fallback, const std::strin
   auto it = j.find(key);
   return (it == j.end() || it->is_null()) ? fallback : jnum(j, key, src);
 }
+std::string jstr_or(const json &j, const char *key, const std::string &fallback, const std::string &src) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_string()) fail(Status::format, "{}: '{}' must be a string, found {}", src, key, it->dump());
+  return it->get<std::string>();
+}
+/// The rope type of a rope block: `rope_type`, else the older `type`, else "default".
+std::string rope_type(const json &j, const std::string &src) {
+  return jstr_or(j, "rope_type", jstr_or(j, "type", "default", src), src);
+}
 
 }  // namespace
 
@@ -238,7 +248,7 @@ DeepseekV4Config DeepseekV4Config::from_hf_json(const std::string &text, const s
   c.rms_eps = static_cast<float>(jnum(j, "rms_norm_eps", src));
   c.routed_scale = static_cast<float>(jnum(j, "routed_scaling_factor", src));
   c.norm_topk = true;  // transformers always renormalizes the routed weights
-  const std::string scoring = j.value("scoring_func", std::string("sqrtsoftplus"));
+  const std::string scoring = jstr_or(j, "scoring_func", "sqrtsoftplus", src);
   if (scoring != "sqrtsoftplus") fail(Status::unsupported, "{}: scoring_func '{}' (expected sqrtsoftplus)", src, scoring);
   const float limit = static_cast<float>(jnum(j, "swiglu_limit", src));
   c.swiglu_limit.assign(static_cast<size_t>(c.n_layers), limit);
@@ -299,15 +309,15 @@ DeepseekV4Config DeepseekV4Config::from_hf_json(const std::string &text, const s
     if (rp.contains("compress") && rp["compress"].is_object()) {
       const json &cp = rp["compress"];
       c.compress_rope_theta = static_cast<float>(jnum_or(cp, "rope_theta", c.compress_rope_theta, src));
-      const std::string type = cp.value("rope_type", cp.value("type", std::string("default")));
+      const std::string type = rope_type(cp, src);
       if (type == "yarn") yarn = &cp;
       else if (type != "default") fail(Status::unsupported, "{}: compress rope_type '{}'", src, type);
-    } else if (rp.value("rope_type", rp.value("type", std::string("default"))) == "yarn") {
+    } else if (rope_type(rp, src) == "yarn") {
       yarn = &rp;
     }
   } else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const json &rs = j["rope_scaling"];
-    if (rs.value("rope_type", rs.value("type", std::string("default"))) == "yarn") yarn = &rs;
+    if (rope_type(rs, src) == "yarn") yarn = &rs;
   }
   if (yarn) {
     c.yarn_factor = static_cast<float>(jnum(*yarn, "factor", src));

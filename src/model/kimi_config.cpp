@@ -116,9 +116,19 @@ KimiConfig KimiConfig::from_hf_json(const std::string &text, const std::string &
   using nlohmann::json;
   const json top = json::parse(text, nullptr, false);
   if (top.is_discarded() || !top.is_object()) fail(Status::format, "{}: not a JSON object", src);
-  const bool k3_top = top.value("model_type", std::string()) == "kimi_k3";
+  auto str_or = [&](const json &o, const char *key, const std::string &fallback) {
+    if (!o.contains(key) || o[key].is_null()) return fallback;
+    if (!o[key].is_string()) fail(Status::format, "{}: {} is {}, expected a string", src, key, o[key].dump());
+    return o[key].get<std::string>();
+  };
+  auto bool_or = [&](const json &o, const char *key, bool fallback) {
+    if (!o.contains(key) || o[key].is_null()) return fallback;
+    if (!o[key].is_boolean()) fail(Status::format, "{}: {} is {}, expected true or false", src, key, o[key].dump());
+    return o[key].get<bool>();
+  };
+  const bool k3_top = str_or(top, "model_type", "") == "kimi_k3";
   const json &j = top.contains("text_config") && top["text_config"].is_object() ? top["text_config"] : top;
-  const std::string mt = j.value("model_type", top.value("model_type", std::string()));
+  const std::string mt = str_or(j, "model_type", str_or(top, "model_type", ""));
   if (mt != "kimi_linear" && mt != "kimi_k3" && mt != "kimi")
     fail(Status::unsupported, "{}: model_type is '{}', expected kimi_linear or kimi_k3", src, mt);
   auto num = [&](const json &o, const char *key) -> const json & {
@@ -191,21 +201,21 @@ KimiConfig KimiConfig::from_hf_json(const std::string &text, const std::string &
   c.moe_ff = i_or(j, "moe_intermediate_size", 0);
   c.n_shared_experts = i_or(j, "num_shared_experts", i_or(j, "n_shared_experts", 0));
   c.routed_scale = static_cast<float>(f_or(j, "routed_scaling_factor", 1.0));
-  c.norm_topk = j.value("moe_renormalize", j.value("norm_topk_prob", true));
-  const std::string router = j.value("moe_router_activation_func", std::string("sigmoid"));
+  c.norm_topk = bool_or(j, "moe_renormalize", bool_or(j, "norm_topk_prob", true));
+  const std::string router = str_or(j, "moe_router_activation_func", "sigmoid");
   if (router != "sigmoid") fail(Status::unsupported, "{}: moe_router_activation_func '{}', Kimi routes with sigmoid scores", src, router);
   const int64_t groups = i_or(j, "num_expert_group", 1), groups_used = i_or(j, "topk_group", groups);
   if (groups > 1 && groups_used < groups)
     fail(Status::unsupported, "{}: group-limited routing ({} of {} groups) is not implemented", src, groups_used, groups);
   // Kimi-K3 features
-  const std::string act = j.value("hidden_act", std::string("silu"));
+  const std::string act = str_or(j, "hidden_act", "silu");
   if (act != "silu" && act != "situ") fail(Status::unsupported, "{}: hidden_act '{}'", src, act);
   c.situ = act == "situ";
   c.situ_beta = static_cast<float>(f_or(j, "activation_situ_beta", 4.0));
   c.situ_linear_beta = static_cast<float>(f_or(j, "activation_situ_linear_beta", 25.0));
   c.kda_gate_lower_bound = static_cast<float>(f_or(la, "gate_lower_bound", 0.0));
-  c.kda_full_rank_gate = la.value("use_full_rank_gate", j.value("use_full_rank_gate", false));
-  c.mla_output_gate = j.value("mla_use_output_gate", false);
+  c.kda_full_rank_gate = bool_or(la, "use_full_rank_gate", bool_or(j, "use_full_rank_gate", false));
+  c.mla_output_gate = bool_or(j, "mla_use_output_gate", false);
   c.expert_latent_dim = i_or(j, "routed_expert_hidden_size", 0);
   c.attn_res_block_size = i_or(j, "attn_res_block_size", 0);
   const bool k3 = k3_top || mt == "kimi_k3" || c.situ || c.attn_res_block_size > 0 || c.expert_latent_dim > 0 ||

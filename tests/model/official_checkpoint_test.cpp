@@ -323,3 +323,32 @@ TEST_CASE("official: broken checkpoints fail naming the file, the tensor and the
   }
   fs::remove_all(dir);
 }
+
+TEST_CASE("official: a config.json field of the wrong type fails naming the field", "[model][official][hostile]") {
+  const kimitest::Golden g = kimitest::load_golden("kimi_a");
+  const json kimi = g.meta.at("hf_config_json");
+  for (const auto &[key, bad] : std::vector<std::pair<std::string, json>>{
+           {"model_type", 5}, {"hidden_act", json::array()}, {"norm_topk_prob", "yes"}, {"mla_use_output_gate", 1}}) {
+    json c = kimi;
+    c[key] = bad;
+    const std::string why = error_of([&] { (void)ep::model::KimiConfig::from_hf_json(c.dump(), "config.json"); });
+    INFO(key << ": " << why);
+    CHECK(why.find("config.json") != std::string::npos);
+    CHECK(why.find(key) != std::string::npos);
+  }
+  const fs::path dir = scratch("badcfg");
+  ep::testkit::write_deepseek_v4_official(deepseek_v4test::data_dir() + "/deepseek_v4_a.gguf", (dir / "ckpt").string(),
+                                          (dir / "reference.gguf").string(), {});
+  std::ifstream in(dir / "ckpt" / "config.json");
+  const json ds = json::parse(in);
+  for (const auto &[key, bad] : std::vector<std::pair<std::string, json>>{{"scoring_func", 3}, {"rope_scaling", json{{"type", 1.5}}}}) {
+    json c = ds;
+    c.erase("rope_parameters");
+    c[key] = bad;
+    const std::string why = error_of([&] { (void)ep::model::DeepseekV4Config::from_hf_json(c.dump(), "config.json"); });
+    INFO(key << ": " << why);
+    CHECK(why.find("config.json") != std::string::npos);
+    CHECK(why.find(key == "rope_scaling" ? "type" : key) != std::string::npos);
+  }
+  fs::remove_all(dir);
+}
