@@ -1,5 +1,6 @@
 #include "cache/simulate.hpp"
 
+#include "cache/host_tier.hpp"
 #include "cache/slot_cache.hpp"
 #include "core/error.hpp"
 
@@ -26,19 +27,20 @@ std::vector<Key> unique_keys(const TraceAccess &a) {
        index, need, slots);
 }
 
+/// SlotCache owns its policy; this forwards to the caller's.
+struct Forward final : Policy {
+  Policy &p;
+  explicit Forward(Policy &inner) : p(inner) {}
+  std::string_view name() const override { return p.name(); }
+  void on_hit(Key k, uint64_t t) override { p.on_hit(k, t); }
+  void on_insert(Key k, uint64_t t) override { p.on_insert(k, t); }
+  void on_evict(Key k) override { p.on_evict(k); }
+  std::optional<Key> choose_victim(const std::function<bool(Key)> &f) const override { return p.choose_victim(f); }
+};
+
 }  // namespace
 
 SimResult simulate(const Trace &trace, Policy &policy_in, uint32_t slots) {
-  // SlotCache owns its policy; wrap the caller's in a forwarding adapter.
-  struct Forward final : Policy {
-    Policy &p;
-    explicit Forward(Policy &inner) : p(inner) {}
-    std::string_view name() const override { return p.name(); }
-    void on_hit(Key k, uint64_t t) override { p.on_hit(k, t); }
-    void on_insert(Key k, uint64_t t) override { p.on_insert(k, t); }
-    void on_evict(Key k) override { p.on_evict(k); }
-    std::optional<Key> choose_victim(const std::function<bool(Key)> &f) const override { return p.choose_victim(f); }
-  };
   SlotCache cache(slots, std::make_unique<Forward>(policy_in));
   SimResult r;
   r.policy = std::string(policy_in.name());
@@ -71,6 +73,66 @@ SimResult simulate(const Trace &trace, Policy &policy_in, uint32_t slots) {
       r.bytes_read += trace.object_bytes_of(access.layer);
       protect[p->slot] = 1;
       used.push_back(p->slot);
+    }
+    for (uint32_t s : used) protect[s] = 0;
+  }
+  return r;
+}
+
+SimResult simulate_two_tier(const Trace &trace, Policy &policy_in, uint32_t slots, std::unique_ptr<Policy> host_policy,
+                            uint32_t host_slots) {
+  if (host_slots == 0) return simulate(trace, policy_in, slots);
+  SlotCache cache(slots, std::make_unique<Forward>(policy_in));
+  HostTier host(host_slots, std::move(host_policy));
+  SimResult r;
+  r.policy = std::string(policy_in.name()) + "+host";
+  r.slots = slots;
+  r.host_slots = host_slots;
+  std::vector<char> protect(slots, 0), host_protect(host_slots, 0);
+  uint64_t tick = 0;
+  for (const auto &access : trace.accesses) {
+    ++tick;
+    const auto keys = unique_keys(access);
+    if (keys.size() > slots) too_small(slots, keys.size(), r.accesses);
+    ++r.accesses;
+    r.unique_keys += keys.size();
+    std::vector<Key> missing;
+    std::vector<uint32_t> used;
+    for (Key k : keys) {
+      host.count_request(k);
+      if (auto s = cache.find(k)) {
+        ++r.hits;
+        cache.touch(k, tick);
+        protect[*s] = 1;
+        used.push_back(*s);
+      } else {
+        missing.push_back(k);
+      }
+    }
+    // As the store: the misses found in the host tier are protected there first, every miss is
+    // placed (a victim with enough requests demoted), then the host-tier hits are promoted.
+    std::vector<std::optional<uint32_t>> in_host(missing.size());
+    for (size_t j = 0; j < missing.size(); ++j)
+      if ((in_host[j] = host.find(missing[j]))) host_protect[*in_host[j]] = 1;
+    for (Key k : missing) {
+      auto p = cache.place(k, tick, [&](uint32_t s) { return !protect[s]; });
+      if (!p) too_small(slots, keys.size(), r.accesses - 1);
+      ++r.misses;
+      if (p->evicted) {
+        ++r.evictions;
+        if (host.admit(*p->evicted, tick, [&](uint32_t h) { return !host_protect[h]; })) ++r.demotions;
+      }
+      protect[p->slot] = 1;
+      used.push_back(p->slot);
+    }
+    for (size_t j = 0; j < missing.size(); ++j) {
+      if (in_host[j]) {
+        ++r.host_hits;
+        host.remove(missing[j]);
+        host_protect[*in_host[j]] = 0;
+      } else {
+        r.bytes_read += trace.object_bytes_of(access.layer);
+      }
     }
     for (uint32_t s : used) protect[s] = 0;
   }
