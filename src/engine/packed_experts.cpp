@@ -118,6 +118,7 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
 
   store::StoreOptions so;
   so.pack_path = pack_path;
+  so.data_paths = pf.data_files();
   so.objects = pack_;
   so.cache_bytes = options.cache_bytes;
   so.reserve_bytes = reserve;

@@ -23,9 +23,9 @@ namespace {
 using detail::Action;
 using detail::ReadTracker;
 
-int64_t filter(const std::shared_ptr<IoSeam> &seam, uint64_t offset, uint64_t bytes, int64_t result, void *dst) {
+int64_t filter(const std::shared_ptr<IoSeam> &seam, uint32_t file, uint64_t offset, uint64_t bytes, int64_t result, void *dst) {
   if (!seam) return result;
-  result = seam->on_read_result(offset, bytes, result);
+  result = seam->on_file_read_result(file, offset, bytes, result);
   if (result > 0) seam->on_read_data(offset, dst, result);
   return result;
 }
@@ -115,7 +115,7 @@ class PreadReader final : public Reader {
         lock.unlock();
         ssize_t got = ::pread(fd, dst, length, static_cast<off_t>(offset));
         int64_t result = got < 0 ? -static_cast<int64_t>(errno) : static_cast<int64_t>(got);
-        result = filter(options_.seam, offset, length, result, dst);
+        result = filter(options_.seam, file, offset, length, result, dst);
         lock.lock();
         const Action action = tracker_.on_result(pid, result);
         if (action == Action::finished) break;
@@ -276,7 +276,7 @@ class UringReader final : public Reader {
     int64_t result = cqe->res;
     io_uring_cqe_seen(&ring_, cqe);
     --inflight_;
-    result = filter(options_.seam, tracker_.file_offset(pid), tracker_.length(pid), result, tracker_.dst(pid));
+    result = filter(options_.seam, tracker_.file(pid), tracker_.file_offset(pid), tracker_.length(pid), result, tracker_.dst(pid));
     switch (tracker_.on_result(pid, result)) {
       case Action::finished:
         break;
