@@ -11,7 +11,16 @@ uint32_t HostTier::requests(Key key) const {
 }
 
 std::optional<HostTier::Admission> HostTier::admit(Key key, uint64_t tick, const std::function<bool(uint32_t)> &evictable) {
-  if (requests(key) < admit_requests_ || slots_.find(key)) return std::nullopt;
+  if (slots_.find(key)) return std::nullopt;
+  // A rarely asked-for key takes a free slot, or the place of another rarely asked-for one, but
+  // never evicts a key asked for admit_requests times or more.
+  if (requests(key) < admit_requests_ && slots_.resident() == slots_.num_slots()) {
+    const auto victim = slots_.policy().choose_victim([&](Key k) {
+      const auto s = slots_.find(k);
+      return s && evictable(*s);
+    });
+    if (!victim || requests(*victim) >= admit_requests_) return std::nullopt;
+  }
   auto p = slots_.place(key, tick, evictable);
   if (!p) return std::nullopt;
   return Admission{p->slot, p->evicted};

@@ -1,7 +1,8 @@
 // The host-RAM tier's bookkeeping, pure C++ like SlotCache: an exclusive victim cache of whole
-// experts below the slots (VRAM). An expert evicted from the slots is admitted (demoted) only
-// once acquires asked for it at least `admit_requests` times, so a one-off cold expert never
-// displaces the tier's experts; a hit leaves the tier (a promotion: the expert is in a slot
+// experts below the slots (VRAM). An expert evicted from the slots is admitted (demoted) into a
+// free tier slot, or in place of the tier policy's victim — unless it was asked for fewer than
+// `admit_requests` times and the victim at least that often: a one-off cold expert never
+// displaces an expert that came back (it may displace another one-off). A hit leaves the tier (a promotion: the expert is in a slot
 // again, and the tier's capacity adds to the slots' instead of duplicating them). The tier's own
 // victims are chosen by a Policy of the slots' family (make_policy with the same name).
 //
@@ -44,7 +45,8 @@ class HostTier {
   };
   /// A demotion of @p key (evicted from the slots): a tier slot for it, free or the policy's victim
   /// among the slots @p evictable allows; nullopt when the key is not admitted (asked for fewer
-  /// than admit_requests times) or every slot is protected.
+  /// than admit_requests times while the victim was asked for at least that often) or every slot
+  /// is protected.
   std::optional<Admission> admit(Key key, uint64_t tick, const std::function<bool(uint32_t)> &evictable);
   /// A promotion: @p key leaves the tier.
   void remove(Key key) { slots_.remove(key); }

@@ -80,10 +80,10 @@ SimResult simulate(const Trace &trace, Policy &policy_in, uint32_t slots) {
 }
 
 SimResult simulate_two_tier(const Trace &trace, Policy &policy_in, uint32_t slots, std::unique_ptr<Policy> host_policy,
-                            uint32_t host_slots) {
+                            uint32_t host_slots, uint32_t admit_requests) {
   if (host_slots == 0) return simulate(trace, policy_in, slots);
   SlotCache cache(slots, std::make_unique<Forward>(policy_in));
-  HostTier host(host_slots, std::move(host_policy));
+  HostTier host(host_slots, std::move(host_policy), admit_requests);
   SimResult r;
   r.policy = std::string(policy_in.name()) + "+host";
   r.slots = slots;

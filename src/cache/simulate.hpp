@@ -35,8 +35,9 @@ SimResult simulate(const Trace &trace, Policy &policy, uint32_t slots);
 /// slots under @p host_policy (HostTier: exclusive, admission on the second request), as
 /// ExpertStore::acquire() moves experts between them. misses counts the slots' misses;
 /// bytes_read only those read from the pack.
+/// @p admit_requests: how often a key must have been asked for before a demotion admits it.
 SimResult simulate_two_tier(const Trace &trace, Policy &policy, uint32_t slots, std::unique_ptr<Policy> host_policy,
-                            uint32_t host_slots);
+                            uint32_t host_slots, uint32_t admit_requests = 2);
 
 /// Belady's MIN: on a miss with no free slot, evict the resident key (not needed by the current
 /// access) whose next use is farthest in the future. The offline optimum for demand fetching.

@@ -370,7 +370,8 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
     }
   }
   // Host-tier hits are pinned there first, so that demotions for this acquire's other misses
-  // cannot take their tier slots.
+  // cannot take their tier slots: a tier slot is reused only once its promotion was issued (the
+  // demotion into it is ordered after that copy), i.e. by a later acquire.
   std::vector<std::optional<uint32_t>> host_of(misses.size());
   if (host_)
     for (size_t j = 0; j < misses.size(); ++j)

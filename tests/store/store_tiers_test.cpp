@@ -189,7 +189,8 @@ TEST_CASE("host tier: a one-off cold expert never displaces the tier's experts",
   for (int round = 0; round < 2; ++round)
     for (uint32_t e = 0; e < 8; e += 4) store.release(store.acquire(0, std::vector<uint32_t>{e, e + 1, e + 2, e + 3}));
   // A stream of one-off experts cycles through the slots: it pushes the four hot ones still there
-  // down, and none of the one-offs is admitted.
+  // down, and none of the one-offs is admitted (the tier is full of experts asked for twice).
+  const uint64_t demoted_before = store.stats().demotions;
   for (uint32_t l = 1; l < 4; ++l)
     for (uint32_t e = 0; e < 16; e += 4) store.release(store.acquire(l, std::vector<uint32_t>{e, e + 1, e + 2, e + 3}));
   std::set<std::pair<uint32_t, uint32_t>> host;
@@ -197,7 +198,7 @@ TEST_CASE("host tier: a one-off cold expert never displaces the tier's experts",
   std::set<std::pair<uint32_t, uint32_t>> hot;
   for (uint32_t e = 0; e < 8; ++e) hot.insert({0, e});
   CHECK(host == hot);
-  CHECK(store.stats().demotions == 8);
+  CHECK(store.stats().demotions == demoted_before + 4);
   // The hot experts come back from the tier without a pack read.
   const uint64_t reads = store.stats().pack_reads;
   for (uint32_t e = 0; e < 8; e += 4) {
