@@ -7,7 +7,7 @@
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
 
-#include "capi_support.hpp"
+#include "hierarchy_support.hpp"
 
 #include <expertpack/expertpack.h>
 
@@ -17,72 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace {
-
-using ep::test::score_all;
-using ep::test::store_stats;
-
-struct Model {
-  std::string gguf;
-  std::vector<int32_t> tokens;
-};
-
-std::vector<Model> models() {
-  const std::string d = EP_TEST_DATA_DIR;
-  std::vector<int32_t> toks;
-  for (int i = 0; i < 24; ++i) toks.push_back((i * 37 + 11) % 60 + 3);  // inside both vocabularies (97, 67)
-  return {{d + "/deepseek_v4/deepseek_v4_a.gguf", toks}, {d + "/kimi_k3/k3_a.gguf", toks}};
-}
-
-struct Features {
-  uint64_t cache_bytes = 0;
-  uint64_t host_bytes = 0;
-  int overlap = 0, prefetch = 0, resident = 0;
-  const char *policy = nullptr;
-};
-
-ep_model *open(const Model &m, const std::string &packs, const Features &f) {
-  ep_model_options o;
-  ep_model_options_init(&o);
-  o.device = EP_DEVICE_CPU;
-  o.pack_dir = packs.c_str();
-  o.cache_budget_bytes = f.cache_bytes;
-  o.host_cache_bytes = f.host_bytes;
-  o.overlap_reads = f.overlap;
-  o.prefetch = f.prefetch;
-  o.resident_experts = f.resident;
-  o.cache_policy = f.policy;
-  o.direct_io = 0;
-  ep_model *out = nullptr;
-  const ep_status st = ep_model_open(&out, m.gguf.c_str(), &o);
-  INFO(m.gguf << ": " << ep_last_error());
-  REQUIRE(st == EP_OK);
-  return out;
-}
-
-/// A prompt pass of the first half, then the rest token by token: every row of logits.
-std::vector<float> run(ep_model *model, const std::vector<int32_t> &tokens, size_t vocab) {
-  ep_session *s = nullptr;
-  REQUIRE(ep_session_open(&s, model) == EP_OK);
-  std::vector<float> out(tokens.size() * vocab);
-  const size_t half = tokens.size() / 2;
-  const ep_status st = ep_score(s, tokens.data(), half, 0, nullptr, out.data());
-  INFO(ep_last_error());
-  REQUIRE(st == EP_OK);
-  for (size_t t = half; t < tokens.size(); ++t) {
-    const ep_status sd = ep_score(s, &tokens[t], 1, 0, nullptr, out.data() + t * vocab);
-    INFO(ep_last_error());
-    REQUIRE(sd == EP_OK);
-  }
-  ep_session_close(s);
-  return out;
-}
-
-bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-}  // namespace
+using namespace hierarchytest;
 
 TEST_CASE("hierarchy: every feature on gives the bits of every feature off", "[model][capi][hierarchy]") {
   for (const Model &m : models()) {
@@ -91,7 +26,7 @@ TEST_CASE("hierarchy: every feature on gives the bits of every feature off", "[m
     const std::string packs = dir / "packs";
     Features resident;
     resident.resident = 1;
-    ep_model *ref_model = open(m, packs, resident);
+    ep_model *ref_model = open(m, packs, resident, EP_DEVICE_CPU);
     ep_model_properties p;
     ep_model_properties_init(&p);
     REQUIRE(ep_model_info(&p, ref_model) == EP_OK);
@@ -100,7 +35,7 @@ TEST_CASE("hierarchy: every feature on gives the bits of every feature off", "[m
     ep_model_close(ref_model);
 
     // The slot size of this model's pack (from an unlimited open).
-    ep_model *probe = open(m, packs, Features{});
+    ep_model *probe = open(m, packs, Features{}, EP_DEVICE_CPU);
     const ep_store_stats ps = store_stats(probe);
     const uint64_t slot = ps.slot_bytes, all = ps.cache_slots;
     ep_model_close(probe);
@@ -116,14 +51,14 @@ TEST_CASE("hierarchy: every feature on gives the bits of every feature off", "[m
     for (const char *policy : {"decay", "lru", "sglang-lfu"}) {
       INFO(policy);
       off.policy = on.policy = policy;
-      ep_model *a = open(m, packs, off);
+      ep_model *a = open(m, packs, off, EP_DEVICE_CPU);
       CHECK(same_bits(run(a, m.tokens, V), ref));
       const ep_store_stats sa = store_stats(a);
       CHECK(sa.host_slots == 0);
       CHECK(sa.prefetch_issued == 0);
       ep_model_close(a);
 
-      ep_model *b = open(m, packs, on);
+      ep_model *b = open(m, packs, on, EP_DEVICE_CPU);
       CHECK(same_bits(run(b, m.tokens, V), ref));
       const ep_store_stats sb = store_stats(b);
       CHECK(sb.host_slots == all / 4);
@@ -141,7 +76,7 @@ TEST_CASE("hierarchy: every feature on gives the bits of every feature off", "[m
         if (which == 0) one.host_bytes = on.host_bytes;
         if (which == 1) one.overlap = 1;
         if (which == 2) one.prefetch = 1;
-        ep_model *c = open(m, packs, one);
+        ep_model *c = open(m, packs, one, EP_DEVICE_CPU);
         CHECK(same_bits(run(c, m.tokens, V), ref));
         ep_model_close(c);
       }
