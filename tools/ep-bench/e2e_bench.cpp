@@ -197,9 +197,10 @@ struct Mode {
   bool prefetch = false;
 };
 
-/// "ours": the flags as given (--policy, --host-cache-mib, --no-overlap, --prefetch); "sglang": the
-/// published SGLang algorithm on this engine: its LFU policy, no host tier, no overlap, no prefetch
-/// (every miss read on the critical path).
+/// "ours": the flags as given (--policy, --host-cache-mib, --no-overlap, --prefetch);
+/// "ours-prefetch": the same with prefetch on; "sglang": the published SGLang algorithm on this
+/// engine: its LFU policy, no host tier, no overlap, no prefetch (every miss read on the critical
+/// path).
 Mode mode_of(const std::string &name, const Args &args) {
   Mode m;
   m.name = name;
@@ -208,11 +209,12 @@ Mode mode_of(const std::string &name, const Args &args) {
     m.overlap = false;
     return m;
   }
-  if (name != "ours") fail(Status::invalid_argument, "--mode: ours or sglang (comma-separated for several), not '{}'", name);
+  if (name != "ours" && name != "ours-prefetch")
+    fail(Status::invalid_argument, "--mode: ours, ours-prefetch or sglang (comma-separated for several), not '{}'", name);
   m.policy = args.get("policy", "decay");
   m.host_cache_bytes = static_cast<uint64_t>(args.number("host-cache-mib", 0) * 1048576.0);
   m.overlap = !args.has("no-overlap");
-  m.prefetch = args.has("prefetch");
+  m.prefetch = args.has("prefetch") || name == "ours-prefetch";
   return m;
 }
 
@@ -525,13 +527,13 @@ int cmd_e2e(const Args &args) {
     const Report *base = nullptr;
     for (const Report &r : reports)
       if (r.json["mode"] == "sglang") base = &r;
-    std::printf("%-8s %12s %12s %9s %10s %14s %17s %10s %10s %12s\n", "mode", "prefill t/s", "decode t/s", "hit rate",
+    std::printf("%-14s %12s %12s %9s %10s %14s %17s %10s %10s %12s\n", "mode", "prefill t/s", "decode t/s", "hit rate",
                 "host hits", "SSD MB/token", "decode MB/token", "decode eff", "x decode", "x SSD bytes");
     for (const Report &r : reports) {
       const double x_tps = base && base->all.decode_tps_mean > 0 ? r.all.decode_tps_mean / base->all.decode_tps_mean : 0;
       const double x_bytes =
           base && base->all.decode_bytes_per_token() > 0 ? r.all.decode_bytes_per_token() / base->all.decode_bytes_per_token() : 0;
-      std::printf("%-8s %12.2f %12.3f %9.4f %10llu %14.2f %17.2f %10.3f %10.2f %12.3f\n", r.json["mode"].get<std::string>().c_str(),
+      std::printf("%-14s %12.2f %12.3f %9.4f %10llu %14.2f %17.2f %10.3f %10.2f %12.3f\n", r.json["mode"].get<std::string>().c_str(),
                   r.all.prefill_tps_mean, r.all.decode_tps_mean, r.all.hit_rate(),
                   static_cast<unsigned long long>(r.json["host_hits"].get<uint64_t>()), r.all.bytes_per_token() / 1e6,
                   r.all.decode_bytes_per_token() / 1e6, r.decode_efficiency, x_tps, x_bytes);

@@ -34,7 +34,7 @@ constexpr const char *kUsage =
     "  e2e  --model PATH [--tokenizer tokenizer.json|.gguf] [--workload bench/workload/seed-10.jsonl] [--max-new N]\n"
     "       [--requests N] [--device auto|cpu|cuda] [--cache-mib N] [--staging-mib N | --staging-slots N] [--ignore-eos]\n"
     "       [--io-seconds 5] [--io-depth 32] [--pack-dir DIR] [--json FILE] [--json-stdout] [--open-only]\n"
-    "       [--host-cache-mib N] [--no-overlap] [--prefetch] [--policy decay|lru|sglang-lfu|...] [--mode ours|sglang|ours,sglang]\n"
+    "       [--host-cache-mib N] [--no-overlap] [--prefetch] [--policy decay|lru|sglang-lfu|...] [--mode ours|ours-prefetch|sglang|ours,sglang,...]\n"
     "       the workload one request at a time (temperature 0) through the C API: per dataset prefill/decode tok/s,\n"
     "       cache hit rate, SSD bytes per token; the I/O bound from the disk's raw bandwidth measured in the same run;\n"
     "       --mode sglang: SGLang's algorithm on this engine (LFU, no host tier, no overlap, no prefetch); several\n"
