@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -40,55 +41,18 @@ struct Forward final : Policy {
 
 }  // namespace
 
-SimResult simulate(const Trace &trace, Policy &policy_in, uint32_t slots) {
-  SlotCache cache(slots, std::make_unique<Forward>(policy_in));
-  SimResult r;
-  r.policy = std::string(policy_in.name());
-  r.slots = slots;
-  std::vector<char> protect(slots, 0);
-  uint64_t tick = 0;
-  for (const auto &access : trace.accesses) {
-    ++tick;
-    const auto keys = unique_keys(access);
-    if (keys.size() > slots) too_small(slots, keys.size(), r.accesses);
-    ++r.accesses;
-    r.unique_keys += keys.size();
-    std::vector<Key> missing;
-    std::vector<uint32_t> used;
-    for (Key k : keys) {
-      if (auto s = cache.find(k)) {
-        ++r.hits;
-        cache.touch(k, tick);
-        protect[*s] = 1;
-        used.push_back(*s);
-      } else {
-        missing.push_back(k);
-      }
-    }
-    for (Key k : missing) {
-      auto p = cache.place(k, tick, [&](uint32_t s) { return !protect[s]; });
-      if (!p) too_small(slots, keys.size(), r.accesses - 1);
-      ++r.misses;
-      if (p->evicted) ++r.evictions;
-      r.bytes_read += trace.object_bytes_of(access.layer);
-      protect[p->slot] = 1;
-      used.push_back(p->slot);
-    }
-    for (uint32_t s : used) protect[s] = 0;
-  }
-  return r;
-}
+namespace {
 
-SimResult simulate_two_tier(const Trace &trace, Policy &policy_in, uint32_t slots, std::unique_ptr<Policy> host_policy,
-                            uint32_t host_slots, uint32_t admit_requests) {
-  if (host_slots == 0) return simulate(trace, policy_in, slots);
+/// The replay: the slots under @p policy_in, and, with @p host, the host tier below them as the
+/// store moves experts (the misses found in the tier are protected there first, every miss is
+/// placed with an admitted victim demoted, then the tier's hits are promoted).
+SimResult replay(const Trace &trace, Policy &policy_in, uint32_t slots, HostTier *host) {
   SlotCache cache(slots, std::make_unique<Forward>(policy_in));
-  HostTier host(host_slots, std::move(host_policy), admit_requests);
   SimResult r;
-  r.policy = std::string(policy_in.name()) + "+host";
+  r.policy = std::string(policy_in.name()) + (host ? "+host" : "");
   r.slots = slots;
-  r.host_slots = host_slots;
-  std::vector<char> protect(slots, 0), host_protect(host_slots, 0);
+  r.host_slots = host ? host->num_slots() : 0;
+  std::vector<char> protect(slots, 0), host_protect(r.host_slots, 0);
   uint64_t tick = 0;
   for (const auto &access : trace.accesses) {
     ++tick;
@@ -99,7 +63,7 @@ SimResult simulate_two_tier(const Trace &trace, Policy &policy_in, uint32_t slot
     std::vector<Key> missing;
     std::vector<uint32_t> used;
     for (Key k : keys) {
-      host.count_request(k);
+      if (host) host->count_request(k);
       if (auto s = cache.find(k)) {
         ++r.hits;
         cache.touch(k, tick);
@@ -109,26 +73,25 @@ SimResult simulate_two_tier(const Trace &trace, Policy &policy_in, uint32_t slot
         missing.push_back(k);
       }
     }
-    // As the store: the misses found in the host tier are protected there first, every miss is
-    // placed (a victim with enough requests demoted), then the host-tier hits are promoted.
     std::vector<std::optional<uint32_t>> in_host(missing.size());
-    for (size_t j = 0; j < missing.size(); ++j)
-      if ((in_host[j] = host.find(missing[j]))) host_protect[*in_host[j]] = 1;
+    if (host)
+      for (size_t j = 0; j < missing.size(); ++j)
+        if ((in_host[j] = host->find(missing[j]))) host_protect[*in_host[j]] = 1;
     for (Key k : missing) {
       auto p = cache.place(k, tick, [&](uint32_t s) { return !protect[s]; });
       if (!p) too_small(slots, keys.size(), r.accesses - 1);
       ++r.misses;
       if (p->evicted) {
         ++r.evictions;
-        if (host.admit(*p->evicted, tick, [&](uint32_t h) { return !host_protect[h]; })) ++r.demotions;
+        if (host && host->admit(*p->evicted, tick, [&](uint32_t h) { return !host_protect[h]; })) ++r.demotions;
       }
       protect[p->slot] = 1;
       used.push_back(p->slot);
     }
     for (size_t j = 0; j < missing.size(); ++j) {
-      if (in_host[j]) {
+      if (host && in_host[j]) {
         ++r.host_hits;
-        host.remove(missing[j]);
+        host->remove(missing[j]);
         host_protect[*in_host[j]] = 0;
       } else {
         r.bytes_read += trace.object_bytes_of(access.layer);
@@ -137,6 +100,17 @@ SimResult simulate_two_tier(const Trace &trace, Policy &policy_in, uint32_t slot
     for (uint32_t s : used) protect[s] = 0;
   }
   return r;
+}
+
+}  // namespace
+
+SimResult simulate(const Trace &trace, Policy &policy, uint32_t slots) { return replay(trace, policy, slots, nullptr); }
+
+SimResult simulate_two_tier(const Trace &trace, Policy &policy, uint32_t slots, std::unique_ptr<Policy> host_policy,
+                            uint32_t host_slots, uint32_t admit_requests) {
+  if (host_slots == 0) return simulate(trace, policy, slots);
+  HostTier host(host_slots, std::move(host_policy), admit_requests);
+  return replay(trace, policy, slots, &host);
 }
 
 SimResult simulate_belady(const Trace &trace, uint32_t slots) {

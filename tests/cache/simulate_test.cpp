@@ -48,21 +48,26 @@ void check_route_traces(const std::string &dir, std::size_t qwen_decode_tokens, 
   CHECK(g.max_object_bytes() == 13219200);
 }
 
+/// A trace of 200 tokens over 4 layers of 32 experts, top-4, objects of 1000 bytes.
+Trace small_trace(SyntheticTraceOptions::Kind kind, uint64_t seed) {
+  SyntheticTraceOptions o;
+  o.kind = kind;
+  o.num_layers = 4;
+  o.num_experts = 32;
+  o.top_k = 4;
+  o.tokens = 200;
+  o.seed = seed;
+  o.object_bytes = 1000;
+  return synthetic_trace(o);
+}
+
 }  // namespace
 
 TEST_CASE("hits + misses = unique keys; Belady is never beaten", "[cache]") {
   using Kind = SyntheticTraceOptions::Kind;
   for (Kind kind : {Kind::uniform, Kind::zipf, Kind::zipf_temporal}) {
     for (uint64_t seed : {1u, 2u, 3u}) {
-      SyntheticTraceOptions o;
-      o.kind = kind;
-      o.num_layers = 4;
-      o.num_experts = 32;
-      o.top_k = 4;
-      o.tokens = 200;
-      o.seed = seed;
-      o.object_bytes = 1000;
-      const Trace t = synthetic_trace(o);
+      const Trace t = small_trace(kind, seed);
       REQUIRE(t.accesses.size() == 800);
       for (uint32_t slots : {4u, 16u, 48u}) {
         const SimResult best = simulate_belady(t, slots);
@@ -85,15 +90,7 @@ TEST_CASE("hits + misses = unique keys; Belady is never beaten", "[cache]") {
 TEST_CASE("two tiers: the slots decide alone, the host tier only saves pack reads, Belady at the total bounds it", "[cache]") {
   using Kind = SyntheticTraceOptions::Kind;
   for (Kind kind : {Kind::uniform, Kind::zipf, Kind::zipf_temporal}) {
-    SyntheticTraceOptions o;
-    o.kind = kind;
-    o.num_layers = 4;
-    o.num_experts = 32;
-    o.top_k = 4;
-    o.tokens = 200;
-    o.seed = 5;
-    o.object_bytes = 1000;
-    const Trace t = synthetic_trace(o);
+    const Trace t = small_trace(kind, 5);
     for (uint32_t slots : {8u, 24u}) {
       for (uint32_t host : {0u, 8u, 40u}) {
         for (const auto &name : policy_names()) {

@@ -16,6 +16,7 @@
 #include "pack/builder.hpp"
 #include "store/expert_store.hpp"
 #include "store/pack_object_map.hpp"
+#include "support/expect_error.hpp"
 
 #include <expertpack/expertpack.h>
 
@@ -64,24 +65,6 @@ const Striped &striped_pack() {
     }
   } remove{s.dir};
   return s;
-}
-
-ep::Status status_of(const std::function<void()> &f) {
-  try {
-    f();
-  } catch (const ep::Error &e) {
-    return e.status();
-  }
-  return ep::Status::ok;
-}
-
-std::string error_of(const std::function<void()> &f) {
-  try {
-    f();
-  } catch (const std::exception &e) {
-    return e.what();
-  }
-  return {};
 }
 
 /// Fails the first @p fails attempts to read the first object asked for from part file @p file.
@@ -134,6 +117,16 @@ std::unique_ptr<DeepseekV4Model> packed_model(const std::string &source, const s
   if (out) *out = experts.get();
   m->set_experts(std::move(experts));
   return m;
+}
+
+/// The golden's full-pass logits with resident experts on the CPU.
+const std::vector<float> &reference_logits() {
+  static const std::vector<float> ref = [] {
+    ep::backend::CpuBackend cpu;
+    const Golden g = load_golden("deepseek_v4_a");
+    return run_full(*DeepseekV4Model::open(g.gguf, cpu), g.tokens);
+  }();
+  return ref;
 }
 
 bool bit_identical(const std::vector<float> &a, const std::vector<float> &b) {
@@ -203,37 +196,33 @@ TEST_CASE("striped pack: a missing or resized part fails at open naming it", "[p
   // Parts are recorded by path: move one away, then give it the wrong size.
   const std::string part = s.parts[1], moved = (copy / "part1.saved").string();
   fs::rename(part, moved);
-  std::string msg = error_of([&] { ep::format::PackFile::open(s.striped); });
-  CHECK(status_of([&] { ep::format::PackFile::open(s.striped); }) == ep::Status::not_found);
-  CHECK(msg.find(part) != std::string::npos);
-  CHECK(msg.find("part 1 of 3") != std::string::npos);
+  auto open = [&] { ep::format::PackFile::open(s.striped); };
+  ep::test::expect_error(open, ep::Status::not_found, "part 1 of 3 (" + part + ") cannot be opened");
   fs::copy_file(moved, part);
   fs::resize_file(part, fs::file_size(moved) - 4096);
-  msg = error_of([&] { ep::format::PackFile::open(s.striped); });
-  CHECK(status_of([&] { ep::format::PackFile::open(s.striped); }) == ep::Status::format);
-  CHECK(msg.find(part) != std::string::npos);
-  CHECK(msg.find(std::to_string(fs::file_size(moved))) != std::string::npos);  // the size expected
+  ep::test::expect_error(open, ep::Status::format,
+                         "part 1 of 3 (" + part + ") has " + std::to_string(fs::file_size(moved) - 4096) + " bytes, expected " +
+                             std::to_string(fs::file_size(moved)));
   fs::remove(part);
   fs::rename(moved, part);
-  CHECK(status_of([&] { ep::format::PackFile::open(s.striped, ep::format::ValidationLevel::full); }) == ep::Status::ok);
+  ep::format::PackFile::open(s.striped, ep::format::ValidationLevel::full);
   // Fewer than two directories is refused by the builder.
   ep::pack::BuildOptions one;
   one.stripe_dirs = {(s.dir / "drive0").string()};
-  CHECK(status_of([&] {
-          ep::pack::build_pack(std::vector<std::string>{load_golden("deepseek_v4_a").gguf}, (copy / "x.epk").string(), one);
-        }) == ep::Status::invalid_argument);
+  ep::test::expect_error(
+      [&] { ep::pack::build_pack(std::vector<std::string>{load_golden("deepseek_v4_a").gguf}, (copy / "x.epk").string(), one); },
+      ep::Status::invalid_argument, "striping needs 2..");
 }
 
 TEST_CASE("striped pack: the model's logits are the resident experts' bits", "[model][deepseek_v4][stripe]") {
   const Striped &s = striped_pack();
   const Golden g = load_golden("deepseek_v4_a");
   ep::backend::CpuBackend cpu;
-  auto resident = DeepseekV4Model::open(g.gguf, cpu);
-  const std::vector<float> ref = run_full(*resident, g.tokens);
+  const std::vector<float> &ref = reference_logits();
   for (const bool overlap : {false, true}) {
     PackedExpertsOptions po;
     po.overlap = overlap;
-    po.cache_bytes = PackedExperts::min_cache_bytes(s.striped, resident->config().n_experts_used) * 2;
+    po.cache_bytes = PackedExperts::min_cache_bytes(s.striped, 2) * 2;  // deepseek_v4_a: top-2
     auto m = packed_model(g.gguf, s.striped, cpu, po);
     CHECK(bit_identical(run_full(*m, g.tokens), ref));
   }
@@ -259,8 +248,7 @@ TEST_CASE("striped pack: an EIO on one part fails the step naming part, layer an
   const Striped &s = striped_pack();
   const Golden g = load_golden("deepseek_v4_a");
   ep::backend::CpuBackend cpu;
-  auto resident = DeepseekV4Model::open(g.gguf, cpu);
-  const std::vector<float> ref = run_full(*resident, g.tokens);
+  const std::vector<float> &ref = reference_logits();
   for (const bool overlap : {false, true}) {
     INFO("overlap " << overlap);
     PackedExpertsOptions po;
@@ -291,39 +279,31 @@ TEST_CASE("striped pack: an EIO on one part fails the step naming part, layer an
 TEST_CASE("striped pack: a part refusing O_DIRECT reads is named (direct) or read buffered (automatic)", "[pack][stripe]") {
   const Striped &s = striped_pack();
   auto layout = ep::store::PackObjectMap::open(s.striped);
-  ep::store::StoreOptions o;
-  o.pack_path = s.striped;
-  o.data_paths = layout->pack().data_files();
-  o.objects = layout;
-  o.top_k = layout->num_experts();
   std::vector<uint32_t> all(layout->num_experts());
   for (uint32_t e = 0; e < all.size(); ++e) all[e] = e;
-  {
-    o.reader.direct = ep::io::DirectMode::automatic;
-    ep::store::ExpertStore probe(o, std::make_unique<ep::store::HostDevice>());
-    if (!probe.reader().direct()) {
-      WARN("this file system has no O_DIRECT at all: nothing to check");
-      return;
-    }
+  // A store over the parts whose reads of part 1 are refused @p refusals times.
+  auto store_with = [&](ep::io::DirectMode mode, int refusals) {
+    ep::store::StoreOptions o;
+    o.pack_path = s.striped;
+    o.data_paths = layout->pack().data_files();
+    o.objects = layout;
+    o.top_k = layout->num_experts();
+    o.reader.direct = mode;
+    if (refusals) o.reader.seam = std::make_shared<RefuseDirect>(1, refusals);
+    return std::make_unique<ep::store::ExpertStore>(o, std::make_unique<ep::store::HostDevice>());
+  };
+  if (!store_with(ep::io::DirectMode::automatic, 0)->reader().direct()) {
+    WARN("this file system has no O_DIRECT at all: nothing to check");
+    return;
   }
-  {
-    o.reader.direct = ep::io::DirectMode::direct;
-    o.reader.seam = std::make_shared<RefuseDirect>(1, 1 << 30);
-    ep::store::ExpertStore store(o, std::make_unique<ep::store::HostDevice>());
-    const std::string msg = error_of([&] { store.acquire(0, all); });
-    CHECK(msg.find(s.parts[1]) != std::string::npos);
-    CHECK(msg.find("Invalid argument") != std::string::npos);
-  }
-  {
-    o.reader.direct = ep::io::DirectMode::automatic;
-    o.reader.seam = std::make_shared<RefuseDirect>(1, 1);
-    ep::store::ExpertStore store(o, std::make_unique<ep::store::HostDevice>());
-    const uint64_t fallbacks = store.stats().fallback_count;
-    // The EINVAL switches part 1 to buffered reads, with a warning; the bytes are right.
-    auto a = store.acquire(0, all);
-    for (uint32_t e = 0; e < all.size(); ++e) CHECK(layout->check_object(0, e, static_cast<const std::byte *>(a.pointers[e])).empty());
-    store.release(a);
-    CHECK(store.stats().fallback_count == fallbacks + 1);
-    CHECK_FALSE(store.reader().direct());
-  }
+  auto direct = store_with(ep::io::DirectMode::direct, 1 << 30);
+  ep::test::expect_error([&] { direct->acquire(0, all); }, ep::Status::io, s.parts[1] + ": read of ");
+  // automatic: the EINVAL switches part 1 to buffered reads, with a warning; the bytes are right.
+  auto automatic = store_with(ep::io::DirectMode::automatic, 1);
+  const uint64_t fallbacks = automatic->stats().fallback_count;
+  auto a = automatic->acquire(0, all);
+  for (uint32_t e = 0; e < all.size(); ++e) CHECK(layout->check_object(0, e, static_cast<const std::byte *>(a.pointers[e])).empty());
+  automatic->release(a);
+  CHECK(automatic->stats().fallback_count == fallbacks + 1);
+  CHECK_FALSE(automatic->reader().direct());
 }

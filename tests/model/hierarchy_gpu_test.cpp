@@ -62,15 +62,7 @@ TEST_CASE("hierarchy on CUDA: every feature on gives the bits of every feature o
       CHECK(sb.host_hits > 0);
       CHECK(sb.prefetch_used > 0);
       ep_model_close(b);
-      for (int which = 0; which < 3; ++which) {
-        Features one = off;
-        if (which == 0) one.host_bytes = on.host_bytes;
-        if (which == 1) one.overlap = 1;
-        if (which == 2) one.prefetch = 1;
-        ep_model *c = open(m, packs, one, EP_DEVICE_CUDA);
-        CHECK(same_bits(run(c, m.tokens, V), ref));
-        ep_model_close(c);
-      }
+      check_each_feature_alone(m, packs, off, on, EP_DEVICE_CUDA, V, ref);
     }
   }
 }

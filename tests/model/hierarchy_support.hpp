@@ -79,4 +79,19 @@ inline bool same_bits(const std::vector<float> &a, const std::vector<float> &b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+/// Each feature of @p on alone, over @p off: the logits must be @p ref's bits.
+inline void check_each_feature_alone(const Model &m, const std::string &packs, const Features &off, const Features &on,
+                                     ep_device_kind device, size_t vocab, const std::vector<float> &ref) {
+  for (int which = 0; which < 3; ++which) {
+    INFO("feature " << (which == 0 ? "host tier" : which == 1 ? "overlap" : "prefetch") << " alone");
+    Features one = off;
+    if (which == 0) one.host_bytes = on.host_bytes;
+    if (which == 1) one.overlap = 1;
+    if (which == 2) one.prefetch = 1;
+    ep_model *c = open(m, packs, one, device);
+    CHECK(same_bits(run(c, m.tokens, vocab), ref));
+    ep_model_close(c);
+  }
+}
+
 }  // namespace hierarchytest

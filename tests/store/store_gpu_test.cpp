@@ -54,6 +54,25 @@ uint64_t pack_hash(int fd, const ObjectMap &layout, uint32_t layer, uint32_t exp
   return XXH3_64bits(buf.data(), buf.size());
 }
 
+/// The XXH3 of each object as stored in the pack file, remembered.
+class PackHashes {
+ public:
+  PackHashes(const std::string &path, const ObjectMap &layout)
+      : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), layout_(layout) {
+    REQUIRE(fd_);
+  }
+  uint64_t operator()(uint32_t layer, uint32_t expert) {
+    auto [it, fresh] = hashes_.try_emplace({layer, expert}, 0);
+    if (fresh) it->second = pack_hash(fd_.get(), layout_, layer, expert);
+    return it->second;
+  }
+
+ private:
+  io::FileHandle fd_;
+  const ObjectMap &layout_;
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> hashes_;
+};
+
 }  // namespace
 
 TEST_CASE("random routing over a large pack: every resident slot matches the pack", "[store][gpu]") {
@@ -85,14 +104,7 @@ TEST_CASE("random routing over a large pack: every resident slot matches the pac
     REQUIRE(store.num_slots() == 40);
     auto stream = static_cast<cudaStream_t>(cuda_compute_stream(store.device()));
 
-    io::FileHandle fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    REQUIRE(fd);
-    std::map<std::pair<uint32_t, uint32_t>, uint64_t> expected;
-    auto expect = [&](uint32_t l, uint32_t e) {
-      auto [it, fresh] = expected.try_emplace({l, e}, 0);
-      if (fresh) it->second = pack_hash(fd.get(), *o.objects, l, e);
-      return it->second;
-    };
+    PackHashes expect(path, *o.objects);
 
     // The "kernel": copies the first expert of each acquire on the compute stream.
     constexpr int kScratch = 4;
@@ -177,14 +189,7 @@ TEST_CASE("host tier, staged acquires and prefetch on the CUDA device: every cop
   ExpertStore store(o, make_cuda_device(0, nullptr));
   REQUIRE(store.num_host_slots() == 40);
   auto stream = static_cast<cudaStream_t>(cuda_compute_stream(store.device()));
-  io::FileHandle fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  REQUIRE(fd);
-  std::map<std::pair<uint32_t, uint32_t>, uint64_t> expected;
-  auto expect = [&](uint32_t l, uint32_t e) {
-    auto [it, fresh] = expected.try_emplace({l, e}, 0);
-    if (fresh) it->second = pack_hash(fd.get(), *o.objects, l, e);
-    return it->second;
-  };
+  PackHashes expect(path, *o.objects);
   constexpr int kRound = 4;
   std::vector<void *> scratch(kRound * 6);
   for (auto &s : scratch) cuda_ok(cudaMalloc(&s, spec.object_bytes), "cudaMalloc scratch");

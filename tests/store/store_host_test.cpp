@@ -8,6 +8,7 @@
 #include "io/seam.hpp"
 #include "store/expert_store.hpp"
 #include "testkit/store_pack.hpp"
+#include "test_pack.hpp"
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -27,23 +28,14 @@ using namespace ep::testkit;
 
 namespace {
 
-SyntheticPackSpec spec() {
-  SyntheticPackSpec s;
-  s.num_layers = 4;
-  s.num_experts = 16;
-  s.object_bytes = 64 * 1024 + 123;
-  s.seed = 9;
-  return s;
+const ep::test::TestPack &test_pack() {
+  // 4 layers x 16 experts, object bytes, seed
+  static const ep::test::TestPack pack("store_host_test.pack", SyntheticPackSpec{4, 16, 64 * 1024 + 123, 9});
+  return pack;
 }
 
-const std::string &pack_path() {
-  static const std::string path = [] {
-    const auto p = (std::filesystem::current_path() / "store_host_test.pack").string();
-    create_synthetic_pack(p, spec(), 2);
-    return p;
-  }();
-  return path;
-}
+const SyntheticPackSpec &spec() { return test_pack().spec(); }
+const std::string &pack_path() { return test_pack().path(); }
 
 StoreOptions options(uint32_t slots, uint32_t top_k = 4, uint32_t tokens = 1) {
   StoreOptions o;
@@ -58,14 +50,7 @@ StoreOptions options(uint32_t slots, uint32_t top_k = 4, uint32_t tokens = 1) {
   return o;
 }
 
-uint64_t expected_hash(uint32_t layer, uint32_t expert) {
-  static std::map<std::pair<uint32_t, uint32_t>, uint64_t> memo;
-  static std::mutex m;
-  std::lock_guard lock(m);
-  auto [it, fresh] = memo.try_emplace({layer, expert}, 0);
-  if (fresh) it->second = synthetic_object_hash(spec(), layer, expert);
-  return it->second;
-}
+uint64_t expected_hash(uint32_t layer, uint32_t expert) { return test_pack().hash(layer, expert); }
 
 void check_pointers(const Acquisition &a) {
   for (std::size_t i = 0; i < a.ids.size(); ++i) {

@@ -11,6 +11,7 @@
 #include "store/expert_store.hpp"
 #include "store/host_memory.hpp"
 #include "testkit/store_pack.hpp"
+#include "test_pack.hpp"
 
 #include <xxhash.h>
 
@@ -29,32 +30,16 @@ using namespace ep::testkit;
 
 namespace {
 
-SyntheticPackSpec spec() {
-  SyntheticPackSpec s;
-  s.num_layers = 4;
-  s.num_experts = 16;
-  s.object_bytes = 32 * 1024 + 77;
-  s.seed = 21;
-  return s;
+const ep::test::TestPack &test_pack() {
+  // 4 layers x 16 experts, object bytes, seed
+  static const ep::test::TestPack pack("store_tiers_test.pack", SyntheticPackSpec{4, 16, 32 * 1024 + 77, 21});
+  return pack;
 }
 
-const std::string &pack_path() {
-  static const std::string path = [] {
-    const auto p = (std::filesystem::current_path() / "store_tiers_test.pack").string();
-    create_synthetic_pack(p, spec(), 2);
-    return p;
-  }();
-  return path;
-}
+const SyntheticPackSpec &spec() { return test_pack().spec(); }
+const std::string &pack_path() { return test_pack().path(); }
 
-uint64_t expected_hash(uint32_t layer, uint32_t expert) {
-  static std::map<std::pair<uint32_t, uint32_t>, uint64_t> memo;
-  static std::mutex m;
-  std::lock_guard lock(m);
-  auto [it, fresh] = memo.try_emplace({layer, expert}, 0);
-  if (fresh) it->second = synthetic_object_hash(spec(), layer, expert);
-  return it->second;
-}
+uint64_t expected_hash(uint32_t layer, uint32_t expert) { return test_pack().hash(layer, expert); }
 
 /// The synthetic layout, checking every object read against its known hash (as a pack's index).
 class CheckedMap final : public ObjectMap {
