@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -288,7 +289,8 @@ TEST_CASE("stats file is written atomically every N acquires", "[store]") {
     CHECK(j.at("cache_misses") == 10);
     CHECK(j.at("cache_hits").get<uint64_t>() + j.at("cache_misses").get<uint64_t>() == 10);
     for (const char *k : {"pack_reads", "pack_read_bytes", "pack_read_ns", "cache_evictions", "resident_experts",
-                          "resident_bytes", "h2d_bytes", "io_errors", "fallback_count"})
+                          "resident_bytes", "h2d_bytes", "io_errors", "fallback_count", "host_hits", "host_misses", "demotions",
+                          "host_resident_bytes", "host_slots", "prefetch_issued", "prefetch_used"})
       CHECK(j.contains(k));
   }
 }
@@ -327,6 +329,9 @@ TEST_CASE("the C API reads the stats file a store writes", "[store][capi]") {
   s.cache_misses = 9;
   s.fallback_count = 1;
   s.slot_bytes = 4096;
+  s.host_hits = 3;
+  s.demotions = 5;
+  s.prefetch_used = 2;
   write_stats_file(s, path);
   ep_store_stats out;
   ep_store_stats_init(&out);
@@ -336,6 +341,17 @@ TEST_CASE("the C API reads the stats file a store writes", "[store][capi]") {
   CHECK(out.cache_hits + out.cache_misses == 14);
   CHECK(out.fallback_count == 1);
   CHECK(out.slot_bytes == 4096);
+  CHECK(out.host_hits == 3);
+  CHECK(out.demotions == 5);
+  CHECK(out.prefetch_used == 2);
+  // A caller of the first version gets the fields it knows.
+  ep_store_stats v1;
+  ep_store_stats_init(&v1);
+  v1.struct_size = offsetof(ep_store_stats, host_hits);
+  v1.host_hits = 99;
+  REQUIRE(ep_store_stats_read_file(&v1, path.c_str()) == EP_OK);
+  CHECK(v1.acquires == 7);
+  CHECK(v1.host_hits == 99);
   CHECK(ep_store_stats_read_file(nullptr, path.c_str()) == EP_ERR_INVALID_ARGUMENT);
   out.struct_size = 3;
   CHECK(ep_store_stats_read_file(&out, path.c_str()) == EP_ERR_STRUCT_SIZE);
