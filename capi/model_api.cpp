@@ -29,6 +29,7 @@ namespace {
 // The first published sizes: fields are only appended after these.
 constexpr size_t kModelOptionsV1 = offsetof(ep_model_options, pack_dir);
 constexpr size_t kModelPropertiesV1 = offsetof(ep_model_properties, device);
+constexpr size_t kStoreStatsV1 = offsetof(ep_store_stats, host_hits);
 // ep_generate_options v1 ended with stop_token; its sizeof (padding included) covers the
 // offset min_p now has, so a v1 struct_size copies only the v1 fields.
 struct GenerateOptionsV1 {
@@ -130,6 +131,7 @@ EP_API void ep_model_options_init(ep_model_options *options) {
   options->device = EP_DEVICE_AUTO;
   options->direct_io = -1;
   options->pack_build = 1;
+  options->overlap_reads = 1;
 }
 
 EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_model_options *options) {
@@ -150,6 +152,10 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
       ep::fail(ep::Status::invalid_argument, "{}: resident_experts {} (expected 0 or 1)", fn, opts.resident_experts);
     if (opts.cpu_threads < 0 || opts.cpu_threads > 4096)
       ep::fail(ep::Status::invalid_argument, "{}: cpu_threads {} (expected 0 .. 4096)", fn, opts.cpu_threads);
+    if (opts.overlap_reads < 0 || opts.overlap_reads > 1)
+      ep::fail(ep::Status::invalid_argument, "{}: overlap_reads {} (expected 0 or 1)", fn, opts.overlap_reads);
+    if (opts.prefetch < 0 || opts.prefetch > 1)
+      ep::fail(ep::Status::invalid_argument, "{}: prefetch {} (expected 0 or 1)", fn, opts.prefetch);
     ep::engine::EngineOptions eo;
     eo.device = device_choice(opts.device, fn);
     eo.device_index = opts.device_index;
@@ -160,6 +166,10 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
     eo.queue_depth = opts.queue_depth;
     eo.read_splits = opts.read_splits;
     eo.direct_io = opts.direct_io;
+    eo.host_cache_bytes = opts.host_cache_bytes;
+    eo.overlap_reads = opts.overlap_reads != 0;
+    eo.prefetch = opts.prefetch != 0;
+    if (opts.cache_policy) eo.cache_policy = opts.cache_policy;
     if (opts.pack_dir) eo.pack_dir = opts.pack_dir;
     eo.pack_build = opts.pack_build != 0;
     if (opts.progress) {
@@ -184,7 +194,7 @@ EP_API ep_status ep_model_store_stats(ep_store_stats *out_stats, const ep_model 
   return ep::capi::guard(__func__, [&](const char *fn) {
     ep::capi::require_arg(out_stats, fn, "out_stats");
     ep::capi::require_arg(model, fn, "model");
-    ep::capi::check_struct_size(out_stats->struct_size, sizeof(ep_store_stats), sizeof(ep_store_stats), "ep_store_stats");
+    ep::capi::check_struct_size(out_stats->struct_size, kStoreStatsV1, sizeof(ep_store_stats), "ep_store_stats");
     ep_store_stats s;
     ep_store_stats_init(&s);
     {
@@ -203,6 +213,13 @@ EP_API ep_status ep_model_store_stats(ep_store_stats *out_stats, const ep_model 
       s.fallback_count = t.fallback_count;
       s.cache_slots = t.cache_slots;
       s.slot_bytes = t.slot_bytes;
+      s.host_hits = t.host_hits;
+      s.host_misses = t.host_misses;
+      s.demotions = t.demotions;
+      s.host_resident_bytes = t.host_resident_bytes;
+      s.host_slots = t.host_slots;
+      s.prefetch_issued = t.prefetch_issued;
+      s.prefetch_used = t.prefetch_used;
     }
     s.struct_size = out_stats->struct_size;
     std::memcpy(out_stats, &s, std::min(out_stats->struct_size, sizeof(s)));

@@ -7,12 +7,15 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <cstddef>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
 namespace {
 
-constexpr size_t kStoreStatsV1 = sizeof(ep_store_stats);
+// The first published size: fields are only appended after it.
+constexpr size_t kStoreStatsV1 = offsetof(ep_store_stats, host_hits);
 
 }  // namespace
 
@@ -55,6 +58,13 @@ EP_API ep_status ep_store_stats_read_file(ep_store_stats *out_stats, const char 
         {"fallback_count", &s.fallback_count},
         {"cache_slots", &s.cache_slots},
         {"slot_bytes", &s.slot_bytes},
+        {"host_hits", &s.host_hits},
+        {"host_misses", &s.host_misses},
+        {"demotions", &s.demotions},
+        {"host_resident_bytes", &s.host_resident_bytes},
+        {"host_slots", &s.host_slots},
+        {"prefetch_issued", &s.prefetch_issued},
+        {"prefetch_used", &s.prefetch_used},
     };
     for (const auto &[name, dst] : fields) {
       auto it = j.find(name);
@@ -63,7 +73,7 @@ EP_API ep_status ep_store_stats_read_file(ep_store_stats *out_stats, const char 
         ep::fail(ep::Status::format, "{}: {}: \"{}\" is not an unsigned integer", fn, path, name);
       *dst = it->get<uint64_t>();
     }
-    const size_t size = out_stats->struct_size;
+    const size_t size = std::min(out_stats->struct_size, sizeof(ep_store_stats));
     std::memcpy(out_stats, &s, size);
     out_stats->struct_size = size;
   });

@@ -38,9 +38,11 @@ void on_sigint(int) {
 const char *kUsage =
     "usage: ep-chat --model PATH [--tokenizer PATH] [--system TEXT] [--thinking 0|1]\n"
     "               [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S]\n"
-    "               [--cache-mib MIB] [--pack-dir DIR] [--device cpu|cuda|auto] [--script FILE] [--raw] [--ignore-eos]\n"
+    "               [--cache-mib MIB] [--host-cache-mib MIB] [--pack-dir DIR] [--device cpu|cuda|auto] [--script FILE] [--raw]\n"
+    "               [--ignore-eos]\n"
     "  --model PATH   GGUF, safetensors directory, or Expert Pack (a source is packed on first use)\n"
     "  --tokenizer P  tokenizer file (default: the model's own)\n"
+    "  --host-cache-mib MIB  a host-RAM tier below the expert cache (default: none)\n"
     "  -n N           tokens per answer at most (default 256)\n"
     "  --script FILE  read the user's lines from FILE instead of stdin\n"
     "  --raw          print control characters as they are (default: shown as \\xNN)\n"
@@ -157,6 +159,7 @@ int main(int argc, char **argv) {
     else if (a == "--repeat-penalty") gen.repetition_penalty = std::strtof(next().c_str(), nullptr);
     else if (a == "--seed") gen.seed = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--cache-mib") mopt.cache_budget_bytes = static_cast<uint64_t>(std::strtod(next().c_str(), nullptr) * 1048576.0);
+    else if (a == "--host-cache-mib") mopt.host_cache_bytes = static_cast<uint64_t>(std::strtod(next().c_str(), nullptr) * 1048576.0);
     else if (a == "--pack-dir") pack_dir = next();
     else if (a == "--device") {
       const std::string d = next();
@@ -270,6 +273,11 @@ int main(int argc, char **argv) {
                     static_cast<unsigned long long>(s.cache_misses), static_cast<unsigned long long>(s.cache_evictions),
                     static_cast<unsigned long long>(s.pack_reads), static_cast<double>(s.pack_read_bytes) / (1 << 20),
                     static_cast<unsigned long long>(s.resident_experts), static_cast<unsigned long long>(s.cache_slots));
+      if (pack && s.host_slots)
+        std::printf("host tier: %llu hits, %llu misses, %llu demotions, %.2f MiB in %llu slots\n",
+                    static_cast<unsigned long long>(s.host_hits), static_cast<unsigned long long>(s.host_misses),
+                    static_cast<unsigned long long>(s.demotions), static_cast<double>(s.host_resident_bytes) / (1 << 20),
+                    static_cast<unsigned long long>(s.host_slots));
       continue;
     }
     if (line[0] == '/') {

@@ -86,6 +86,22 @@ typedef struct ep_model_options {
   int32_t cpu_threads;         /**< Threads of the CPU backend (#EP_DEVICE_CPU); 0 = the EP_CPU_THREADS environment
                                     variable, else the hardware concurrency. Results are bitwise the same for any
                                     count. Default: 0. */
+  uint64_t host_cache_bytes;   /**< Host-RAM tier below the expert cache, in bytes (whole experts; pinned host memory
+                                    with CUDA): experts evicted from the cache are kept there (those asked for at least
+                                    twice) and come back with one copy instead of a pack read. 0 = no tier. Larger than
+                                    the memory the process may still take (MemAvailable, cgroup memory.max), or not
+                                    pinnable: #EP_ERR_BUDGET naming the size. Results are bitwise the same with any size.
+                                    Default: 0. */
+  int32_t overlap_reads;       /**< 1 = a layer's routed experts are computed with the cached ones while its misses are
+                                    still read, each missing expert as its read lands; 0 = every read completes first.
+                                    Results are bitwise the same. Default: 1. */
+  int32_t prefetch;            /**< 1 = each MoE layer predicts the next layer's experts (its router on this layer's
+                                    input; exact for hash-routed layers) and reads the missing ones into spare I/O
+                                    capacity, never evicting an expert of the current token; 0 = no prefetch. Results
+                                    are bitwise the same. Default: 0. */
+  const char *cache_policy;    /**< Eviction policy of the expert cache and the host tier: "decay" (a decaying
+                                    frequency), "decay-bypass", "lru", "sglang-lfu" (SGLang's LFU with LRU tie-break);
+                                    NULL = "decay". Default: NULL. */
 } ep_model_options;
 
 /**

@@ -40,6 +40,14 @@ typedef struct ep_store_stats {
   uint64_t fallback_count;   /**< Degradations: io_uring unavailable (pread pool used), O_DIRECT refused (buffered reads). */
   uint64_t cache_slots;      /**< Slots of the expert cache. */
   uint64_t slot_bytes;       /**< Bytes of one slot (the largest expert, 4096-aligned). */
+  /* Appended after the first version: */
+  uint64_t host_hits;        /**< Cache misses served from the host-RAM tier (one copy, no pack read). */
+  uint64_t host_misses;      /**< Cache misses not in the host tier (read from the pack); 0 without a tier. */
+  uint64_t demotions;        /**< Experts evicted from the cache and kept in the host tier. */
+  uint64_t host_resident_bytes; /**< Payload bytes held by the host tier now. */
+  uint64_t host_slots;       /**< Slots of the host tier (0: no tier). */
+  uint64_t prefetch_issued;  /**< Experts loaded ahead of their layer from a prediction (ep_model_options::prefetch). */
+  uint64_t prefetch_used;    /**< Prefetched experts their layer then asked for. */
 } ep_store_stats;
 
 /**

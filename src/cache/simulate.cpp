@@ -1,10 +1,12 @@
 #include "cache/simulate.hpp"
 
+#include "cache/host_tier.hpp"
 #include "cache/slot_cache.hpp"
 #include "core/error.hpp"
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -26,24 +28,31 @@ std::vector<Key> unique_keys(const TraceAccess &a) {
        index, need, slots);
 }
 
+/// SlotCache owns its policy; this forwards to the caller's.
+struct Forward final : Policy {
+  Policy &p;
+  explicit Forward(Policy &inner) : p(inner) {}
+  std::string_view name() const override { return p.name(); }
+  void on_hit(Key k, uint64_t t) override { p.on_hit(k, t); }
+  void on_insert(Key k, uint64_t t) override { p.on_insert(k, t); }
+  void on_evict(Key k) override { p.on_evict(k); }
+  std::optional<Key> choose_victim(const std::function<bool(Key)> &f) const override { return p.choose_victim(f); }
+};
+
 }  // namespace
 
-SimResult simulate(const Trace &trace, Policy &policy_in, uint32_t slots) {
-  // SlotCache owns its policy; wrap the caller's in a forwarding adapter.
-  struct Forward final : Policy {
-    Policy &p;
-    explicit Forward(Policy &inner) : p(inner) {}
-    std::string_view name() const override { return p.name(); }
-    void on_hit(Key k, uint64_t t) override { p.on_hit(k, t); }
-    void on_insert(Key k, uint64_t t) override { p.on_insert(k, t); }
-    void on_evict(Key k) override { p.on_evict(k); }
-    std::optional<Key> choose_victim(const std::function<bool(Key)> &f) const override { return p.choose_victim(f); }
-  };
+namespace {
+
+/// The replay: the slots under @p policy_in, and, with @p host, the host tier below them as the
+/// store moves experts (the misses found in the tier are protected there first, every miss is
+/// placed with an admitted victim demoted, then the tier's hits are promoted).
+SimResult replay(const Trace &trace, Policy &policy_in, uint32_t slots, HostTier *host) {
   SlotCache cache(slots, std::make_unique<Forward>(policy_in));
   SimResult r;
-  r.policy = std::string(policy_in.name());
+  r.policy = std::string(policy_in.name()) + (host ? "+host" : "");
   r.slots = slots;
-  std::vector<char> protect(slots, 0);
+  r.host_slots = host ? host->num_slots() : 0;
+  std::vector<char> protect(slots, 0), host_protect(r.host_slots, 0);
   uint64_t tick = 0;
   for (const auto &access : trace.accesses) {
     ++tick;
@@ -54,6 +63,7 @@ SimResult simulate(const Trace &trace, Policy &policy_in, uint32_t slots) {
     std::vector<Key> missing;
     std::vector<uint32_t> used;
     for (Key k : keys) {
+      if (host) host->count_request(k);
       if (auto s = cache.find(k)) {
         ++r.hits;
         cache.touch(k, tick);
@@ -63,18 +73,44 @@ SimResult simulate(const Trace &trace, Policy &policy_in, uint32_t slots) {
         missing.push_back(k);
       }
     }
+    std::vector<std::optional<uint32_t>> in_host(missing.size());
+    if (host)
+      for (size_t j = 0; j < missing.size(); ++j)
+        if ((in_host[j] = host->find(missing[j]))) host_protect[*in_host[j]] = 1;
     for (Key k : missing) {
       auto p = cache.place(k, tick, [&](uint32_t s) { return !protect[s]; });
       if (!p) too_small(slots, keys.size(), r.accesses - 1);
       ++r.misses;
-      if (p->evicted) ++r.evictions;
-      r.bytes_read += trace.object_bytes_of(access.layer);
+      if (p->evicted) {
+        ++r.evictions;
+        if (host && host->admit(*p->evicted, tick, [&](uint32_t h) { return !host_protect[h]; })) ++r.demotions;
+      }
       protect[p->slot] = 1;
       used.push_back(p->slot);
+    }
+    for (size_t j = 0; j < missing.size(); ++j) {
+      if (host && in_host[j]) {
+        ++r.host_hits;
+        host->remove(missing[j]);
+        host_protect[*in_host[j]] = 0;
+      } else {
+        r.bytes_read += trace.object_bytes_of(access.layer);
+      }
     }
     for (uint32_t s : used) protect[s] = 0;
   }
   return r;
+}
+
+}  // namespace
+
+SimResult simulate(const Trace &trace, Policy &policy, uint32_t slots) { return replay(trace, policy, slots, nullptr); }
+
+SimResult simulate_two_tier(const Trace &trace, Policy &policy, uint32_t slots, std::unique_ptr<Policy> host_policy,
+                            uint32_t host_slots, uint32_t admit_requests) {
+  if (host_slots == 0) return simulate(trace, policy, slots);
+  HostTier host(host_slots, std::move(host_policy), admit_requests);
+  return replay(trace, policy, slots, &host);
 }
 
 SimResult simulate_belady(const Trace &trace, uint32_t slots) {

@@ -94,6 +94,10 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
   po.queue_depth = options.queue_depth;
   po.read_splits = options.read_splits;
   po.direct_io = options.direct_io;
+  po.host_cache_bytes = options.host_cache_bytes;
+  po.overlap = options.overlap_reads;
+  po.prefetch = options.prefetch;
+  po.policy = options.cache_policy;
   po.cuda_device = e->device_index_;
   po.cuda_stream = cuda_stream;
   po.first_layer = e->lm_->first_expert_layer();

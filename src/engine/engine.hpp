@@ -36,6 +36,10 @@ struct EngineOptions {
   uint32_t queue_depth = 0;      ///< 0 = the reader's default
   uint32_t read_splits = 0;      ///< 0 = the reader's default
   int32_t direct_io = -1;        ///< 1 O_DIRECT, 0 buffered, -1 automatic
+  uint64_t host_cache_bytes = 0; ///< host-RAM tier below the expert cache (0 = none)
+  bool overlap_reads = true;     ///< compute with the cached experts while a layer's misses are read
+  bool prefetch = false;         ///< predict the next layer's experts and read them into spare I/O capacity
+  std::string cache_policy = "decay";  ///< lru, sglang-lfu, decay, decay-bypass
   std::string pack_dir;          ///< packs built for sources; "" = default_pack_dir()
   bool pack_build = true;        ///< build a missing pack, rebuild a stale one
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;  ///< while a pack is built

@@ -22,7 +22,9 @@ struct PackedExperts::Held {
   int64_t layer = -1;
   store::Acquisition acq;
   std::vector<uint32_t> ids;              // what the store was asked for
-  std::vector<const void *> pair_slots;   // per pair (expert-major passes: null for others)
+  std::vector<const void *> pair_slots;   // per pair (expert-major passes, staged batches: null for others)
+  const int32_t *host_ids = nullptr;      // the picks of a staged acquire
+  int64_t n_pairs = 0;
 };
 
 namespace {
@@ -116,13 +118,18 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
 
   store::StoreOptions so;
   so.pack_path = pack_path;
+  so.data_paths = pf.data_files();
   so.objects = pack_;
   so.cache_bytes = options.cache_bytes;
   so.reserve_bytes = reserve;
   so.top_k = K;
   so.tokens_per_acquire = tokens;
   so.policy = options.policy;
+  so.host_cache_bytes = options.host_cache_bytes;
+  so.prefetch = options.prefetch;
   so.stats_path = options.stats_path;
+  overlap_ = options.overlap;
+  prefetch_ = options.prefetch;
   // The device table: per pair, the gate, up and down addresses inside its slot (the rows the
   // decode MoE kernels read), for steps of up to table_tokens tokens.
   so.table_rows = 3;
@@ -153,6 +160,41 @@ const backend::SlotLayout &PackedExperts::layout(int64_t layer) const {
 
 backend::ExpertBatch PackedExperts::acquire(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
                                             std::span<const int32_t> only) {
+  return begin(layer, ids, host_ids, only, false);
+}
+
+backend::ExpertBatch PackedExperts::acquire_staged(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids) {
+  return begin(layer, ids, host_ids, {}, overlap_);
+}
+
+bool PackedExperts::next_staged(int64_t layer, backend::ExpertBatch &batch) {
+  Held &h = *held_;
+  if (!h.active || h.layer != layer) fail(Status::internal, "experts: next_staged of layer {} without its acquire", layer);
+  if (h.acq.pending == 0) return false;
+  const std::vector<uint32_t> landed = store_->wait_ready(h.acq);
+  if (landed.empty()) return false;
+  // A staged acquire asked for the picks as they are: store id p is pair p.
+  for (int64_t p = 0; p < h.n_pairs; ++p) {
+    const auto i = static_cast<size_t>(p);
+    h.pair_slots[i] = std::binary_search(landed.begin(), landed.end(), h.ids[i]) ? h.acq.pointers[i] : nullptr;
+  }
+  batch = backend::ExpertBatch{};
+  batch.n_pairs = h.n_pairs;
+  batch.pair_experts = h.host_ids;
+  batch.pair_slots = h.pair_slots.data();
+  return true;
+}
+
+void PackedExperts::hint(int64_t layer, std::span<const int32_t> ids) {
+  if (!prefetch_ || layer < 0 || layer >= static_cast<int64_t>(layouts_.size())) return;
+  std::vector<uint32_t> u;
+  for (int32_t e : ids)
+    if (e >= 0) u.push_back(static_cast<uint32_t>(e));
+  store_->hint(static_cast<uint32_t>(layer), u);
+}
+
+backend::ExpertBatch PackedExperts::begin(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                                          std::span<const int32_t> only, bool staged) {
   if (layer < 0 || layer >= static_cast<int64_t>(layouts_.size())) fail(Status::invalid_argument, "experts: no layer {}", layer);
   if (held_->active)
     fail(Status::internal, "experts: acquire of layer {} while layer {} is still held (release it first)", layer, held_->layer);
@@ -176,14 +218,22 @@ backend::ExpertBatch PackedExperts::acquire(int64_t layer, const backend::Tensor
   }
   const backend::SlotLayout &l = layouts_[static_cast<size_t>(layer)];
   const uint64_t roles[3] = {l.gate.offset, l.up.offset, l.down.offset};
-  h.acq = store_->acquire(static_cast<uint32_t>(layer), h.ids, only.empty() ? std::span<const uint64_t>(roles)
-                                                                             : std::span<const uint64_t>());
+  h.acq = store_->acquire(static_cast<uint32_t>(layer), h.ids,
+                          only.empty() ? std::span<const uint64_t>(roles) : std::span<const uint64_t>(), staged);
   h.active = true;
   h.layer = layer;
+  h.host_ids = host_ids;
+  h.n_pairs = n;
   backend::ExpertBatch b;
   b.n_pairs = n;
   b.pair_experts = host_ids;
-  if (only.empty()) {
+  if (h.acq.pending > 0) {
+    // Staged, with reads in flight: the pairs of the ready experts now, the rest from next_staged().
+    h.pair_slots.assign(static_cast<size_t>(n), nullptr);
+    for (int64_t p = 0; p < n; ++p)
+      if (h.acq.ready[static_cast<size_t>(p)]) h.pair_slots[static_cast<size_t>(p)] = h.acq.pointers[static_cast<size_t>(p)];
+    b.pair_slots = h.pair_slots.data();
+  } else if (only.empty()) {
     b.pair_slots = h.acq.pointers.data();
     b.role_table = h.acq.device_table;
   } else {

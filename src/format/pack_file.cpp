@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 namespace ep::format {
 
@@ -93,8 +94,14 @@ void PackFile::parse_and_check(ValidationLevel level) {
   if (h.flags & ~kPackKnownFlags)
     fail(Status::unsupported, "{}: unsupported flags {:#x} at offset 20 (this library knows {:#x})", file, h.flags,
          kPackKnownFlags);
+  const bool striped = (h.flags & kPackFlagStriped) != 0;
+  if (!striped && (h.num_parts != 0 || h.parts_string != 0))
+    fail(Status::format, "{}: reserved header bytes at offset 232 are not zero (num_parts {}, parts_string {} without the striped flag)",
+         file, h.num_parts, h.parts_string);
+  if (striped && (h.num_parts < 2 || h.num_parts > kPackMaxParts))
+    fail(Status::format, "{}: striped pack: num_parts at offset 232 is {}, expected 2..{}", file, h.num_parts, kPackMaxParts);
   for (uint8_t b : h.reserved) {
-    if (b) fail(Status::format, "{}: reserved header bytes at offset 232 are not zero", file);
+    if (b) fail(Status::format, "{}: reserved header bytes at offset 240 are not zero", file);
   }
   if (h.num_roles != kPackNumRoles)
     fail(Status::format, "{}: num_roles at offset 32 is {}, expected {}", file, h.num_roles, kPackNumRoles);
@@ -119,7 +126,10 @@ void PackFile::parse_and_check(ValidationLevel level) {
   const uint64_t num_entries = checked_mul(num_objects, kPackNumRoles, "entry count");
   const uint64_t data_bytes = checked_mul(num_objects, h.object_stride, "objects * object_stride");
   const uint64_t data_end = checked_add(h.data_start, data_bytes, "data_start + data bytes");
-  if (data_end != h.file_size)
+  if (striped && h.file_size != h.data_start)
+    fail(Status::format, "{}: a striped pack ends at data_start {} (its objects are in the parts), but the file size field is {}",
+         file, h.data_start, h.file_size);
+  if (!striped && data_end != h.file_size)
     fail(Status::format, "{}: {} objects of {} bytes from offset {} end at {}, but the file size field is {}", file,
          num_objects, h.object_stride, h.data_start, data_end, h.file_size);
   if (h.index_offset < sizeof(PackHeader))
@@ -146,6 +156,12 @@ void PackFile::parse_and_check(ValidationLevel level) {
          h.index_offset, hex(index_sha), to_hex(h.index_sha256, 32));
   if (!strings.empty() && strings.back() != 0)
     fail(Status::format, "{}: the string table at offset {} does not end with NUL", file, h.strings_offset);
+  if (striped) {
+    open_parts();
+  } else {
+    data_files_ = {file};
+    data_sources_ = {source_};
+  }
 
   entries_.clear();
   entries_.reserve(static_cast<size_t>(num_entries));
@@ -195,6 +211,7 @@ void PackFile::parse_and_check(ValidationLevel level) {
              file, e.layer, e.expert, rname, info->name, e.ne[0], e.ne[1], e.ne[2], e.ne[3],
              ggml_type_info(static_cast<uint32_t>(first.type))->name, first.ne[0], first.ne[1], first.ne[2], first.ne[3]);
     }
+    // pack_offset is the place in an unstriped file (the index is the same either way).
     const uint64_t obj_off = h.data_start + obj * h.object_stride;
     const uint64_t in_obj = e.role == 0 ? 0 : align_up(object_bytes_[static_cast<size_t>(obj)], kPackRoleAlignment);
     if (e.pack_offset != obj_off + in_obj)
@@ -213,7 +230,8 @@ void PackFile::parse_and_check(ValidationLevel level) {
     r.n_dims = e.n_dims;
     std::copy(std::begin(e.ne), std::end(e.ne), r.ne.begin());
     r.offset_in_object = in_obj;
-    r.file_offset = e.pack_offset;
+    r.file = striped ? static_cast<uint32_t>(obj % h.num_parts) : 0;
+    r.file_offset = striped ? (obj / h.num_parts) * h.object_stride + in_obj : e.pack_offset;
     r.nbytes = e.nbytes;
     r.xxh3 = e.payload_xxh3;
     std::memcpy(r.source_sha256.data(), e.source_sha256, 32);
@@ -237,7 +255,50 @@ size_t PackFile::entry_index(uint32_t layer, uint32_t expert, Role role) const {
 
 uint64_t PackFile::object_offset(uint32_t layer, uint32_t expert) const {
   entry_index(layer, expert, Role::gate);
-  return header_.data_start + (static_cast<uint64_t>(layer) * header_.num_experts + expert) * header_.object_stride;
+  const uint64_t obj = static_cast<uint64_t>(layer) * header_.num_experts + expert;
+  if (header_.num_parts) return obj / header_.num_parts * header_.object_stride;
+  return header_.data_start + obj * header_.object_stride;
+}
+
+uint32_t PackFile::object_file(uint32_t layer, uint32_t expert) const {
+  entry_index(layer, expert, Role::gate);
+  if (!header_.num_parts) return 0;
+  return static_cast<uint32_t>((static_cast<uint64_t>(layer) * header_.num_experts + expert) % header_.num_parts);
+}
+
+void PackFile::open_parts() {
+  const PackHeader &h = header_;
+  const std::string &file = path();
+  const uint64_t num_objects = static_cast<uint64_t>(h.num_layers) * h.num_experts;
+  const std::filesystem::path dir = std::filesystem::path(file).parent_path();
+  uint64_t at = h.parts_string;
+  data_files_.clear();
+  data_sources_.clear();
+  for (uint32_t k = 0; k < h.num_parts; ++k) {
+    if (at >= strings_.size())
+      fail(Status::format, "{}: striped pack: the path of part {} of {} (string-table offset {}) is past the string table ({} bytes)",
+           file, k, h.num_parts, at, strings_.size());
+    const auto *begin = reinterpret_cast<const char *>(strings_.data()) + at;
+    const std::string name(begin, strnlen(begin, strings_.size() - at));
+    at += name.size() + 1;
+    if (name.empty()) fail(Status::format, "{}: striped pack: part {} has an empty path", file, k);
+    const std::filesystem::path p(name);
+    const std::string part = (p.is_absolute() ? p : dir / p).lexically_normal().string();
+    std::shared_ptr<const ByteSource> src;
+    try {
+      src = std::make_shared<FileSource>(part);
+    } catch (const Error &e) {
+      fail(e.status(), "{}: part {} of {} ({}) cannot be opened: {}", file, k, h.num_parts,
+           part, e.what());
+    }
+    const uint64_t objects = num_objects > k ? (num_objects - k + h.num_parts - 1) / h.num_parts : 0;
+    const uint64_t want = objects * h.object_stride;
+    if (src->size() != want)
+      fail(Status::format, "{}: part {} of {} ({}) has {} bytes, expected {} ({} objects of {} bytes)", file, k, h.num_parts, part,
+           src->size(), want, objects, h.object_stride);
+    data_files_.push_back(part);
+    data_sources_.push_back(std::move(src));
+  }
 }
 
 uint64_t PackFile::object_bytes(uint32_t layer, uint32_t expert) const {
@@ -273,14 +334,14 @@ void PackFile::verify_payloads(const std::vector<std::pair<uint32_t, uint32_t>> 
       for (uint64_t done = 0; done < e.nbytes;) {
         const size_t n = static_cast<size_t>(std::min(kChunk, e.nbytes - done));
         buffer.resize(n);
-        source_->read(e.file_offset + done, buffer.data(), n);
+        data_sources_[e.file]->read(e.file_offset + done, buffer.data(), n);
         hasher.update(buffer.data(), n);
         done += n;
       }
       const uint64_t got = hasher.finish();
       if (got != e.xxh3)
         fail(Status::corrupt, "{}: payload hash mismatch: layer {} expert {} {} at offset {} ({} bytes) hashes to {:016x}, the index says {:016x}",
-             path(), layer, expert, role_name(e.role), e.file_offset, e.nbytes, got, e.xxh3);
+             data_files_[e.file], layer, expert, role_name(e.role), e.file_offset, e.nbytes, got, e.xxh3);
     }
   };
   if (objects.empty()) {

@@ -10,6 +10,9 @@
 //   - Inside an object: gate, then up, then down, each starting at a multiple of 256 bytes
 //     (RoleEntry::offset_in_object); object_bytes() = end of down <= object_stride.
 //   - Pack layer l is model block first_layer() + l.
+//   - A striped pack (kPackFlagStriped) holds no objects itself: object i = l * num_experts + e
+//     lies in part file i mod num_parts() at offset (i div num_parts()) * object_stride; the
+//     object_* and RoleEntry::file_offset values are in that file (object_file(), data_files()).
 // A PackFile is immutable after open() and safe to share between threads.
 #pragma once
 
@@ -40,7 +43,8 @@ struct RoleEntry {
   uint32_t n_dims;
   std::array<uint64_t, 4> ne;       ///< ggml order; unused dims are 1
   uint64_t offset_in_object;        ///< bytes from object_offset() to the payload
-  uint64_t file_offset;             ///< absolute offset of the payload in the pack file
+  uint64_t file_offset;             ///< absolute offset of the payload in its data file (data_files()[file])
+  uint32_t file;                    ///< which data file holds it (0 unless striped)
   uint64_t nbytes;                  ///< payload bytes
   uint64_t xxh3;                    ///< XXH3-64 of the payload
   std::array<uint8_t, 32> source_sha256;
@@ -76,9 +80,16 @@ class PackFile {
   uint64_t object_stride() const { return header_.object_stride; }
   uint64_t file_size() const { return header_.file_size; }
 
-  /// Absolute file offset of object (layer, expert). Throws Status::invalid_argument when
-  /// out of range.
+  /// Absolute offset of object (layer, expert) in its data file (object_file()). Throws
+  /// Status::invalid_argument when out of range.
   uint64_t object_offset(uint32_t layer, uint32_t expert) const;
+  /// The data file (index into data_files()) holding object (layer, expert).
+  uint32_t object_file(uint32_t layer, uint32_t expert) const;
+  /// The files the objects lie in: the pack file itself, or a striped pack's part files in part
+  /// order (absolute paths, or relative to the pack's directory as recorded, resolved).
+  const std::vector<std::string> &data_files() const { return data_files_; }
+  /// Part files of a striped pack (0 when the objects are in the pack file).
+  uint32_t num_parts() const { return header_.num_parts; }
   /// Bytes of the object actually used (end of its down payload); <= object_stride().
   uint64_t object_bytes(uint32_t layer, uint32_t expert) const;
   /// The entry of one role of one expert.
@@ -96,13 +107,19 @@ class PackFile {
 
   /// The byte source the pack is read from (pread on the file).
   const ByteSource &source() const { return *source_; }
+  /// The byte source of data file @p file (the pack's own source unless striped).
+  const ByteSource &data_source(uint32_t file) const { return *data_sources_.at(file); }
 
  private:
   PackFile() = default;
   void parse_and_check(ValidationLevel level);
   size_t entry_index(uint32_t layer, uint32_t expert, Role role) const;
 
+  void open_parts();
+
   std::shared_ptr<const ByteSource> source_;
+  std::vector<std::string> data_files_;
+  std::vector<std::shared_ptr<const ByteSource>> data_sources_;
   PackHeader header_{};
   std::vector<RoleEntry> entries_;
   std::vector<uint8_t> strings_;    // the string table; RoleEntry's string_views point here

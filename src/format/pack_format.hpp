@@ -22,8 +22,13 @@ inline constexpr uint32_t kPackMinAlignment = 64;
 inline constexpr uint32_t kPackMaxAlignment = 1u << 20;
 /// Every role payload starts at a multiple of this inside its object.
 inline constexpr uint32_t kPackRoleAlignment = 256;
-/// Flags a v1 reader knows; any other bit set is EP_ERR_UNSUPPORTED.
-inline constexpr uint32_t kPackKnownFlags = 0;
+/// The objects are striped over num_parts part files (docs/pack-format.md, "Striped packs"):
+/// object i lies in part i mod num_parts at offset (i div num_parts) * object_stride.
+inline constexpr uint32_t kPackFlagStriped = 1;
+/// Flags this reader knows; any other bit set is EP_ERR_UNSUPPORTED.
+inline constexpr uint32_t kPackKnownFlags = kPackFlagStriped;
+/// The most part files a striped pack may have.
+inline constexpr uint32_t kPackMaxParts = 256;
 
 /// How an entry's payload comes from its source (PackEntry::source_layout).
 enum class SourceLayout : uint32_t {
@@ -44,7 +49,7 @@ struct PackHeader {
   uint32_t version;                 ///< kPackVersion
   uint32_t header_size;             ///< sizeof(PackHeader) = 256
   uint32_t entry_size;              ///< sizeof(PackEntry) = 128
-  uint32_t flags;                   ///< 0 in v1
+  uint32_t flags;                   ///< 0, or kPackFlagStriped
   uint32_t num_layers;              ///< MoE layers in the pack (pack layer 0 .. num_layers-1)
   uint32_t num_experts;             ///< routed experts per layer
   uint32_t num_roles;               ///< 3 (gate, up, down)
@@ -62,13 +67,16 @@ struct PackHeader {
   uint8_t source_files_sha256[32];  ///< identity: the source files (docs/pack-format.md)
   uint8_t model_identity_sha256[32];///< identity: the expert weights themselves
   uint8_t config_sha256[32];        ///< identity: the build configuration
-  uint8_t reserved[16];             ///< zero in v1
+  uint32_t num_parts;               ///< striped: part files (2..kPackMaxParts); else 0
+  uint32_t parts_string;            ///< striped: string-table offset of part 0's path (parts 1.. follow, each NUL-terminated); else 0
+  uint8_t reserved[8];              ///< zero
   uint64_t header_xxh3;             ///< XXH3-64 of bytes [0, 248)
 };
 static_assert(sizeof(PackHeader) == 256);
 static_assert(offsetof(PackHeader, data_start) == 48);
 static_assert(offsetof(PackHeader, index_sha256) == 104);
-static_assert(offsetof(PackHeader, reserved) == 232);
+static_assert(offsetof(PackHeader, num_parts) == 232);
+static_assert(offsetof(PackHeader, reserved) == 240);
 static_assert(offsetof(PackHeader, header_xxh3) == 248);
 
 /// One entry per (layer, expert, role), sorted by layer, then expert, then role.

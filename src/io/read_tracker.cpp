@@ -42,16 +42,24 @@ uint32_t ReadTracker::new_request() {
   return static_cast<uint32_t>(requests_.size() - 1);
 }
 
+bool ReadTracker::all_direct() const {
+  return std::all_of(direct_.begin(), direct_.end(), [](char d) { return d != 0; });
+}
+
 void ReadTracker::add(const ReadRequest &read) {
+  if (read.file >= paths_.size())
+    fail(Status::invalid_argument, "{}: read request for file {} of {}", paths_[0], read.file, paths_.size());
+  const std::string &path = paths_[read.file];
   if (read.bytes == 0 || read.dst == nullptr)
-    fail(Status::invalid_argument, "{}: read request at offset {} has {} bytes and dst {}", path_,
+    fail(Status::invalid_argument, "{}: read request at offset {} has {} bytes and dst {}", path,
          read.offset, read.bytes, read.dst);
   const bool aligned = read.offset % kDirectAlignment == 0 &&
                        reinterpret_cast<uintptr_t>(read.dst) % kDirectAlignment == 0;
-  if (direct_ && !aligned)
+  const bool direct = direct_[read.file] != 0;
+  if (direct && !aligned)
     fail(Status::invalid_argument,
          "{}: O_DIRECT read at offset {} into {} is not {}-aligned (offset and buffer must be)",
-         path_, read.offset, read.dst, kDirectAlignment);
+         path, read.offset, read.dst, kDirectAlignment);
   const uint32_t rid = new_request();
   Request &r = requests_[rid];
   r = Request{};
@@ -71,7 +79,7 @@ void ReadTracker::add(const ReadRequest &read) {
     p.pos = start;
     p.end = std::min(total, start + part_bytes);
     // Buffered reads stop at the object's end; direct ones read the padded tail too.
-    if (!direct_) p.end = std::min<uint64_t>(p.end, read.bytes);
+    if (!direct) p.end = std::min<uint64_t>(p.end, read.bytes);
     p.need_end = std::min<uint64_t>(p.end, read.bytes);
     p.live = true;
     if (p.pos >= p.end) {  // nothing left for this part in buffered mode
@@ -128,7 +136,7 @@ void ReadTracker::fail_part(uint32_t part_id, int error, const std::string &why)
   if (!r.failed) {
     r.failed = true;
     r.error = error;
-    r.message = fmt::format("{}: read of {} bytes at offset {} failed at offset {}: {}", path_,
+    r.message = fmt::format("{}: read of {} bytes at offset {} failed at offset {}: {}", paths_[r.read.file],
                             r.read.bytes, r.read.offset, r.read.offset + p.pos, why);
   }
   finish_part(part_id);
@@ -136,6 +144,7 @@ void ReadTracker::fail_part(uint32_t part_id, int error, const std::string &why)
 
 Action ReadTracker::on_result(uint32_t part_id, int64_t result) {
   Part &p = parts_[part_id];
+  const bool direct = direct_[file(part_id)] != 0;
   if (result == -EINTR || result == -EAGAIN) {
     counters_.retries.fetch_add(1, std::memory_order_relaxed);
     if (++p.resubmits > kMaxResubmits) {
@@ -144,7 +153,7 @@ Action ReadTracker::on_result(uint32_t part_id, int64_t result) {
     }
     return Action::resubmit;
   }
-  if (result == -EINVAL && direct_ && options_.direct == DirectMode::automatic) {
+  if (result == -EINVAL && direct && options_.direct == DirectMode::automatic) {
     return Action::switch_buffered;
   }
   if (result < 0) {
@@ -177,7 +186,7 @@ Action ReadTracker::on_result(uint32_t part_id, int64_t result) {
   // Short read: resubmit the remainder. O_DIRECT needs the restart aligned, so re-read from
   // the last 4096 boundary (the buffer start is aligned, so the address stays aligned too).
   counters_.short_reads.fetch_add(1, std::memory_order_relaxed);
-  if (direct_) p.pos = align_down(p.pos, kDirectAlignment);
+  if (direct) p.pos = align_down(p.pos, kDirectAlignment);
   if (++p.resubmits > kMaxResubmits) {
     fail_part(part_id, EIO, "no progress after repeated short reads");
     return Action::finished;

@@ -38,16 +38,20 @@ enum class Action { finished, resubmit, switch_buffered };
 
 class ReadTracker {
  public:
-  ReadTracker(std::string path, const ReaderOptions &options, ReaderCounters &counters, bool direct)
-      : path_(std::move(path)), options_(options), counters_(counters), direct_(direct) {}
+  ReadTracker(std::vector<std::string> paths, const ReaderOptions &options, ReaderCounters &counters)
+      : paths_(std::move(paths)), options_(options), counters_(counters), direct_(paths_.size(), 0) {}
 
   /// Splits @p request into parts and appends them to ready().
   void add(const ReadRequest &request);
   /// Acts on the (seam-filtered) result of reading part @p part_id.
   Action on_result(uint32_t part_id, int64_t result);
-  /// After a switch to buffered reads.
-  void set_direct(bool direct) { direct_ = direct; }
-  bool direct() const { return direct_; }
+  /// Whether file @p file is read with O_DIRECT (set at open, cleared after a switch to buffered).
+  void set_direct(uint32_t file, bool direct) { direct_.at(file) = direct ? 1 : 0; }
+  bool direct(uint32_t file) const { return direct_.at(file) != 0; }
+  /// True when every file is read with O_DIRECT.
+  bool all_direct() const;
+  /// The file part @p part_id reads from.
+  uint32_t file(uint32_t part_id) const { return requests_[parts_[part_id].request].read.file; }
 
   const Part &part(uint32_t id) const { return parts_[id]; }
   const Request &request_of(uint32_t part_id) const { return requests_[parts_[part_id].request]; }
@@ -67,10 +71,10 @@ class ReadTracker {
   uint32_t new_part();
   uint32_t new_request();
 
-  std::string path_;
+  std::vector<std::string> paths_;
   ReaderOptions options_;
   ReaderCounters &counters_;
-  bool direct_;
+  std::vector<char> direct_;
   std::vector<Part> parts_;
   std::vector<uint32_t> free_parts_;
   std::vector<Request> requests_;

@@ -23,9 +23,9 @@ namespace {
 using detail::Action;
 using detail::ReadTracker;
 
-int64_t filter(const std::shared_ptr<IoSeam> &seam, uint64_t offset, uint64_t bytes, int64_t result, void *dst) {
+int64_t filter(const std::shared_ptr<IoSeam> &seam, uint32_t file, uint64_t offset, uint64_t bytes, int64_t result, void *dst) {
   if (!seam) return result;
-  result = seam->on_read_result(offset, bytes, result);
+  result = seam->on_file_read_result(file, offset, bytes, result);
   if (result > 0) seam->on_read_data(offset, dst, result);
   return result;
 }
@@ -40,14 +40,16 @@ void warn_switch_buffered(const std::string &path, ReaderCounters &counters) {
 // ---- pread thread pool ---------------------------------------------------------------------
 class PreadReader final : public Reader {
  public:
-  PreadReader(const std::string &path, const ReaderOptions &options, ReaderCounters &counters)
-      : Reader(path), options_(options), counters_(counters),
-        tracker_(path, options, counters, false) {
-    bool direct = false;
-    file_ = open_for_read(path, options.direct, direct);
-    if (!direct && options.direct == DirectMode::automatic) counters_.fallback_count.fetch_add(1);
-    tracker_.set_direct(direct);
-    fd_ = file_.get();
+  PreadReader(const std::vector<std::string> &paths, const ReaderOptions &options, ReaderCounters &counters)
+      : Reader(paths), options_(options), counters_(counters), tracker_(paths, options, counters), files_(paths.size()),
+        buffered_(paths.size()), fds_(paths.size(), -1) {
+    for (uint32_t f = 0; f < paths.size(); ++f) {
+      bool direct = false;
+      files_[f] = open_for_read(paths[f], options.direct, direct);
+      if (!direct && options.direct == DirectMode::automatic) counters_.fallback_count.fetch_add(1);
+      tracker_.set_direct(f, direct);
+      fds_[f] = files_[f].get();
+    }
     const uint32_t threads = std::max<uint32_t>(1, options.pread_threads);
     for (uint32_t i = 0; i < threads; ++i) threads_.emplace_back([this] { worker(); });
   }
@@ -66,7 +68,7 @@ class PreadReader final : public Reader {
   std::string_view backend_name() const override { return "pread"; }
   bool direct() const override {
     std::lock_guard lock(mutex_);
-    return tracker_.direct();
+    return tracker_.all_direct();
   }
   void register_buffer(void *, std::size_t) override {}
 
@@ -108,19 +110,20 @@ class PreadReader final : public Reader {
         const uint64_t offset = tracker_.file_offset(pid);
         void *dst = tracker_.dst(pid);
         const uint64_t length = tracker_.length(pid);
-        const int fd = fd_;
+        const uint32_t file = tracker_.file(pid);
+        const int fd = fds_[file];
         lock.unlock();
         ssize_t got = ::pread(fd, dst, length, static_cast<off_t>(offset));
         int64_t result = got < 0 ? -static_cast<int64_t>(errno) : static_cast<int64_t>(got);
-        result = filter(options_.seam, offset, length, result, dst);
+        result = filter(options_.seam, file, offset, length, result, dst);
         lock.lock();
         const Action action = tracker_.on_result(pid, result);
         if (action == Action::finished) break;
-        if (action == Action::switch_buffered && tracker_.direct()) {
-          buffered_ = open_buffered(path());
-          fd_ = buffered_.get();
-          tracker_.set_direct(false);
-          warn_switch_buffered(path(), counters_);
+        if (action == Action::switch_buffered && tracker_.direct(file)) {
+          buffered_[file] = open_buffered(path(file));
+          fds_[file] = buffered_[file].get();
+          tracker_.set_direct(file, false);
+          warn_switch_buffered(path(file), counters_);
         }
       }
       --running_;
@@ -133,8 +136,8 @@ class PreadReader final : public Reader {
   mutable std::mutex mutex_;
   std::condition_variable work_cv_, done_cv_;
   ReadTracker tracker_;
-  FileHandle file_, buffered_;
-  int fd_ = -1;
+  std::vector<FileHandle> files_, buffered_;  // per file; buffered_ after a switch away from O_DIRECT
+  std::vector<int> fds_;
   uint32_t running_ = 0;
   bool stop_ = false;
   std::vector<std::thread> threads_;
@@ -149,26 +152,28 @@ struct UringSetupError {
 
 class UringReader final : public Reader {
  public:
-  UringReader(const std::string &path, const ReaderOptions &options, ReaderCounters &counters)
-      : Reader(path), options_(options), counters_(counters),
-        tracker_(path, options, counters, false),
-        depth_(std::clamp<uint32_t>(options.queue_depth, 1, 4096)) {
+  UringReader(const std::vector<std::string> &paths, const ReaderOptions &options, ReaderCounters &counters)
+      : Reader(paths), options_(options), counters_(counters), tracker_(paths, options, counters), files_(paths.size()),
+        buffered_(paths.size()), depth_(std::clamp<uint32_t>(options.queue_depth, 1, 4096)) {
     if (options.seam) {
       if (const int e = options.seam->uring_setup_error())
         throw UringSetupError{e, fmt::format("io_uring_queue_init: {} (errno {}, injected)", std::strerror(e), e)};
     }
-    bool direct = false;
-    file_ = open_for_read(path, options.direct, direct);
-    if (!direct && options.direct == DirectMode::automatic) counters_.fallback_count.fetch_add(1);
-    tracker_.set_direct(direct);
+    std::vector<int> fds;
+    for (uint32_t f = 0; f < paths.size(); ++f) {
+      bool direct = false;
+      files_[f] = open_for_read(paths[f], options.direct, direct);
+      if (!direct && options.direct == DirectMode::automatic) counters_.fallback_count.fetch_add(1);
+      tracker_.set_direct(f, direct);
+      fds.push_back(files_[f].get());
+    }
     if (const int r = io_uring_queue_init(depth_, &ring_, 0); r < 0)
       throw UringSetupError{-r, fmt::format("io_uring_queue_init({}): {} (errno {})", depth_, std::strerror(-r), -r)};
-    const int fd = file_.get();
-    if (const int r = io_uring_register_files(&ring_, &fd, 1); r == 0) {
-      fixed_file_ = true;
+    if (const int r = io_uring_register_files(&ring_, fds.data(), static_cast<unsigned>(fds.size())); r == 0) {
+      fixed_files_ = true;
     } else {
-      log::warn("{}: io_uring cannot register the pack as a fixed file ({}): using a plain fd",
-                path, std::strerror(-r));
+      log::warn("{}: io_uring cannot register the pack's {} file(s) as fixed files ({}): using plain fds", path(),
+                fds.size(), std::strerror(-r));
     }
   }
 
@@ -183,7 +188,7 @@ class UringReader final : public Reader {
   }
 
   std::string_view backend_name() const override { return "io_uring"; }
-  bool direct() const override { return tracker_.direct(); }
+  bool direct() const override { return tracker_.all_direct(); }
 
   void register_buffer(void *base, std::size_t bytes) override {
     if (inflight_ > 0 || fixed_buffer_)
@@ -207,6 +212,9 @@ class UringReader final : public Reader {
 
   std::size_t wait(std::vector<ReadCompletion> &out, std::size_t min_count) override {
     min_count = std::min(min_count, tracker_.outstanding());
+    pump();
+    // What already finished, without blocking (all a caller polling with min_count 0 gets).
+    for (io_uring_cqe *cqe = nullptr; inflight_ > 0 && io_uring_peek_cqe(&ring_, &cqe) == 0;) handle(cqe);
     pump();
     while (tracker_.completed().size() < min_count) {
       io_uring_cqe *cqe = nullptr;
@@ -240,13 +248,14 @@ class UringReader final : public Reader {
       auto *dst = static_cast<std::byte *>(tracker_.dst(pid));
       const auto length = static_cast<unsigned>(tracker_.length(pid));
       const uint64_t offset = tracker_.file_offset(pid);
-      const int fd = fixed_file_ ? 0 : file_fd();
+      const uint32_t file = tracker_.file(pid);
+      const int fd = fixed_files_ ? static_cast<int>(file) : file_fd(file);
       if (fixed_buffer_ && dst >= buffer_base_ && dst + length <= buffer_base_ + buffer_bytes_) {
         io_uring_prep_read_fixed(sqe, fd, dst, length, offset, 0);
       } else {
         io_uring_prep_read(sqe, fd, dst, length, offset);
       }
-      if (fixed_file_) sqe->flags |= IOSQE_FIXED_FILE;
+      if (fixed_files_) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data64(sqe, pid);
       ++inflight_;
       ++queued;
@@ -260,28 +269,28 @@ class UringReader final : public Reader {
     }
   }
 
-  int file_fd() const { return buffered_ ? buffered_.get() : file_.get(); }
+  int file_fd(uint32_t file) const { return buffered_[file] ? buffered_[file].get() : files_[file].get(); }
 
   void handle(io_uring_cqe *cqe) {
     const auto pid = static_cast<uint32_t>(io_uring_cqe_get_data64(cqe));
     int64_t result = cqe->res;
     io_uring_cqe_seen(&ring_, cqe);
     --inflight_;
-    result = filter(options_.seam, tracker_.file_offset(pid), tracker_.length(pid), result, tracker_.dst(pid));
+    result = filter(options_.seam, tracker_.file(pid), tracker_.file_offset(pid), tracker_.length(pid), result, tracker_.dst(pid));
     switch (tracker_.on_result(pid, result)) {
       case Action::finished:
         break;
       case Action::switch_buffered:
-        if (tracker_.direct()) {
-          buffered_ = open_buffered(path());
-          if (fixed_file_) {
-            const int fd = buffered_.get();
-            if (const int r = io_uring_register_files_update(&ring_, 0, &fd, 1); r < 0) {
-              fixed_file_ = false;  // fall back to the plain buffered fd
+        if (const uint32_t file = tracker_.file(pid); tracker_.direct(file)) {
+          buffered_[file] = open_buffered(path(file));
+          if (fixed_files_) {
+            int fd = buffered_[file].get();
+            if (const int r = io_uring_register_files_update(&ring_, file, &fd, 1); r < 0) {
+              fixed_files_ = false;  // fall back to the plain fds (the buffered one for this file)
             }
           }
-          tracker_.set_direct(false);
-          warn_switch_buffered(path(), counters_);
+          tracker_.set_direct(file, false);
+          warn_switch_buffered(path(file), counters_);
         }
         tracker_.ready().push_front(pid);
         break;
@@ -294,11 +303,11 @@ class UringReader final : public Reader {
   ReaderOptions options_;
   ReaderCounters &counters_;
   ReadTracker tracker_;
-  FileHandle file_, buffered_;
+  std::vector<FileHandle> files_, buffered_;  // per file; buffered_ after a switch away from O_DIRECT
   io_uring ring_{};
   uint32_t depth_;
   uint32_t inflight_ = 0;
-  bool fixed_file_ = false;
+  bool fixed_files_ = false;
   bool fixed_buffer_ = false;
   std::byte *buffer_base_ = nullptr;
   std::size_t buffer_bytes_ = 0;
@@ -324,14 +333,21 @@ bool uring_compiled() {
 
 std::unique_ptr<Reader> open_reader(const std::string &path, const ReaderOptions &options,
                                     ReaderCounters &counters) {
+  return open_reader(std::vector<std::string>{path}, options, counters);
+}
+
+std::unique_ptr<Reader> open_reader(const std::vector<std::string> &paths, const ReaderOptions &options,
+                                    ReaderCounters &counters) {
+  if (paths.empty()) fail(Status::invalid_argument, "open_reader: no file to read");
+  const std::string &path = paths[0];
   if (options.backend == Backend::pread) {
     log::info("{}: reading with the pread thread pool ({} threads), as configured", path,
               options.pread_threads);
-    return std::make_unique<PreadReader>(path, options, counters);
+    return std::make_unique<PreadReader>(paths, options, counters);
   }
 #ifdef EP_HAVE_URING
   try {
-    return std::make_unique<UringReader>(path, options, counters);
+    return std::make_unique<UringReader>(paths, options, counters);
   } catch (const UringSetupError &e) {
     if (options.backend == Backend::uring)
       fail(Status::unsupported, "{}: io_uring was required but cannot be set up: {}", path, e.what);
@@ -346,7 +362,7 @@ std::unique_ptr<Reader> open_reader(const std::string &path, const ReaderOptions
   log::info("{}: this build has no io_uring (liburing not found): using the pread thread pool ({} threads)",
             path, options.pread_threads);
 #endif
-  return std::make_unique<PreadReader>(path, options, counters);
+  return std::make_unique<PreadReader>(paths, options, counters);
 }
 
 }  // namespace ep::io

@@ -12,6 +12,8 @@
 // naming the pack, offset and length), and a filesystem that rejects O_DIRECT (EINVAL at open
 // or at the first read: reopened buffered with a warning).
 //
+// A reader may span several files (a striped pack's parts): each request names its file.
+//
 // Threading: one Reader is used by one thread at a time (the store serialises acquires).
 #pragma once
 
@@ -59,13 +61,14 @@ struct ReadRequest {
   uint64_t bytes = 0;
   void *dst = nullptr;
   uint64_t tag = 0;  ///< returned in the completion
+  uint32_t file = 0;  ///< which of the reader's files (open_reader's paths) to read
 };
 
 struct ReadCompletion {
   uint64_t tag = 0;
   bool ok = false;
   int error = 0;        ///< errno of the failure
-  std::string message;  ///< "<pack>: read of N bytes at offset O failed after K attempts: ..."
+  std::string message;  ///< "<file>: read of N bytes at offset O failed after K attempts: ..."
   uint64_t latency_ns = 0;
 };
 
@@ -74,7 +77,7 @@ class Reader {
   virtual ~Reader() = default;
   /// "io_uring" or "pread".
   virtual std::string_view backend_name() const = 0;
-  /// True while reads bypass the page cache.
+  /// True while reads of every file bypass the page cache.
   virtual bool direct() const = 0;
   /// Registers [base, base + bytes) as a fixed buffer (io_uring); reads into it then use
   /// read_fixed. Call before the first submit. A failure logs one warning and is not fatal.
@@ -86,18 +89,27 @@ class Reader {
   virtual std::size_t wait(std::vector<ReadCompletion> &out, std::size_t min_count) = 0;
   /// Requests submitted and not yet returned by wait().
   virtual std::size_t outstanding() const = 0;
-  const std::string &path() const { return path_; }
+  /// The first file (the only one of a single-file reader).
+  const std::string &path() const { return paths_[0]; }
+  const std::string &path(uint32_t file) const { return paths_.at(file); }
+  const std::vector<std::string> &paths() const { return paths_; }
 
  protected:
-  explicit Reader(std::string path) : path_(std::move(path)) {}
+  explicit Reader(std::vector<std::string> paths) : paths_(std::move(paths)) {}
 
  private:
-  std::string path_;
+  std::vector<std::string> paths_;
 };
 
 /// Opens @p path with the backend @p options ask for (automatic: io_uring, else the pread pool
 /// with a log line and counters.fallback_count + 1). @p counters must outlive the reader.
 std::unique_ptr<Reader> open_reader(const std::string &path, const ReaderOptions &options,
+                                    ReaderCounters &counters);
+/// The same over several files (a striped pack's parts): ReadRequest::file picks one; every
+/// read of every file shares the queue depth (io_uring: one ring, each file a fixed file). Each
+/// file is opened as @p options say (DirectMode::direct: an error naming the file that refuses
+/// O_DIRECT; automatic: that file is read buffered, with a warning and fallback_count + 1).
+std::unique_ptr<Reader> open_reader(const std::vector<std::string> &paths, const ReaderOptions &options,
                                     ReaderCounters &counters);
 
 /// True when this build has io_uring support (liburing).

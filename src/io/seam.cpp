@@ -7,9 +7,14 @@
 namespace ep::io {
 
 int64_t FaultInjector::on_read_result(uint64_t offset, uint64_t bytes, int64_t result) {
+  return on_file_read_result(0, offset, bytes, result);
+}
+
+int64_t FaultInjector::on_file_read_result(uint32_t file, uint64_t offset, uint64_t bytes, int64_t result) {
   calls_.fetch_add(1);
   if (plan_.latency_ns) std::this_thread::sleep_for(std::chrono::nanoseconds(plan_.latency_ns));
-  if (plan_.bad_bytes && offset < plan_.bad_offset + plan_.bad_bytes &&
+  const bool in_file = plan_.bad_file < 0 || static_cast<uint64_t>(plan_.bad_file) == file;
+  if (plan_.bad_bytes && in_file && offset < plan_.bad_offset + plan_.bad_bytes &&
       plan_.bad_offset < offset + bytes) {
     injected_eio_.fetch_add(1);
     return -EIO;

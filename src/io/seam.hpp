@@ -24,6 +24,12 @@ class IoSeam {
     (void)bytes;
     return result;
   }
+  /// The same for a reader over several files (a striped pack's parts): @p file is the index of
+  /// the file read (ReadRequest::file). The reader calls this one; by default it forwards.
+  virtual int64_t on_file_read_result(uint32_t file, uint64_t offset, uint64_t bytes, int64_t result) {
+    (void)file;
+    return on_read_result(offset, bytes, result);
+  }
   /// Called after on_read_result() when the result it returned is a byte count > 0, with the
   /// bytes the read delivered ([@p dst, @p dst + @p result) for file offset @p offset). May
   /// change them: tests use it to return wrong ("stale") bytes. Same threading as above.
@@ -44,9 +50,11 @@ struct FaultPlan {
   double stale_probability = 0.0;   ///< a successful read delivers one wrong byte (silent corruption)
   uint64_t latency_ns = 0;          ///< added to every read
   int uring_setup_errno = 0;        ///< e.g. EPERM (seccomp) or ENOSYS (old kernel)
-  /// Reads overlapping [bad_offset, bad_offset + bad_bytes) always fail with -EIO.
+  /// Reads overlapping [bad_offset, bad_offset + bad_bytes) always fail with -EIO (of file
+  /// bad_file only, when it is >= 0).
   uint64_t bad_offset = 0;
   uint64_t bad_bytes = 0;
+  int64_t bad_file = -1;
 };
 
 class FaultInjector final : public IoSeam {
@@ -54,6 +62,7 @@ class FaultInjector final : public IoSeam {
   explicit FaultInjector(const FaultPlan &plan) : plan_(plan), rng_(plan.seed) {}
   int uring_setup_error() override { return plan_.uring_setup_errno; }
   int64_t on_read_result(uint64_t offset, uint64_t bytes, int64_t result) override;
+  int64_t on_file_read_result(uint32_t file, uint64_t offset, uint64_t bytes, int64_t result) override;
   void on_read_data(uint64_t offset, void *dst, int64_t result) override;
 
   uint64_t injected_eio() const { return injected_eio_.load(); }

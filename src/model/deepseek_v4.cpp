@@ -495,19 +495,33 @@ void DeepseekV4Model::moe(int64_t il, const float *x, const Batch &s, float *out
   const int64_t D = c.hidden, E = c.n_experts, K = c.n_experts_used, n = s.n;
   float *logits = sc.f32(E * n), *wts = sc.f32(K * n), *shared = sc.f32(D * n);
   int32_t *ids_d = sc.i32(K * n);
-  mm(L.gate_inp, x, D, n, logits);
-  backend::RouterParams rp;
-  rp.scoring = backend::Scoring::sqrt_softplus;
-  rp.k = static_cast<int32_t>(K);
-  rp.renormalize = c.norm_topk;
-  rp.scale = c.routed_scale;
-  if (L.tid2eid.data) {
-    rp.hash_table = &L.tid2eid;
-    rp.token_ids = &s.tokens_dev;
-  } else {
-    rp.bias = &L.bias;
+  // Layer l's router on x: its picks (ids) and weights.
+  auto route = [&](const Weights::Layer &RL, float *lg, int32_t *ids, float *w) {
+    mm(RL.gate_inp, x, D, n, lg);
+    backend::RouterParams rp;
+    rp.scoring = backend::Scoring::sqrt_softplus;
+    rp.k = static_cast<int32_t>(K);
+    rp.renormalize = c.norm_topk;
+    rp.scale = c.routed_scale;
+    if (RL.tid2eid.data) {
+      rp.hash_table = &RL.tid2eid;
+      rp.token_ids = &s.tokens_dev;
+    } else {
+      rp.bias = &RL.bias;
+    }
+    be_.route(dev_f32(dv, lg, {E, n}), rp, dev_i32(dv, ids, {K, n}), dev_f32(dv, w, {K, n}));
+  };
+  route(L, logits, ids_d, wts);
+  // Prefetch: the next layer's router on this layer's input predicts its picks (exactly, for a
+  // hash-routed layer: they depend on the token only). Only its ids are used, as a hint.
+  Tensor hint_t;
+  int64_t hint_layer = -1;
+  if (experts_ && experts_->wants_hints() && il + 1 < c.n_layers) {
+    int32_t *next_ids = sc.i32(K * n);
+    route(w_->layers[static_cast<size_t>(il + 1)], sc.f32(E * n), next_ids, sc.f32(K * n));
+    hint_t = dev_i32(dv, next_ids, {K, n});
+    hint_layer = il + 1;
   }
-  be_.route(dev_f32(dv, logits, {E, n}), rp, dev_i32(dv, ids_d, {K, n}), dev_f32(dv, wts, {K, n}));
   backend::Activation act;
   act.kind = backend::ActivationKind::swiglu;
   act.limit = c.swiglu_limit[static_cast<size_t>(il)];
@@ -515,7 +529,7 @@ void DeepseekV4Model::moe(int64_t il, const float *x, const Batch &s, float *out
   // The shared experts are queued while the router's ids travel to the host (when the provider
   // needs them there: a cache decides hits and misses on the host).
   const Tensor ids_t = dev_i32(dv, ids_d, {K, n});
-  const RoutedPicks picks = start_routed_experts(be_, *experts_, il, ids_t);
+  const RoutedPicks picks = start_routed_experts(be_, *experts_, il, ids_t, hint_layer >= 0 ? &hint_t : nullptr, hint_layer);
   backend::Activation sact = act;
   sact.limit = c.swiglu_limit_shared[static_cast<size_t>(il)];
   be_.ffn(dev_f32(dv, x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, sact, dev_f32(dv, shared, {D, n}));

@@ -157,7 +157,8 @@ void run_expert_major(backend::Backend &be, ExpertProvider &experts, const Route
 
 }  // namespace
 
-RoutedPicks start_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, const backend::Tensor &ids) {
+RoutedPicks start_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, const backend::Tensor &ids,
+                                 const backend::Tensor *hint_ids, int64_t hint_layer) {
   RoutedPicks p;
   p.layer = layer;
   p.ids = ids;
@@ -166,8 +167,56 @@ RoutedPicks start_routed_experts(backend::Backend &be, ExpertProvider &experts, 
     be.download_async(host, ids.data, ids.n_bytes());
     p.host_ids = host;
   }
+  if (hint_ids && hint_layer >= 0 && experts.wants_hints()) {
+    auto *host = static_cast<int32_t *>(be.host_buffer(1, hint_ids->n_bytes()));
+    be.download_async(host, hint_ids->data, hint_ids->n_bytes());
+    p.hint_layer = hint_layer;
+    p.n_hint = hint_ids->n_elems();
+    p.host_hint = host;
+  }
   return p;
 }
+
+namespace {
+
+/// The staged MoE: the rows of the pairs whose experts are resident first, then of each group of
+/// experts as its reads land, then the pick-order sums (moe()'s bits: moe_pairs over disjoint
+/// batches covering every pair, then moe_combine).
+void run_staged(backend::Backend &be, ExpertProvider &experts, const RoutedPicks &picks, const backend::Tensor &weights,
+                const float *x, float *y, int64_t d, const backend::Activation &act) {
+  using backend::GgmlType;
+  using backend::Tensor;
+  const backend::Device dv = be.device();
+  const int64_t k = picks.ids.ne[0], n = picks.ids.n_rows();
+  const backend::SlotLayout &layout = experts.layout(picks.layer);
+  const Tensor xt = Tensor::make(x, GgmlType::f32, dv, {d, n}), yt = Tensor::make(y, GgmlType::f32, dv, {d, n});
+  const backend::ExpertBatch first = experts.acquire_staged(picks.layer, picks.ids, picks.host_ids);
+  try {
+    if (picks.host_hint) experts.hint(picks.hint_layer, std::span<const int32_t>(picks.host_hint, static_cast<size_t>(picks.n_hint)));
+    bool all = first.pair_slots != nullptr, any = false;
+    if (first.pair_slots)
+      for (int64_t p = 0; p < first.n_pairs; ++p) {
+        if (first.pair_slots[p]) any = true;
+        else all = false;
+      }
+    if (all) {
+      be.moe(xt, picks.ids, weights, first, layout, act, yt);
+    } else {
+      float *rows = experts.staged_rows(be, static_cast<uint64_t>(k * n * d) * sizeof(float));
+      const Tensor rt = Tensor::make(rows, GgmlType::f32, dv, {d, k * n});
+      if (any) be.moe_pairs(xt, picks.ids, first, layout, act, rt);
+      backend::ExpertBatch more;
+      while (experts.next_staged(picks.layer, more)) be.moe_pairs(xt, picks.ids, more, layout, act, rt);
+      be.moe_combine(rt, weights, yt);
+    }
+  } catch (...) {
+    experts.release(picks.layer);
+    throw;
+  }
+  experts.release(picks.layer);
+}
+
+}  // namespace
 
 void finish_routed_experts(backend::Backend &be, ExpertProvider &experts, const RoutedPicks &picks,
                            const backend::Tensor &weights, const float *x, float *y, int64_t d,
@@ -182,8 +231,13 @@ void finish_routed_experts(backend::Backend &be, ExpertProvider &experts, const 
     run_expert_major(be, experts, picks, weights, x, y, d, act, max_unique);
     return;
   }
+  if (picks.host_ids && experts.stages_reads()) {
+    run_staged(be, experts, picks, weights, x, y, d, act);
+    return;
+  }
   const backend::ExpertBatch batch = experts.acquire(picks.layer, picks.ids, picks.host_ids, {});
   try {
+    if (picks.host_hint) experts.hint(picks.hint_layer, std::span<const int32_t>(picks.host_hint, static_cast<size_t>(picks.n_hint)));
     be.moe(Tensor::make(x, GgmlType::f32, dv, {d, n}), picks.ids, weights, batch, experts.layout(picks.layer), act,
            Tensor::make(y, GgmlType::f32, dv, {d, n}));
   } catch (...) {

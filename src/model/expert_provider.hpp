@@ -72,6 +72,45 @@ class ExpertProvider {
   virtual void release(int64_t layer) = 0;
   /// The most distinct expert ids one acquire() may cover.
   virtual int64_t max_unique() const { return std::numeric_limits<int64_t>::max(); }
+
+  /// True when acquire_staged() may return before every expert of the picks is resident (a cache
+  /// whose misses are read from a disk): the MoE then computes the resident experts' rows while
+  /// the others are read (finish_routed_experts()).
+  virtual bool stages_reads() const { return false; }
+  /// acquire() of every pick (host_ids given), returning once the misses' reads are submitted:
+  /// the batch covers the pairs whose expert is resident (pair_slots null for the others; its
+  /// role_table only when it covers every pair). next_staged() hands out the rest.
+  virtual backend::ExpertBatch acquire_staged(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids) {
+    return acquire(layer, ids, host_ids, {});
+  }
+  /// Waits until more experts of the last acquire_staged() of @p layer are resident and sets
+  /// @p batch to the pairs they cover (pair_slots null for every other pair); false once every
+  /// pair was handed out. Throws the failed read's error (EP_ERR_IO, EP_ERR_CORRUPT) once the
+  /// acquisition's reads all landed; release() must follow either way.
+  virtual bool next_staged(int64_t layer, backend::ExpertBatch &batch) {
+    (void)layer;
+    (void)batch;
+    return false;
+  }
+  /// True when the provider uses hint()s (prefetch): the model may then predict a later layer's
+  /// picks (start_routed_experts()'s hint).
+  virtual bool wants_hints() const { return false; }
+  /// Experts of MoE layer @p layer a later acquire() will likely ask for (ids outside the range
+  /// are ignored): the provider may start loading them. Never changes a result.
+  virtual void hint(int64_t layer, std::span<const int32_t> ids) {
+    (void)layer;
+    (void)ids;
+  }
+
+  /// Backend memory for the per-pair rows of a staged MoE (f32 [d, pairs]), reused layer after
+  /// layer (grown when a step needs more).
+  float *staged_rows(backend::Backend &be, uint64_t bytes) {
+    if (staged_rows_.bytes() < bytes) staged_rows_ = DeviceBuffer(be, bytes);
+    return static_cast<float *>(staged_rows_.get());
+  }
+
+ private:
+  DeviceBuffer staged_rows_;
 };
 
 /// Every expert of every layer resident in backend memory (read from the source at load).
@@ -118,14 +157,23 @@ ExpertShape expert_shape_of(const CatalogEntry &gate, const CatalogEntry &up, co
 /// backend needs them (returns at once); finish_routed_experts() waits for it, acquires the
 /// batch(es), queues Backend::moe and releases. When the step's distinct experts exceed the
 /// provider's max_unique(), the pass is expert-major (moe_pairs per group of experts, then
-/// moe_combine: the same bits). @p ids: i32 [k, T], @p weights: f32 [k, T], x, y: f32 [d, T],
+/// moe_combine: the same bits). A provider that stages_reads() gets the resident experts' rows
+/// computed (moe_pairs) while its misses are read, each later expert's rows as it arrives, then
+/// moe_combine: the same bits again. @p ids: i32 [k, T], @p weights: f32 [k, T], x, y: f32 [d, T],
 /// all in backend memory.
+/// @p hint_ids (i32 [k, T], optional): the model's prediction of MoE layer @p hint_layer's picks
+/// (e.g. that layer's router on this layer's input; exact for hash-routed layers), copied with
+/// the ids and given to the provider's hint() after this layer's acquire, when it wants_hints().
 struct RoutedPicks {
   int64_t layer = 0;
   backend::Tensor ids;
   const int32_t *host_ids = nullptr;  ///< set by start_routed_experts() when copied
+  int64_t hint_layer = -1;
+  int64_t n_hint = 0;
+  const int32_t *host_hint = nullptr;  ///< set by start_routed_experts() when a hint is copied
 };
-RoutedPicks start_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, const backend::Tensor &ids);
+RoutedPicks start_routed_experts(backend::Backend &be, ExpertProvider &experts, int64_t layer, const backend::Tensor &ids,
+                                 const backend::Tensor *hint_ids = nullptr, int64_t hint_layer = -1);
 void finish_routed_experts(backend::Backend &be, ExpertProvider &experts, const RoutedPicks &picks,
                            const backend::Tensor &weights, const float *x, float *y, int64_t d,
                            const backend::Activation &act);

@@ -388,18 +388,33 @@ void KimiModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
   const int64_t E = c.n_experts, K = c.n_experts_used, mi = moe_index_[static_cast<size_t>(il)];
   float *logits = sc.f32(E * n), *wts = sc.f32(K * n);
   int32_t *ids_d = sc.i32(K * n);
-  be_.matmul(L.gate_inp, dev_f32(dv, x, {D, n}), dev_f32(dv, logits, {E, n}));
-  backend::RouterParams rp;
-  rp.scoring = backend::Scoring::sigmoid;
-  rp.k = static_cast<int32_t>(K);
-  rp.renormalize = c.norm_topk;
-  rp.scale = c.routed_scale;
-  rp.bias = &L.bias;
-  be_.route(dev_f32(dv, logits, {E, n}), rp, dev_i32(dv, ids_d, {K, n}), dev_f32(dv, wts, {K, n}));
+  // Layer l's router on x: its picks (ids) and weights.
+  auto route = [&](const Weights::Layer &RL, float *lg, int32_t *ids, float *w) {
+    be_.matmul(RL.gate_inp, dev_f32(dv, x, {D, n}), dev_f32(dv, lg, {E, n}));
+    backend::RouterParams rp;
+    rp.scoring = backend::Scoring::sigmoid;
+    rp.k = static_cast<int32_t>(K);
+    rp.renormalize = c.norm_topk;
+    rp.scale = c.routed_scale;
+    rp.bias = &RL.bias;
+    be_.route(dev_f32(dv, lg, {E, n}), rp, dev_i32(dv, ids, {K, n}), dev_f32(dv, w, {K, n}));
+  };
+  route(L, logits, ids_d, wts);
   if (!experts_) fail(Status::internal, "Kimi-Linear: no routed-expert provider (set_experts() was not called)");
+  // Prefetch: the next MoE layer's router on this layer's input predicts its picks (only its ids
+  // are used, as a hint).
+  Tensor hint_t;
+  int64_t hint_layer = -1;
+  if (experts_->wants_hints() && il + 1 < c.n_layers && c.is_moe(il + 1)) {
+    int32_t *next_ids = sc.i32(K * n);
+    route(w_->layers[static_cast<size_t>(il + 1)], sc.f32(E * n), next_ids, sc.f32(K * n));
+    hint_t = dev_i32(dv, next_ids, {K, n});
+    hint_layer = moe_index_[static_cast<size_t>(il + 1)];
+  }
   // The ids travel to the host (when the provider needs them there) while the latent projection
   // and the shared experts are queued.
-  const RoutedPicks picks = start_routed_experts(be_, *experts_, mi, dev_i32(dv, ids_d, {K, n}));
+  const RoutedPicks picks =
+      start_routed_experts(be_, *experts_, mi, dev_i32(dv, ids_d, {K, n}), hint_layer >= 0 ? &hint_t : nullptr, hint_layer);
   // K3 latent MoE: the experts run on routed_down(x) and write a latent result
   const int64_t DX = c.expert_latent_dim > 0 ? c.expert_latent_dim : D;
   const float *xe = x;

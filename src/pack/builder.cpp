@@ -277,9 +277,28 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
     if (removed) log::warn("{}: removed {} temporary file(s) ({} bytes) left by an interrupted build", out.string(), removed, removed_bytes);
   }
 
-  for (const SourceFile &f : plan.files)
-    if (fs::absolute(f.path).lexically_normal() == out)
-      fail(Status::invalid_argument, "{}: the pack would overwrite its own source", out.string());
+  // Striping: part k of N is <stripe_dirs[k]>/<pack name>.part<k>.
+  const uint32_t num_parts = static_cast<uint32_t>(options.stripe_dirs.size());
+  if (num_parts == 1 || num_parts > format::kPackMaxParts)
+    fail(Status::invalid_argument, "{}: striping needs 2..{} directories, {} given", out.string(), format::kPackMaxParts, num_parts);
+  std::vector<std::string> part_paths;
+  for (uint32_t k = 0; k < num_parts; ++k) {
+    const fs::path d = fs::absolute(options.stripe_dirs[k]).lexically_normal();
+    std::error_code ec;
+    if (!fs::is_directory(d, ec))
+      fail(Status::not_found, "{}: stripe directory {} (part {}) does not exist or is not a directory", out.string(), d.string(), k);
+    part_paths.push_back((d / fmt::format("{}.part{}", base, k)).string());
+    const std::string prefix = fmt::format(".{}.part{}.tmp-", base, k);
+    for (const auto &e : fs::directory_iterator(d, ec))
+      if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove(e.path(), ec);
+  }
+
+  for (const SourceFile &f : plan.files) {
+    const fs::path src = fs::absolute(f.path).lexically_normal();
+    if (src == out) fail(Status::invalid_argument, "{}: the pack would overwrite its own source", out.string());
+    for (const std::string &p : part_paths)
+      if (src == fs::path(p)) fail(Status::invalid_argument, "{}: a part would overwrite the source {}", out.string(), p);
+  }
 
   // ---- layout ----
   const uint64_t num_objects = static_cast<uint64_t>(plan.num_layers) * plan.num_experts;
@@ -339,11 +358,21 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
   h.first_layer = plan.first_layer;
   h.index_offset = sizeof(PackHeader);
   h.index_size = entries.size() * sizeof(PackEntry);
+  if (num_parts) {
+    // The part paths go into the string table, consecutively (PackHeader::parts_string).
+    h.flags |= format::kPackFlagStriped;
+    h.num_parts = num_parts;
+    h.parts_string = static_cast<uint32_t>(strings.size());
+    for (const std::string &p : part_paths) {
+      strings.insert(strings.end(), p.begin(), p.end());
+      strings.push_back(0);
+    }
+  }
   h.strings_offset = h.index_offset + h.index_size;
   h.strings_size = strings.size();
   h.data_start = format::align_up(h.strings_offset + h.strings_size, align);
   h.object_stride = stride;
-  h.file_size = h.data_start + num_objects * stride;
+  h.file_size = num_parts ? h.data_start : h.data_start + num_objects * stride;
   for (uint64_t o = 0; o < num_objects; ++o)
     for (int r = 0; r < 3; ++r) entries[o * 3 + r].pack_offset = h.data_start + o * stride + in_obj[o][r];
 
@@ -362,6 +391,19 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
   if (options.wrap_output) outf = options.wrap_output(std::move(outf));
   // Zeros where the header goes: an interrupted file has no magic and never opens as a pack.
   outf->write_zeros(h.data_start);
+  // Where object o's bytes go: the pack file, or part o mod N (each part written sequentially).
+  std::vector<std::unique_ptr<TempFile>> part_temps;
+  std::vector<std::unique_ptr<format::OutputFile>> part_out;
+  for (uint32_t k = 0; k < num_parts; ++k) {
+    const fs::path pp(part_paths[k]);
+    part_temps.push_back(
+        std::make_unique<TempFile>((pp.parent_path() / fmt::format(".{}.tmp-{}", pp.filename().string(), ::getpid())).string()));
+    part_out.push_back(format::create_output_file(part_temps.back()->path(), /*exclusive=*/false));
+    if (options.wrap_output) part_out.back() = options.wrap_output(std::move(part_out.back()));
+  }
+  auto output_of = [&](uint64_t object) -> format::OutputFile & {
+    return num_parts ? *part_out[static_cast<size_t>(object % num_parts)] : *outf;
+  };
 
   const uint64_t total = plan.payload_bytes();
   uint64_t done = 0;
@@ -375,12 +417,12 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
       const uint64_t o = s / 3;
       const int r = static_cast<int>(s % 3);
       const uint64_t end = in_obj[o][r] + plan.slices[s].nbytes;
-      if (r == 2) outf->write_zeros(stride - end);
-      else outf->write_zeros(in_obj[o][r + 1] - end);
+      if (r == 2) output_of(o).write_zeros(stride - end);
+      else output_of(o).write_zeros(in_obj[o][r + 1] - end);
     };
     for (size_t s = 0; s < plan.slices.size();) {
       SliceReader::Chunk c = reader.next();
-      outf->write(c.bytes.data(), c.bytes.size());
+      output_of(c.slice / 3).write(c.bytes.data(), c.bytes.size());
       done += c.bytes.size();
       const bool slice_done = c.offset_in_slice + c.bytes.size() == plan.slices[c.slice].nbytes;
       const size_t current = c.slice;
@@ -400,8 +442,13 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
       }
     }
   }
-  if (outf->offset() != h.file_size)
+  if (num_parts == 0 && outf->offset() != h.file_size)
     fail(Status::internal, "{}: wrote {} bytes, the layout says {}", temp.path(), outf->offset(), h.file_size);
+  for (uint32_t k = 0; k < num_parts; ++k) {
+    const uint64_t objects = (num_objects - std::min<uint64_t>(k, num_objects) + num_parts - 1) / num_parts;
+    if (part_out[k]->offset() != objects * stride)
+      fail(Status::internal, "{}: wrote {} bytes, the layout says {}", part_temps[k]->path(), part_out[k]->offset(), objects * stride);
+  }
 
   // ---- digests ----
   for (size_t f = 0; f < plan.files.size(); ++f) {
@@ -452,6 +499,7 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
       {"roles", {"gate", "up", "down"}},
       {"pack_version", format::kPackVersion},
   };
+  if (num_parts) config["parts"] = num_parts;
   const std::string config_text = config.dump();
   std::memcpy(h.config_sha256, format::sha256(config_text.data(), config_text.size()).data(), 32);
   {
@@ -468,6 +516,16 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
   outf->write_at(0, &h, sizeof h);
   outf->sync();
   outf.reset();
+  // The parts take their names first (without the pack file they are just files), so that the
+  // temporary pack file opens with them.
+  for (uint32_t k = 0; k < num_parts; ++k) {
+    part_out[k]->sync();
+    part_out[k].reset();
+    if (::rename(part_temps[k]->path().c_str(), part_paths[k].c_str()) != 0)
+      fail_errno(errno, "rename " + part_temps[k]->path() + " to " + part_paths[k]);
+    part_temps[k]->release();
+    format::sync_directory(fs::path(part_paths[k]).parent_path().string());
+  }
   const double copy_seconds = seconds_since(copy_t0);
 
   if (options.verify) format::PackFile::open(temp.path(), format::ValidationLevel::structure);
@@ -513,6 +571,7 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
   BuildResult r;
   r.pack_path = out.string();
   r.manifest_path = mpath;
+  r.part_paths = part_paths;
   r.file_bytes = h.file_size;
   r.payload_bytes = total;
   r.num_layers = plan.num_layers;

@@ -1,6 +1,7 @@
 // Builds an Expert Pack from GGUF or safetensors sources: plans the expert slices
 // (pack/sources.hpp), copies each slice byte for byte into its 4096-aligned object while
-// hashing it, then writes the index and header last. The pack is written under a temporary
+// hashing it (into the pack file, or striped over part files in several directories), then
+// writes the index and header last. The pack is written under a temporary
 // name in the target directory, fsynced, verified and renamed; a failure at any point removes
 // the temporary file, so nothing that opens as a pack is left behind. An flock on
 // <pack>.lock keeps two builders from racing on one output.
@@ -30,11 +31,16 @@ struct BuildOptions {
   format::OutputWrapper wrap_output;                 ///< test seam: wraps the pack's OutputFile
   size_t chunk_bytes = 16u << 20;                    ///< copy granularity
   bool verify = true;                                ///< re-open the temp pack (structure) before the rename
+  /// Stripe the objects over one part file per directory (at least two; docs/pack-format.md,
+  /// "Striped packs"): the pack file keeps the header, index and strings, part k of N in
+  /// stripe_dirs[k] holds objects k, k + N, ... (several drives read in parallel). Empty: one file.
+  std::vector<std::string> stripe_dirs;
 };
 
 struct BuildResult {
   std::string pack_path;
   std::string manifest_path;
+  std::vector<std::string> part_paths;  ///< a striped pack's part files
   uint64_t file_bytes = 0;
   uint64_t payload_bytes = 0;
   uint32_t num_layers = 0;

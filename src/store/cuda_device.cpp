@@ -1,10 +1,18 @@
-// The CUDA StoreDevice: pinned staging ring, cudaMalloc'd expert slots, a transfer stream
-// for staging → slot copies, and the events that order them:
+// The CUDA StoreDevice: pinned staging ring, cudaMalloc'd expert slots, a pinned host-RAM tier,
+// a transfer stream for copies into slots (staging → slot, host tier → slot), a demotion stream
+// for copies out of them (slot → host tier, so that PCIe carries both directions at once), and
+// the events that order them:
 //   ready[slot]        recorded on the transfer stream after the slot's copy; the compute
 //                      stream waits on it before a kernel reads the slot;
-//   last_use[slot]     recorded on the compute stream at release; the transfer stream waits
-//                      on it before it overwrites the slot (a victim may still be read by
-//                      queued kernels: the host does not wait for them);
+//   last_use[slot]     recorded on the compute stream at release; the transfer and demotion
+//                      streams wait on it before they overwrite or copy out the slot (a victim
+//                      may still be read by queued kernels: the host does not wait for them);
+//   demoted[slot]      recorded on the demotion stream after the slot's content went to the
+//                      host tier; the slot's next copy waits on it;
+//   host_ready[host]   recorded after a demotion into a host-tier slot; a promotion from it
+//                      waits on it;
+//   host_free[host]    recorded after a promotion out of a host-tier slot; the next demotion
+//                      into it waits on it;
 //   copied[staging]    recorded after a staging slot's copy; the slot is not read into again
 //                      until it completed;
 //   table_done[table]  recorded at release; the pointer table is not rewritten before.
@@ -33,6 +41,7 @@ class CudaStoreDevice final : public StoreDevice {
       fail(Status::no_device, "ExpertStore: CUDA device {} does not exist ({} devices)", device, count);
     EP_CUDA_CHECK(cudaSetDevice(device_));
     EP_CUDA_CHECK(cudaStreamCreateWithFlags(&transfer_, cudaStreamNonBlocking));
+    EP_CUDA_CHECK(cudaStreamCreateWithFlags(&demote_, cudaStreamNonBlocking));
     if (compute_stream) {
       compute_ = static_cast<cudaStream_t>(compute_stream);
     } else {
@@ -44,15 +53,18 @@ class CudaStoreDevice final : public StoreDevice {
   ~CudaStoreDevice() override {
     cudaSetDevice(device_);
     if (transfer_) cudaStreamSynchronize(transfer_);
+    if (demote_) cudaStreamSynchronize(demote_);
     if (compute_) cudaStreamSynchronize(compute_);
-    for (auto *list : {&ready_, &last_use_, &copied_, &table_done_})
+    for (auto *list : {&ready_, &last_use_, &demoted_, &copied_, &table_done_, &host_ready_, &host_free_})
       for (cudaEvent_t e : *list) cudaEventDestroy(e);
     if (staging_raw_) cudaFreeHost(staging_raw_);
+    if (host_) cudaFreeHost(host_);
     if (host_tables_) cudaFreeHost(host_tables_);
     if (slots_) cudaFree(slots_);
     if (device_tables_) cudaFree(device_tables_);
     if (own_compute_ && compute_) cudaStreamDestroy(compute_);
     if (transfer_) cudaStreamDestroy(transfer_);
+    if (demote_) cudaStreamDestroy(demote_);
   }
 
   std::string_view name() const override { return "cuda"; }
@@ -86,16 +98,33 @@ class CudaStoreDevice final : public StoreDevice {
     };
     make(ready_, shape.num_slots);
     make(last_use_, shape.num_slots);
+    make(demoted_, shape.num_slots);
     make(copied_, shape.staging_slots);
     make(table_done_, shape.tables);
+    if (shape.host_slots) {
+      // One pinned allocation (page-aligned for a large size): the DMA engine reads and writes it
+      // directly, so demotions and promotions run at PCIe speed without a bounce buffer.
+      const uint64_t bytes = static_cast<uint64_t>(shape.host_slots) * shape.slot_bytes;
+      const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        fail(Status::budget, "ExpertStore: cannot pin the host tier: cudaHostAlloc of {} bytes ({} experts of {} B) failed: {}",
+             bytes, shape.host_slots, shape.slot_bytes, cudaGetErrorString(e));
+      }
+      host_ = static_cast<std::byte *>(p);
+      make(host_ready_, shape.host_slots);
+      make(host_free_, shape.host_slots);
+    }
   }
 
   std::byte *staging_base() override { return staging_; }
   std::byte *slot_ptr(uint32_t slot) override { return slots_ + static_cast<uint64_t>(slot) * shape_.slot_bytes; }
 
   void copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) override {
-    // The slot's previous content may still be read by kernels queued on the compute stream.
+    // The slot's previous content may still be read by kernels queued on the compute stream, or
+    // be on its way to the host tier.
     EP_CUDA_CHECK(cudaStreamWaitEvent(transfer_, last_use_[slot], 0));
+    EP_CUDA_CHECK(cudaStreamWaitEvent(transfer_, demoted_[slot], 0));
     EP_CUDA_CHECK(cudaMemcpyAsync(slot_ptr(slot), staging_ + static_cast<uint64_t>(staging) * shape_.staging_slot_bytes,
                                   bytes, cudaMemcpyHostToDevice, transfer_));
     EP_CUDA_CHECK(cudaEventRecord(ready_[slot], transfer_));
@@ -103,6 +132,31 @@ class CudaStoreDevice final : public StoreDevice {
   }
 
   bool orders_copies_after_last_use() const override { return true; }
+
+  std::byte *host_slot_ptr(uint32_t host) override { return host_ + static_cast<uint64_t>(host) * shape_.slot_bytes; }
+
+  void demote(uint32_t slot, uint32_t host, uint64_t bytes) override {
+    EP_CUDA_CHECK(cudaStreamWaitEvent(demote_, ready_[slot], 0));
+    EP_CUDA_CHECK(cudaStreamWaitEvent(demote_, last_use_[slot], 0));
+    EP_CUDA_CHECK(cudaStreamWaitEvent(demote_, host_free_[host], 0));
+    EP_CUDA_CHECK(cudaMemcpyAsync(host_slot_ptr(host), slot_ptr(slot), bytes, cudaMemcpyDeviceToHost, demote_));
+    EP_CUDA_CHECK(cudaEventRecord(demoted_[slot], demote_));
+    EP_CUDA_CHECK(cudaEventRecord(host_ready_[host], demote_));
+  }
+
+  void promote(uint32_t host, uint32_t slot, uint64_t bytes) override {
+    EP_CUDA_CHECK(cudaStreamWaitEvent(transfer_, last_use_[slot], 0));
+    EP_CUDA_CHECK(cudaStreamWaitEvent(transfer_, demoted_[slot], 0));
+    EP_CUDA_CHECK(cudaStreamWaitEvent(transfer_, host_ready_[host], 0));
+    EP_CUDA_CHECK(cudaMemcpyAsync(slot_ptr(slot), host_slot_ptr(host), bytes, cudaMemcpyHostToDevice, transfer_));
+    EP_CUDA_CHECK(cudaEventRecord(ready_[slot], transfer_));
+    EP_CUDA_CHECK(cudaEventRecord(host_free_[host], transfer_));
+  }
+
+  void read_host_slot(uint32_t host, void *dst, uint64_t bytes) override {
+    EP_CUDA_CHECK(cudaStreamSynchronize(demote_));
+    std::memcpy(dst, host_slot_ptr(host), bytes);
+  }
 
   void wait_staging(uint32_t staging) override { EP_CUDA_CHECK(cudaEventSynchronize(copied_[staging])); }
   void compute_wait_ready(uint32_t slot) override { EP_CUDA_CHECK(cudaStreamWaitEvent(compute_, ready_[slot], 0)); }
@@ -135,6 +189,7 @@ class CudaStoreDevice final : public StoreDevice {
   }
 
   void synchronize() override {
+    EP_CUDA_CHECK(cudaStreamSynchronize(demote_));
     EP_CUDA_CHECK(cudaStreamSynchronize(transfer_));
     EP_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
@@ -144,13 +199,13 @@ class CudaStoreDevice final : public StoreDevice {
  private:
   int device_;
   DeviceShape shape_;
-  cudaStream_t transfer_ = nullptr, compute_ = nullptr;
+  cudaStream_t transfer_ = nullptr, demote_ = nullptr, compute_ = nullptr;
   bool own_compute_ = false;
   static constexpr uintptr_t kStagingAlign = 4096;
   void *staging_raw_ = nullptr;  // what cudaHostAlloc returned; staging_ is it rounded up to 4096
-  std::byte *staging_ = nullptr, *slots_ = nullptr;
+  std::byte *staging_ = nullptr, *slots_ = nullptr, *host_ = nullptr;
   const void **host_tables_ = nullptr, **device_tables_ = nullptr;
-  std::vector<cudaEvent_t> ready_, last_use_, copied_, table_done_;
+  std::vector<cudaEvent_t> ready_, last_use_, demoted_, copied_, table_done_, host_ready_, host_free_;
 };
 
 }  // namespace

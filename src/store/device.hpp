@@ -1,8 +1,9 @@
-// The "device" side of the ExpertStore: memory for staging and slots, the staging → slot copy,
-// and the events that order it. Two implementations: HostDevice (slots in host memory, a CPU
-// "device", so CI can test the whole acquire path without a GPU) and the CUDA one
-// (store/cuda_device.cpp: pinned staging, cudaMalloc'd slots, a transfer stream, per-slot
-// `ready` and `last_use` events, per-staging-slot copy events).
+// The "device" side of the ExpertStore: memory for staging, slots and the host-RAM tier, the
+// copies between them, and the events that order them. Two implementations: HostDevice (slots
+// and tier in host memory, a CPU "device", so CI can test the whole acquire path without a GPU)
+// and the CUDA one (store/cuda_device.cpp: pinned staging and host tier, cudaMalloc'd slots, a
+// transfer stream for copies into slots, a demotion stream for copies out of them, per-slot
+// `ready`, `last_use` and `demoted` events, per-staging-slot copy events, per-host-slot events).
 //
 // Called by the store under its mutex: implementations need not be thread-safe.
 #pragma once
@@ -22,6 +23,7 @@ struct DeviceShape {
   uint64_t staging_slot_bytes = 0;
   uint32_t tables = 0;           ///< pointer tables in the ring
   uint32_t table_entries = 0;    ///< pointers per table
+  uint32_t host_slots = 0;       ///< slots of the host-RAM tier (slot_bytes each; 0 = no tier)
 };
 
 class StoreDevice {
@@ -30,7 +32,8 @@ class StoreDevice {
   virtual std::string_view name() const = 0;
   /// Memory the expert cache may take (device free memory, or host memory for HostDevice).
   virtual uint64_t free_bytes() const = 0;
-  /// Allocates everything; called once by the store before any other call below.
+  /// Allocates everything; called once by the store before any other call below. Throws
+  /// EP_ERR_BUDGET naming the size when the host tier cannot be allocated (pinned on CUDA).
   virtual void allocate(const DeviceShape &shape) = 0;
   /// Base of the staging ring (4096-aligned host memory; pinned on CUDA).
   virtual std::byte *staging_base() = 0;
@@ -42,9 +45,22 @@ class StoreDevice {
   /// orders_copies_after_last_use(), the copy starts only after the slot's last `last_use`
   /// event completed.
   virtual void copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) = 0;
-  /// True when copy_to_slot() waits (on the device, not the host) for the slot's pending
-  /// `last_use` event, so a slot still read by queued kernels may be chosen as a victim.
+  /// True when copy_to_slot(), promote() and demote() wait (on the device, not the host) for the
+  /// slot's pending `last_use` event, so a slot still read by queued kernels may be chosen as a
+  /// victim.
   virtual bool orders_copies_after_last_use() const = 0;
+  /// Address of host-tier slot @p host (host memory; pinned on CUDA).
+  virtual std::byte *host_slot_ptr(uint32_t host) = 0;
+  /// A demotion: copies @p bytes of slot @p slot to host-tier slot @p host, after the slot's copy
+  /// (`ready`) and its readers (`last_use`) and after the host slot's last promotion; the slot's
+  /// next copy_to_slot() / promote() waits for it. Returns without waiting for the copy.
+  virtual void demote(uint32_t slot, uint32_t host, uint64_t bytes) = 0;
+  /// A promotion (a host-tier hit): copies @p bytes of host-tier slot @p host to slot @p slot on
+  /// the transfer stream, after the slot's readers and demotion and the host slot's demotion,
+  /// then records the slot's `ready` event. Returns without waiting for the copy.
+  virtual void promote(uint32_t host, uint32_t slot, uint64_t bytes) = 0;
+  /// Copies a host-tier slot's bytes to @p dst once its demotion is done (tests).
+  virtual void read_host_slot(uint32_t host, void *dst, uint64_t bytes) = 0;
   /// Blocks the host until staging slot @p staging may be overwritten (its last copy is done).
   virtual void wait_staging(uint32_t staging) = 0;
   /// Makes the compute stream wait for slot @p slot's `ready` event.
@@ -88,6 +104,10 @@ class HostDevice final : public StoreDevice {
   /// False: a host "device" has no streams (in hold_last_use mode its pending events stand for
   /// kernels still reading, which must never be overwritten).
   bool orders_copies_after_last_use() const override { return false; }
+  std::byte *host_slot_ptr(uint32_t host) override;
+  void demote(uint32_t slot, uint32_t host, uint64_t bytes) override;
+  void promote(uint32_t host, uint32_t slot, uint64_t bytes) override;
+  void read_host_slot(uint32_t host, void *dst, uint64_t bytes) override;
   void wait_staging(uint32_t) override {}
   void compute_wait_ready(uint32_t) override {}
   void record_last_use(uint32_t slot) override;

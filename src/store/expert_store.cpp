@@ -1,44 +1,68 @@
 #include "store/expert_store.hpp"
 
 #include "cache/budget.hpp"
+#include "cache/host_tier.hpp"
 #include "cache/slot_cache.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "io/read_tracker.hpp"
+#include "store/host_memory.hpp"
 
 #include <algorithm>
 
 namespace ep::store {
 
-struct ExpertStore::Miss {
-  uint32_t expert = 0;
+/// One object read in flight (or waiting for a staging slot) into a slot; the slot is pinned
+/// by it until the read landed.
+struct ExpertStore::Load {
   cache::Key key = 0;
-  uint32_t slot = 0;
+  uint32_t file = 0;
   uint64_t offset = 0;
   uint64_t bytes = 0;
+  uint32_t staging = UINT32_MAX;  // UINT32_MAX: not submitted yet
+  bool prefetch = false;
+};
+
+/// An unreleased acquisition: its unique experts and their pinned slots, and the reads it
+/// waits for.
+struct ExpertStore::Held {
+  std::vector<uint32_t> unique;   // expert ids, ascending; parallel to slots
+  std::vector<SlotRef> slots;     // pinned
+  uint32_t table = kNoTable;
+  std::vector<uint32_t> pending;  // slots whose read has not landed
+  std::vector<uint32_t> landed;   // slots ready, not handed out by wait_ready() yet
+  Status status = Status::ok;
+  std::string error;              // the first failed read of the acquisition
 };
 
 ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> device)
     : options_(std::move(options)), device_(std::move(device)) {
   if (!device_) fail(Status::invalid_argument, "ExpertStore: no device");
   if (!options_.objects) fail(Status::invalid_argument, "ExpertStore: no object map for {}", options_.pack_path);
+  if (options_.data_paths.empty()) options_.data_paths.push_back(options_.pack_path);
   const ObjectMap &layout = *options_.objects;
   const uint32_t align = std::max<uint32_t>(layout.alignment(), io::kDirectAlignment);
-  // Check the pack holds every object before anything reads it.
-  const uint64_t file_bytes = io::file_size_bytes(options_.pack_path);
+  // Check the files hold every object before anything reads them.
+  std::vector<uint64_t> file_bytes;
+  for (const std::string &p : options_.data_paths) file_bytes.push_back(io::file_size_bytes(p));
   for (uint32_t l = 0; l < layout.num_layers(); ++l) {
     for (uint32_t e = 0; e < layout.num_experts(); ++e) {
+      const uint32_t f = layout.object_file(l, e);
+      if (f >= file_bytes.size())
+        fail(Status::format, "{}: layer {} expert {}: object in file {}, the pack has {} file(s)", options_.pack_path, l, e, f,
+             file_bytes.size());
       const uint64_t off = layout.object_offset(l, e), bytes = layout.object_bytes(l, e);
-      if (off % align != 0 || off + bytes > file_bytes)
+      if (off % align != 0 || off + bytes > file_bytes[f])
         fail(Status::format,
              "{}: layer {} expert {}: object at offset {} ({} bytes) must be {}-aligned and inside the {}-byte file",
-             options_.pack_path, l, e, off, bytes, align, file_bytes);
+             options_.data_paths[f], l, e, off, bytes, align, file_bytes[f]);
     }
   }
   slot_bytes_ = io::align_up(layout.max_object_bytes(), io::kDirectAlignment);
   staging_slot_bytes_ = slot_bytes_;
   max_ids_ = options_.top_k * options_.tokens_per_acquire;
   table_ids_ = options_.table_ids ? options_.table_ids : max_ids_;
+  const uint64_t total_objects = static_cast<uint64_t>(layout.num_layers()) * layout.num_experts();
   cache::BudgetRequest br;
   br.requested_bytes = options_.cache_bytes;
   br.free_bytes = device_->free_bytes();
@@ -47,11 +71,34 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   br.top_k = options_.top_k;
   br.tokens_per_acquire = options_.tokens_per_acquire;
   br.num_experts = layout.num_experts();
-  br.total_objects = static_cast<uint64_t>(layout.num_layers()) * layout.num_experts();
+  br.total_objects = total_objects;
   const cache::Budget budget = cache::compute_budget(br);
   options_.staging_slots = std::max<uint32_t>(1, options_.staging_slots);
   if (!(options_.decay.half_life_ticks > 0)) options_.decay.half_life_ticks = 32.0 * layout.num_layers();
   options_.table_ring = std::max<uint32_t>(1, options_.table_ring);
+  // Prefetch reads leave a quarter of the staging ring (at least one slot) to demand reads.
+  prefetch_staging_ = options_.staging_slots - std::max<uint32_t>(1, options_.staging_slots / 4);
+
+  // The host tier: whole slots, no more than the experts the slots cannot hold, and no more than
+  // the memory this process may still take.
+  if (options_.host_cache_bytes) {
+    const uint64_t wanted = options_.host_cache_bytes / slot_bytes_;
+    if (wanted == 0)
+      fail(Status::budget, "ExpertStore: a host tier of {} bytes holds no expert of {} bytes (ask for at least one)",
+           options_.host_cache_bytes, slot_bytes_);
+    const uint64_t slots = std::min<uint64_t>(wanted, total_objects - budget.slots);
+    const uint64_t bytes = slots * slot_bytes_;
+    const HostMemory hm = host_memory();
+    const uint64_t room = options_.host_available_bytes ? options_.host_available_bytes : hm.available();
+    if (bytes > room)
+      fail(Status::budget,
+           "ExpertStore: a host tier of {} bytes ({} experts of {} bytes) does not fit the memory this process may still take: "
+           "{} bytes ({}); ask for less",
+           bytes, slots, slot_bytes_, room,
+           options_.host_available_bytes ? std::string("as configured") : hm.describe());
+    host_slots_ = static_cast<uint32_t>(slots);
+    if (host_slots_ == 0) log::info("ExpertStore: the slots hold every expert: no host tier");
+  }
 
   DeviceShape shape;
   shape.num_slots = budget.slots;
@@ -60,26 +107,38 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   shape.staging_slot_bytes = staging_slot_bytes_;
   shape.tables = options_.table_ring;
   shape.table_entries = table_ids_ * std::max<uint32_t>(options_.table_rows, 1);
+  shape.host_slots = host_slots_;
   device_->allocate(shape);
 
-  reader_ = io::open_reader(options_.pack_path, options_.reader, counters_);
+  reader_ = io::open_reader(options_.data_paths, options_.reader, counters_);
   reader_->register_buffer(device_->staging_base(), static_cast<std::size_t>(shape.staging_slots) * staging_slot_bytes_);
   cache_ = std::make_unique<cache::SlotCache>(budget.slots, cache::make_policy(options_.policy, options_.decay));
+  if (host_slots_) {
+    host_ = std::make_unique<cache::HostTier>(host_slots_, cache::make_policy(options_.policy, options_.decay));
+    host_pins_.assign(host_slots_, 0);
+    host_payload_bytes_.assign(host_slots_, 0);
+  }
   pins_.assign(budget.slots, 0);
   generation_.assign(budget.slots, 0);
   slot_payload_bytes_.assign(budget.slots, 0);
+  last_tick_.assign(budget.slots, 0);
+  prefetched_.assign(budget.slots, 0);
+  loads_.resize(budget.slots);
+  for (uint32_t s = options_.staging_slots; s-- > 0;) free_staging_.push_back(s);
   table_held_.assign(options_.table_ring, 0);
   totals_.cache_slots = budget.slots;
   totals_.slot_bytes = slot_bytes_;
+  totals_.host_slots = host_slots_;
   trace_.name = "ep_store";
   trace_.num_layers = layout.num_layers();
   trace_.num_experts = layout.num_experts();
   trace_.top_k = options_.top_k;
   trace_.tokens_per_acquire = options_.tokens_per_acquire;
   for (uint32_t l = 0; l < layout.num_layers(); ++l) trace_.object_bytes.push_back(layout.object_bytes(l, 0));
-  log::info("ExpertStore: {} on {}: {} slots of {} B ({} policy), {} staging slots, reader {}{}",
-            options_.pack_path, device_->name(), budget.slots, slot_bytes_, cache_->policy().name(),
-            options_.staging_slots, reader_->backend_name(), reader_->direct() ? " O_DIRECT" : " buffered");
+  log::info("ExpertStore: {} ({} file(s)) on {}: {} slots of {} B ({} policy), host tier {} slots, {} staging slots, reader {}{}",
+            options_.pack_path, options_.data_paths.size(), device_->name(), budget.slots, slot_bytes_,
+            cache_->policy().name(), host_slots_, options_.staging_slots, reader_->backend_name(),
+            reader_->direct() ? " O_DIRECT" : " buffered");
 }
 
 ExpertStore::~ExpertStore() {
@@ -94,7 +153,173 @@ ExpertStore::~ExpertStore() {
 
 uint32_t ExpertStore::num_slots() const { return cache_->num_slots(); }
 
-Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, std::span<const uint64_t> table_offsets) {
+bool ExpertStore::evictable_demand(uint32_t s) const { return pins_[s] == 0 && device_->last_use_done(s); }
+
+bool ExpertStore::evictable_prefetch(uint32_t s) const {
+  // Never a slot one of the last num_layers acquires asked for: the current token's picks.
+  const uint64_t guard = options_.objects->num_layers();
+  return pins_[s] == 0 && tick_ - last_tick_[s] >= guard &&
+         (device_->orders_copies_after_last_use() || device_->last_use_done(s));
+}
+
+std::optional<uint32_t> ExpertStore::place(cache::Key key, uint64_t tick, bool prefetch) {
+  auto p = cache_->place(key, tick, [&](uint32_t s) { return prefetch ? evictable_prefetch(s) : evictable_demand(s); });
+  // Every unpinned slot may still be read by kernels queued before (nothing synchronises the
+  // compute stream): a device that orders the copy after the slot's last_use event takes the
+  // policy's victim among them instead of failing.
+  if (!p && !prefetch && device_->orders_copies_after_last_use())
+    p = cache_->place(key, tick, [&](uint32_t s) { return pins_[s] == 0; });
+  if (!p) return std::nullopt;
+  if (p->evicted) evicted(*p->evicted, p->slot, tick);
+  ++generation_[p->slot];
+  return p->slot;
+}
+
+void ExpertStore::evicted(cache::Key key, uint32_t slot, uint64_t tick) {
+  ++totals_.cache_evictions;
+  const uint64_t bytes = slot_payload_bytes_[slot];
+  totals_.resident_bytes -= bytes;
+  slot_payload_bytes_[slot] = 0;
+  prefetched_[slot] = 0;
+  if (!host_ || bytes == 0) return;
+  // Demotion: the device copies the slot out after its readers finished and before its next
+  // content arrives; the host does not wait.
+  auto a = host_->admit(key, tick, [&](uint32_t h) { return host_pins_[h] == 0; });
+  if (!a) return;
+  if (a->evicted) totals_.host_resident_bytes -= host_payload_bytes_[a->slot];
+  device_->demote(slot, a->slot, bytes);
+  host_payload_bytes_[a->slot] = bytes;
+  totals_.host_resident_bytes += bytes;
+  ++totals_.demotions;
+}
+
+void ExpertStore::promote(cache::Key key, uint32_t host_slot, uint32_t slot) {
+  const uint64_t bytes = host_payload_bytes_[host_slot];
+  device_->promote(host_slot, slot, bytes);
+  host_->remove(key);
+  totals_.host_resident_bytes -= bytes;
+  host_payload_bytes_[host_slot] = 0;
+  totals_.h2d_bytes += bytes;
+  totals_.resident_bytes += bytes;
+  slot_payload_bytes_[slot] = bytes;
+}
+
+void ExpertStore::start_load(cache::Key key, uint32_t slot, bool prefetch) {
+  const ObjectMap &layout = *options_.objects;
+  auto l = std::make_unique<Load>();
+  l->key = key;
+  l->file = layout.object_file(cache::key_layer(key), cache::key_expert(key));
+  l->offset = layout.object_offset(cache::key_layer(key), cache::key_expert(key));
+  l->bytes = layout.object_bytes(cache::key_layer(key), cache::key_expert(key));
+  l->prefetch = prefetch;
+  loads_[slot] = std::move(l);
+  ++pins_[slot];  // the read's own pin, dropped when it lands
+  if (prefetch) {
+    // A prefetch is only started with a free staging slot (hint() checks): submitted now.
+    queued_.push_front(slot);
+  } else {
+    // Demand reads go before every queued prefetch (none is queued: see hint()).
+    queued_.push_back(slot);
+  }
+}
+
+uint32_t ExpertStore::staging_in_use() const { return options_.staging_slots - static_cast<uint32_t>(free_staging_.size()); }
+
+void ExpertStore::pump() {
+  std::byte *base = device_->staging_base();
+  while (!queued_.empty() && !free_staging_.empty()) {
+    const uint32_t slot = queued_.front();
+    queued_.pop_front();
+    Load &l = *loads_[slot];
+    const uint32_t st = free_staging_.back();
+    free_staging_.pop_back();
+    device_->wait_staging(st);  // its previous copy must be done
+    io::ReadRequest r;
+    r.file = l.file;
+    r.offset = l.offset;
+    r.bytes = l.bytes;
+    r.dst = base + static_cast<uint64_t>(st) * staging_slot_bytes_;
+    r.tag = slot;
+    l.staging = st;
+    if (reads_in_flight_++ == 0) in_flight_since_ns_ = io::detail::now_ns();
+    if (l.prefetch) ++prefetch_in_flight_;
+    reader_->submit(r);
+  }
+}
+
+void ExpertStore::poll(bool block) {
+  if (reader_->outstanding() == 0) return;
+  std::vector<io::ReadCompletion> done;
+  reader_->wait(done, block ? 1 : 0);
+  for (const io::ReadCompletion &c : done) land(static_cast<uint32_t>(c.tag), c);
+  pump();
+}
+
+void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
+  std::unique_ptr<Load> l = std::move(loads_.at(slot));
+  if (!l) fail(Status::internal, "ExpertStore: a read landed in slot {}, which has none in flight", slot);
+  if (--reads_in_flight_ == 0) totals_.pack_read_ns += io::detail::now_ns() - in_flight_since_ns_;
+  if (l->prefetch) --prefetch_in_flight_;
+  const uint32_t layer = cache::key_layer(l->key), expert = cache::key_expert(l->key);
+  std::byte *staged = device_->staging_base() + static_cast<uint64_t>(l->staging) * staging_slot_bytes_;
+  const std::string &file = options_.data_paths[l->file];
+  std::string error;
+  Status status = Status::io;
+  if (!c.ok) {
+    error = fmt::format("ExpertStore: cannot load layer {} expert {} (pack {}, object at offset {} of {}, {} bytes): {}", layer,
+                        expert, options_.pack_path, l->offset, file, l->bytes, c.message);
+  } else if (options_.verify_payloads) {
+    const std::string bad = options_.objects->check_object(layer, expert, staged);
+    if (!bad.empty()) {
+      error = fmt::format("ExpertStore: layer {} expert {} read from {} (pack {}, object at offset {}, {} bytes) is corrupt: {}",
+                          layer, expert, file, options_.pack_path, l->offset, l->bytes, bad);
+      status = Status::corrupt;
+    }
+  }
+  free_staging_.push_back(l->staging);
+  --pins_[slot];
+  if (error.empty()) {
+    // Per-expert completion: this expert's copy starts now, while other reads continue. Only
+    // bytes that checked out are ever copied to a slot.
+    device_->copy_to_slot(slot, l->staging, l->bytes);
+    totals_.h2d_bytes += l->bytes;
+    totals_.resident_bytes += l->bytes;
+    slot_payload_bytes_[slot] = l->bytes;
+    for (auto &[ticket, h] : held_) {
+      auto it = std::find(h.pending.begin(), h.pending.end(), slot);
+      if (it == h.pending.end()) continue;
+      h.pending.erase(it);
+      h.landed.push_back(slot);
+    }
+    return;
+  }
+  // The key leaves the cache (its slot is free again); every acquisition waiting for it fails
+  // with this read's error once its other reads landed, and no longer pins the slot.
+  cache_->remove(l->key);
+  prefetched_[slot] = 0;
+  bool waited = false;
+  for (auto &[ticket, h] : held_) {
+    auto it = std::find(h.pending.begin(), h.pending.end(), slot);
+    if (it == h.pending.end()) continue;
+    waited = true;
+    h.pending.erase(it);
+    for (size_t i = 0; i < h.slots.size(); ++i) {
+      if (h.slots[i].slot != slot) continue;
+      --pins_[slot];
+      h.slots.erase(h.slots.begin() + static_cast<std::ptrdiff_t>(i));
+      h.unique.erase(h.unique.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+    if (h.error.empty()) {
+      h.error = error;
+      h.status = status;
+    }
+  }
+  if (!waited) log::warn("{} (a prefetch: dropped)", error);
+}
+
+Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, std::span<const uint64_t> table_offsets,
+                                 bool staged) {
   static constexpr uint64_t kSlotsOnly[1] = {0};
   if (table_offsets.empty()) table_offsets = kSlotsOnly;
   if (table_offsets.size() > std::max<uint32_t>(options_.table_rows, 1))
@@ -119,73 +344,83 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
          layer, max_ids_, options_.top_k, options_.tokens_per_acquire);
 
   std::lock_guard lock(mutex_);
+  poll(false);  // land what finished meanwhile (prefetches): their copies start now
   const uint64_t tick = ++tick_;
   std::vector<uint32_t> slot_of(unique.size());
   std::vector<uint32_t> pinned;
-  std::vector<Miss> misses;
+  std::vector<size_t> misses;
+  Held held;
   uint32_t hits = 0;
   for (std::size_t i = 0; i < unique.size(); ++i) {
     const cache::Key key = cache::make_key(layer, unique[i]);
+    if (host_) host_->count_request(key);
     if (auto s = cache_->find(key)) {
       ++hits;
       cache_->touch(key, tick);
       ++pins_[*s];
       pinned.push_back(*s);
       slot_of[i] = *s;
+      if (prefetched_[*s]) {
+        prefetched_[*s] = 0;
+        ++totals_.prefetch_used;
+      }
+      if (loads_[*s]) held.pending.push_back(*s);
     } else {
-      Miss m;
-      m.expert = unique[i];
-      m.key = key;
-      m.offset = layout.object_offset(layer, m.expert);
-      m.bytes = layout.object_bytes(layer, m.expert);
-      misses.push_back(m);
+      misses.push_back(i);
     }
   }
-  auto unpin_all = [&] {
-    for (uint32_t s : pinned) --pins_[s];
+  // Host-tier hits are pinned there first, so that demotions for this acquire's other misses
+  // cannot take their tier slots: a tier slot is reused only once its promotion was issued (the
+  // demotion into it is ordered after that copy), i.e. by a later acquire.
+  std::vector<std::optional<uint32_t>> host_of(misses.size());
+  if (host_)
+    for (size_t j = 0; j < misses.size(); ++j)
+      if ((host_of[j] = host_->find(cache::make_key(layer, unique[misses[j]])))) ++host_pins_[*host_of[j]];
+  auto unpin_host = [&] {
+    for (const auto &h : host_of)
+      if (h) --host_pins_[*h];
   };
-  std::size_t placed = 0;
-  for (Miss &m : misses) {
-    auto p = cache_->place(m.key, tick, [&](uint32_t s) { return pins_[s] == 0 && device_->last_use_done(s); });
-    // Every unpinned slot may still be read by kernels queued before (nothing synchronises the
-    // compute stream): a device that orders the copy after the slot's last_use event takes the
-    // policy's victim among them instead of failing.
-    if (!p && device_->orders_copies_after_last_use())
-      p = cache_->place(m.key, tick, [&](uint32_t s) { return pins_[s] == 0; });
-    if (!p) {
-      unpin_all();
-      for (std::size_t j = 0; j < placed; ++j) cache_->remove(misses[j].key);
+  for (size_t j = 0; j < misses.size(); ++j) {
+    const cache::Key key = cache::make_key(layer, unique[misses[j]]);
+    const auto s = place(key, tick, false);
+    if (!s) {
+      for (uint32_t p : pinned) --pins_[p];
+      for (size_t k = 0; k < j; ++k) cache_->remove(cache::make_key(layer, unique[misses[k]]));
+      unpin_host();
       fail(Status::budget,
            "ExpertStore::acquire: layer {}: no slot to evict for expert {}: all {} slots are needed by this acquire, "
-           "pinned by unreleased acquires or still read by kernels (release acquisitions, or raise the budget)",
-           layer, m.expert, cache_->num_slots());
+           "pinned by unreleased acquires or reads in flight, or still read by kernels (release acquisitions, or raise the "
+           "budget)",
+           layer, unique[misses[j]], cache_->num_slots());
     }
-    if (p->evicted) {
-      ++totals_.cache_evictions;
-      totals_.resident_bytes -= slot_payload_bytes_[p->slot];
-      slot_payload_bytes_[p->slot] = 0;
+    ++pins_[*s];
+    pinned.push_back(*s);
+    slot_of[misses[j]] = *s;
+  }
+  uint32_t host_hits = 0;
+  for (size_t j = 0; j < misses.size(); ++j) {
+    const uint32_t s = slot_of[misses[j]];
+    const cache::Key key = cache::make_key(layer, unique[misses[j]]);
+    if (host_of[j]) {
+      promote(key, *host_of[j], s);
+      ++host_hits;
+    } else {
+      start_load(key, s, false);
+      held.pending.push_back(s);
     }
-    ++generation_[p->slot];
-    ++pins_[p->slot];
-    pinned.push_back(p->slot);
-    m.slot = p->slot;
-    ++placed;
   }
-  try {
-    load_misses(misses);
-  } catch (...) {
-    unpin_all();
-    throw;
-  }
-  for (const Miss &m : misses) {
-    const auto i = static_cast<std::size_t>(std::lower_bound(unique.begin(), unique.end(), m.expert) - unique.begin());
-    slot_of[i] = m.slot;
-  }
+  unpin_host();
+  pump();
   totals_.cache_hits += hits;
   totals_.cache_misses += misses.size();
+  totals_.host_hits += host_hits;
+  if (host_) totals_.host_misses += misses.size() - host_hits;
   ++totals_.acquires;
-
-  for (std::size_t i = 0; i < unique.size(); ++i) device_->compute_wait_ready(slot_of[i]);
+  for (std::size_t i = 0; i < unique.size(); ++i) {
+    last_tick_[slot_of[i]] = tick;
+    if (std::find(held.pending.begin(), held.pending.end(), slot_of[i]) == held.pending.end())
+      device_->compute_wait_ready(slot_of[i]);
+  }
 
   Acquisition a;
   a.ticket = next_ticket_++;
@@ -193,17 +428,37 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
   a.ids.assign(ids.begin(), ids.end());
   a.hits = hits;
   a.misses = static_cast<uint32_t>(misses.size());
+  a.host_hits = host_hits;
+  a.pending = static_cast<uint32_t>(held.pending.size());
   a.pointers.reserve(ids.size());
   a.refs.reserve(ids.size());
+  a.ready.reserve(ids.size());
   for (uint32_t id : ids) {
     const auto i = static_cast<std::size_t>(std::lower_bound(unique.begin(), unique.end(), id) - unique.begin());
-    a.pointers.push_back(device_->slot_ptr(slot_of[i]));
-    a.refs.push_back(SlotRef{slot_of[i], generation_[slot_of[i]]});
+    const uint32_t s = slot_of[i];
+    a.pointers.push_back(device_->slot_ptr(s));
+    a.refs.push_back(SlotRef{s, generation_[s]});
+    a.ready.push_back(std::find(held.pending.begin(), held.pending.end(), s) == held.pending.end() ? 1 : 0);
   }
-  // The device table, when it fits: one row of addresses per table offset (e.g. the gate, up
-  // and down weights inside each slot).
-  uint32_t table = kNoTable;
-  if (ids.size() <= table_ids_) {
+  held.unique = unique;
+  for (uint32_t s : slot_of) held.slots.push_back(SlotRef{s, generation_[s]});
+  held_.emplace_back(a.ticket, std::move(held));
+  if (options_.record_trace) trace_.accesses.push_back(cache::TraceAccess{layer, a.ids, false});
+
+  if (!staged) {
+    // A complete acquire: every read lands before it returns; a failure releases and throws.
+    try {
+      while (a.pending > 0) wait_ready_locked(a);
+    } catch (...) {
+      auto it = std::find_if(held_.begin(), held_.end(), [&](const auto &h) { return h.first == a.ticket; });
+      if (it != held_.end()) end_held(it);
+      throw;
+    }
+  }
+  // The device table, when it fits and every expert is ready: one row of addresses per table
+  // offset (e.g. the gate, up and down weights inside each slot).
+  if (a.pending == 0 && ids.size() <= table_ids_) {
+    uint32_t table = kNoTable;
     for (uint32_t k = 0; k < options_.table_ring; ++k) {
       const uint32_t t = (next_table_ + k) % options_.table_ring;
       if (!table_held_[t]) {
@@ -211,8 +466,9 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
         break;
       }
     }
+    auto it = std::find_if(held_.begin(), held_.end(), [&](const auto &h) { return h.first == a.ticket; });
     if (table == kNoTable) {
-      unpin_all();
+      end_held(it);
       fail(Status::busy, "ExpertStore::acquire: {} acquisitions are unreleased (table_ring {}): release some first",
            options_.table_ring, options_.table_ring);
     }
@@ -224,94 +480,54 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
       for (const void *p : a.pointers) rows.push_back(static_cast<const std::byte *>(p) + off);
     a.device_table = device_->publish_table(table, rows.data(), static_cast<uint32_t>(rows.size()));
     table_held_[table] = 1;
+    it->second.table = table;
   }
-  Held held;
-  held.table = table;
-  for (uint32_t s : slot_of) held.slots.push_back(SlotRef{s, generation_[s]});
-  held_.emplace_back(a.ticket, std::move(held));
-
-  if (options_.record_trace) trace_.accesses.push_back(cache::TraceAccess{layer, a.ids, false});
   if (options_.stats_every && !options_.stats_path.empty() && totals_.acquires % options_.stats_every == 0)
     write_stats_file(stats_locked(), options_.stats_path);
   return a;
 }
 
-void ExpertStore::load_misses(std::vector<Miss> &misses) {
-  if (misses.empty()) return;
-  const uint32_t staging = options_.staging_slots;
-  std::vector<uint32_t> free_staging;
-  for (uint32_t s = staging; s-- > 0;) free_staging.push_back(s);
-  std::size_t next = 0, in_flight = 0;
-  std::string first_error;
-  Status first_status = Status::io;
-  std::vector<std::size_t> failed;
-  std::byte *base = device_->staging_base();
-  auto submit = [&](uint32_t st) {
-    const Miss &m = misses[next];
-    device_->wait_staging(st);  // its previous H2D copy must be done
-    io::ReadRequest r;
-    r.offset = m.offset;
-    r.bytes = m.bytes;
-    r.dst = base + static_cast<uint64_t>(st) * staging_slot_bytes_;
-    r.tag = (static_cast<uint64_t>(st) << 32) | next;
-    reader_->submit(r);
-    ++next;
-    ++in_flight;
-  };
-  const uint64_t t0 = io::detail::now_ns();
-  while (next < misses.size() && !free_staging.empty()) {
-    submit(free_staging.back());
-    free_staging.pop_back();
+std::vector<uint32_t> ExpertStore::take_ready(Held &h, Acquisition &a) {
+  std::vector<uint32_t> out;
+  for (uint32_t s : h.landed) {
+    device_->compute_wait_ready(s);
+    for (size_t i = 0; i < h.slots.size(); ++i)
+      if (h.slots[i].slot == s) out.push_back(h.unique[i]);
   }
-  std::vector<io::ReadCompletion> done;
-  while (in_flight > 0) {
-    done.clear();
-    reader_->wait(done, 1);
-    for (const auto &c : done) {
-      --in_flight;
-      const auto idx = static_cast<std::size_t>(c.tag & 0xffffffffu);
-      const auto st = static_cast<uint32_t>(c.tag >> 32);
-      const Miss &m = misses[idx];
-      std::string bad;
-      if (c.ok && options_.verify_payloads)
-        bad = options_.objects->check_object(cache::key_layer(m.key), m.expert,
-                                            base + static_cast<uint64_t>(st) * staging_slot_bytes_);
-      if (c.ok && !bad.empty()) {
-        if (first_error.empty()) {
-          first_error = fmt::format("ExpertStore: layer {} expert {} read from {} (object at offset {}, {} bytes) is corrupt: {}",
-                                    cache::key_layer(m.key), m.expert, options_.pack_path, m.offset, m.bytes, bad);
-          first_status = Status::corrupt;
-        }
-        failed.push_back(idx);
-      } else if (c.ok) {
-        // Per-expert completion: this expert's copy starts now, while other reads continue.
-        device_->copy_to_slot(m.slot, st, m.bytes);
-        totals_.h2d_bytes += m.bytes;
-        totals_.resident_bytes += m.bytes;
-        slot_payload_bytes_[m.slot] = m.bytes;
-      } else {
-        if (first_error.empty())
-          first_error = fmt::format("ExpertStore: cannot load layer {} expert {} (pack {}, object at offset {}, {} bytes): {}",
-                                    cache::key_layer(m.key), m.expert, options_.pack_path, m.offset, m.bytes, c.message);
-        failed.push_back(idx);
-      }
-      if (first_error.empty() && next < misses.size()) submit(st);
+  h.landed.clear();
+  std::sort(out.begin(), out.end());
+  for (size_t i = 0; i < a.ids.size(); ++i)
+    if (!a.ready[i] && std::binary_search(out.begin(), out.end(), a.ids[i])) a.ready[i] = 1;
+  a.pending -= static_cast<uint32_t>(out.size());
+  return out;
+}
+
+std::vector<uint32_t> ExpertStore::wait_ready(Acquisition &a) {
+  std::lock_guard lock(mutex_);
+  return wait_ready_locked(a);
+}
+
+std::vector<uint32_t> ExpertStore::wait_ready_locked(Acquisition &a) {
+  auto it = std::find_if(held_.begin(), held_.end(), [&](const auto &h) { return h.first == a.ticket; });
+  if (it == held_.end())
+    fail(Status::invalid_argument, "ExpertStore::wait_ready: acquisition {} (layer {}) is not held: released?", a.ticket,
+         a.layer);
+  Held &h = it->second;
+  for (;;) {
+    if (!h.error.empty()) {
+      if (h.pending.empty()) throw Error(h.status, h.error);
+    } else {
+      if (!h.landed.empty()) return take_ready(h, a);
+      if (h.pending.empty()) return {};
     }
-  }
-  totals_.pack_read_ns += io::detail::now_ns() - t0;
-  if (!first_error.empty()) {
-    for (std::size_t idx : failed) cache_->remove(misses[idx].key);
-    for (std::size_t idx = next; idx < misses.size(); ++idx) cache_->remove(misses[idx].key);
-    throw Error(first_status, first_error);
+    if (reader_->outstanding() == 0)
+      fail(Status::internal, "ExpertStore::wait_ready: layer {}: {} expert(s) pending with no read in flight", a.layer,
+           h.pending.size());
+    poll(true);
   }
 }
 
-void ExpertStore::release(const Acquisition &a) {
-  std::lock_guard lock(mutex_);
-  auto it = std::find_if(held_.begin(), held_.end(), [&](const auto &h) { return h.first == a.ticket; });
-  if (it == held_.end())
-    fail(Status::invalid_argument, "ExpertStore::release: acquisition {} (layer {}) is not held: released twice?",
-         a.ticket, a.layer);
+void ExpertStore::end_held(std::vector<std::pair<uint64_t, Held>>::iterator it) {
   for (const SlotRef &ref : it->second.slots) {
     if (generation_[ref.slot] != ref.generation)
       fail(Status::internal, "ExpertStore::release: slot {} changed generation {} -> {} while pinned", ref.slot,
@@ -324,6 +540,49 @@ void ExpertStore::release(const Acquisition &a) {
     table_held_[it->second.table] = 0;
   }
   held_.erase(it);
+}
+
+void ExpertStore::release(const Acquisition &a) {
+  std::lock_guard lock(mutex_);
+  auto it = std::find_if(held_.begin(), held_.end(), [&](const auto &h) { return h.first == a.ticket; });
+  if (it == held_.end())
+    fail(Status::invalid_argument, "ExpertStore::release: acquisition {} (layer {}) is not held: released twice?",
+         a.ticket, a.layer);
+  end_held(it);
+  poll(false);  // copies of reads that landed meanwhile start now
+}
+
+void ExpertStore::hint(uint32_t layer, std::span<const uint32_t> ids) {
+  if (!options_.prefetch) return;
+  const ObjectMap &layout = *options_.objects;
+  if (layer >= layout.num_layers()) return;
+  std::vector<uint32_t> unique;
+  for (uint32_t id : ids)
+    if (id < layout.num_experts()) unique.push_back(id);
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  std::lock_guard lock(mutex_);
+  poll(false);
+  for (uint32_t e : unique) {
+    const cache::Key key = cache::make_key(layer, e);
+    if (cache_->find(key)) continue;
+    const std::optional<uint32_t> h = host_ ? host_->find(key) : std::nullopt;
+    // Only into free I/O capacity: a free staging slot no demand read waits for, within the
+    // prefetch share of the ring.
+    if (!h && (!queued_.empty() || free_staging_.empty() || prefetch_in_flight_ >= prefetch_staging_)) break;
+    if (h) ++host_pins_[*h];
+    const auto s = place(key, tick_, true);
+    if (h) --host_pins_[*h];
+    if (!s) break;  // every slot holds a pick of the current token (or is pinned)
+    prefetched_[*s] = 1;
+    ++totals_.prefetch_issued;
+    if (h) {
+      promote(key, *h, *s);
+    } else {
+      start_load(key, *s, true);
+      pump();
+    }
+  }
 }
 
 bool ExpertStore::is_current(SlotRef ref) const {
@@ -361,13 +620,26 @@ std::vector<ExpertStore::Resident> ExpertStore::resident() const {
   std::lock_guard lock(mutex_);
   std::vector<Resident> out;
   for (uint32_t s = 0; s < cache_->num_slots(); ++s)
-    if (auto k = cache_->key_of(s)) out.push_back(Resident{cache::key_layer(*k), cache::key_expert(*k), s});
+    if (auto k = cache_->key_of(s); k && !loads_[s]) out.push_back(Resident{cache::key_layer(*k), cache::key_expert(*k), s});
+  return out;
+}
+
+std::vector<ExpertStore::Resident> ExpertStore::host_resident() const {
+  std::lock_guard lock(mutex_);
+  std::vector<Resident> out;
+  for (uint32_t h = 0; h < host_slots_; ++h)
+    if (auto k = host_->key_of(h)) out.push_back(Resident{cache::key_layer(*k), cache::key_expert(*k), h});
   return out;
 }
 
 void ExpertStore::read_slot(uint32_t slot, void *dst, uint64_t bytes) {
   std::lock_guard lock(mutex_);
   device_->read_slot(slot, dst, bytes);
+}
+
+void ExpertStore::read_host_slot(uint32_t host_slot, void *dst, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  device_->read_host_slot(host_slot, dst, bytes);
 }
 
 }  // namespace ep::store

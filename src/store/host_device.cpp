@@ -4,13 +4,14 @@
 #include "io/file.hpp"
 
 #include <cstring>
+#include <new>
 #include <vector>
 
 namespace ep::store {
 
 struct HostDevice::Impl {
   DeviceShape shape;
-  io::AlignedBuffer staging, slots;
+  io::AlignedBuffer staging, slots, host;
   std::vector<const void *> tables;
   std::vector<char> last_use_pending;
 };
@@ -25,7 +26,34 @@ void HostDevice::allocate(const DeviceShape &shape) {
   impl_->slots = io::AlignedBuffer(shape.num_slots * shape.slot_bytes);
   impl_->tables.assign(static_cast<std::size_t>(shape.tables) * shape.table_entries, nullptr);
   impl_->last_use_pending.assign(shape.num_slots, 0);
+  if (shape.host_slots) {
+    const uint64_t bytes = static_cast<uint64_t>(shape.host_slots) * shape.slot_bytes;
+    try {
+      impl_->host = io::AlignedBuffer(static_cast<std::size_t>(bytes));
+    } catch (const std::bad_alloc &) {
+      fail(Status::budget, "host device: cannot allocate the host tier: {} bytes ({} experts of {} B)", bytes,
+           shape.host_slots, shape.slot_bytes);
+    }
+  }
 }
+
+std::byte *HostDevice::host_slot_ptr(uint32_t host) {
+  if (host >= impl_->shape.host_slots)
+    fail(Status::internal, "host device: host-tier slot {} of {}", host, impl_->shape.host_slots);
+  return impl_->host.data() + static_cast<uint64_t>(host) * impl_->shape.slot_bytes;
+}
+
+void HostDevice::demote(uint32_t slot, uint32_t host, uint64_t bytes) {
+  if (bytes > impl_->shape.slot_bytes) fail(Status::internal, "host device: demotion of {} bytes", bytes);
+  std::memcpy(host_slot_ptr(host), slot_ptr(slot), bytes);
+}
+
+void HostDevice::promote(uint32_t host, uint32_t slot, uint64_t bytes) {
+  if (bytes > impl_->shape.slot_bytes) fail(Status::internal, "host device: promotion of {} bytes", bytes);
+  std::memcpy(slot_ptr(slot), host_slot_ptr(host), bytes);
+}
+
+void HostDevice::read_host_slot(uint32_t host, void *dst, uint64_t bytes) { std::memcpy(dst, host_slot_ptr(host), bytes); }
 
 std::byte *HostDevice::staging_base() { return impl_->staging.data(); }
 

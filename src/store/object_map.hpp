@@ -15,8 +15,15 @@ class ObjectMap {
   virtual ~ObjectMap() = default;
   virtual uint32_t num_layers() const = 0;
   virtual uint32_t num_experts() const = 0;
-  /// File offset of object (layer, expert): aligned to alignment().
+  /// File offset of object (layer, expert) in its file (object_file()): aligned to alignment().
   virtual uint64_t object_offset(uint32_t layer, uint32_t expert) const = 0;
+  /// The file object (layer, expert) lies in: an index into the store's data files (a striped
+  /// pack's parts); 0 for a pack in one file (the default).
+  virtual uint32_t object_file(uint32_t layer, uint32_t expert) const {
+    (void)layer;
+    (void)expert;
+    return 0;
+  }
   /// Payload bytes of object (layer, expert) (without the alignment padding).
   virtual uint64_t object_bytes(uint32_t layer, uint32_t expert) const = 0;
   /// The largest object; the default scans every object.

@@ -24,6 +24,7 @@ std::shared_ptr<PackObjectMap> PackObjectMap::open(const std::string &path, bool
 uint32_t PackObjectMap::num_layers() const { return pack_->num_layers(); }
 uint32_t PackObjectMap::num_experts() const { return pack_->num_experts(); }
 uint64_t PackObjectMap::object_offset(uint32_t layer, uint32_t expert) const { return pack_->object_offset(layer, expert); }
+uint32_t PackObjectMap::object_file(uint32_t layer, uint32_t expert) const { return pack_->object_file(layer, expert); }
 uint64_t PackObjectMap::object_bytes(uint32_t layer, uint32_t expert) const { return pack_->object_bytes(layer, expert); }
 uint64_t PackObjectMap::max_object_bytes() const { return pack_->max_object_bytes(); }
 uint32_t PackObjectMap::alignment() const { return static_cast<uint32_t>(pack_->alignment()); }

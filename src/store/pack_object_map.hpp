@@ -21,6 +21,8 @@ class PackObjectMap final : public ObjectMap {
   uint32_t num_layers() const override;
   uint32_t num_experts() const override;
   uint64_t object_offset(uint32_t layer, uint32_t expert) const override;
+  /// Its part in a striped pack (an index into pack().data_files()).
+  uint32_t object_file(uint32_t layer, uint32_t expert) const override;
   uint64_t object_bytes(uint32_t layer, uint32_t expert) const override;
   uint64_t max_object_bytes() const override;
   uint32_t alignment() const override;

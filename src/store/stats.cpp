@@ -26,6 +26,13 @@ std::string stats_to_json(const StoreStats &s) {
   j["fallback_count"] = s.fallback_count;
   j["cache_slots"] = s.cache_slots;
   j["slot_bytes"] = s.slot_bytes;
+  j["host_hits"] = s.host_hits;
+  j["host_misses"] = s.host_misses;
+  j["demotions"] = s.demotions;
+  j["host_resident_bytes"] = s.host_resident_bytes;
+  j["host_slots"] = s.host_slots;
+  j["prefetch_issued"] = s.prefetch_issued;
+  j["prefetch_used"] = s.prefetch_used;
   return j.dump();
 }
 

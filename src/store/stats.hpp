@@ -11,16 +11,23 @@ struct StoreStats {
   uint64_t pack_reads = 0;       ///< objects read from the pack
   uint64_t pack_read_bytes = 0;  ///< their payload bytes
   uint64_t pack_read_ns = 0;     ///< wall time with at least one read in flight (per acquire, summed)
-  uint64_t cache_hits = 0;       ///< unique keys of an acquire that were resident
-  uint64_t cache_misses = 0;     ///< unique keys of an acquire that were read; hits + misses = unique keys
+  uint64_t cache_hits = 0;       ///< unique keys of an acquire that were resident (or being prefetched) in the slots
+  uint64_t cache_misses = 0;     ///< unique keys of an acquire that were not; hits + misses = unique keys; misses = host_hits + reads
   uint64_t cache_evictions = 0;
   uint64_t resident_experts = 0;
   uint64_t resident_bytes = 0;   ///< payload bytes of the resident experts
-  uint64_t h2d_bytes = 0;        ///< bytes copied staging → slots
+  uint64_t h2d_bytes = 0;        ///< bytes copied into slots (staging → slot and host tier → slot)
   uint64_t io_errors = 0;        ///< failed reads (each EIO attempt counts)
   uint64_t fallback_count = 0;   ///< io_uring → pread pool, O_DIRECT → buffered
   uint64_t cache_slots = 0;
   uint64_t slot_bytes = 0;
+  uint64_t host_hits = 0;        ///< misses of the slots served from the host tier (one copy, no pack read)
+  uint64_t host_misses = 0;      ///< misses of the slots not in the host tier (read from the pack); 0 without a tier
+  uint64_t demotions = 0;        ///< evicted experts copied into the host tier
+  uint64_t host_resident_bytes = 0;  ///< payload bytes held by the host tier
+  uint64_t host_slots = 0;       ///< slots of the host tier (0: no tier)
+  uint64_t prefetch_issued = 0;  ///< experts loaded ahead of their acquire from a hint (reads and promotions)
+  uint64_t prefetch_used = 0;    ///< prefetched experts an acquire then asked for
 };
 
 /// {"acquires":...,"pack_reads":...} (every field above).

@@ -38,7 +38,11 @@ _Static_assert(offsetof(ep_model_options, pack_build) == 48, "ep_model_options.p
 _Static_assert(offsetof(ep_model_options, resident_experts) == 52, "ep_model_options.resident_experts");
 _Static_assert(offsetof(ep_model_options, progress) == 56, "ep_model_options.progress");
 _Static_assert(offsetof(ep_model_options, cpu_threads) == 72, "ep_model_options.cpu_threads");
-_Static_assert(sizeof(ep_model_options) == 80, "ep_model_options size");
+_Static_assert(offsetof(ep_model_options, host_cache_bytes) == 80, "ep_model_options.host_cache_bytes");
+_Static_assert(offsetof(ep_model_options, overlap_reads) == 88, "ep_model_options.overlap_reads");
+_Static_assert(offsetof(ep_model_options, prefetch) == 92, "ep_model_options.prefetch");
+_Static_assert(offsetof(ep_model_options, cache_policy) == 96, "ep_model_options.cache_policy");
+_Static_assert(sizeof(ep_model_options) == 104, "ep_model_options size");
 _Static_assert(offsetof(ep_model_properties, architecture) == 8, "ep_model_properties.architecture");
 _Static_assert(offsetof(ep_model_properties, vocab_size) == 40, "ep_model_properties.vocab_size");
 _Static_assert(offsetof(ep_model_properties, weight_bytes) == 64, "ep_model_properties.weight_bytes");
@@ -72,6 +76,8 @@ _Static_assert(offsetof(ep_chat_options, thinking) == 12, "ep_chat_options.think
 _Static_assert(sizeof(ep_chat_options) == 24, "ep_chat_options size");
 _Static_assert(offsetof(ep_store_stats, acquires) == 8, "ep_store_stats.acquires");
 _Static_assert(offsetof(ep_store_stats, slot_bytes) == 112, "ep_store_stats.slot_bytes");
-_Static_assert(sizeof(ep_store_stats) == 120, "ep_store_stats size");
+_Static_assert(offsetof(ep_store_stats, host_hits) == 120, "ep_store_stats.host_hits (first appended field)");
+_Static_assert(offsetof(ep_store_stats, prefetch_used) == 168, "ep_store_stats.prefetch_used");
+_Static_assert(sizeof(ep_store_stats) == 176, "ep_store_stats size");
 
 int main(void) { return 0; }

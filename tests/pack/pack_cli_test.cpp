@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/wait.h>
@@ -105,4 +106,31 @@ TEST_CASE("ep-pack synth, build, validate, inspect and gguf-info", "[pack][cli]"
   r = run("build " + (dir / "missing.gguf") + " -o " + pack);
   CHECK(r.code == 1);
   CHECK(r.out.find("source missing") != std::string::npos);
+}
+
+TEST_CASE("ep-pack build --stripe writes the objects over part files; validate reads them", "[pack][cli][stripe]") {
+  ep::test::TempDir dir;
+  const std::string gguf = dir / "m.gguf";
+  Run r = run("synth --arch deepseek4 --layers 2 --experts 5 --embd 256 --ff 256 --type q4_K -o " + gguf);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  std::filesystem::create_directories(dir / "a");
+  std::filesystem::create_directories(dir / "b");
+  const std::string pack = dir / "m.epk";
+  r = run("build " + gguf + " -o " + pack + " --quiet --stripe " + (dir / "a") + "," + (dir / "b"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("part 0: " + (dir / "a") + "/m.epk.part0") != std::string::npos);
+  CHECK(r.out.find("part 1: " + (dir / "b") + "/m.epk.part1") != std::string::npos);
+  r = run("validate " + pack + " --full");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  // A missing part: the error names it.
+  std::filesystem::remove(dir / "b/m.epk.part1");
+  r = run("validate " + pack);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("m.epk.part1") != std::string::npos);
+  r = run("build " + gguf + " -o " + pack + " --stripe " + (dir / "a"));
+  CHECK(r.code != 0);
+  CHECK(r.out.find("at least two directories") != std::string::npos);
 }

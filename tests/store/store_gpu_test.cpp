@@ -54,6 +54,25 @@ uint64_t pack_hash(int fd, const ObjectMap &layout, uint32_t layer, uint32_t exp
   return XXH3_64bits(buf.data(), buf.size());
 }
 
+/// The XXH3 of each object as stored in the pack file, remembered.
+class PackHashes {
+ public:
+  PackHashes(const std::string &path, const ObjectMap &layout)
+      : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), layout_(layout) {
+    REQUIRE(fd_);
+  }
+  uint64_t operator()(uint32_t layer, uint32_t expert) {
+    auto [it, fresh] = hashes_.try_emplace({layer, expert}, 0);
+    if (fresh) it->second = pack_hash(fd_.get(), layout_, layer, expert);
+    return it->second;
+  }
+
+ private:
+  io::FileHandle fd_;
+  const ObjectMap &layout_;
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> hashes_;
+};
+
 }  // namespace
 
 TEST_CASE("random routing over a large pack: every resident slot matches the pack", "[store][gpu]") {
@@ -85,14 +104,7 @@ TEST_CASE("random routing over a large pack: every resident slot matches the pac
     REQUIRE(store.num_slots() == 40);
     auto stream = static_cast<cudaStream_t>(cuda_compute_stream(store.device()));
 
-    io::FileHandle fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    REQUIRE(fd);
-    std::map<std::pair<uint32_t, uint32_t>, uint64_t> expected;
-    auto expect = [&](uint32_t l, uint32_t e) {
-      auto [it, fresh] = expected.try_emplace({l, e}, 0);
-      if (fresh) it->second = pack_hash(fd.get(), *o.objects, l, e);
-      return it->second;
-    };
+    PackHashes expect(path, *o.objects);
 
     // The "kernel": copies the first expert of each acquire on the compute stream.
     constexpr int kScratch = 4;
@@ -151,4 +163,93 @@ TEST_CASE("random routing over a large pack: every resident slot matches the pac
     CHECK(s.resident_experts == 40);
     CHECK(s.io_errors == 0);
   }
+}
+
+TEST_CASE("host tier, staged acquires and prefetch on the CUDA device: every copy sees the right bytes", "[store][gpu][tiers]") {
+  // A smaller pack of its own: 40 slots in VRAM, 40 in pinned host memory, hints for the next
+  // layer, acquires that return before their reads landed. The stand-in kernel copies each
+  // expert on the compute stream as soon as wait_ready() hands it out (and the ready ones at
+  // once), without synchronising, for 4 acquires in a row: the ready / last_use / demoted /
+  // host-slot events must order every copy.
+  const uint64_t pack_bytes = parse_size(env_or("EP_STORE_GPU_TIER_PACK_BYTES", "4G"));
+  const uint64_t object_bytes = parse_size(env_or("EP_STORE_GPU_OBJECT_BYTES", "13369344"));
+  const std::string path =
+      env_or("EP_STORE_GPU_TIER_PACK", (std::filesystem::current_path() / "store_gpu_tier_test.pack").string());
+  const SyntheticPackSpec spec = SyntheticPackSpec::for_size(pack_bytes, object_bytes, 32, 9);
+  create_synthetic_pack(path, spec, std::max(4u, std::thread::hardware_concurrency()));
+  StoreOptions o;
+  o.pack_path = path;
+  o.objects = spec.object_map();
+  o.top_k = 6;
+  o.cache_bytes = 40 * spec.stride();
+  o.host_cache_bytes = 40 * spec.stride();
+  o.prefetch = true;
+  o.staging_slots = 12;
+  o.table_ids = 6;
+  ExpertStore store(o, make_cuda_device(0, nullptr));
+  REQUIRE(store.num_host_slots() == 40);
+  auto stream = static_cast<cudaStream_t>(cuda_compute_stream(store.device()));
+  PackHashes expect(path, *o.objects);
+  constexpr int kRound = 4;
+  std::vector<void *> scratch(kRound * 6);
+  for (auto &s : scratch) cuda_ok(cudaMalloc(&s, spec.object_bytes), "cudaMalloc scratch");
+  std::vector<std::pair<uint32_t, uint32_t>> scratch_key(scratch.size());
+  std::vector<std::byte> host(spec.object_bytes);
+  std::mt19937 rng(77);
+  // Skewed routing (a few hot experts per layer) so that the host tier serves hits.
+  std::vector<double> w(spec.num_experts);
+  for (uint32_t e = 0; e < w.size(); ++e) w[e] = 1.0 / (e + 1.0);
+  std::discrete_distribution<uint32_t> pick(w.begin(), w.end());
+  const int acquires = std::atoi(env_or("EP_STORE_GPU_ACQUIRES", "200").c_str());
+  for (int i = 0; i < acquires; ++i) {
+    const uint32_t layer = static_cast<uint32_t>(i) % spec.num_layers;
+    std::vector<uint32_t> ids;
+    for (int k = 0; k < 6; ++k) ids.push_back(pick(rng));
+    Acquisition a = store.acquire(layer, ids, {}, /*staged=*/true);
+    const int base = (i % kRound) * 6;
+    auto copy = [&](size_t k) {
+      cuda_ok(cudaMemcpyAsync(scratch[base + k], a.pointers[k], spec.object_bytes, cudaMemcpyDeviceToDevice, stream), "kernel");
+      scratch_key[base + k] = {layer, ids[k]};
+    };
+    for (size_t k = 0; k < ids.size(); ++k)
+      if (a.ready[k]) copy(k);
+    // The next layer's likely experts, while this one's reads are in flight.
+    std::vector<uint32_t> guess;
+    for (int k = 0; k < 6; ++k) guess.push_back(pick(rng));
+    store.hint((layer + 1) % spec.num_layers, guess);
+    while (a.pending > 0)
+      for (uint32_t e : store.wait_ready(a))
+        for (size_t k = 0; k < ids.size(); ++k)
+          if (ids[k] == e) copy(k);
+    store.release(a);
+    if (i % kRound == kRound - 1) {
+      cuda_ok(cudaStreamSynchronize(stream), "sync");
+      for (size_t s = 0; s < scratch.size(); ++s) {
+        cuda_ok(cudaMemcpy(host.data(), scratch[s], host.size(), cudaMemcpyDeviceToHost), "scratch D2H");
+        CHECK(XXH3_64bits(host.data(), host.size()) == expect(scratch_key[s].first, scratch_key[s].second));
+      }
+    }
+  }
+  store.device().synchronize();
+  for (const auto &r : store.resident()) {
+    store.read_slot(r.slot, host.data(), host.size());
+    CHECK(XXH3_64bits(host.data(), host.size()) == expect(r.layer, r.expert));
+  }
+  for (const auto &r : store.host_resident()) {
+    store.read_host_slot(r.slot, host.data(), host.size());
+    CHECK(XXH3_64bits(host.data(), host.size()) == expect(r.layer, r.expert));
+  }
+  for (auto &s : scratch) cudaFree(s);
+  const StoreStats s = store.stats();
+  std::printf("store_gpu_test [tiers]: %llu acquires, hits %llu, misses %llu (host %llu), demotions %llu, prefetch %llu/%llu, "
+              "read %.2f GiB\n",
+              (unsigned long long)s.acquires, (unsigned long long)s.cache_hits, (unsigned long long)s.cache_misses,
+              (unsigned long long)s.host_hits, (unsigned long long)s.demotions, (unsigned long long)s.prefetch_issued,
+              (unsigned long long)s.prefetch_used, static_cast<double>(s.pack_read_bytes) / (1ull << 30));
+  CHECK(s.demotions > 0);
+  CHECK(s.host_hits > 0);
+  CHECK(s.prefetch_issued > 0);
+  CHECK(s.cache_misses == s.host_hits + s.host_misses);
+  CHECK(s.pack_reads <= s.host_misses + s.prefetch_issued);
+  CHECK(s.io_errors == 0);
 }

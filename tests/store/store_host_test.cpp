@@ -8,11 +8,13 @@
 #include "io/seam.hpp"
 #include "store/expert_store.hpp"
 #include "testkit/store_pack.hpp"
+#include "test_pack.hpp"
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -27,23 +29,14 @@ using namespace ep::testkit;
 
 namespace {
 
-SyntheticPackSpec spec() {
-  SyntheticPackSpec s;
-  s.num_layers = 4;
-  s.num_experts = 16;
-  s.object_bytes = 64 * 1024 + 123;
-  s.seed = 9;
-  return s;
+const ep::test::TestPack &test_pack() {
+  // 4 layers x 16 experts, object bytes, seed
+  static const ep::test::TestPack pack("store_host_test.pack", SyntheticPackSpec{4, 16, 64 * 1024 + 123, 9});
+  return pack;
 }
 
-const std::string &pack_path() {
-  static const std::string path = [] {
-    const auto p = (std::filesystem::current_path() / "store_host_test.pack").string();
-    create_synthetic_pack(p, spec(), 2);
-    return p;
-  }();
-  return path;
-}
+const SyntheticPackSpec &spec() { return test_pack().spec(); }
+const std::string &pack_path() { return test_pack().path(); }
 
 StoreOptions options(uint32_t slots, uint32_t top_k = 4, uint32_t tokens = 1) {
   StoreOptions o;
@@ -58,14 +51,7 @@ StoreOptions options(uint32_t slots, uint32_t top_k = 4, uint32_t tokens = 1) {
   return o;
 }
 
-uint64_t expected_hash(uint32_t layer, uint32_t expert) {
-  static std::map<std::pair<uint32_t, uint32_t>, uint64_t> memo;
-  static std::mutex m;
-  std::lock_guard lock(m);
-  auto [it, fresh] = memo.try_emplace({layer, expert}, 0);
-  if (fresh) it->second = synthetic_object_hash(spec(), layer, expert);
-  return it->second;
-}
+uint64_t expected_hash(uint32_t layer, uint32_t expert) { return test_pack().hash(layer, expert); }
 
 void check_pointers(const Acquisition &a) {
   for (std::size_t i = 0; i < a.ids.size(); ++i) {
@@ -303,7 +289,8 @@ TEST_CASE("stats file is written atomically every N acquires", "[store]") {
     CHECK(j.at("cache_misses") == 10);
     CHECK(j.at("cache_hits").get<uint64_t>() + j.at("cache_misses").get<uint64_t>() == 10);
     for (const char *k : {"pack_reads", "pack_read_bytes", "pack_read_ns", "cache_evictions", "resident_experts",
-                          "resident_bytes", "h2d_bytes", "io_errors", "fallback_count"})
+                          "resident_bytes", "h2d_bytes", "io_errors", "fallback_count", "host_hits", "host_misses", "demotions",
+                          "host_resident_bytes", "host_slots", "prefetch_issued", "prefetch_used"})
       CHECK(j.contains(k));
   }
 }
@@ -342,6 +329,9 @@ TEST_CASE("the C API reads the stats file a store writes", "[store][capi]") {
   s.cache_misses = 9;
   s.fallback_count = 1;
   s.slot_bytes = 4096;
+  s.host_hits = 3;
+  s.demotions = 5;
+  s.prefetch_used = 2;
   write_stats_file(s, path);
   ep_store_stats out;
   ep_store_stats_init(&out);
@@ -351,6 +341,17 @@ TEST_CASE("the C API reads the stats file a store writes", "[store][capi]") {
   CHECK(out.cache_hits + out.cache_misses == 14);
   CHECK(out.fallback_count == 1);
   CHECK(out.slot_bytes == 4096);
+  CHECK(out.host_hits == 3);
+  CHECK(out.demotions == 5);
+  CHECK(out.prefetch_used == 2);
+  // A caller of the first version gets the fields it knows.
+  ep_store_stats v1;
+  ep_store_stats_init(&v1);
+  v1.struct_size = offsetof(ep_store_stats, host_hits);
+  v1.host_hits = 99;
+  REQUIRE(ep_store_stats_read_file(&v1, path.c_str()) == EP_OK);
+  CHECK(v1.acquires == 7);
+  CHECK(v1.host_hits == 99);
   CHECK(ep_store_stats_read_file(nullptr, path.c_str()) == EP_ERR_INVALID_ARGUMENT);
   out.struct_size = 3;
   CHECK(ep_store_stats_read_file(&out, path.c_str()) == EP_ERR_STRUCT_SIZE);

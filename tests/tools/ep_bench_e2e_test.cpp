@@ -149,3 +149,35 @@ TEST_CASE("ep-bench e2e: --staging-mib sizes staging from the experts of a model
   CHECK(staging == std::max<uint64_t>(1, (uint64_t{1} << 20) / slot));
   CHECK(j.at("requests").at(0).at("generated_tokens").get<uint32_t>() == 2);
 }
+
+TEST_CASE("ep-bench e2e --mode ours,sglang: both in one run, side by side, the same tokens") {
+  ep::test::TempDir dir;
+  const std::string gguf = synth(dir, "m", "1.5", 3);
+  const std::string report = dir / "e2e.json";
+  const std::string cmd = std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --workload '" + EP_WORKLOAD_FILE +
+                          "' --requests 2 --max-new 4 --ignore-eos --device cpu --cache-mib 1 --host-cache-mib 1 --prefetch"
+                          " --mode ours,sglang --io-seconds 0.5 --pack-dir '" +
+                          (dir / "packs") + "' --json '" + report + "' >/dev/null 2>&1";
+  REQUIRE(run(cmd) == 0);
+  const auto j = load(report);
+  REQUIRE(j.contains("modes"));
+  const auto &ours = j["modes"]["ours"], &sglang = j["modes"]["sglang"];
+  CHECK(j.at("mode") == "ours");  // the first mode is also the top level
+  CHECK(ours.at("policy") == "decay");
+  CHECK(ours.at("overlap") == true);
+  CHECK(ours.at("prefetch") == true);
+  CHECK(ours.at("host_slots").get<uint64_t>() > 0);
+  CHECK(sglang.at("policy") == "sglang-lfu");
+  CHECK(sglang.at("overlap") == false);
+  CHECK(sglang.at("prefetch") == false);
+  CHECK(sglang.at("host_slots").get<uint64_t>() == 0);
+  CHECK(sglang.at("host_hits").get<uint64_t>() == 0);
+  CHECK(ours.at("cache_slots") == sglang.at("cache_slots"));
+  CHECK(ours.at("disk_gbps") == sglang.at("disk_gbps"));  // one measurement for the run
+  for (const auto *m : {&ours, &sglang}) CHECK(m->at("all").at("generated_tokens").get<uint64_t>() == 8);
+  // The host tier serves some misses: fewer pack bytes than the same slots without it.
+  CHECK(ours.at("host_hits").get<uint64_t>() > 0);
+  // A mode that does not exist is refused.
+  CHECK(run(std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --mode vllm --device cpu --pack-dir '" + (dir / "packs") +
+            "' >/dev/null 2>&1") != 0);
+}

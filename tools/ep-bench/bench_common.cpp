@@ -1,5 +1,7 @@
 #include "bench_common.hpp"
 
+#include "format/pack_file.hpp"
+
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "io/file.hpp"
@@ -48,6 +50,7 @@ PackSource pack_from_args(const Args &args) {
   const uint64_t object_bytes = static_cast<uint64_t>(args.number("object-bytes", kDefaultObjectBytes));
   if (args.options.count("pack")) {
     src.path = args.get("pack", "");
+    src.files = {src.path};
     if (auto spec = testkit::read_synthetic_header(src.path)) {
       src.layout = spec->object_map();
       src.kind = "synthetic";
@@ -55,8 +58,10 @@ PackSource pack_from_args(const Args &args) {
     }
     if (!args.options.count("object-bytes")) {
       // An Expert Pack v1 (structure checked; payload hashes are the validator's job).
-      src.layout = store::PackObjectMap::open(src.path, false);
-      src.kind = "expert-pack";
+      auto pack = store::PackObjectMap::open(src.path, false);
+      src.files = pack->pack().data_files();
+      src.layout = std::move(pack);
+      src.kind = src.files.size() > 1 ? "expert-pack-striped" : "expert-pack";
       return src;
     }
     const uint64_t data_start = static_cast<uint64_t>(args.number("data-start", 0));
@@ -74,6 +79,7 @@ PackSource pack_from_args(const Args &args) {
   const auto experts = static_cast<uint32_t>(args.number("experts", 256));
   const auto spec = testkit::SyntheticPackSpec::for_size(size, object_bytes, experts, 1);
   src.path = args.get("create-path", "ep-bench.synthetic.pack");
+  src.files = {src.path};
   const auto t0 = std::chrono::steady_clock::now();
   const bool wrote = testkit::create_synthetic_pack(src.path, spec, std::max(2u, std::thread::hardware_concurrency()));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -24,6 +24,9 @@ Args parse_args(int argc, char **argv, int start, const std::vector<std::string>
 
 struct PackSource {
   std::string path;
+  /// The files the objects lie in (ObjectMap::object_file() indexes them): a striped pack's
+  /// parts, else {path}.
+  std::vector<std::string> files;
   std::shared_ptr<const store::ObjectMap> layout;
   std::string kind;  ///< "expert-pack", "synthetic", "raw" (--object-bytes over a plain file)
 };

@@ -1,10 +1,12 @@
 // ep-bench e2e: the endpoint-style workload (bench/workload/seed-10.jsonl: five Alpaca and five
 // MMLU requests, one at a time, temperature 0) through the public C API (ep_model_open with the
-// consumer-box cache / staging options, ep_generate_chat), reporting per dataset prefill and
-// decode tok/s, the unique-key expert-cache hit rate and SSD bytes per generated token (deltas of
-// ep_model_store_stats), and per run the I/O bound: SSD miss bytes / the disk's raw O_DIRECT
-// bandwidth measured in the same run on the same pack (raw_loop_gbps, as `ep-bench io` does), and
-// efficiency = bound / measured time.
+// consumer-box cache / host tier / staging options, ep_generate_chat), reporting per dataset
+// prefill and decode tok/s, the unique-key expert-cache hit rate and SSD bytes per generated token
+// (deltas of ep_model_store_stats), and per run the I/O bound: SSD miss bytes / the disk's raw
+// O_DIRECT bandwidth measured in the same run on the same pack (raw_loop_gbps, as `ep-bench io`
+// does), and efficiency = bound / measured time. --mode ours,sglang runs the workload once per
+// mode in the same process (the published SGLang algorithm on this engine beside ours) and
+// prints them side by side.
 #include "bench_common.hpp"
 
 #include "core/error.hpp"
@@ -101,7 +103,7 @@ struct RequestResult {
   double prefill_seconds = 0;
   double decode_seconds = 0;
   double wall_seconds = 0;  ///< the whole ep_generate_chat call
-  uint64_t hits = 0, misses = 0, read_bytes = 0, reads = 0, h2d_bytes = 0, evictions = 0;
+  uint64_t hits = 0, misses = 0, host_hits = 0, read_bytes = 0, reads = 0, h2d_bytes = 0, evictions = 0;
   uint64_t prefill_read_bytes = 0, decode_read_bytes = 0;  ///< read_bytes split at the first token (ep_generate_stats)
   double prefill_tps() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
   double decode_tps() const { return decode_seconds > 0 ? generated_tokens / decode_seconds : 0; }
@@ -186,6 +188,45 @@ struct Handles {
   }
 };
 
+/// One configuration of the engine's expert delivery, run over the whole workload.
+struct Mode {
+  std::string name;
+  std::string policy;
+  uint64_t host_cache_bytes = 0;
+  bool overlap = true;
+  bool prefetch = false;
+};
+
+/// "ours": the flags as given (--policy, --host-cache-mib, --no-overlap, --prefetch);
+/// "ours-prefetch": the same with prefetch on; "sglang": the published SGLang algorithm on this
+/// engine: its LFU policy, no host tier, no overlap, no prefetch (every miss read on the critical
+/// path).
+Mode mode_of(const std::string &name, const Args &args) {
+  Mode m;
+  m.name = name;
+  if (name == "sglang") {
+    m.policy = "sglang-lfu";
+    m.overlap = false;
+    return m;
+  }
+  if (name != "ours" && name != "ours-prefetch")
+    fail(Status::invalid_argument, "--mode: ours, ours-prefetch or sglang (comma-separated for several), not '{}'", name);
+  m.policy = args.get("policy", "decay");
+  m.host_cache_bytes = static_cast<uint64_t>(args.number("host-cache-mib", 0) * 1048576.0);
+  m.overlap = !args.has("no-overlap");
+  m.prefetch = args.has("prefetch") || name == "ours-prefetch";
+  return m;
+}
+
+struct ModeRun {
+  Mode mode;
+  double open_seconds = 0;
+  std::vector<RequestResult> results;
+  ep_store_stats stats{};  // at the end
+  ep_model_properties props{};
+  std::string pack_path;
+};
+
 }  // namespace
 
 int cmd_e2e(const Args &args) {
@@ -199,6 +240,16 @@ int cmd_e2e(const Args &args) {
   const bool has_max_new = args.options.count("max-new") != 0;
   const auto max_new = static_cast<uint32_t>(args.number("max-new", 200));
   const uint64_t mib = 1ull << 20;
+  std::vector<Mode> modes;
+  {
+    std::string list = args.get("mode", "ours");
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      if (comma > at) modes.push_back(mode_of(list.substr(at, comma - at), args));
+      at = comma + 1;
+    }
+    if (modes.empty()) fail(Status::invalid_argument, "--mode: no mode given");
+  }
 
   ep_model_options mopt;
   ep_model_options_init(&mopt);
@@ -215,46 +266,6 @@ int cmd_e2e(const Args &args) {
   if (args.options.count("pack-dir")) mopt.pack_dir = args.options.at("pack-dir").c_str();
   if (args.options.count("direct-io")) mopt.direct_io = static_cast<int32_t>(args.number("direct-io", -1));
 
-  Handles h;
-  const auto t_open = Clock::now();
-  check(ep_model_open(&h.model, model_path.c_str(), &mopt), "open model");
-  const double open_seconds = std::chrono::duration<double>(Clock::now() - t_open).count();
-  const char *pack_c = ep_model_pack_path(h.model);
-  if (!pack_c) fail(Status::invalid_argument, "{}: the model holds its experts in memory; e2e needs an Expert Pack", model_path);
-  const std::string pack_path = pack_c;
-  ep_model_properties props;
-  ep_model_properties_init(&props);
-  check(ep_model_info(&props, h.model), "model info");
-  if (args.options.count("tokenizer")) check(ep_tokenizer_open(&h.tok, args.options.at("tokenizer").c_str()), "open tokenizer");
-  else check(ep_tokenizer_open_model(&h.tok, h.model), "open the model's tokenizer");
-  ep_store_stats st0;
-  ep_store_stats_init(&st0);
-  check(ep_model_store_stats(&st0, h.model), "store stats");
-  std::fprintf(stderr, "ep-bench e2e: %s: %u layers, %u experts (top-%u), pack %s, cache %llu slots x %llu B, opened in %.1f s\n",
-               props.architecture, props.num_layers, props.num_experts, props.experts_per_token, pack_path.c_str(),
-               static_cast<unsigned long long>(st0.cache_slots), static_cast<unsigned long long>(st0.slot_bytes), open_seconds);
-
-  if (open_only) {  // the pack step of scripts/dev/bench-e2e: build (or check) the pack, nothing else
-    std::printf("%s\n", pack_path.c_str());
-    return 0;
-  }
-
-  // The disk's raw bandwidth on this pack, in this run (same cgroup, same file).
-  const double io_seconds = args.number("io-seconds", 5);
-  const auto io_depth = static_cast<uint32_t>(args.number("io-depth", 32));
-  Args pack_args;
-  pack_args.options["pack"] = pack_path;
-  const PackSource src = pack_from_args(pack_args);
-  const uint64_t block = io::align_up(src.layout->max_object_bytes(), io::kDirectAlignment);
-  std::vector<double> disk_runs;
-  auto measure_disk = [&] {
-    if (io_seconds <= 0) return;
-    disk_runs.push_back(raw_loop_gbps(src, block, io_depth, io_seconds));
-    std::fprintf(stderr, "ep-bench e2e: raw O_DIRECT random reads of %llu B, depth %u: %.3f GB/s\n",
-                 static_cast<unsigned long long>(block), io_depth, disk_runs.back());
-  };
-  measure_disk();
-
   ep_generate_options gen;
   ep_generate_options_init(&gen);
   gen.temperature = 0;
@@ -263,148 +274,271 @@ int cmd_e2e(const Args &args) {
   ep_chat_options_init(&chat);
   if (args.options.count("thinking")) chat.thinking = static_cast<int32_t>(args.number("thinking", -1));
 
-  std::vector<RequestResult> results;
-  for (const Request &rq : requests) {
-    RequestResult r;
-    r.req = rq;
-    gen.max_new_tokens = has_max_new ? max_new : rq.max_new_tokens;
-    check(ep_session_open(&h.session, h.model), "open session");
-    ep_store_stats a, b;
-    ep_store_stats_init(&a);
-    ep_store_stats_init(&b);
-    check(ep_model_store_stats(&a, h.model), "store stats");
-    ep_generate_stats gs;
-    ep_generate_stats_init(&gs);
-    const ep_chat_message msg{"user", rq.prompt.c_str(), nullptr};
-    const auto t0 = Clock::now();
-    check(ep_generate_chat(&gs, h.session, h.tok, &msg, 1, &chat, &gen, nullptr, nullptr), "generate");
-    r.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    check(ep_model_store_stats(&b, h.model), "store stats");
-    ep_session_close(h.session);
-    h.session = nullptr;
-    r.prompt_tokens = gs.prompt_tokens;
-    r.generated_tokens = gs.generated_tokens;
-    r.prefill_seconds = gs.prefill_seconds;
-    r.decode_seconds = gs.decode_seconds;
-    r.hits = b.cache_hits - a.cache_hits;
-    r.misses = b.cache_misses - a.cache_misses;
-    r.read_bytes = b.pack_read_bytes - a.pack_read_bytes;
-    r.reads = b.pack_reads - a.pack_reads;
-    r.h2d_bytes = b.h2d_bytes - a.h2d_bytes;
-    r.evictions = b.cache_evictions - a.cache_evictions;
-    r.prefill_read_bytes = gs.prefill_expert_bytes;
-    r.decode_read_bytes = gs.decode_expert_bytes;
-    std::fprintf(stderr, "ep-bench e2e: %2d %-28s %4u prompt %4u new  prefill %8.2f tok/s  decode %7.3f tok/s  hit %.3f  %.1f MB read\n",
-                 rq.order, rq.id.c_str(), r.prompt_tokens, r.generated_tokens, r.prefill_tps(), r.decode_tps(),
-                 r.hits + r.misses ? static_cast<double>(r.hits) / static_cast<double>(r.hits + r.misses) : 0.0,
-                 static_cast<double>(r.read_bytes) / 1e6);
-    results.push_back(r);
+  const double io_seconds = args.number("io-seconds", 5);
+  const auto io_depth = static_cast<uint32_t>(args.number("io-depth", 32));
+  std::vector<double> disk_runs;
+  uint64_t block = 0;
+  std::vector<ModeRun> runs;
+  for (size_t mi = 0; mi < modes.size(); ++mi) {
+    const Mode &mode = modes[mi];
+    ModeRun run;
+    run.mode = mode;
+    mopt.cache_policy = mode.policy.c_str();
+    mopt.host_cache_bytes = mode.host_cache_bytes;
+    mopt.overlap_reads = mode.overlap ? 1 : 0;
+    mopt.prefetch = mode.prefetch ? 1 : 0;
+    Handles h;
+    const auto t_open = Clock::now();
+    check(ep_model_open(&h.model, model_path.c_str(), &mopt), "open model");
+    run.open_seconds = std::chrono::duration<double>(Clock::now() - t_open).count();
+    const char *pack_c = ep_model_pack_path(h.model);
+    if (!pack_c) fail(Status::invalid_argument, "{}: the model holds its experts in memory; e2e needs an Expert Pack", model_path);
+    run.pack_path = pack_c;
+    ep_model_properties_init(&run.props);
+    check(ep_model_info(&run.props, h.model), "model info");
+    if (args.options.count("tokenizer")) check(ep_tokenizer_open(&h.tok, args.options.at("tokenizer").c_str()), "open tokenizer");
+    else check(ep_tokenizer_open_model(&h.tok, h.model), "open the model's tokenizer");
+    ep_store_stats st0;
+    ep_store_stats_init(&st0);
+    check(ep_model_store_stats(&st0, h.model), "store stats");
+    std::fprintf(stderr,
+                 "ep-bench e2e [%s]: %s: %u layers, %u experts (top-%u), pack %s, cache %llu slots x %llu B, host tier %llu slots, "
+                 "policy %s, overlap %s, prefetch %s, opened in %.1f s\n",
+                 mode.name.c_str(), run.props.architecture, run.props.num_layers, run.props.num_experts,
+                 run.props.experts_per_token, run.pack_path.c_str(), static_cast<unsigned long long>(st0.cache_slots),
+                 static_cast<unsigned long long>(st0.slot_bytes), static_cast<unsigned long long>(st0.host_slots),
+                 mode.policy.c_str(), mode.overlap ? "on" : "off", mode.prefetch ? "on" : "off", run.open_seconds);
+    if (open_only) {  // the pack step of scripts/dev/bench-e2e: build (or check) the pack, nothing else
+      std::printf("%s\n", run.pack_path.c_str());
+      return 0;
+    }
+    if (mi == 0) {
+      // The disk's raw bandwidth on this pack, in this run (same cgroup, same file): before the
+      // first mode and after the last.
+      Args pack_args;
+      pack_args.options["pack"] = run.pack_path;
+      const PackSource src = pack_from_args(pack_args);
+      block = io::align_up(src.layout->max_object_bytes(), io::kDirectAlignment);
+      if (io_seconds > 0) {
+        disk_runs.push_back(raw_loop_gbps(src, block, io_depth, io_seconds));
+        std::fprintf(stderr, "ep-bench e2e: raw O_DIRECT random reads of %llu B, depth %u: %.3f GB/s\n",
+                     static_cast<unsigned long long>(block), io_depth, disk_runs.back());
+      }
+    }
+    for (const Request &rq : requests) {
+      RequestResult r;
+      r.req = rq;
+      gen.max_new_tokens = has_max_new ? max_new : rq.max_new_tokens;
+      check(ep_session_open(&h.session, h.model), "open session");
+      ep_store_stats a, b;
+      ep_store_stats_init(&a);
+      ep_store_stats_init(&b);
+      check(ep_model_store_stats(&a, h.model), "store stats");
+      ep_generate_stats gs;
+      ep_generate_stats_init(&gs);
+      const ep_chat_message msg{"user", rq.prompt.c_str(), nullptr};
+      const auto t0 = Clock::now();
+      check(ep_generate_chat(&gs, h.session, h.tok, &msg, 1, &chat, &gen, nullptr, nullptr), "generate");
+      r.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      check(ep_model_store_stats(&b, h.model), "store stats");
+      ep_session_close(h.session);
+      h.session = nullptr;
+      r.prompt_tokens = gs.prompt_tokens;
+      r.generated_tokens = gs.generated_tokens;
+      r.prefill_seconds = gs.prefill_seconds;
+      r.decode_seconds = gs.decode_seconds;
+      r.hits = b.cache_hits - a.cache_hits;
+      r.misses = b.cache_misses - a.cache_misses;
+      r.host_hits = b.host_hits - a.host_hits;
+      r.read_bytes = b.pack_read_bytes - a.pack_read_bytes;
+      r.reads = b.pack_reads - a.pack_reads;
+      r.h2d_bytes = b.h2d_bytes - a.h2d_bytes;
+      r.evictions = b.cache_evictions - a.cache_evictions;
+      r.prefill_read_bytes = gs.prefill_expert_bytes;
+      r.decode_read_bytes = gs.decode_expert_bytes;
+      std::fprintf(stderr,
+                   "ep-bench e2e [%s]: %2d %-28s %4u prompt %4u new  prefill %8.2f tok/s  decode %7.3f tok/s  hit %.3f  %.1f MB read\n",
+                   mode.name.c_str(), rq.order, rq.id.c_str(), r.prompt_tokens, r.generated_tokens, r.prefill_tps(), r.decode_tps(),
+                   r.hits + r.misses ? static_cast<double>(r.hits) / static_cast<double>(r.hits + r.misses) : 0.0,
+                   static_cast<double>(r.read_bytes) / 1e6);
+      run.results.push_back(r);
+    }
+    ep_store_stats_init(&run.stats);
+    check(ep_model_store_stats(&run.stats, h.model), "store stats");
+    runs.push_back(std::move(run));
   }
-  measure_disk();
+  if (io_seconds > 0 && !disk_runs.empty()) {
+    Args pack_args;
+    pack_args.options["pack"] = runs.back().pack_path;
+    disk_runs.push_back(raw_loop_gbps(pack_from_args(pack_args), block, io_depth, io_seconds));
+    std::fprintf(stderr, "ep-bench e2e: raw O_DIRECT random reads of %llu B, depth %u: %.3f GB/s\n",
+                 static_cast<unsigned long long>(block), io_depth, disk_runs.back());
+  }
   double disk_gbps = 0;
   for (double g : disk_runs) disk_gbps += g;
   if (!disk_runs.empty()) disk_gbps /= static_cast<double>(disk_runs.size());
 
-  std::vector<std::string> datasets;
-  for (const auto &r : results)
-    if (std::find(datasets.begin(), datasets.end(), r.req.dataset) == datasets.end()) datasets.push_back(r.req.dataset);
-  std::vector<Summary> sums;
-  for (const auto &d : datasets) sums.push_back(summarize(d, results));
-  const Summary all = summarize("all", results);
-  const double bound_seconds = disk_gbps > 0 ? static_cast<double>(all.read_bytes) / (disk_gbps * 1e9) : 0;
-  const double efficiency = all.seconds > 0 ? bound_seconds / all.seconds : 0;
-  // Decode alone: its own SSD bytes against its own time (the prompt passes read far more per token).
-  const double decode_bound_tps =
-      disk_gbps > 0 && all.decode_bytes_per_token() > 0 ? disk_gbps * 1e9 / all.decode_bytes_per_token() : 0;
-  const double decode_bound_seconds = disk_gbps > 0 ? static_cast<double>(all.decode_read_bytes) / (disk_gbps * 1e9) : 0;
-  const double decode_efficiency = all.decode_seconds > 0 ? decode_bound_seconds / all.decode_seconds : 0;
-  ep_store_stats st1;
-  ep_store_stats_init(&st1);
-  check(ep_model_store_stats(&st1, h.model), "store stats");
+  // One report per mode (the first mode's is also the top level, as with a single mode).
+  struct Report {
+    nlohmann::ordered_json json;
+    Summary all;
+    double efficiency = 0, decode_efficiency = 0, decode_bound_tps = 0;
+  };
+  std::vector<Report> reports;
+  for (const ModeRun &run : runs) {
+    const auto &results = run.results;
+    const ep_store_stats &st1 = run.stats;
+    std::vector<std::string> datasets;
+    for (const auto &r : results)
+      if (std::find(datasets.begin(), datasets.end(), r.req.dataset) == datasets.end()) datasets.push_back(r.req.dataset);
+    std::vector<Summary> sums;
+    for (const auto &d : datasets) sums.push_back(summarize(d, results));
+    const Summary all = summarize("all", results);
+    const double bound_seconds = disk_gbps > 0 ? static_cast<double>(all.read_bytes) / (disk_gbps * 1e9) : 0;
+    const double efficiency = all.seconds > 0 ? bound_seconds / all.seconds : 0;
+    // Decode alone: its own SSD bytes against its own time (the prompt passes read far more per token).
+    const double decode_bound_tps =
+        disk_gbps > 0 && all.decode_bytes_per_token() > 0 ? disk_gbps * 1e9 / all.decode_bytes_per_token() : 0;
+    const double decode_bound_seconds = disk_gbps > 0 ? static_cast<double>(all.decode_read_bytes) / (disk_gbps * 1e9) : 0;
+    const double decode_efficiency = all.decode_seconds > 0 ? decode_bound_seconds / all.decode_seconds : 0;
 
-  nlohmann::ordered_json j;
-  j["bench"] = "e2e";
-  j["model"] = model_path;
-  j["pack"] = pack_path;
-  j["workload"] = workload_path;
-  j["device"] = args.get("device", "auto");
-  j["architecture"] = props.architecture;
-  j["layers"] = props.num_layers;
-  j["experts"] = props.num_experts;
-  j["experts_per_token"] = props.experts_per_token;
-  j["cache_mib"] = mopt.cache_budget_bytes / mib;
-  j["cache_slots"] = st1.cache_slots;
-  j["slot_bytes"] = st1.slot_bytes;
-  j["staging_slots"] = mopt.staging_slots;
-  j["max_new_tokens"] = has_max_new ? max_new : 0;
-  j["ignore_eos"] = gen.ignore_eos != 0;
-  j["open_seconds"] = open_seconds;
-  j["disk_gbps"] = disk_gbps;
-  j["disk_runs_gbps"] = disk_runs;
-  j["disk_object_bytes"] = block;
-  j["io_bound_seconds"] = bound_seconds;
-  j["measured_seconds"] = all.seconds;
-  j["efficiency"] = efficiency;
-  j["decode_bound_tps"] = decode_bound_tps;
-  j["decode_io_bound_seconds"] = decode_bound_seconds;
-  j["decode_measured_seconds"] = all.decode_seconds;
-  j["decode_efficiency"] = decode_efficiency;
-  j["fallback_count"] = st1.fallback_count;
-  j["io_errors"] = st1.io_errors;
-  j["all"] = summary_json(all);
-  for (const auto &s : sums) j["datasets"][s.name] = summary_json(s);
-  auto rows = nlohmann::ordered_json::array();
-  for (const auto &r : results)
-    rows.push_back({{"order", r.req.order},
-                    {"id", r.req.id},
-                    {"dataset", r.req.dataset},
-                    {"prompt_tokens", r.prompt_tokens},
-                    {"generated_tokens", r.generated_tokens},
-                    {"prefill_seconds", r.prefill_seconds},
-                    {"decode_seconds", r.decode_seconds},
-                    {"wall_seconds", r.wall_seconds},
-                    {"prefill_tps", r.prefill_tps()},
-                    {"decode_tps", r.decode_tps()},
-                    {"cache_hits", r.hits},
-                    {"cache_misses", r.misses},
-                    {"ssd_bytes", r.read_bytes},
-                    {"prefill_ssd_bytes", r.prefill_read_bytes},
-                    {"decode_ssd_bytes", r.decode_read_bytes},
-                    {"ssd_reads", r.reads},
-                    {"h2d_bytes", r.h2d_bytes},
-                    {"evictions", r.evictions}});
-  j["requests"] = rows;
+    nlohmann::ordered_json j;
+    j["bench"] = "e2e";
+    j["mode"] = run.mode.name;
+    j["policy"] = run.mode.policy;
+    j["overlap"] = run.mode.overlap;
+    j["prefetch"] = run.mode.prefetch;
+    j["model"] = model_path;
+    j["pack"] = run.pack_path;
+    j["workload"] = workload_path;
+    j["device"] = args.get("device", "auto");
+    j["architecture"] = run.props.architecture;
+    j["layers"] = run.props.num_layers;
+    j["experts"] = run.props.num_experts;
+    j["experts_per_token"] = run.props.experts_per_token;
+    j["cache_mib"] = mopt.cache_budget_bytes / mib;
+    j["cache_slots"] = st1.cache_slots;
+    j["slot_bytes"] = st1.slot_bytes;
+    j["host_cache_mib"] = run.mode.host_cache_bytes / mib;
+    j["host_slots"] = st1.host_slots;
+    j["staging_slots"] = mopt.staging_slots;
+    j["max_new_tokens"] = has_max_new ? max_new : 0;
+    j["ignore_eos"] = gen.ignore_eos != 0;
+    j["open_seconds"] = run.open_seconds;
+    j["disk_gbps"] = disk_gbps;
+    j["disk_runs_gbps"] = disk_runs;
+    j["disk_object_bytes"] = block;
+    j["io_bound_seconds"] = bound_seconds;
+    j["measured_seconds"] = all.seconds;
+    j["efficiency"] = efficiency;
+    j["decode_bound_tps"] = decode_bound_tps;
+    j["decode_io_bound_seconds"] = decode_bound_seconds;
+    j["decode_measured_seconds"] = all.decode_seconds;
+    j["decode_efficiency"] = decode_efficiency;
+    j["fallback_count"] = st1.fallback_count;
+    j["io_errors"] = st1.io_errors;
+    j["host_hits"] = st1.host_hits;
+    j["host_misses"] = st1.host_misses;
+    j["demotions"] = st1.demotions;
+    j["host_resident_bytes"] = st1.host_resident_bytes;
+    j["prefetch_issued"] = st1.prefetch_issued;
+    j["prefetch_used"] = st1.prefetch_used;
+    j["all"] = summary_json(all);
+    for (const auto &sm : sums) j["datasets"][sm.name] = summary_json(sm);
+    auto rows = nlohmann::ordered_json::array();
+    for (const auto &r : results)
+      rows.push_back({{"order", r.req.order},
+                      {"id", r.req.id},
+                      {"dataset", r.req.dataset},
+                      {"prompt_tokens", r.prompt_tokens},
+                      {"generated_tokens", r.generated_tokens},
+                      {"prefill_seconds", r.prefill_seconds},
+                      {"decode_seconds", r.decode_seconds},
+                      {"wall_seconds", r.wall_seconds},
+                      {"prefill_tps", r.prefill_tps()},
+                      {"decode_tps", r.decode_tps()},
+                      {"cache_hits", r.hits},
+                      {"cache_misses", r.misses},
+                      {"host_hits", r.host_hits},
+                      {"ssd_bytes", r.read_bytes},
+                      {"prefill_ssd_bytes", r.prefill_read_bytes},
+                      {"decode_ssd_bytes", r.decode_read_bytes},
+                      {"ssd_reads", r.reads},
+                      {"h2d_bytes", r.h2d_bytes},
+                      {"evictions", r.evictions}});
+    j["requests"] = rows;
+    Report rep;
+    rep.json = std::move(j);
+    rep.all = all;
+    rep.efficiency = efficiency;
+    rep.decode_efficiency = decode_efficiency;
+    rep.decode_bound_tps = decode_bound_tps;
+    reports.push_back(std::move(rep));
+
+    if (args.has("json-stdout")) continue;
+    std::printf("[%s] model %s (%u layers), pack %s\n", run.mode.name.c_str(), model_path.c_str(), run.props.num_layers,
+                run.pack_path.c_str());
+    std::printf("[%s] device %s, cache %llu MiB = %llu slots x %.1f MiB, host tier %llu slots, staging slots %s, policy %s, overlap %s, "
+                "prefetch %s\n",
+                run.mode.name.c_str(), args.get("device", "auto").c_str(), static_cast<unsigned long long>(mopt.cache_budget_bytes / mib),
+                static_cast<unsigned long long>(st1.cache_slots), static_cast<double>(st1.slot_bytes) / static_cast<double>(mib),
+                static_cast<unsigned long long>(st1.host_slots), mopt.staging_slots ? std::to_string(mopt.staging_slots).c_str() : "auto",
+                run.mode.policy.c_str(), run.mode.overlap ? "on" : "off", run.mode.prefetch ? "on" : "off");
+    std::printf("%-8s %4s %12s %12s %9s %14s %17s %12s\n", "dataset", "req", "prefill t/s", "decode t/s", "hit rate",
+                "SSD MB/token", "decode MB/token", "new tokens");
+    std::vector<const Summary *> v;
+    for (const auto &x : sums) v.push_back(&x);
+    v.push_back(&all);
+    for (const Summary *sm : v)
+      std::printf("%-8s %4u %12.2f %12.3f %9.4f %14.2f %17.2f %12llu\n", sm->name.c_str(), sm->requests, sm->prefill_tps_mean,
+                  sm->decode_tps_mean, sm->hit_rate(), sm->bytes_per_token() / 1e6, sm->decode_bytes_per_token() / 1e6,
+                  static_cast<unsigned long long>(sm->generated_tokens));
+    if (st1.host_slots)
+      std::printf("host tier: %llu hits, %llu misses, %llu demotions, %.1f MiB resident\n",
+                  static_cast<unsigned long long>(st1.host_hits), static_cast<unsigned long long>(st1.host_misses),
+                  static_cast<unsigned long long>(st1.demotions), static_cast<double>(st1.host_resident_bytes) / static_cast<double>(mib));
+    if (run.mode.prefetch)
+      std::printf("prefetch: %llu issued, %llu used\n", static_cast<unsigned long long>(st1.prefetch_issued),
+                  static_cast<unsigned long long>(st1.prefetch_used));
+    std::printf("disk (raw O_DIRECT, %llu B reads, depth %u): %.3f GB/s; SSD miss bytes %.3f GB\n",
+                static_cast<unsigned long long>(block), io_depth, disk_gbps, static_cast<double>(all.read_bytes) / 1e9);
+    std::printf("I/O bound %.2f s vs measured %.2f s (prefill + decode): efficiency %.3f\n", bound_seconds, all.seconds,
+                efficiency);
+    std::printf("decode only: I/O bound %.2f s vs measured %.2f s: efficiency %.3f; decode bound %.3f tok/s\n\n",
+                decode_bound_seconds, all.decode_seconds, decode_efficiency, decode_bound_tps);
+  }
+
+  nlohmann::ordered_json top = reports.front().json;
+  if (reports.size() > 1) {
+    top["modes"] = nlohmann::ordered_json::object();
+    for (const Report &r : reports) top["modes"][r.json["mode"].get<std::string>()] = r.json;
+  }
   if (args.options.count("json")) {
     std::ofstream f(args.options.at("json"));
     if (!f) fail(Status::io, "{}: cannot write the JSON report", args.options.at("json"));
-    f << j.dump(2) << "\n";
+    f << top.dump(2) << "\n";
   }
   if (args.has("json-stdout")) {
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", top.dump().c_str());
     return 0;
   }
-  std::printf("model %s (%u layers), pack %s\n", model_path.c_str(), props.num_layers, pack_path.c_str());
-  std::printf("device %s, cache %llu MiB = %llu slots x %.1f MiB, staging slots %s\n", args.get("device", "auto").c_str(),
-              static_cast<unsigned long long>(mopt.cache_budget_bytes / mib), static_cast<unsigned long long>(st1.cache_slots),
-              static_cast<double>(st1.slot_bytes) / static_cast<double>(mib),
-              mopt.staging_slots ? std::to_string(mopt.staging_slots).c_str() : "auto");
-  std::printf("%-8s %4s %12s %12s %9s %14s %17s %12s\n", "dataset", "req", "prefill t/s", "decode t/s", "hit rate",
-              "SSD MB/token", "decode MB/token", "new tokens");
-  for (const Summary *s : [&] {
-         std::vector<const Summary *> v;
-         for (const auto &x : sums) v.push_back(&x);
-         v.push_back(&all);
-         return v;
-       }())
-    std::printf("%-8s %4u %12.2f %12.3f %9.4f %14.2f %17.2f %12llu\n", s->name.c_str(), s->requests, s->prefill_tps_mean,
-                s->decode_tps_mean, s->hit_rate(), s->bytes_per_token() / 1e6, s->decode_bytes_per_token() / 1e6,
-                static_cast<unsigned long long>(s->generated_tokens));
-  std::printf("disk (raw O_DIRECT, %llu B reads, depth %u): %.3f GB/s; SSD miss bytes %.3f GB\n",
-              static_cast<unsigned long long>(block), io_depth, disk_gbps, static_cast<double>(all.read_bytes) / 1e9);
-  std::printf("I/O bound %.2f s vs measured %.2f s (prefill + decode): efficiency %.3f\n", bound_seconds, all.seconds,
-              efficiency);
-  std::printf("decode only: I/O bound %.2f s vs measured %.2f s: efficiency %.3f; decode bound %.3f tok/s\n",
-              decode_bound_seconds, all.decode_seconds, decode_efficiency, decode_bound_tps);
+  if (reports.size() > 1) {
+    // The modes side by side; ratios against the first sglang mode when there is one.
+    const Report *base = nullptr;
+    for (const Report &r : reports)
+      if (r.json["mode"] == "sglang") base = &r;
+    std::printf("%-14s %12s %12s %9s %10s %14s %17s %10s %10s %12s\n", "mode", "prefill t/s", "decode t/s", "hit rate",
+                "host hits", "SSD MB/token", "decode MB/token", "decode eff", "x decode", "x SSD bytes");
+    for (const Report &r : reports) {
+      const double x_tps = base && base->all.decode_tps_mean > 0 ? r.all.decode_tps_mean / base->all.decode_tps_mean : 0;
+      const double x_bytes =
+          base && base->all.decode_bytes_per_token() > 0 ? r.all.decode_bytes_per_token() / base->all.decode_bytes_per_token() : 0;
+      std::printf("%-14s %12.2f %12.3f %9.4f %10llu %14.2f %17.2f %10.3f %10.2f %12.3f\n", r.json["mode"].get<std::string>().c_str(),
+                  r.all.prefill_tps_mean, r.all.decode_tps_mean, r.all.hit_rate(),
+                  static_cast<unsigned long long>(r.json["host_hits"].get<uint64_t>()), r.all.bytes_per_token() / 1e6,
+                  r.all.decode_bytes_per_token() / 1e6, r.decode_efficiency, x_tps, x_bytes);
+    }
+  }
   return 0;
 }
 

@@ -35,10 +35,18 @@ struct Objects {
     return layout->object_offset(static_cast<uint32_t>(i / layout->num_experts()),
                                  static_cast<uint32_t>(i % layout->num_experts()));
   }
+  uint32_t file(uint64_t i) const {
+    return layout->object_file(static_cast<uint32_t>(i / layout->num_experts()),
+                               static_cast<uint32_t>(i % layout->num_experts()));
+  }
 };
 
 // fio, random O_DIRECT reads of `block` bytes at block-aligned offsets after data_start.
 bool fio_gbps(const PackSource &src, uint64_t block, uint32_t depth, double seconds, double &gbps, std::string &why) {
+  if (src.files.size() > 1) {
+    why = "a striped pack (fio reads one file here)";
+    return false;
+  }
   int rc = 0;
   run_command("command -v fio >/dev/null 2>&1", rc);
   if (rc != 0) {
@@ -74,11 +82,17 @@ bool fio_gbps(const PackSource &src, uint64_t block, uint32_t depth, double seco
 
 // The own raw loop (no fio): io_uring with a registered file and buffer, `depth` whole-object
 // O_DIRECT reads in flight — the same kernel features fio uses with --fixedbufs
-// --registerfiles. Without liburing: `depth` threads of O_DIRECT pread. (Also used by ep-bench e2e.)
+// --registerfiles. Without liburing: `depth` threads of O_DIRECT pread. A striped pack's parts are
+// all read at once (each a registered file). (Also used by ep-bench e2e.)
 double raw_loop_gbps(const PackSource &src, uint64_t block, uint32_t depth, double seconds) {
   const Objects objects{src.layout.get()};
-  bool direct = false;
-  io::FileHandle fd = io::open_for_read(src.path, io::DirectMode::automatic, direct);
+  std::vector<io::FileHandle> handles;
+  std::vector<int> fds;
+  for (const std::string &f : src.files.empty() ? std::vector<std::string>{src.path} : src.files) {
+    bool direct = false;
+    handles.push_back(io::open_for_read(f, io::DirectMode::automatic, direct));
+    fds.push_back(handles.back().get());
+  }
   const auto t0 = Clock::now();
   const auto deadline = t0 + std::chrono::duration<double>(seconds);
   uint64_t total = 0;
@@ -87,17 +101,19 @@ double raw_loop_gbps(const PackSource &src, uint64_t block, uint32_t depth, doub
   if (io_uring_queue_init(depth, &ring, 0) == 0) {
     io::AlignedBuffer buf(static_cast<std::size_t>(depth) * block);
     iovec iov{buf.data(), buf.size()};
-    const int file = fd.get();
-    const bool fixed_file = io_uring_register_files(&ring, &file, 1) == 0;
+    const bool fixed_file = io_uring_register_files(&ring, fds.data(), static_cast<unsigned>(fds.size())) == 0;
     const bool fixed_buf = io_uring_register_buffers(&ring, &iov, 1) == 0;
     std::mt19937_64 rng(1000);
     std::uniform_int_distribution<uint64_t> pick(0, objects.count() - 1);
     auto queue = [&](uint32_t slot) {
       io_uring_sqe *sqe = io_uring_get_sqe(&ring);
       std::byte *dst = buf.data() + static_cast<uint64_t>(slot) * block;
-      const uint64_t off = objects.offset(pick(rng));
-      if (fixed_buf) io_uring_prep_read_fixed(sqe, fixed_file ? 0 : file, dst, static_cast<unsigned>(block), off, 0);
-      else io_uring_prep_read(sqe, fixed_file ? 0 : file, dst, static_cast<unsigned>(block), off);
+      const uint64_t i = pick(rng);
+      const uint64_t off = objects.offset(i);
+      const uint32_t f = objects.file(i);
+      const int file = fixed_file ? static_cast<int>(f) : fds[f];
+      if (fixed_buf) io_uring_prep_read_fixed(sqe, file, dst, static_cast<unsigned>(block), off, 0);
+      else io_uring_prep_read(sqe, file, dst, static_cast<unsigned>(block), off);
       if (fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data64(sqe, slot);
     };
@@ -129,7 +145,8 @@ double raw_loop_gbps(const PackSource &src, uint64_t block, uint32_t depth, doub
       std::mt19937_64 rng(1000 + t);
       std::uniform_int_distribution<uint64_t> pick(0, objects.count() - 1);
       while (Clock::now() < deadline) {
-        const ssize_t n = ::pread(fd.get(), buf.data(), block, static_cast<off_t>(objects.offset(pick(rng))));
+        const uint64_t i = pick(rng);
+        const ssize_t n = ::pread(fds[objects.file(i)], buf.data(), block, static_cast<off_t>(objects.offset(i)));
         if (n > 0) bytes += static_cast<uint64_t>(n);
       }
     });
@@ -152,7 +169,7 @@ struct EngineResult {
 EngineResult engine_gbps(const PackSource &src, uint64_t block, const io::ReaderOptions &options, double seconds) {
   const Objects objects{src.layout.get()};
   io::ReaderCounters counters;
-  auto reader = io::open_reader(src.path, options, counters);
+  auto reader = io::open_reader(src.files.empty() ? std::vector<std::string>{src.path} : src.files, options, counters);
   const uint32_t depth = std::max<uint32_t>(1, options.queue_depth);
   io::AlignedBuffer ring(static_cast<std::size_t>(depth) * block);
   reader->register_buffer(ring.data(), ring.size());
@@ -161,6 +178,7 @@ EngineResult engine_gbps(const PackSource &src, uint64_t block, const io::Reader
   auto submit = [&](uint32_t slot) {
     const uint64_t i = pick(rng);
     io::ReadRequest r;
+    r.file = objects.file(i);
     r.offset = objects.offset(i);
     r.bytes = block;
     r.dst = ring.data() + static_cast<uint64_t>(slot) * block;

@@ -1,6 +1,10 @@
 // ep-cache-sim: replays routing traces through every placement policy and Belady's offline
-// optimum at the same byte budget; prints hit rates and bytes read (a table, or --json).
+// optimum at the same byte budget; prints hit rates and bytes read (a table, or --json). With a
+// host budget, also the store's two tiers (the slots above an exclusive host-RAM tier) per policy,
+// beside Belady at the slots alone and at slots + host tier (the fewest pack reads any placement
+// of that total capacity allows).
 #include "cache/budget.hpp"
+#include "cache/host_tier.hpp"
 #include "cache/simulate.hpp"
 #include "core/error.hpp"
 #include "testkit/trace.hpp"
@@ -9,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -28,6 +33,9 @@ constexpr const char *kUsage =
     "     --object-bytes N --seed N      (defaults 8, 128, 6, 256, 1.0, 0.5, 3 MiB, 1)\n"
     "  --budget-mib LIST     cache budgets in MiB (default: fractions 0.1,0.25,0.5 of the bank)\n"
     "  --budget-fraction LIST budgets as fractions of all experts' bytes\n"
+    "  --host-mib N | --host-fraction F  a host-RAM tier below each budget: two-tier runs per policy\n"
+    "                        (policy+host) and Belady at budget + host (belady+host)\n"
+    "  --host-admit N        requests before an evicted expert is admitted to the host tier (default 2)\n"
     "  --policies LIST       default lru,sglang-lfu,decay,decay-bypass (Belady always runs)\n"
     "  --half-life-tokens N  decay half-life in tokens (x layers = ticks; default 32)\n"
     "  --json                one JSON object instead of the table\n"
@@ -55,6 +63,8 @@ int main(int argc, char **argv) {
   try {
     std::vector<std::string> trace_paths, synthetic_kinds;
     std::vector<double> budgets_mib, fractions;
+    double host_mib = 0, host_fraction = 0;
+    uint32_t host_admit = cache::HostTier::kDefaultAdmitRequests;
     std::vector<std::string> policies = cache::policy_names();
     testkit::SyntheticTraceOptions syn;
     cache::TracePhases phases = cache::TracePhases::decode;
@@ -80,7 +90,10 @@ int main(int argc, char **argv) {
         for (const auto &s : split(value(), ',')) budgets_mib.push_back(to_double(s, "--budget-mib"));
       } else if (a == "--budget-fraction") {
         for (const auto &s : split(value(), ',')) fractions.push_back(to_double(s, "--budget-fraction"));
-      } else if (a == "--policies") policies = split(value(), ',');
+      } else if (a == "--host-mib") host_mib = to_double(value(), "--host-mib");
+      else if (a == "--host-fraction") host_fraction = to_double(value(), "--host-fraction");
+      else if (a == "--host-admit") host_admit = static_cast<uint32_t>(to_double(value(), "--host-admit"));
+      else if (a == "--policies") policies = split(value(), ',');
       else if (a == "--half-life-tokens") half_life_tokens = to_double(value(), a.c_str());
       else if (a == "--layers") syn.num_layers = static_cast<uint32_t>(to_double(value(), "--layers"));
       else if (a == "--experts") syn.num_experts = static_cast<uint32_t>(to_double(value(), "--experts"));
@@ -141,10 +154,24 @@ int main(int argc, char **argv) {
         }
         results.push_back(cache::simulate_belady(t, slots));
         unique_total = results.back().unique_keys;
+        const uint64_t host_bytes =
+            host_mib > 0 ? static_cast<uint64_t>(host_mib * 1024 * 1024) : static_cast<uint64_t>(host_fraction * static_cast<double>(bank));
+        const uint64_t total_objects = static_cast<uint64_t>(t.num_layers) * t.num_experts;
+        const auto host_slots = static_cast<uint32_t>(std::min<uint64_t>(host_bytes / slot_bytes, total_objects - slots));
+        if (host_slots > 0) {
+          for (const auto &p : policies) {
+            auto policy = cache::make_policy(p, decay);
+            results.push_back(cache::simulate_two_tier(t, *policy, slots, cache::make_policy(p, decay), host_slots, host_admit));
+          }
+          cache::SimResult b = cache::simulate_belady(t, slots + host_slots);
+          b.policy = "belady+host";
+          results.push_back(b);
+        }
         nlohmann::ordered_json run;
         run["trace"] = t.name;
         run["budget_bytes"] = budget;
         run["slots"] = slots;
+        run["host_slots"] = host_slots;
         run["accesses"] = t.accesses.size();
         run["unique_keys"] = unique_total;
         run["policies"] = nlohmann::ordered_json::object();
@@ -152,6 +179,8 @@ int main(int argc, char **argv) {
           nlohmann::ordered_json pj;
           pj["hit_rate"] = r.hit_rate();
           pj["bytes_read"] = r.bytes_read;
+          pj["host_hits"] = r.host_hits;
+          pj["pack_reads"] = r.pack_reads();
           pj["hits"] = r.hits;
           pj["misses"] = r.misses;
           pj["evictions"] = r.evictions;
@@ -159,12 +188,13 @@ int main(int argc, char **argv) {
         }
         out["runs"].push_back(run);
         if (!json) {
-          fmt::print("  budget {:.0f} MiB = {} slots ({} unique keys requested)\n", static_cast<double>(budget) / (1 << 20),
-                     slots, unique_total);
-          fmt::print("    {:<14} {:>9} {:>10} {:>10} {:>12}\n", "policy", "hit rate", "hits", "misses", "read GiB");
+          fmt::print("  budget {:.0f} MiB = {} slots ({} unique keys requested){}\n", static_cast<double>(budget) / (1 << 20),
+                     slots, unique_total, host_slots ? fmt::format(", host tier {} slots", host_slots) : std::string());
+          fmt::print("    {:<18} {:>9} {:>10} {:>10} {:>10} {:>12}\n", "policy", "hit rate", "hits", "misses", "host hits",
+                     "read GiB");
           for (const auto &r : results)
-            fmt::print("    {:<14} {:>8.2f}% {:>10} {:>10} {:>12.2f}\n", r.policy, 100.0 * r.hit_rate(), r.hits, r.misses,
-                       static_cast<double>(r.bytes_read) / (1ull << 30));
+            fmt::print("    {:<18} {:>8.2f}% {:>10} {:>10} {:>10} {:>12.2f}\n", r.policy, 100.0 * r.hit_rate(), r.hits, r.misses,
+                       r.host_hits, static_cast<double>(r.bytes_read) / (1ull << 30));
         }
       }
     }

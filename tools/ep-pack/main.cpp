@@ -31,7 +31,9 @@ using Clock = std::chrono::steady_clock;
 
 const char *kUsage =
     "usage:\n"
-    "  ep-pack build SRC... -o PACK [--alignment N] [--quiet]\n"
+    "  ep-pack build SRC... -o PACK [--alignment N] [--stripe DIR1,DIR2,...] [--quiet]\n"
+    "      --stripe: the objects interleaved over one part file per directory (one per drive);\n"
+    "      PACK keeps the header and index and opens like any pack\n"
     "      SRC: a GGUF (any shard finds the rest; any name, e.g. an Ollama blob), safetensors\n"
     "      files, a model.safetensors.index.json, or a directory holding them (recognised by\n"
     "      their bytes, not their names)\n"
@@ -125,11 +127,20 @@ int cmd_build(const Args &a) {
   ep::pack::BuildOptions opt;
   opt.alignment = static_cast<uint32_t>(a.get_u64("alignment", 4096));
   opt.progress = progress_printer(a.has("quiet"));
+  const std::string stripe = a.get("stripe");
+  for (size_t at = 0; at < stripe.size();) {
+    const size_t comma = std::min(stripe.find(',', at), stripe.size());
+    if (comma > at) opt.stripe_dirs.push_back(stripe.substr(at, comma - at));
+    at = comma + 1;
+  }
+  if (!stripe.empty() && opt.stripe_dirs.size() < 2)
+    ep::fail(ep::Status::invalid_argument, "--stripe needs at least two directories (comma-separated), got '{}'", stripe);
   const auto r = ep::pack::build_pack(a.positional, out, opt);
   fmt::print("built {}: {} layers x {} experts, {} file bytes, {} payload bytes in {:.3f} s ({:.1f} MiB/s), "
              "manifest {} (generation {})\n",
              r.pack_path, r.num_layers, r.num_experts, r.file_bytes, r.payload_bytes, r.seconds,
              r.payload_bytes_per_s / 1048576.0, r.manifest_path, r.generation);
+  for (size_t k = 0; k < r.part_paths.size(); ++k) fmt::print("  part {}: {}\n", k, r.part_paths[k]);
   return 0;
 }
 

@@ -19,6 +19,7 @@ const char *kUsage =
     "              [--stop ID] [--cache-mib MIB] [--score] [--dump-topk FILE [--top-k K]] [--stats]\n"
     "              [--pack-dir DIR] [--no-pack-build] [--resident-experts] [--staging-slots N]\n"
     "              [--queue-depth N] [--read-splits N] [--direct-io 0|1] [--device auto|cpu|cuda] [--cpu-threads N]\n"
+    "              [--host-cache-mib MIB] [--no-overlap] [--prefetch] [--policy NAME]\n"
     "\n"
     "  --model PATH   a GGUF file (any shard of a set; any name, e.g. an Ollama blob), a directory\n"
     "                 with config.json + safetensors, or an\n"
@@ -35,6 +36,12 @@ const char *kUsage =
     "                 are identical for any N\n"
     "  --cache-mib MIB  expert cache budget, fractions allowed (default: every expert, at most half\n"
     "                 the physical memory; on CUDA at most the free GPU memory less 2 GiB)\n"
+    "  --host-cache-mib MIB  a host-RAM tier below the expert cache (pinned with CUDA): evicted experts\n"
+    "                 asked for twice are kept there and come back without a pack read (default: none)\n"
+    "  --no-overlap   read a layer's missing experts before computing any (default: compute with the\n"
+    "                 cached ones while they are read; the results are the same)\n"
+    "  --prefetch     read the next layer's predicted experts into spare I/O capacity (default: off)\n"
+    "  --policy NAME  expert cache policy: decay (default), decay-bypass, lru, sglang-lfu\n"
     "  --tokens LIST  prompt token ids, comma-separated\n"
     "  -n N           tokens to generate (default 16); streamed to stdout, one id per line\n"
     "  --temp T       sampling temperature (default 0 = greedy)\n"
@@ -141,6 +148,14 @@ void print_store_stats(const ep_model *model) {
                static_cast<unsigned long long>(s.pack_reads), static_cast<double>(s.pack_read_bytes) / (1 << 20),
                static_cast<unsigned long long>(s.resident_experts), static_cast<unsigned long long>(s.cache_slots),
                static_cast<unsigned long long>(s.slot_bytes));
+  if (s.host_slots)
+    std::fprintf(stderr, "ep-run: host tier: %llu hits, %llu misses, %llu demotions, %.2f MiB in %llu slots\n",
+                 static_cast<unsigned long long>(s.host_hits), static_cast<unsigned long long>(s.host_misses),
+                 static_cast<unsigned long long>(s.demotions), static_cast<double>(s.host_resident_bytes) / (1 << 20),
+                 static_cast<unsigned long long>(s.host_slots));
+  if (s.prefetch_issued)
+    std::fprintf(stderr, "ep-run: prefetch: %llu issued, %llu used\n", static_cast<unsigned long long>(s.prefetch_issued),
+                 static_cast<unsigned long long>(s.prefetch_used));
 }
 
 int on_token(int32_t token, uint32_t, void *payload) {
@@ -153,7 +168,7 @@ int on_token(int32_t token, uint32_t, void *payload) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  std::string model_path, tokens_arg, dump_path, dump_logits_path, pack_dir;
+  std::string model_path, tokens_arg, dump_path, dump_logits_path, pack_dir, policy;
   int progress_state = -1;
   ep_generate_options gen;
   ep_generate_options_init(&gen);
@@ -181,6 +196,14 @@ int main(int argc, char **argv) {
       if (!(mib > 0)) die("--cache-mib must be positive");
       mopt.cache_budget_bytes = static_cast<uint64_t>(mib * 1048576.0);
     }
+    else if (a == "--host-cache-mib") {
+      const double mib = std::stod(next());
+      if (!(mib >= 0)) die("--host-cache-mib must not be negative");
+      mopt.host_cache_bytes = static_cast<uint64_t>(mib * 1048576.0);
+    }
+    else if (a == "--no-overlap") mopt.overlap_reads = 0;
+    else if (a == "--prefetch") mopt.prefetch = 1;
+    else if (a == "--policy") policy = next();
     else if (a == "--pack-dir") pack_dir = next();
     else if (a == "--no-pack-build") mopt.pack_build = 0;
     else if (a == "--resident-experts") mopt.resident_experts = 1;
@@ -228,6 +251,7 @@ int main(int argc, char **argv) {
   if (prompt.empty() && !text_mode) die("--tokens is empty");
 
   if (!pack_dir.empty()) mopt.pack_dir = pack_dir.c_str();
+  if (!policy.empty()) mopt.cache_policy = policy.c_str();
   mopt.progress = on_progress;
   mopt.progress_payload = &progress_state;
   ep_model *model = nullptr;
