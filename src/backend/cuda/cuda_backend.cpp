@@ -301,6 +301,7 @@ void CudaBackend::grouped_matmul(const Tensor &w, int64_t groups, const Tensor &
   }
   GemvArgs a;
   a.w_ptrs = static_cast<const void *const *>(table);
+  a.w_ptrs_aligned16 = (reinterpret_cast<uintptr_t>(w.data) & 15) == 0 && (w.row_bytes() * static_cast<uint64_t>(o)) % 16 == 0;
   a.x = x.as<float>();
   a.y = y.as<float>();
   a.k = k;

@@ -36,45 +36,63 @@ __global__ void scale_kernel(const float *x, float s, int64_t n, float *y) {
   if (i < n) y[i] = s * x[i];
 }
 
-// One thread per token; the same operation order as the CPU reference.
+// One thread per token; the same operation order as the CPU reference. HC > 0: the stream count
+// known at compile time (DeepSeek-V4's 4), so every loop unrolls and the matrix stays in
+// registers; HC = 0: any count up to kHcMaxStreams, the matrix in local memory.
+template <int HC>
 __global__ void hc_weights_kernel(const float *__restrict__ mix, const float *__restrict__ scale,
-                                  const float *__restrict__ base, float eps, int32_t iters, int hc, int64_t n_tok,
+                                  const float *__restrict__ base, float eps, int32_t iters, int hc_runtime, int64_t n_tok,
                                   float *__restrict__ pre, float *__restrict__ post, float *__restrict__ comb) {
+  const int hc = HC > 0 ? HC : hc_runtime;
+  constexpr int kCells = HC > 0 ? HC * HC : kHcMaxStreams * kHcMaxStreams;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n_tok) return;
   const int m = post ? (2 + hc) * hc : hc;
   const float *mt = mix + t * m;
+#pragma unroll
   for (int i = 0; i < hc; ++i) pre[t * hc + i] = sigmoid(mt[i] * scale[0] + base[i]) + eps;
   if (!post) return;
+#pragma unroll
   for (int i = 0; i < hc; ++i) post[t * hc + i] = 2.0f * sigmoid(mt[hc + i] * scale[1] + base[hc + i]);
-  float c[kHcMaxStreams * kHcMaxStreams];
+  float c[kCells];
   const float *lg = mt + 2 * hc;
   const float *bs = base + 2 * hc;
+#pragma unroll
   for (int i = 0; i < hc; ++i) {
     float mx = -INFINITY;
+#pragma unroll
     for (int j = 0; j < hc; ++j) {
       c[i * hc + j] = lg[i * hc + j] * scale[2] + bs[i * hc + j];
       mx = fmaxf(mx, c[i * hc + j]);
     }
     float sum = 0.0f;
+#pragma unroll
     for (int j = 0; j < hc; ++j) sum += (c[i * hc + j] = expf(c[i * hc + j] - mx));
+#pragma unroll
     for (int j = 0; j < hc; ++j) c[i * hc + j] = c[i * hc + j] / sum + eps;
   }
   const int rounds = iters < 1 ? 1 : iters;  // as the CPU: one column pass at least
   for (int it = 0; it < rounds; ++it) {
     if (it > 0) {  // rows (the first round normalises columns only)
+#pragma unroll
       for (int i = 0; i < hc; ++i) {
         float s = 0.0f;
+#pragma unroll
         for (int j = 0; j < hc; ++j) s += c[i * hc + j];
+#pragma unroll
         for (int j = 0; j < hc; ++j) c[i * hc + j] /= (s + eps);
       }
     }
+#pragma unroll
     for (int j = 0; j < hc; ++j) {
       float s = 0.0f;
+#pragma unroll
       for (int i = 0; i < hc; ++i) s += c[i * hc + j];
+#pragma unroll
       for (int i = 0; i < hc; ++i) c[i * hc + j] /= (s + eps);
     }
   }
+#pragma unroll
   for (int i = 0; i < hc * hc; ++i) comb[t * hc * hc + i] = c[i];
 }
 
@@ -324,8 +342,11 @@ void launch_hc_weights(const float *mix, const float *scale, const float *base, 
   if (hc <= 0 || hc > kHcMaxStreams)
     throw Error(Status::unsupported, "launch_hc_weights: " + std::to_string(hc) + " streams (1..16)");
   if (n_tok == 0) return;
-  hc_weights_kernel<<<blocks_for(n_tok, 64), 64, 0, stream>>>(mix, scale, base, eps, iters, static_cast<int>(hc), n_tok,
-                                                              pre, post, comb);
+  if (hc == 4)
+    hc_weights_kernel<4><<<blocks_for(n_tok, 64), 64, 0, stream>>>(mix, scale, base, eps, iters, 4, n_tok, pre, post, comb);
+  else
+    hc_weights_kernel<0><<<blocks_for(n_tok, 64), 64, 0, stream>>>(mix, scale, base, eps, iters, static_cast<int>(hc), n_tok,
+                                                                   pre, post, comb);
   EP_CUDA_CHECK_LAUNCH("hc_weights_kernel");
 }
 

@@ -7,6 +7,8 @@
 //  - dp4a (gemv_dp4a.cu): the same arithmetic with the weights in registers, where stream's
 //    shared memory or alignment does not fit (not iq2_xxs);
 //  - mma (gemv_mma.cu; 2..8 tokens, mxfp4, q2_K, q3_K with k a multiple of 256): tensor cores;
+//  - rows (gemv_rows.cu; q8_0, f32, f16, bf16, 1..8 tokens, 16-byte aligned matrices): lanes
+//    sharing a row, 16-byte loads into registers;
 //  - else generic (gemv_generic.cu) for mxfp4, q4_K and q5_K, pipe (gemv_pipe.cu) for the rest:
 //    the per-lane kernels, exact to f32 rounding.
 // Each default is the fastest that `ep-bench kernels` measured on an H200 for its types and shapes
@@ -40,12 +42,14 @@ GemvKernel pick_gemv_kernel(uint32_t type, const GemvArgs &args) {
   GemvKernel want = args.kernel;
   const bool mma_ok = gemv_mma_covers(type, args.k), dp4a_ok = gemv_dp4a_covers(type, args);
   if (want == GemvKernel::stream && !gemv_stream_covers(type, args)) want = GemvKernel::automatic;
+  if (want == GemvKernel::rows && !gemv_rows_covers(type, args)) want = GemvKernel::automatic;
   if (want == GemvKernel::automatic || (want == GemvKernel::mma && !mma_ok) || (want == GemvKernel::dp4a && !dp4a_ok)) {
     // stream measured faster than dp4a; the same rows-per-matrix rule
     if (dp4a_ok && args.n >= kDp4aMinRows) return gemv_stream_covers(type, args) ? GemvKernel::stream : GemvKernel::dp4a;
     const int t = static_cast<int>(type);
     if (t == kIQ2_XXS && args.n >= kDp4aMinRows && gemv_stream_covers(type, args)) return GemvKernel::stream;
     if (mma_ok && args.n_tok > 1) return GemvKernel::mma;
+    if (gemv_rows_covers(type, args)) return GemvKernel::rows;
     return t == kQ4_K || t == kQ5_K || t == kMXFP4 ? GemvKernel::generic : GemvKernel::pipe;
   }
   return want;
@@ -61,13 +65,14 @@ const char *gemv_kernel_name(GemvKernel kernel) {
     case GemvKernel::mma: return "mma";
     case GemvKernel::dp4a: return "dp4a";
     case GemvKernel::stream: return "stream";
+    case GemvKernel::rows: return "rows";
   }
   return "?";
 }
 
 bool parse_gemv_kernel(const char *name, GemvKernel &out) {
   for (GemvKernel k : {GemvKernel::automatic, GemvKernel::generic, GemvKernel::pipe, GemvKernel::mma, GemvKernel::dp4a,
-                       GemvKernel::stream}) {
+                       GemvKernel::stream, GemvKernel::rows}) {
     if (std::strcmp(name, gemv_kernel_name(k)) == 0) {
       out = k;
       return true;
@@ -107,6 +112,7 @@ void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
     case GemvKernel::mma: return launch_gemv_mma(type, args, stream);
     case GemvKernel::dp4a: return launch_gemv_dp4a(type, args, stream);
     case GemvKernel::stream: return launch_gemv_stream(type, args, stream);
+    case GemvKernel::rows: return launch_gemv_rows(type, args, stream);
     default: return launch_gemv_pipe(type, args, stream);  // pipe (pick_gemv_kernel never returns automatic)
   }
 }

@@ -1,6 +1,7 @@
 // The decode-GEMV kernel families launch_gemv (gemv.cu) picks from, each in its own file with its
-// kernels: generic and pipe (every type), mma (tensor cores, mxfp4 / q2_K / q3_K), and the dp4a
-// family's two kernels, dp4a and stream (x quantized to int8 per block). A launcher takes
+// kernels: generic and pipe (every type), mma (tensor cores, mxfp4 / q2_K / q3_K), the dp4a
+// family's two kernels, dp4a and stream (x quantized to int8 per block), and rows (q8_0 and the
+// plain float types, lanes sharing a row). A launcher takes
 // arguments launch_gemv has validated, for a type (ggml type id) and shape its covers function
 // accepts; it launches on `stream` and throws ep::Error when the launch fails, or Status::unsupported
 // for a type the family has no kernel for.
@@ -35,5 +36,11 @@ void launch_gemv_dp4a(uint32_t type, const GemvArgs &args, cudaStream_t stream);
 /// where x and one ring per warp fit shared memory (gemv_stream.cu).
 bool gemv_stream_covers(uint32_t type, const GemvArgs &args);
 void launch_gemv_stream(uint32_t type, const GemvArgs &args, cudaStream_t stream);
+
+/// Whether the row kernel runs these arguments: q8_0 with k a multiple of 256, f32 / f16 / bf16,
+/// every matrix 16-byte aligned (a single `w`, or w_ptrs with GemvArgs::w_ptrs_aligned16)
+/// (gemv_rows.cu).
+bool gemv_rows_covers(uint32_t type, const GemvArgs &args);
+void launch_gemv_rows(uint32_t type, const GemvArgs &args, cudaStream_t stream);
 
 }  // namespace ep::backend::cuda

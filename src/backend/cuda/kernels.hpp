@@ -16,7 +16,7 @@ namespace ep::backend::cuda {
 /// shapes they fall back to what automatic picks there. stream is dp4a's arithmetic with the
 /// weights streamed through shared memory (a ring per warp, filled by bulk copies on sm_90+).
 /// generic and pipe run every type exactly (f32 x).
-enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream };
+enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream, rows };
 
 /// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =
 /// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of
@@ -41,6 +41,9 @@ struct GemvGlu {
 };
 struct GemvArgs {
   const void *const *w_ptrs = nullptr;  ///< device array [n_mat], or null: every matrix is `w`
+  /// The caller checked that every w_ptrs[m] is 16-byte aligned (the row kernel needs it; a
+  /// single `w` is checked by launch_gemv itself).
+  bool w_ptrs_aligned16 = false;
   const void *w = nullptr;
   const float *x = nullptr;
   const int32_t *x_rows = nullptr;

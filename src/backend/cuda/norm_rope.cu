@@ -5,6 +5,7 @@
 #include "backend/cuda/kernels.hpp"
 #include "backend/cuda/reduce.cuh"
 
+#include <cstdint>
 #include <string>
 
 namespace ep::backend::cuda {
@@ -12,15 +13,47 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void rms_norm_kernel(const float *__restrict__ x, const float *__restrict__ w, float eps, int64_t n,
+// One row per block. vec: rows of a multiple of 4 values, x, w and y 16-byte aligned: float4
+// loads, several in flight per thread.
+__global__ void rms_norm_kernel(const float *__restrict__ x, const float *__restrict__ w, float eps, int64_t n, bool vec,
                                 float *__restrict__ y) {
   const float *xr = x + blockIdx.x * n;
   float *yr = y + blockIdx.x * n;
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  if (vec) {
+    const float4 *x4 = reinterpret_cast<const float4 *>(xr);
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = x4[i];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  }
   ss = block_reduce(ss, SumOp{}, 0.0f);
   const float scale = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
+  if (vec) {
+    const float4 *x4 = reinterpret_cast<const float4 *>(xr), *w4 = reinterpret_cast<const float4 *>(w);
+    float4 *y4 = reinterpret_cast<float4 *>(yr);
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      float4 v = x4[i];
+      v.x *= scale;
+      v.y *= scale;
+      v.z *= scale;
+      v.w *= scale;
+      if (w) {
+        const float4 g = w4[i];
+        v.x *= g.x;
+        v.y *= g.y;
+        v.z *= g.z;
+        v.w *= g.w;
+      }
+      y4[i] = v;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
+  }
 }
 
 __global__ void rope_kernel(const float *__restrict__ x, const int32_t *__restrict__ pos, const RopeArgs a, float *y) {
@@ -72,7 +105,11 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1)
 
 void launch_rms_norm(const float *x, const float *weight, float eps, int64_t n, int64_t rows, float *y, cudaStream_t stream) {
   if (rows == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, weight, eps, n, y);
+  auto aligned = [](const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  const bool vec = n % 4 == 0 && aligned(x) && aligned(y) && (weight == nullptr || aligned(weight));
+  // few rows (decode): a wide block per row, so one row's reads are spread over many threads
+  const int threads = rows < 128 ? 1024 : kThreads;
+  rms_norm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, weight, eps, n, vec, y);
   EP_CUDA_CHECK_LAUNCH("rms_norm_kernel");
 }
 

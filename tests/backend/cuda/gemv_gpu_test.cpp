@@ -98,6 +98,7 @@ double run_case(const Case &c, GemvKernel kernel, std::mt19937 &rng) {
 
   GemvArgs a;
   a.w_ptrs = static_cast<const void *const *>(dptrs.p);
+  a.w_ptrs_aligned16 = true;  // matrices 4096 bytes apart from cudaMalloc's aligned start
   a.x = static_cast<const float *>(dx.p);
   a.x_rows = static_cast<const int32_t *>(dxrows.p);
   a.y = static_cast<float *>(dy.p);
@@ -267,6 +268,24 @@ TEST_CASE("every GEMV kernel matches the CPU for every type", "[gpu][gemv]") {
   }
 }
 
+TEST_CASE("the row kernel matches the CPU for q8_0 and the float types", "[gpu][gemv]") {
+  std::mt19937 rng(34);
+  // row lengths for every lane count: q8_0 pieces of 256 values, float pieces of 32 (1, 8, 64
+  // and 256 pieces per row: 4, 8, 32 and 128 lanes); odd n: partial row groups
+  for (GgmlType type : {GgmlType::q8_0, GgmlType::f32, GgmlType::f16, GgmlType::bf16}) {
+    const int64_t piece = type == GgmlType::q8_0 ? 256 : 32;
+    for (int64_t pieces : {1, 8, 64, 256}) {
+      for (Case c : {Case{type, piece * pieces, 37, 2, 1}, Case{type, piece * pieces, 5, 1, 3}, Case{type, piece * pieces, 130, 3, 8}}) {
+        if (c.k * c.n > (int64_t{1} << 22)) c.n = 9;
+        const double err = run_case(c, GemvKernel::rows, rng);
+        INFO("type " << static_cast<int>(type) << " k " << c.k << " n " << c.n << " mats " << c.n_mat << " tokens " << c.n_tok
+                     << " err " << err);
+        CHECK(err <= 1e-5);
+      }
+    }
+  }
+}
+
 TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "[gpu][gemv]") {
   GemvArgs a;
   a.k = 4096;
@@ -277,6 +296,19 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::mxfp4), a) == GemvKernel::stream);
   CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::iq2_xxs), a) == GemvKernel::stream);
   CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q6_k), a) == GemvKernel::pipe);
+  // q8_0 and float matrices: rows when every matrix is known to be 16-byte aligned
+  CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q8_0), a) == GemvKernel::rows);
+  CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::f16), a) == GemvKernel::rows);
+  const void *table[1] = {nullptr};
+  a.w_ptrs = table;  // a table nobody checked: the per-lane kernel
+  CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q8_0), a) == GemvKernel::pipe);
+  a.w_ptrs_aligned16 = true;
+  CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::bf16), a) == GemvKernel::rows);
+  a.w_ptrs = nullptr;
+  a.w_ptrs_aligned16 = false;
+  a.w = reinterpret_cast<const void *>(uintptr_t{8});  // a misaligned single matrix
+  CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::f32), a) == GemvKernel::pipe);
+  a.w = nullptr;
   a.n_tok = 2;  // iq2_xxs has no tensor-core kernel for several tokens
   CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::iq2_xxs), a) == GemvKernel::pipe);
   a.n_tok = 1;
