@@ -316,24 +316,32 @@ namespace ExpertPack
         protected override bool ReleaseHandle() { Native.ep_model_close(handle); return true; }
     }
 
-    /// <summary>Holds a reference on its model's handle, so the model is closed only after it.</summary>
-    internal sealed class SessionHandle : SafeHandle
+    /// <summary>A handle whose C object uses another one (a session its model, a text stream its
+    /// tokenizer): it holds a reference on that handle, which is so freed only after it.</summary>
+    internal abstract class DependentHandle : SafeHandle
     {
-        readonly ModelHandle model;
-        public SessionHandle(IntPtr raw, ModelHandle model) : base(IntPtr.Zero, true)
+        readonly SafeHandle parent;
+        protected DependentHandle(IntPtr raw, SafeHandle parent) : base(IntPtr.Zero, true)
         {
             bool added = false;
-            model.DangerousAddRef(ref added);
-            this.model = model;
+            parent.DangerousAddRef(ref added);
+            this.parent = parent;
             SetHandle(raw);
         }
         public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        protected abstract void Close(IntPtr raw);
         protected override bool ReleaseHandle()
         {
-            Native.ep_session_close(handle);
-            model.DangerousRelease();
+            Close(handle);
+            parent.DangerousRelease();
             return true;
         }
+    }
+
+    internal sealed class SessionHandle : DependentHandle
+    {
+        public SessionHandle(IntPtr raw, ModelHandle model) : base(raw, model) { }
+        protected override void Close(IntPtr raw) { Native.ep_session_close(raw); }
     }
 
     internal sealed class TokenizerHandle : SafeHandle
@@ -343,24 +351,10 @@ namespace ExpertPack
         protected override bool ReleaseHandle() { Native.ep_tokenizer_close(handle); return true; }
     }
 
-    /// <summary>Holds a reference on its tokenizer's handle, which the C stream reads.</summary>
-    internal sealed class TextStreamHandle : SafeHandle
+    internal sealed class TextStreamHandle : DependentHandle
     {
-        readonly TokenizerHandle tokenizer;
-        public TextStreamHandle(IntPtr raw, TokenizerHandle tokenizer) : base(IntPtr.Zero, true)
-        {
-            bool added = false;
-            tokenizer.DangerousAddRef(ref added);
-            this.tokenizer = tokenizer;
-            SetHandle(raw);
-        }
-        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
-        protected override bool ReleaseHandle()
-        {
-            Native.ep_text_stream_close(handle);
-            tokenizer.DangerousRelease();
-            return true;
-        }
+        public TextStreamHandle(IntPtr raw, TokenizerHandle tokenizer) : base(raw, tokenizer) { }
+        protected override void Close(IntPtr raw) { Native.ep_text_stream_close(raw); }
     }
 
     // ------------------------------------------------------------------------------------------

@@ -44,6 +44,21 @@ static class Tests
         catch (Exception e) { failed++; Console.WriteLine("FAIL " + name + ": " + e); }
     }
 
+    /// <summary>A text test on the model and its own tokenizer; skipped when the model has none.</summary>
+    static Func<string> WithModelTokenizer(Func<Model, Tokenizer, string> test)
+    {
+        return () =>
+        {
+            using (var model = new Model(ModelPath))
+            {
+                Tokenizer tok;
+                try { tok = model.Tokenizer(); }
+                catch (ExpertPackException e) when (e.Status == Status.NotFound) { return "the synthetic model has no tokenizer: " + e.NativeMessage; }
+                using (tok) return test(model, tok);
+            }
+        };
+    }
+
     static string ModelPath { get { return Env("EP_TEST_MODEL"); } }
     static int[] Prompt { get { return Ids(Env("EP_TEST_PROMPT")); } }
     static int[] Expected { get { return Ids(Env("EP_TEST_EXPECTED")); } }
@@ -312,87 +327,71 @@ static class Tests
             catch (ExpertPackException e) { Require(e.Status == Status.NotFound && e.NativeMessage.Contains("no-such-tokenizer.json"), e.Message); }
             return null;
         });
-        RunText("generate_text_streams_pieces", () =>
+        RunText("generate_text_streams_pieces", WithModelTokenizer((model, tok) =>
         {
-            using (var model = new Model(ModelPath))
+            using (var s = model.NewSession())
             {
-                Tokenizer tok;
-                try { tok = model.Tokenizer(); }
-                catch (ExpertPackException e) when (e.Status == Status.NotFound) { return "the synthetic model has no tokenizer: " + e.NativeMessage; }
-                using (tok)
-                using (var s = model.NewSession())
-                {
-                    var o = Options(8);
-                    o.IgnoreEos = true;
-                    var sb = new System.Text.StringBuilder();
-                    var g = s.GenerateText(tok, "Hello", o, piece => { sb.Append(piece); return true; });
-                    Require(sb.ToString() == g.Text && g.Stats.GeneratedTokens == 8 && g.Stats.SessionTokens == s.Length, "text generation");
-                    // The C API's text (ep-run --prompt Hello, and --chat --prompt Hi) for the same options.
-                    var textFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_TEXT_FILE");
-                    if (!string.IsNullOrEmpty(textFile))
-                        Require(g.Text == File.ReadAllText(textFile, System.Text.Encoding.UTF8), "text vs C API: " + g.Text);
-                    s.Reset();
-                    var c = s.GenerateChat(tok, new[] { new ChatMessage("user", "Hi") }, null, o);
-                    var chatFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_CHAT_FILE");
-                    if (!string.IsNullOrEmpty(chatFile))
-                        Require(c.Text == File.ReadAllText(chatFile, System.Text.Encoding.UTF8), "chat vs C API: " + c.Text);
-                }
+                var o = Options(8);
+                o.IgnoreEos = true;
+                var sb = new System.Text.StringBuilder();
+                var g = s.GenerateText(tok, "Hello", o, piece => { sb.Append(piece); return true; });
+                Require(sb.ToString() == g.Text && g.Stats.GeneratedTokens == 8 && g.Stats.SessionTokens == s.Length, "text generation");
+                // The C API's text (ep-run --prompt Hello, and --chat --prompt Hi) for the same options.
+                var textFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_TEXT_FILE");
+                if (!string.IsNullOrEmpty(textFile))
+                    Require(g.Text == File.ReadAllText(textFile, System.Text.Encoding.UTF8), "text vs C API: " + g.Text);
+                s.Reset();
+                var c = s.GenerateChat(tok, new[] { new ChatMessage("user", "Hi") }, null, o);
+                var chatFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_CHAT_FILE");
+                if (!string.IsNullOrEmpty(chatFile))
+                    Require(c.Text == File.ReadAllText(chatFile, System.Text.Encoding.UTF8), "chat vs C API: " + c.Text);
             }
             return null;
-        });
+        }));
 
-        RunText("text_stream_equals_generate_text_and_stops_at_a_stop_string", () =>
+        RunText("text_stream_equals_generate_text_and_stops_at_a_stop_string", WithModelTokenizer((model, tok) =>
         {
-            using (var model = new Model(ModelPath))
+            // n tokens sampled after "Hello" by the host, through a TextStream
+            Func<uint, string[], Tuple<string, bool>> hostLoop = (n, stops) =>
             {
-                Tokenizer tok;
-                try { tok = model.Tokenizer(); }
-                catch (ExpertPackException e) when (e.Status == Status.NotFound) { return "the synthetic model has no tokenizer: " + e.NativeMessage; }
-                using (tok)
+                using (var s = model.NewSession())
+                using (var ts = new TextStream(tok, stops))
                 {
-                    // n tokens sampled after "Hello" by the host, through a TextStream
-                    Func<uint, string[], Tuple<string, bool>> hostLoop = (n, stops) =>
+                    s.Append(tok.Encode("Hello", addSpecial: true));
+                    var sb = new System.Text.StringBuilder();
+                    for (uint i = 0; i < n && !ts.Stopped; i++)
                     {
-                        using (var s = model.NewSession())
-                        using (var ts = new TextStream(tok, stops))
-                        {
-                            s.Append(tok.Encode("Hello", addSpecial: true));
-                            var sb = new System.Text.StringBuilder();
-                            for (uint i = 0; i < n && !ts.Stopped; i++)
-                            {
-                                int next = s.Sample(Options(n));
-                                sb.Append(ts.Push(next));
-                                s.Append(new[] { next });
-                            }
-                            if (!ts.Stopped) sb.Append(ts.Finish());
-                            Require(sb.ToString() == ts.Text, "pieces vs Text");
-                            return Tuple.Create(ts.Text, ts.Stopped);
-                        }
-                    };
-                    Func<uint, string[], string> generateText = (n, stops) =>
-                    {
-                        var o = Options(n);
-                        o.IgnoreEos = true;
-                        o.StopStrings = stops;
-                        using (var s = model.NewSession()) return s.GenerateText(tok, "Hello", o).Text;
-                    };
-                    var plain = hostLoop(8, new string[0]);
-                    Require(!plain.Item2 && plain.Item1 == generateText(8, new string[0]), "stream vs GenerateText: " + plain.Item1);
-                    var textFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_TEXT_FILE");
-                    if (!string.IsNullOrEmpty(textFile))
-                        Require(plain.Item1 == File.ReadAllText(textFile, System.Text.Encoding.UTF8), "stream vs C API: " + plain.Item1);
-                    var full = hostLoop(24, new string[0]).Item1;
-                    Require(full.Length > 8, "too little text to pick a stop string from: " + full);
-                    var stop = full.Substring(full.Length / 2, 3);
-                    var cut = hostLoop(24, new[] { stop });
-                    Require(cut.Item2 && cut.Item1 == full.Substring(0, full.IndexOf(stop, StringComparison.Ordinal)), "stopped text: " + cut.Item1);
-                    Require(cut.Item1 == generateText(24, new[] { stop }), "stopped stream vs GenerateText");
-                    try { new TextStream(tok, ""); throw new Exception("no exception"); }
-                    catch (ExpertPackException e) { Require(e.Status == Status.InvalidArgument, e.Message); }
+                        int next = s.Sample(Options(n));
+                        sb.Append(ts.Push(next));
+                        s.Append(new[] { next });
+                    }
+                    if (!ts.Stopped) sb.Append(ts.Finish());
+                    Require(sb.ToString() == ts.Text, "pieces vs Text");
+                    return Tuple.Create(ts.Text, ts.Stopped);
                 }
-            }
+            };
+            Func<uint, string[], string> generateText = (n, stops) =>
+            {
+                var o = Options(n);
+                o.IgnoreEos = true;
+                o.StopStrings = stops;
+                using (var s = model.NewSession()) return s.GenerateText(tok, "Hello", o).Text;
+            };
+            var plain = hostLoop(8, new string[0]);
+            Require(!plain.Item2 && plain.Item1 == generateText(8, new string[0]), "stream vs GenerateText: " + plain.Item1);
+            var textFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_TEXT_FILE");
+            if (!string.IsNullOrEmpty(textFile))
+                Require(plain.Item1 == File.ReadAllText(textFile, System.Text.Encoding.UTF8), "stream vs C API: " + plain.Item1);
+            var full = hostLoop(24, new string[0]).Item1;
+            Require(full.Length > 8, "too little text to pick a stop string from: " + full);
+            var stop = full.Substring(full.Length / 2, 3);
+            var cut = hostLoop(24, new[] { stop });
+            Require(cut.Item2 && cut.Item1 == full.Substring(0, full.IndexOf(stop, StringComparison.Ordinal)), "stopped text: " + cut.Item1);
+            Require(cut.Item1 == generateText(24, new[] { stop }), "stopped stream vs GenerateText");
+            try { new TextStream(tok, ""); throw new Exception("no exception"); }
+            catch (ExpertPackException e) { Require(e.Status == Status.InvalidArgument, e.Message); }
             return null;
-        });
+        }));
 
         Console.WriteLine(string.Format("csharp: {0} passed, {1} failed, {2} skipped", passed, failed, skipped));
         return failed == 0 ? 0 : 1;

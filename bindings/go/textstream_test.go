@@ -63,14 +63,7 @@ func generateText(t *testing.T, m *Model, tok *Tokenizer, f fixture, n int, stop
 func TestTextStream(t *testing.T) {
 	f := getFixture(t)
 	m := open(t, f)
-	tok, err := m.Tokenizer()
-	if errors.Is(err, ErrNotFound) {
-		t.Skip("the synthetic model has no tokenizer:", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tok.Close()
+	tok := modelTokenizer(t, m)
 	text, stopped := hostLoop(t, m, tok, f, 8, nil)
 	if want := generateText(t, m, tok, f, 8, nil); stopped || text != want {
 		t.Fatalf("stream %q (stopped %v), GenerateText %q", text, stopped, want)

@@ -23,6 +23,14 @@ def ids(text):
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def load_fixture(test):
+    """Sets the fixture's prompt, seed, temperature and the C API's expected ids on a test."""
+    test.prompt = ids(env("EP_TEST_PROMPT"))
+    test.seed = int(env("EP_TEST_SEED"))
+    test.temp = float(env("EP_TEST_TEMP"))
+    test.expected = ids(env("EP_TEST_EXPECTED"))
+
+
 class CoreTest(unittest.TestCase):
     def test_version(self):
         self.assertEqual(ep.version_number() // 10000, 0)
@@ -56,10 +64,7 @@ class CoreTest(unittest.TestCase):
 class ModelTest(unittest.TestCase):
     def setUp(self):
         self.model = ep.Model(env("EP_TEST_MODEL"), cache_budget_bytes=0)
-        self.prompt = ids(env("EP_TEST_PROMPT"))
-        self.seed = int(env("EP_TEST_SEED"))
-        self.temp = float(env("EP_TEST_TEMP"))
-        self.expected = ids(env("EP_TEST_EXPECTED"))
+        load_fixture(self)
 
     def tearDown(self):
         self.model.close()
@@ -263,10 +268,7 @@ class BatchTest(unittest.TestCase):
 
     def setUp(self):
         self.model = ep.Model(env("EP_TEST_MODEL"))
-        self.prompt = ids(env("EP_TEST_PROMPT"))
-        self.seed = int(env("EP_TEST_SEED"))
-        self.temp = float(env("EP_TEST_TEMP"))
-        self.expected = ids(env("EP_TEST_EXPECTED"))
+        load_fixture(self)
 
     def tearDown(self):
         self.model.close()
@@ -350,10 +352,7 @@ class HierarchyTest(unittest.TestCase):
     store counters they drive."""
 
     def setUp(self):
-        self.prompt = ids(env("EP_TEST_PROMPT"))
-        self.seed = int(env("EP_TEST_SEED"))
-        self.temp = float(env("EP_TEST_TEMP"))
-        self.expected = ids(env("EP_TEST_EXPECTED"))
+        load_fixture(self)
 
     def test_new_store_counters(self):
         with ep.Model(env("EP_TEST_MODEL")) as m, m.session() as s:
@@ -408,8 +407,7 @@ class TextStreamTest(unittest.TestCase):
         except ep.NotFoundError as e:
             self.model.close()
             self.skipTest(f"the synthetic model has no tokenizer: {e}")
-        self.seed = int(env("EP_TEST_SEED"))
-        self.temp = float(env("EP_TEST_TEMP"))
+        load_fixture(self)
 
     def tearDown(self):
         self.tok.close()

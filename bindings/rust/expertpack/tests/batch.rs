@@ -5,13 +5,8 @@ use expertpack::*;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{} is not set: run scripts/test-bindings", name))
-}
-
-fn ids(s: &str) -> Vec<i32> {
-    s.split(',').filter(|x| !x.trim().is_empty()).map(|x| x.trim().parse().unwrap()).collect()
-}
+mod common;
+use common::{env, ids};
 
 fn model_path() -> PathBuf {
     PathBuf::from(env("EP_TEST_MODEL"))
@@ -191,13 +186,9 @@ mod text_stream {
     #[test]
     fn text_stream_equals_generate_text_and_stops_at_a_stop_string() {
         let model = Model::open(model_path(), &ModelOptions::default()).unwrap();
-        let tok = match model.tokenizer() {
-            Ok(t) => t,
-            Err(e) if e.status == Status::NotFound => {
-                eprintln!("skipped: the synthetic model has no tokenizer: {}", e);
-                return;
-            }
-            Err(e) => panic!("{}", e),
+        let tok = match common::model_tokenizer(&model) {
+            Some(t) => t,
+            None => return,
         };
         let (text, stopped) = host_loop(&model, &tok, 8, &[]);
         assert!(!stopped);
