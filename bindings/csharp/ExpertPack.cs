@@ -5,7 +5,8 @@
 //
 // The library is loaded as "expertpack" (libexpertpack.so on Linux: LD_LIBRARY_PATH, or next to
 // the assembly). The text API (Tokenizer, GenerateText, GenerateChat) needs a library that has
-// it: otherwise EntryPointNotFoundException at the first call.
+// it: otherwise EntryPointNotFoundException at the first call. So do the 0.2 session functions
+// (Session.Fork, Sample, Append, Tokens, AppendMany, StepBatch, TextStream) with an older library.
 using System;
 using System.Collections.Generic;
 using System.Runtime.ExceptionServices;
@@ -90,6 +91,8 @@ namespace ExpertPack
         public UIntPtr struct_size;
         public ulong acquires, pack_reads, pack_read_bytes, pack_read_ns, cache_hits, cache_misses, cache_evictions,
             resident_experts, resident_bytes, h2d_bytes, io_errors, fallback_count, cache_slots, slot_bytes;
+        // appended after the first version:
+        public ulong host_hits, host_misses, demotions, host_resident_bytes, host_slots, prefetch_issued, prefetch_used;
     }
 
     [StructLayout(LayoutKind.Sequential)]
@@ -103,6 +106,10 @@ namespace ExpertPack
         public IntPtr pack_dir;
         public int pack_build, resident_experts;
         public IntPtr progress, progress_payload;
+        public int cpu_threads;
+        public ulong host_cache_bytes;
+        public int overlap_reads, prefetch;
+        public IntPtr cache_policy;
     }
 
     [StructLayout(LayoutKind.Sequential)]
@@ -184,6 +191,7 @@ namespace ExpertPack
         [DllImport(Lib)] public static extern int ep_pack_object(out PackObjectInfo obj, PackHandle pack, uint layer, uint expert);
         [DllImport(Lib)] public static extern void ep_pack_close(IntPtr pack);
 
+        [DllImport(Lib)] public static extern void ep_store_stats_init(IntPtr stats);
         [DllImport(Lib)] public static extern int ep_store_stats_read_file(ref StoreStatsRaw stats, byte[] path);
 
         [DllImport(Lib)] public static extern void ep_model_options_init(IntPtr options);
@@ -221,6 +229,16 @@ namespace ExpertPack
         [DllImport(Lib)] public static extern int ep_generate_chat(ref GenerateStatsRaw stats, SessionHandle session, TokenizerHandle tok,
                                                                    ChatMessageRaw[] messages, UIntPtr n, ref ChatOptionsRaw chat,
                                                                    ref GenerateOptionsRaw options, TextFn callback, IntPtr payload);
+
+        // 0.2
+        [DllImport(Lib)] public static extern int ep_sessions_append(IntPtr[] sessions, IntPtr[] tokens, UIntPtr[] n_tokens, UIntPtr n_sessions);
+        [DllImport(Lib)] public static extern int ep_session_sample(out int token, SessionHandle session, ref GenerateOptionsRaw options);
+        [DllImport(Lib)] public static extern int ep_session_fork(out IntPtr session, SessionHandle original);
+        [DllImport(Lib)] public static extern int ep_session_tokens(int[] tokens, UIntPtr capacity, out UIntPtr count, SessionHandle session);
+        [DllImport(Lib)] public static extern int ep_text_stream_open(out IntPtr stream, TokenizerHandle tok, IntPtr[] stop_strings, UIntPtr n);
+        [DllImport(Lib)] public static extern int ep_text_stream_push(TextStreamHandle stream, int token, TextFn callback, IntPtr payload, out int stopped);
+        [DllImport(Lib)] public static extern int ep_text_stream_finish(TextStreamHandle stream, TextFn callback, IntPtr payload, out int stopped);
+        [DllImport(Lib)] public static extern void ep_text_stream_close(IntPtr stream);
 
         public static string Utf8(IntPtr p)
         {
@@ -298,24 +316,32 @@ namespace ExpertPack
         protected override bool ReleaseHandle() { Native.ep_model_close(handle); return true; }
     }
 
-    /// <summary>Holds a reference on its model's handle, so the model is closed only after it.</summary>
-    internal sealed class SessionHandle : SafeHandle
+    /// <summary>A handle whose C object uses another one (a session its model, a text stream its
+    /// tokenizer): it holds a reference on that handle, which is so freed only after it.</summary>
+    internal abstract class DependentHandle : SafeHandle
     {
-        readonly ModelHandle model;
-        public SessionHandle(IntPtr raw, ModelHandle model) : base(IntPtr.Zero, true)
+        readonly SafeHandle parent;
+        protected DependentHandle(IntPtr raw, SafeHandle parent) : base(IntPtr.Zero, true)
         {
             bool added = false;
-            model.DangerousAddRef(ref added);
-            this.model = model;
+            parent.DangerousAddRef(ref added);
+            this.parent = parent;
             SetHandle(raw);
         }
         public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        protected abstract void Close(IntPtr raw);
         protected override bool ReleaseHandle()
         {
-            Native.ep_session_close(handle);
-            model.DangerousRelease();
+            Close(handle);
+            parent.DangerousRelease();
             return true;
         }
+    }
+
+    internal sealed class SessionHandle : DependentHandle
+    {
+        public SessionHandle(IntPtr raw, ModelHandle model) : base(raw, model) { }
+        protected override void Close(IntPtr raw) { Native.ep_session_close(raw); }
     }
 
     internal sealed class TokenizerHandle : SafeHandle
@@ -323,6 +349,12 @@ namespace ExpertPack
         public TokenizerHandle() : base(IntPtr.Zero, true) { }
         public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
         protected override bool ReleaseHandle() { Native.ep_tokenizer_close(handle); return true; }
+    }
+
+    internal sealed class TextStreamHandle : DependentHandle
+    {
+        public TextStreamHandle(IntPtr raw, TokenizerHandle tokenizer) : base(raw, tokenizer) { }
+        protected override void Close(IntPtr raw) { Native.ep_text_stream_close(raw); }
     }
 
     // ------------------------------------------------------------------------------------------
@@ -384,7 +416,7 @@ namespace ExpertPack
         /// <summary>Reads a statistics JSON file written by an expert store.</summary>
         public static StoreStats ReadStoreStats(string path)
         {
-            var s = new StoreStatsRaw { struct_size = new UIntPtr((uint)Marshal.SizeOf(typeof(StoreStatsRaw))) };
+            var s = StoreStats.NewRaw();
             Native.Check(Native.ep_store_stats_read_file(ref s, Native.CString(path)), "ep_store_stats_read_file");
             return new StoreStats(s);
         }
@@ -395,8 +427,32 @@ namespace ExpertPack
     {
         public ulong Acquires, PackReads, PackReadBytes, PackReadNs, CacheHits, CacheMisses, CacheEvictions,
             ResidentExperts, ResidentBytes, H2DBytes, IoErrors, FallbackCount, CacheSlots, SlotBytes;
+        /// <summary>Cache misses served from the host-RAM tier (one copy, no pack read); null with a library older than the counter (so are the ones below).</summary>
+        public ulong? HostHits;
+        /// <summary>Cache misses not in the host tier (read from the pack); 0 without a tier.</summary>
+        public ulong? HostMisses;
+        /// <summary>Experts evicted from the cache and kept in the host tier.</summary>
+        public ulong? Demotions;
+        /// <summary>Payload bytes held by the host tier now.</summary>
+        public ulong? HostResidentBytes;
+        /// <summary>Slots of the host tier (0: no tier).</summary>
+        public ulong? HostSlots;
+        /// <summary>Experts loaded ahead of their layer from a prediction (ModelOptions.Prefetch).</summary>
+        public ulong? PrefetchIssued;
+        /// <summary>Prefetched experts their layer then asked for.</summary>
+        public ulong? PrefetchUsed;
+
+        /// <summary>A struct whose struct_size the loaded library accepts (its own or this layout's).</summary>
+        internal static StoreStatsRaw NewRaw() { return Native.Negotiated<StoreStatsRaw>(Native.ep_store_stats_init); }
+
         internal StoreStats(StoreStatsRaw s)
         {
+            if ((long)s.struct_size.ToUInt64() >= Marshal.SizeOf(typeof(StoreStatsRaw)))
+            {
+                HostHits = s.host_hits; HostMisses = s.host_misses; Demotions = s.demotions;
+                HostResidentBytes = s.host_resident_bytes; HostSlots = s.host_slots;
+                PrefetchIssued = s.prefetch_issued; PrefetchUsed = s.prefetch_used;
+            }
             Acquires = s.acquires; PackReads = s.pack_reads; PackReadBytes = s.pack_read_bytes; PackReadNs = s.pack_read_ns;
             CacheHits = s.cache_hits; CacheMisses = s.cache_misses; CacheEvictions = s.cache_evictions;
             ResidentExperts = s.resident_experts; ResidentBytes = s.resident_bytes; H2DBytes = s.h2d_bytes;
@@ -473,6 +529,20 @@ namespace ExpertPack
         public bool ResidentExperts;
         /// <summary>Called with (doneBytes, totalBytes) while a pack is built.</summary>
         public Action<ulong, ulong> Progress;
+        /// <summary>Threads of the CPU backend; 0: EP_CPU_THREADS, else the hardware concurrency.</summary>
+        public int CpuThreads;
+        /// <summary>Bytes of a host-RAM tier below the expert cache (evicted experts asked for at least
+        /// twice come back with one copy instead of a pack read); 0: no tier.</summary>
+        public ulong HostCacheBytes;
+        /// <summary>false: a layer's reads all complete before its experts are computed; null: the
+        /// library's default (overlapped).</summary>
+        public bool? OverlapReads;
+        /// <summary>true: each MoE layer reads the next layer's predicted experts ahead; null: the
+        /// library's default (off).</summary>
+        public bool? Prefetch;
+        /// <summary>Eviction policy of the cache and the host tier: "decay", "decay-bypass", "lru",
+        /// "sglang-lfu"; null: "decay".</summary>
+        public string CachePolicy;
     }
 
     public sealed class ModelInfo
@@ -504,6 +574,19 @@ namespace ExpertPack
             o.direct_io = options.DirectIo == null ? -1 : (options.DirectIo.Value ? 1 : 0);
             o.pack_build = options.PackBuild ? 1 : 0;
             o.resident_experts = options.ResidentExperts ? 1 : 0;
+            bool appended = options.CpuThreads != 0 || options.HostCacheBytes != 0 || options.OverlapReads != null ||
+                            options.Prefetch != null || options.CachePolicy != null;
+            if (appended && (long)o.struct_size.ToUInt64() < Marshal.SizeOf(typeof(ModelOptionsRaw)))
+                throw new ExpertPackException("ep_model_open", Status.Unsupported,
+                    "CpuThreads, HostCacheBytes, OverlapReads, Prefetch and CachePolicy need a newer libexpertpack");
+            if (appended)
+            {
+                o.cpu_threads = options.CpuThreads;
+                o.host_cache_bytes = options.HostCacheBytes;
+                if (options.OverlapReads != null) o.overlap_reads = options.OverlapReads.Value ? 1 : 0;
+                if (options.Prefetch != null) o.prefetch = options.Prefetch.Value ? 1 : 0;
+            }
+            IntPtr cachePolicy = options.CachePolicy == null ? IntPtr.Zero : Native.AllocCString(options.CachePolicy);
             IntPtr packDir = options.PackDir == null ? IntPtr.Zero : Native.AllocCString(options.PackDir);
             Exception pending = null;
             ProgressFn progress = null;
@@ -520,12 +603,17 @@ namespace ExpertPack
             try
             {
                 o.pack_dir = packDir;
+                if (appended) o.cache_policy = cachePolicy;
                 int st = Native.ep_model_open(out h, Native.CString(path), ref o);
                 GC.KeepAlive(progress);
                 if (pending != null) { h.Dispose(); ExceptionDispatchInfo.Capture(pending).Throw(); }
                 Native.Check(st, "ep_model_open");
             }
-            finally { if (packDir != IntPtr.Zero) Marshal.FreeHGlobal(packDir); }
+            finally
+            {
+                if (packDir != IntPtr.Zero) Marshal.FreeHGlobal(packDir);
+                if (cachePolicy != IntPtr.Zero) Marshal.FreeHGlobal(cachePolicy);
+            }
         }
 
         /// <summary>The Expert Pack serving the routed experts (null with resident experts).</summary>
@@ -545,7 +633,7 @@ namespace ExpertPack
 
         public StoreStats StoreStats()
         {
-            var s = new StoreStatsRaw { struct_size = new UIntPtr((uint)Marshal.SizeOf(typeof(StoreStatsRaw))) };
+            var s = ExpertPack.StoreStats.NewRaw();
             Native.Check(Native.ep_model_store_stats(ref s, h), "ep_model_store_stats");
             return new StoreStats(s);
         }
@@ -728,6 +816,108 @@ namespace ExpertPack
             h = new SessionHandle(raw, model.h);
         }
 
+        Session(Model model, IntPtr raw)
+        {
+            this.model = model;
+            h = new SessionHandle(raw, model.h);
+        }
+
+        /// <summary>A copy of this session (ep_session_fork): the same tokens, decode state, last
+        /// logits and sampler position. Appending to either leaves the other as it is, so a prompt's
+        /// state can be kept and continued later without running the prompt again.</summary>
+        public Session Fork()
+        {
+            IntPtr raw;
+            Native.Check(Native.ep_session_fork(out raw, h), "ep_session_fork");
+            return new Session(model, raw);
+        }
+
+        /// <summary>The token ids the session holds, in order (ep_session_tokens).</summary>
+        public int[] Tokens
+        {
+            get
+            {
+                UIntPtr count;
+                Native.Check(Native.ep_session_tokens(null, UIntPtr.Zero, out count, h), "ep_session_tokens");
+                while (true)
+                {
+                    var cap = count;
+                    var ids = new int[Math.Max(1, (int)cap.ToUInt64())];
+                    Native.Check(Native.ep_session_tokens(ids, cap, out count, h), "ep_session_tokens");
+                    if (count.ToUInt64() <= cap.ToUInt64()) { Array.Resize(ref ids, (int)count.ToUInt64()); return ids; }
+                }
+            }
+        }
+
+        /// <summary>Appends token ids without generating (AppendMany of this one session); Sample
+        /// then draws the token after them.</summary>
+        public void Append(int[] tokens) { AppendMany(new[] { this }, new[] { tokens }); }
+
+        /// <summary>Draws the next token from the logits after the session's last token, where they
+        /// were computed (ep_session_sample); the token is not appended. Of the options, Temperature,
+        /// TopK, TopP, MinP, Seed, RepetitionPenalty and RepetitionWindow apply; null: greedy. The
+        /// session's draw counter advances, so sample-and-append with a seed repeats what Generate
+        /// gives for that seed.</summary>
+        public int Sample(GenerateOptions options = null)
+        {
+            using (var scope = new NativeScope())
+            {
+                var o = scope.Options(options);
+                int token;
+                Native.Check(Native.ep_session_sample(out token, h, ref o), "ep_session_sample");
+                return token;
+            }
+        }
+
+        /// <summary>Appends tokens[i] (at least one id each: a prefill chunk or one decode token) to
+        /// sessions[i] for every i in one forward pass (ep_sessions_append): the routed experts of
+        /// all of them are read once. The sessions must be distinct and of one model; each one's
+        /// logits are those of appending its tokens alone. After an error other than
+        /// InvalidArgument, every session of the call must be reset.</summary>
+        public static void AppendMany(IList<Session> sessions, IList<int[]> tokens)
+        {
+            if (sessions.Count != tokens.Count)
+                throw new ExpertPackException("ep_sessions_append", Status.InvalidArgument,
+                    "AppendMany: " + sessions.Count + " sessions but " + tokens.Count + " token lists");
+            int n = sessions.Count;
+            var raws = new IntPtr[n];
+            var ptrs = new IntPtr[n];
+            var counts = new UIntPtr[n];
+            var added = new bool[n];
+            using (var scope = new NativeScope())
+            {
+                try
+                {
+                    for (int i = 0; i < n; i++)
+                    {
+                        sessions[i].h.DangerousAddRef(ref added[i]);
+                        raws[i] = sessions[i].h.DangerousGetHandle();
+                        var t = tokens[i] ?? new int[0];
+                        ptrs[i] = scope.Alloc(4 * Math.Max(1, t.Length));
+                        Marshal.Copy(t, 0, ptrs[i], t.Length);
+                        counts[i] = new UIntPtr((uint)t.Length);
+                    }
+                    Native.Check(Native.ep_sessions_append(raws, ptrs, counts, new UIntPtr((uint)n)), "ep_sessions_append");
+                }
+                finally
+                {
+                    for (int i = 0; i < n; i++) if (added[i]) sessions[i].h.DangerousRelease();
+                }
+            }
+        }
+
+        /// <summary>One decode step of a continuous batch: samples each session's next token with the
+        /// options (Sample), appends all of them in one AppendMany call, and returns them in the
+        /// order of the sessions.</summary>
+        public static int[] StepBatch(IList<Session> sessions, GenerateOptions options = null)
+        {
+            var next = new int[sessions.Count];
+            var lists = new int[sessions.Count][];
+            for (int i = 0; i < sessions.Count; i++) { next[i] = sessions[i].Sample(options); lists[i] = new[] { next[i] }; }
+            AppendMany(sessions, lists);
+            return next;
+        }
+
         public void Reset() { Native.Check(Native.ep_session_reset(h), "ep_session_reset"); }
 
         public ulong Length
@@ -828,6 +1018,75 @@ namespace ExpertPack
             }
         }
 
+        public void Dispose() { h.Dispose(); }
+    }
+
+    /// <summary>Incremental text of generated tokens for hosts that sample themselves
+    /// (ep_text_stream_*): Push each token and get the text it completes, as GenerateText would
+    /// stream it (complete UTF-8 only, special tokens left out, text that may begin a stop string
+    /// held back until it is known not to). Keeps its tokenizer alive; one stream per generation,
+    /// not for concurrent use.</summary>
+    public sealed class TextStream : IDisposable
+    {
+        readonly TextStreamHandle h;
+        readonly StringBuilder text = new StringBuilder();
+
+        /// <summary>Opens a stream over the tokenizer; the text ends where one of the stop strings
+        /// (non-empty) appears.</summary>
+        public TextStream(Tokenizer tokenizer, params string[] stopStrings)
+        {
+            stopStrings = stopStrings ?? new string[0];
+            using (var scope = new NativeScope())
+            {
+                var ptrs = new IntPtr[stopStrings.Length];
+                for (int i = 0; i < ptrs.Length; i++) ptrs[i] = scope.Str(stopStrings[i]);
+                IntPtr raw;
+                Native.Check(Native.ep_text_stream_open(out raw, tokenizer.h, ptrs.Length == 0 ? null : ptrs,
+                                                        new UIntPtr((uint)ptrs.Length)), "ep_text_stream_open");
+                h = new TextStreamHandle(raw, tokenizer.h);
+            }
+        }
+
+        /// <summary>Whether a stop string appeared: the text before it was delivered, later tokens add nothing.</summary>
+        public bool Stopped { get; private set; }
+
+        /// <summary>Everything delivered so far.</summary>
+        public string Text { get { return text.ToString(); } }
+
+        string Step(string function, Func<TextFn, int[], int> call)
+        {
+            var bytes = new List<byte>();
+            TextFn cb = (piece, length, payload) =>
+            {
+                var chunk = new byte[(int)length.ToUInt64()];
+                Marshal.Copy(piece, chunk, 0, chunk.Length);
+                bytes.AddRange(chunk);
+                return 0;
+            };
+            var stopped = new int[1];
+            int st = call(cb, stopped);
+            GC.KeepAlive(cb);
+            Native.Check(st, function);
+            Stopped = stopped[0] != 0;
+            var s = Encoding.UTF8.GetString(bytes.ToArray());
+            text.Append(s);
+            return s;
+        }
+
+        /// <summary>Adds one generated token; returns the text it completes (often "", at times
+        /// several tokens' worth).</summary>
+        public string Push(int token)
+        {
+            return Step("ep_text_stream_push", (cb, stopped) => Native.ep_text_stream_push(h, token, cb, IntPtr.Zero, out stopped[0]));
+        }
+
+        /// <summary>Ends the text: returns what was held back (an incomplete UTF-8 sequence is dropped).</summary>
+        public string Finish()
+        {
+            return Step("ep_text_stream_finish", (cb, stopped) => Native.ep_text_stream_finish(h, cb, IntPtr.Zero, out stopped[0]));
+        }
+
+        /// <summary>Frees the stream (and its reference on the tokenizer).</summary>
         public void Dispose() { h.Dispose(); }
     }
 

@@ -44,6 +44,21 @@ static class Tests
         catch (Exception e) { failed++; Console.WriteLine("FAIL " + name + ": " + e); }
     }
 
+    /// <summary>A text test on the model and its own tokenizer; skipped when the model has none.</summary>
+    static Func<string> WithModelTokenizer(Func<Model, Tokenizer, string> test)
+    {
+        return () =>
+        {
+            using (var model = new Model(ModelPath))
+            {
+                Tokenizer tok;
+                try { tok = model.Tokenizer(); }
+                catch (ExpertPackException e) when (e.Status == Status.NotFound) { return "the synthetic model has no tokenizer: " + e.NativeMessage; }
+                using (tok) return test(model, tok);
+            }
+        };
+    }
+
     static string ModelPath { get { return Env("EP_TEST_MODEL"); } }
     static int[] Prompt { get { return Ids(Env("EP_TEST_PROMPT")); } }
     static int[] Expected { get { return Ids(Env("EP_TEST_EXPECTED")); } }
@@ -181,6 +196,118 @@ static class Tests
             lock (seen) Require(seen.Count > 0, "no log message at INFO while opening a model");
         });
 
+        // The 0.2 session API: sampling, forks, several sessions appended in one pass.
+        Run("sample_loop_matches_the_c_api", () =>
+        {
+            using (var model = new Model(ModelPath))
+            using (var s = model.NewSession())
+            {
+                s.Append(Prompt);
+                Require(s.Tokens.SequenceEqual(Prompt), "tokens after the prompt");
+                var got = new List<int>();
+                for (int i = 0; i < 8; i++) { got.Add(s.Sample(Options(8))); s.Append(new[] { got[i] }); }
+                Require(got.SequenceEqual(Expected), "sampled " + string.Join(",", got));
+                Require(s.Tokens.SequenceEqual(Prompt.Concat(Expected)), "tokens after the loop");
+            }
+        });
+
+        Run("fork_continues_as_the_original", () =>
+        {
+            using (var model = new Model(ModelPath))
+            using (var s = model.NewSession())
+            {
+                s.Append(Prompt);
+                Generation fromFork;
+                using (var f = s.Fork())
+                {
+                    Require(f.Tokens.SequenceEqual(Prompt), "the fork's tokens");
+                    // the fork copies the logits and the sampler position: both continue to the C API's tokens
+                    fromFork = f.Generate(new int[0], Options(8));
+                    Require(s.Tokens.SequenceEqual(Prompt), "appending to the fork changed the original");
+                }
+                var fromOriginal = s.Generate(new int[0], Options(8));
+                Require(fromFork.Tokens.SequenceEqual(Expected), "fork " + string.Join(",", fromFork.Tokens));
+                Require(fromOriginal.Tokens.SequenceEqual(Expected), "original " + string.Join(",", fromOriginal.Tokens));
+            }
+        });
+
+        Run("append_many_matches_each_alone", () =>
+        {
+            using (var model = new Model(ModelPath))
+            {
+                var prompts = new[] { Prompt, Prompt.Reverse().Take(5).ToArray() };
+                var alone = prompts.Select(p =>
+                {
+                    using (var s = model.NewSession()) return s.Generate(p, new GenerateOptions { MaxNewTokens = 6 }).Tokens;
+                }).ToArray();
+                Require(!alone[0].SequenceEqual(alone[1]), "the two prompts should continue differently");
+                using (var a = model.NewSession())
+                using (var b = model.NewSession())
+                {
+                    var ss = new[] { a, b };
+                    Session.AppendMany(ss, prompts);
+                    var batched = new[] { new List<int>(), new List<int>() };
+                    for (int step = 0; step < 6; step++)
+                    {
+                        var next = Session.StepBatch(ss);
+                        batched[0].Add(next[0]);
+                        batched[1].Add(next[1]);
+                    }
+                    for (int i = 0; i < 2; i++)
+                    {
+                        Require(batched[i].SequenceEqual(alone[i]), "batched " + string.Join(",", batched[i]) + " alone " + string.Join(",", alone[i]));
+                        Require(ss[i].Tokens.SequenceEqual(prompts[i].Concat(batched[i])), "tokens of session " + i);
+                    }
+                    Action<Action, string> refused = (call, what) =>
+                    {
+                        try { call(); throw new Exception(what + ": no exception"); }
+                        catch (ExpertPackException e) { Require(e.Status == Status.InvalidArgument, what + ": " + e.Message); }
+                    };
+                    refused(() => Session.AppendMany(new[] { a, a }, new[] { new[] { 1 }, new[] { 2 } }), "one session twice");
+                    refused(() => Session.AppendMany(new[] { a, b }, new[] { new[] { 1 }, new int[0] }), "no tokens for one");
+                    refused(() => a.Append(new[] { 100000000 }), "a token outside the vocabulary");
+                    using (var empty = model.NewSession())
+                    {
+                        refused(() => empty.Sample(), "sampling an empty session");
+                        Require(empty.Tokens.Length == 0, "empty session's tokens");
+                    }
+                    Require(a.Tokens.SequenceEqual(prompts[0].Concat(batched[0])), "refused calls changed the session");
+                }
+            }
+        });
+
+        Run("host_tier_options_and_new_store_counters", () =>
+        {
+            ulong slot, half;
+            using (var probe = new Model(ModelPath))
+            {
+                var st = probe.StoreStats();
+                Require(st.HostHits != null && st.HostMisses != null && st.Demotions != null && st.HostResidentBytes != null &&
+                        st.HostSlots == 0 && st.PrefetchIssued == 0 && st.PrefetchUsed == 0, "new counters without a tier");
+                var info = probe.Info();
+                slot = st.SlotBytes;
+                half = info.NumLayers * info.NumExperts / 2;
+            }
+            // a cache for half the experts, a host tier below it, prefetch and LRU: results are
+            // bitwise the same as without any of it
+            var o = new ModelOptions { Device = Device.Cpu, CacheBudgetBytes = slot * half, HostCacheBytes = slot * half,
+                                       OverlapReads = false, Prefetch = true, CachePolicy = "lru" };
+            using (var model = new Model(ModelPath, o))
+            {
+                using (var s = model.NewSession())
+                {
+                    var g = s.Generate(Prompt, Options(8));
+                    Require(g.Tokens.SequenceEqual(Expected), "tokens with a host tier: " + string.Join(",", g.Tokens));
+                }
+                var t = model.StoreStats();
+                Require(t.HostSlots > 0 && t.Demotions > 0 && t.HostHits > 0 && t.HostHits + t.HostMisses == t.CacheMisses,
+                        "host tier counters " + t.HostSlots + " " + t.Demotions + " " + t.HostHits + " " + t.HostMisses);
+                Require(t.PrefetchIssued > 0 && t.PrefetchUsed <= t.PrefetchIssued, "prefetch counters");
+            }
+            try { new Model(ModelPath, new ModelOptions { CachePolicy = "no-such-policy" }); throw new Exception("no exception"); }
+            catch (ExpertPackException e) { Require(e.Status == Status.InvalidArgument && e.NativeMessage.Contains("no-such-policy"), e.Message); }
+        });
+
         // The text API: EP_TEST_TOKENIZER (a tokenizer.json) when the script found one; a library
         // without the text API skips these (EntryPointNotFoundException).
         var tokPath = Environment.GetEnvironmentVariable("EP_TEST_TOKENIZER");
@@ -200,34 +327,71 @@ static class Tests
             catch (ExpertPackException e) { Require(e.Status == Status.NotFound && e.NativeMessage.Contains("no-such-tokenizer.json"), e.Message); }
             return null;
         });
-        RunText("generate_text_streams_pieces", () =>
+        RunText("generate_text_streams_pieces", WithModelTokenizer((model, tok) =>
         {
-            using (var model = new Model(ModelPath))
+            using (var s = model.NewSession())
             {
-                Tokenizer tok;
-                try { tok = model.Tokenizer(); }
-                catch (ExpertPackException e) when (e.Status == Status.NotFound) { return "the synthetic model has no tokenizer: " + e.NativeMessage; }
-                using (tok)
-                using (var s = model.NewSession())
-                {
-                    var o = Options(8);
-                    o.IgnoreEos = true;
-                    var sb = new System.Text.StringBuilder();
-                    var g = s.GenerateText(tok, "Hello", o, piece => { sb.Append(piece); return true; });
-                    Require(sb.ToString() == g.Text && g.Stats.GeneratedTokens == 8 && g.Stats.SessionTokens == s.Length, "text generation");
-                    // The C API's text (ep-run --prompt Hello, and --chat --prompt Hi) for the same options.
-                    var textFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_TEXT_FILE");
-                    if (!string.IsNullOrEmpty(textFile))
-                        Require(g.Text == File.ReadAllText(textFile, System.Text.Encoding.UTF8), "text vs C API: " + g.Text);
-                    s.Reset();
-                    var c = s.GenerateChat(tok, new[] { new ChatMessage("user", "Hi") }, null, o);
-                    var chatFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_CHAT_FILE");
-                    if (!string.IsNullOrEmpty(chatFile))
-                        Require(c.Text == File.ReadAllText(chatFile, System.Text.Encoding.UTF8), "chat vs C API: " + c.Text);
-                }
+                var o = Options(8);
+                o.IgnoreEos = true;
+                var sb = new System.Text.StringBuilder();
+                var g = s.GenerateText(tok, "Hello", o, piece => { sb.Append(piece); return true; });
+                Require(sb.ToString() == g.Text && g.Stats.GeneratedTokens == 8 && g.Stats.SessionTokens == s.Length, "text generation");
+                // The C API's text (ep-run --prompt Hello, and --chat --prompt Hi) for the same options.
+                var textFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_TEXT_FILE");
+                if (!string.IsNullOrEmpty(textFile))
+                    Require(g.Text == File.ReadAllText(textFile, System.Text.Encoding.UTF8), "text vs C API: " + g.Text);
+                s.Reset();
+                var c = s.GenerateChat(tok, new[] { new ChatMessage("user", "Hi") }, null, o);
+                var chatFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_CHAT_FILE");
+                if (!string.IsNullOrEmpty(chatFile))
+                    Require(c.Text == File.ReadAllText(chatFile, System.Text.Encoding.UTF8), "chat vs C API: " + c.Text);
             }
             return null;
-        });
+        }));
+
+        RunText("text_stream_equals_generate_text_and_stops_at_a_stop_string", WithModelTokenizer((model, tok) =>
+        {
+            // n tokens sampled after "Hello" by the host, through a TextStream
+            Func<uint, string[], Tuple<string, bool>> hostLoop = (n, stops) =>
+            {
+                using (var s = model.NewSession())
+                using (var ts = new TextStream(tok, stops))
+                {
+                    s.Append(tok.Encode("Hello", addSpecial: true));
+                    var sb = new System.Text.StringBuilder();
+                    for (uint i = 0; i < n && !ts.Stopped; i++)
+                    {
+                        int next = s.Sample(Options(n));
+                        sb.Append(ts.Push(next));
+                        s.Append(new[] { next });
+                    }
+                    if (!ts.Stopped) sb.Append(ts.Finish());
+                    Require(sb.ToString() == ts.Text, "pieces vs Text");
+                    return Tuple.Create(ts.Text, ts.Stopped);
+                }
+            };
+            Func<uint, string[], string> generateText = (n, stops) =>
+            {
+                var o = Options(n);
+                o.IgnoreEos = true;
+                o.StopStrings = stops;
+                using (var s = model.NewSession()) return s.GenerateText(tok, "Hello", o).Text;
+            };
+            var plain = hostLoop(8, new string[0]);
+            Require(!plain.Item2 && plain.Item1 == generateText(8, new string[0]), "stream vs GenerateText: " + plain.Item1);
+            var textFile = Environment.GetEnvironmentVariable("EP_TEST_EXPECTED_TEXT_FILE");
+            if (!string.IsNullOrEmpty(textFile))
+                Require(plain.Item1 == File.ReadAllText(textFile, System.Text.Encoding.UTF8), "stream vs C API: " + plain.Item1);
+            var full = hostLoop(24, new string[0]).Item1;
+            Require(full.Length > 8, "too little text to pick a stop string from: " + full);
+            var stop = full.Substring(full.Length / 2, 3);
+            var cut = hostLoop(24, new[] { stop });
+            Require(cut.Item2 && cut.Item1 == full.Substring(0, full.IndexOf(stop, StringComparison.Ordinal)), "stopped text: " + cut.Item1);
+            Require(cut.Item1 == generateText(24, new[] { stop }), "stopped stream vs GenerateText");
+            try { new TextStream(tok, ""); throw new Exception("no exception"); }
+            catch (ExpertPackException e) { Require(e.Status == Status.InvalidArgument, e.Message); }
+            return null;
+        }));
 
         Console.WriteLine(string.Format("csharp: {0} passed, {1} failed, {2} skipped", passed, failed, skipped));
         return failed == 0 ? 0 : 1;

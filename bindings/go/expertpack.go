@@ -6,7 +6,8 @@
 //	CGO_LDFLAGS="-L$BUILD" LD_LIBRARY_PATH="$BUILD" go test ./...
 //
 // (or install it: then pkg-config's path works too). Build with -tags expertpack_notext against
-// a library built before the text API.
+// a library built before the text API, and with -tags expertpack_nobatch against one built before
+// 0.2 (AppendMany, Session.Sample, Session.Fork, Session.Tokens, TextStream).
 //
 // Errors are *Error values carrying the C status and the library's message; errors.Is(err,
 // expertpack.ErrNotFound) works. Handles are freed by Close (deterministic); a finalizer frees
@@ -186,6 +187,16 @@ type StoreStats struct {
 	CacheHits, CacheMisses, CacheEvictions             uint64
 	ResidentExperts, ResidentBytes, H2DBytes, IOErrors uint64
 	FallbackCount, CacheSlots, SlotBytes               uint64
+	// HostHits are cache misses served from the host-RAM tier (one copy, no pack read);
+	// HostMisses those not in the tier (read from the pack; 0 without a tier).
+	HostHits, HostMisses uint64
+	// Demotions are experts evicted from the cache and kept in the host tier.
+	Demotions uint64
+	// HostResidentBytes are the payload bytes the host tier holds now, in HostSlots slots (0: no tier).
+	HostResidentBytes, HostSlots uint64
+	// PrefetchIssued are experts loaded ahead of their layer (ModelOptions.Prefetch);
+	// PrefetchUsed those their layer then asked for.
+	PrefetchIssued, PrefetchUsed uint64
 }
 
 func storeStatsFromC(s *C.ep_store_stats) StoreStats {
@@ -195,6 +206,9 @@ func storeStatsFromC(s *C.ep_store_stats) StoreStats {
 		CacheEvictions: uint64(s.cache_evictions), ResidentExperts: uint64(s.resident_experts),
 		ResidentBytes: uint64(s.resident_bytes), H2DBytes: uint64(s.h2d_bytes), IOErrors: uint64(s.io_errors),
 		FallbackCount: uint64(s.fallback_count), CacheSlots: uint64(s.cache_slots), SlotBytes: uint64(s.slot_bytes),
+		HostHits: uint64(s.host_hits), HostMisses: uint64(s.host_misses), Demotions: uint64(s.demotions),
+		HostResidentBytes: uint64(s.host_resident_bytes), HostSlots: uint64(s.host_slots),
+		PrefetchIssued: uint64(s.prefetch_issued), PrefetchUsed: uint64(s.prefetch_used),
 	}
 }
 
@@ -346,6 +360,16 @@ type ModelOptions struct {
 	PackDir          string // "": $XDG_CACHE_HOME/expertpack
 	PackBuild        bool   // build a missing pack, rebuild a stale one
 	ResidentExperts  bool   // no pack: every routed expert in memory
+	CPUThreads       int32  // threads of the CPU backend; 0: EP_CPU_THREADS, else the hardware concurrency
+	// HostCacheBytes is a host-RAM tier below the expert cache (0: none): evicted experts asked
+	// for at least twice come back with one copy instead of a pack read.
+	HostCacheBytes uint64
+	// OverlapReads computes a layer's cached experts while its misses are still read.
+	OverlapReads bool
+	// Prefetch lets each MoE layer read the next layer's predicted experts ahead.
+	Prefetch bool
+	// CachePolicy is the eviction policy: "decay", "decay-bypass", "lru", "sglang-lfu" ("": decay).
+	CachePolicy string
 	// Progress, if set, is called while a pack is built.
 	Progress func(doneBytes, totalBytes uint64)
 }
@@ -358,6 +382,8 @@ func DefaultModelOptions() ModelOptions {
 		Device: Device(o.device), DeviceIndex: int32(o.device_index), CacheBudgetBytes: uint64(o.cache_budget_bytes),
 		StagingSlots: uint32(o.staging_slots), QueueDepth: uint32(o.queue_depth), ReadSplits: uint32(o.read_splits),
 		DirectIO: int32(o.direct_io), PackBuild: o.pack_build != 0, ResidentExperts: o.resident_experts != 0,
+		CPUThreads: int32(o.cpu_threads), HostCacheBytes: uint64(o.host_cache_bytes), OverlapReads: o.overlap_reads != 0,
+		Prefetch: o.prefetch != 0,
 	}
 }
 
@@ -428,6 +454,14 @@ func OpenModel(path string, opts *ModelOptions) (*Model, error) {
 	}
 	o.pack_build = b2i(opts.PackBuild)
 	o.resident_experts = b2i(opts.ResidentExperts)
+	o.cpu_threads = C.int32_t(opts.CPUThreads)
+	o.host_cache_bytes = C.uint64_t(opts.HostCacheBytes)
+	o.overlap_reads = b2i(opts.OverlapReads)
+	o.prefetch = b2i(opts.Prefetch)
+	if opts.CachePolicy != "" {
+		o.cache_policy = C.CString(opts.CachePolicy)
+		defer C.free(unsafe.Pointer(o.cache_policy))
+	}
 	var handle C.uintptr_t
 	var st *progressState
 	if opts.Progress != nil {

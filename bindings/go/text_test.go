@@ -44,9 +44,9 @@ func TestTokenizer(t *testing.T) {
 	}
 }
 
-func TestGenerateText(t *testing.T) {
-	f := getFixture(t)
-	m := open(t, f)
+// modelTokenizer opens the model's own tokenizer (closed at the end of the test), or skips the
+// test when the model has none.
+func modelTokenizer(t *testing.T, m *Model) *Tokenizer {
 	tok, err := m.Tokenizer()
 	if errors.Is(err, ErrNotFound) {
 		t.Skip("the synthetic model has no tokenizer:", err)
@@ -54,7 +54,14 @@ func TestGenerateText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tok.Close()
+	t.Cleanup(func() { tok.Close() })
+	return tok
+}
+
+func TestGenerateText(t *testing.T) {
+	f := getFixture(t)
+	m := open(t, f)
+	tok := modelTokenizer(t, m)
 	s, _ := m.NewSession()
 	defer s.Close()
 	opts := DefaultGenerateOptions()

@@ -29,7 +29,7 @@ __all__ = [
     "GenerateResult", "GenerateStats", "StoreStats", "ModelInfo", "PackInfo", "PackObject", "version",
     "version_number", "status_str", "last_error", "build_features", "cuda_device_count", "set_log_level",
     "set_log_callback", "read_store_stats", "library_path", "Tokenizer", "TokenizerInfo", "TextResult",
-    "StopReason", "ChatTemplate", "HAVE_TEXT",
+    "StopReason", "ChatTemplate", "HAVE_TEXT", "HAVE_BATCH", "TextStream", "append_many", "step_batch",
 ]
 
 
@@ -128,7 +128,8 @@ class _ModelOptions(Structure):
                 ("read_splits", c_uint32), ("direct_io", c_int32), ("pack_dir", c_char_p), ("pack_build", c_int32),
                 ("resident_experts", c_int32), ("progress", _PROGRESS_FN), ("progress_payload", c_void_p),
                 # appended after the first version:
-                ("cpu_threads", c_int32)]
+                ("cpu_threads", c_int32), ("host_cache_bytes", c_uint64), ("overlap_reads", c_int32),
+                ("prefetch", c_int32), ("cache_policy", c_char_p)]
 
 
 class _ModelProperties(Structure):
@@ -177,10 +178,13 @@ _TEXT_FN = CFUNCTYPE(c_int, POINTER(c_char), c_size_t, c_void_p)
 _STORE_FIELDS = ["acquires", "pack_reads", "pack_read_bytes", "pack_read_ns", "cache_hits", "cache_misses",
                  "cache_evictions", "resident_experts", "resident_bytes", "h2d_bytes", "io_errors", "fallback_count",
                  "cache_slots", "slot_bytes"]
+# appended after the first version (None in StoreStats with a library older than them):
+_STORE_FIELDS_V2 = ["host_hits", "host_misses", "demotions", "host_resident_bytes", "host_slots", "prefetch_issued",
+                    "prefetch_used"]
 
 
 class _StoreStats(Structure):
-    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _STORE_FIELDS]
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _STORE_FIELDS + _STORE_FIELDS_V2]
 
 
 class _PackOpenOptions(Structure):
@@ -237,6 +241,7 @@ _ep_generate = _fn("ep_generate", c_int32, POINTER(_GenerateStats), c_void_p, PO
                    POINTER(_GenerateOptions), _TOKEN_FN, c_void_p)
 _ep_score = _fn("ep_score", c_int32, c_void_p, POINTER(c_int32), c_size_t, c_uint32, POINTER(c_int32),
                 POINTER(c_float))
+_ep_store_stats_init = _fn("ep_store_stats_init", None, c_void_p)
 _ep_store_stats_read_file = _fn("ep_store_stats_read_file", c_int32, POINTER(_StoreStats), c_char_p)
 _ep_pack_open_options_init = _fn("ep_pack_open_options_init", None, c_void_p)
 _ep_pack_open = _fn("ep_pack_open", c_int32, POINTER(c_void_p), c_char_p, POINTER(_PackOpenOptions))
@@ -265,6 +270,29 @@ _ep_generate_chat = _fn("ep_generate_chat", c_int32, POINTER(_GenerateStats), c_
                         c_void_p, optional=True)
 HAVE_TEXT = _ep_generate_chat is not None
 """True when the loaded library has the text API (text.h: tokenizers, chat, text generation)."""
+# 0.2: stepping several sessions together, sampling, forks, incremental text
+_ep_sessions_append = _fn("ep_sessions_append", c_int32, POINTER(c_void_p), POINTER(POINTER(c_int32)),
+                          POINTER(c_size_t), c_size_t, optional=True)
+_ep_session_sample = _fn("ep_session_sample", c_int32, POINTER(c_int32), c_void_p, POINTER(_GenerateOptions),
+                         optional=True)
+_ep_session_tokens = _fn("ep_session_tokens", c_int32, POINTER(c_int32), c_size_t, POINTER(c_size_t), c_void_p,
+                         optional=True)
+_ep_session_fork = _fn("ep_session_fork", c_int32, POINTER(c_void_p), c_void_p, optional=True)
+_ep_text_stream_open = _fn("ep_text_stream_open", c_int32, POINTER(c_void_p), c_void_p, POINTER(c_char_p), c_size_t,
+                           optional=True)
+_ep_text_stream_push = _fn("ep_text_stream_push", c_int32, c_void_p, c_int32, _TEXT_FN, c_void_p, POINTER(c_int32),
+                           optional=True)
+_ep_text_stream_finish = _fn("ep_text_stream_finish", c_int32, c_void_p, _TEXT_FN, c_void_p, POINTER(c_int32),
+                             optional=True)
+_ep_text_stream_close = _fn("ep_text_stream_close", None, c_void_p, optional=True)
+HAVE_BATCH = _ep_sessions_append is not None and _ep_text_stream_close is not None
+"""True when the loaded library has the 0.2 session API: :func:`append_many`, :meth:`Session.sample`,
+:meth:`Session.fork`, :attr:`Session.tokens` and :class:`TextStream`."""
+
+
+def _require_batch(function: str) -> None:
+    if not HAVE_BATCH:
+        raise UnsupportedError(Status.UNSUPPORTED, f"{function}: the loaded library predates it (0.2)", function)
 
 
 def _defaults(struct_type, init_fn):
@@ -442,15 +470,36 @@ class StoreStats:
     fallback_count: int = 0
     cache_slots: int = 0
     slot_bytes: int = 0
+    # Appended after the first version: None with a library older than them.
+    host_hits: Optional[int] = None
+    """Cache misses served from the host-RAM tier (one copy, no pack read)."""
+    host_misses: Optional[int] = None
+    """Cache misses not in the host tier (read from the pack); 0 without a tier."""
+    demotions: Optional[int] = None
+    """Experts evicted from the cache and kept in the host tier."""
+    host_resident_bytes: Optional[int] = None
+    """Payload bytes held by the host tier now."""
+    host_slots: Optional[int] = None
+    """Slots of the host tier (0: no tier)."""
+    prefetch_issued: Optional[int] = None
+    """Experts loaded ahead of their layer from a prediction (``Model(prefetch=True)``)."""
+    prefetch_used: Optional[int] = None
+    """Prefetched experts their layer then asked for."""
 
     @classmethod
     def _from_c(cls, s: _StoreStats) -> "StoreStats":
-        return cls(**{n: int(getattr(s, n)) for n in _STORE_FIELDS})
+        names = _STORE_FIELDS + [n for n in _STORE_FIELDS_V2 if _fits(s, n)]
+        return cls(**{n: int(getattr(s, n)) for n in names})
+
+
+def _store_stats_struct() -> _StoreStats:
+    """An ep_store_stats whose struct_size the loaded library accepts (its own or this layout's)."""
+    return _defaults(_StoreStats, _ep_store_stats_init)
 
 
 def read_store_stats(path) -> StoreStats:
     """Reads a statistics JSON file written by an expert store (``ep_store_stats_read_file``)."""
-    s = _out_struct(_StoreStats)
+    s = _store_stats_struct()
     _check(_ep_store_stats_read_file(byref(s), _path(path)), "ep_store_stats_read_file")
     return StoreStats._from_c(s)
 
@@ -613,14 +662,18 @@ class _Handle:
 class Model(_Handle):
     """An open model (``ep_model_open``). Keyword options are the fields of ``ep_model_options``:
     device, device_index, cache_budget_bytes, staging_slots, queue_depth, read_splits, direct_io,
-    pack_dir, pack_build, resident_experts, cpu_threads (0: EP_CPU_THREADS, else every core) and progress
-    (``callable(done_bytes, total_bytes)``)."""
+    pack_dir, pack_build, resident_experts, cpu_threads (0: EP_CPU_THREADS, else every core), host_cache_bytes
+    (a host-RAM tier below the expert cache; 0: none), overlap_reads (None: the library's default, on),
+    prefetch (None: the library's default, off), cache_policy ("decay", "decay-bypass", "lru", "sglang-lfu";
+    None: "decay") and progress (``callable(done_bytes, total_bytes)``). An option the loaded library is
+    too old for raises :class:`UnsupportedError` unless it has its default value."""
     _close_fn = staticmethod(_ep_model_close)
 
     def __init__(self, path, *, device: Device = Device.AUTO, device_index: int = 0, cache_budget_bytes: int = 0,
                  staging_slots: int = 0, queue_depth: int = 0, read_splits: int = 0, direct_io: Optional[bool] = None,
                  pack_dir=None, pack_build: bool = True, resident_experts: bool = False, cpu_threads: int = 0,
-                 progress: Optional[Callable[[int, int], None]] = None):
+                 host_cache_bytes: int = 0, overlap_reads: Optional[bool] = None, prefetch: Optional[bool] = None,
+                 cache_policy: Optional[str] = None, progress: Optional[Callable[[int, int], None]] = None):
         super().__init__()
         self._sessions = weakref.WeakSet()
         opts = _defaults(_ModelOptions, _ep_model_options_init)
@@ -635,10 +688,18 @@ class Model(_Handle):
         opts.pack_dir = pack_dir_b
         opts.pack_build = int(bool(pack_build))
         opts.resident_experts = int(bool(resident_experts))
-        if cpu_threads:
-            if not _fits(opts, "cpu_threads"):
-                raise UnsupportedError(f"cpu_threads: the library ({opts.struct_size}-byte ep_model_options) predates it")
-            opts.cpu_threads = cpu_threads
+        policy_b = cache_policy.encode("utf-8") if cache_policy is not None else None
+        appended = {"cpu_threads": (cpu_threads, 0), "host_cache_bytes": (host_cache_bytes, 0),
+                    "overlap_reads": (None if overlap_reads is None else int(bool(overlap_reads)), None),
+                    "prefetch": (None if prefetch is None else int(bool(prefetch)), None),
+                    "cache_policy": (policy_b, None)}
+        for name, (value, default) in appended.items():
+            if value == default:
+                continue  # the library's default stays
+            if not _fits(opts, name):
+                raise UnsupportedError(Status.UNSUPPORTED, f"{name}: the loaded library "
+                                       f"({opts.struct_size}-byte ep_model_options) predates it", "ep_model_open")
+            setattr(opts, name, value)
         errors = []
         if progress is not None:
             def on_progress(done, total, _payload):
@@ -677,7 +738,7 @@ class Model(_Handle):
         return info
 
     def store_stats(self) -> StoreStats:
-        s = _out_struct(_StoreStats)
+        s = _store_stats_struct()
         _check(_ep_model_store_stats(byref(s), self._ptr()), "ep_model_store_stats")
         return StoreStats._from_c(s)
 
@@ -834,11 +895,52 @@ class Session(_Handle):
     """One sequence's decode state (``ep_session``). Closed with the model at the latest."""
     _close_fn = staticmethod(_ep_session_close)
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, *, _fork_of: Optional["Session"] = None):
         super().__init__()
-        _check(_ep_session_open(byref(self._h), model._ptr()), "ep_session_open")
+        if _fork_of is None:
+            _check(_ep_session_open(byref(self._h), model._ptr()), "ep_session_open")
+        else:
+            _check(_ep_session_fork(byref(self._h), _fork_of._ptr()), "ep_session_fork")
         self.model = model  # keeps the model alive as long as the session
         model._sessions.add(self)
+
+    def fork(self) -> "Session":
+        """A copy of this session (``ep_session_fork``): the same tokens, decode state, last logits
+        and sampler position. Appending to either leaves the other as it is, so a prompt's state
+        can be kept and continued later without running the prompt again."""
+        _require_batch("ep_session_fork")
+        return Session(self.model, _fork_of=self)
+
+    @property
+    def tokens(self) -> List[int]:
+        """The token ids the session holds, in order (``ep_session_tokens``)."""
+        _require_batch("ep_session_tokens")
+        count = c_size_t(0)
+        _check(_ep_session_tokens(None, 0, byref(count), self._ptr()), "ep_session_tokens")
+        while True:
+            cap = count.value
+            buf = (c_int32 * max(cap, 1))()
+            _check(_ep_session_tokens(buf, cap, byref(count), self._ptr()), "ep_session_tokens")
+            if count.value <= cap:
+                return list(buf[:count.value])
+
+    def append(self, tokens: Sequence[int]) -> None:
+        """Appends token ids to the session without generating (``ep_sessions_append`` of this one
+        session); :meth:`sample` then draws the token after them."""
+        append_many([self], [tokens])
+
+    def sample(self, **options) -> int:
+        """The next token after the session's last one, drawn from its logits where they were
+        computed (``ep_session_sample``); the token is not appended. ``options`` as
+        :meth:`generate` (temperature, top_k, top_p, min_p, seed, repetition_penalty and
+        repetition_window apply; the default is greedy). The session's draw counter advances, so
+        sample-and-append with a seed repeats what :meth:`generate` gives for that seed."""
+        _require_batch("ep_session_sample")
+        opts, keep = _generate_options(options)
+        out = c_int32(-1)
+        _check(_ep_session_sample(byref(out), self._ptr(), byref(opts)), "ep_session_sample")
+        del keep
+        return int(out.value)
 
     def reset(self) -> None:
         _check(_ep_session_reset(self._ptr()), "ep_session_reset")
@@ -949,6 +1051,88 @@ class Session(_Handle):
         logits = (c_float * (n * vocab))()
         _check(_ep_score(self._ptr(), arr, n, 0, None, logits), "ep_score")
         return [list(logits[i * vocab:(i + 1) * vocab]) for i in range(n)]
+
+
+def append_many(sessions: Sequence[Session], tokens: Sequence[Sequence[int]]) -> None:
+    """Appends ``tokens[i]`` (at least one id each: a prefill chunk or one decode token) to
+    ``sessions[i]`` for every i in one forward pass (``ep_sessions_append``): the routed experts
+    of all of them are read once. The sessions must be distinct and of one model. Each session's
+    logits are those of appending its tokens alone. After an error other than
+    :class:`InvalidArgumentError`, every session of the call must be reset."""
+    _require_batch("ep_sessions_append")
+    if len(sessions) != len(tokens):
+        raise ValueError(f"append_many: {len(sessions)} sessions but {len(tokens)} token lists")
+    n = len(sessions)
+    arrays = [_int_array(list(t)) for t in tokens]
+    c_sessions = (c_void_p * n)(*[s._ptr().value for s in sessions])
+    c_tokens = (POINTER(c_int32) * n)(*[ctypes.cast(a, POINTER(c_int32)) for a in arrays])
+    c_counts = (c_size_t * n)(*[len(a) for a in arrays])
+    _check(_ep_sessions_append(c_sessions, c_tokens, c_counts, n), "ep_sessions_append")
+
+
+def step_batch(sessions: Sequence[Session], **options) -> List[int]:
+    """One decode step of a continuous batch: samples each session's next token
+    (:meth:`Session.sample` with ``options``), appends all of them in one
+    :func:`append_many` call, and returns them in the order of ``sessions``."""
+    next_tokens = [s.sample(**options) for s in sessions]
+    append_many(sessions, [[t] for t in next_tokens])
+    return next_tokens
+
+
+class TextStream(_Handle):
+    """Incremental text of generated tokens for hosts that sample themselves
+    (``ep_text_stream_*``): :meth:`push` each token and get the text it completes, as
+    :meth:`Session.generate_text` would stream it (complete UTF-8 only, special tokens left out,
+    text that may begin a stop string held back until it is known not to). :attr:`stopped` turns
+    true when a stop string appears: the text before it was delivered, later tokens add nothing.
+    :meth:`finish` delivers what was held back. One stream per generation; not thread-safe.
+
+        with expertpack.TextStream(tokenizer, stop_strings=["\\n\\n"]) as ts:
+            while not ts.stopped:
+                token = session.sample()
+                print(ts.push(token), end="")
+                session.append([token])
+            print(ts.finish())
+    """
+    _close_fn = staticmethod(lambda h: _ep_text_stream_close(h))
+
+    def __init__(self, tokenizer: "Tokenizer", stop_strings: Sequence[str] = ()):
+        super().__init__()
+        _require_batch("ep_text_stream_open")
+        strs = [x.encode("utf-8") for x in stop_strings]
+        arr = (c_char_p * len(strs))(*strs)
+        _check(_ep_text_stream_open(byref(self._h), tokenizer._ptr(), arr if strs else None, len(strs)),
+               "ep_text_stream_open")
+        self.tokenizer = tokenizer  # the C stream reads it: it must outlive the stream
+        self.stopped = False
+        """True once a stop string appeared in the text."""
+        self.text = ""
+        """Everything delivered so far."""
+
+    def _step(self, fn_name, call) -> str:
+        pieces: List[str] = []
+
+        def on_c_text(piece, length, _payload):
+            pieces.append(ctypes.string_at(piece, length).decode("utf-8", "replace"))
+            return 0
+
+        stopped = c_int32(0)
+        _check(call(_TEXT_FN(on_c_text), byref(stopped)), fn_name)
+        self.stopped = bool(stopped.value)
+        text = "".join(pieces)
+        self.text += text
+        return text
+
+    def push(self, token: int) -> str:
+        """Adds one generated token; returns the text it completes (often "", at times several
+        tokens' worth)."""
+        return self._step("ep_text_stream_push",
+                          lambda cb, stopped: _ep_text_stream_push(self._ptr(), int(token), cb, None, stopped))
+
+    def finish(self) -> str:
+        """Ends the text: returns what was held back (an incomplete UTF-8 sequence is dropped)."""
+        return self._step("ep_text_stream_finish",
+                          lambda cb, stopped: _ep_text_stream_finish(self._ptr(), cb, None, stopped))
 
 
 class Pack(_Handle):

@@ -23,6 +23,14 @@ def ids(text):
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def load_fixture(test):
+    """Sets the fixture's prompt, seed, temperature and the C API's expected ids on a test."""
+    test.prompt = ids(env("EP_TEST_PROMPT"))
+    test.seed = int(env("EP_TEST_SEED"))
+    test.temp = float(env("EP_TEST_TEMP"))
+    test.expected = ids(env("EP_TEST_EXPECTED"))
+
+
 class CoreTest(unittest.TestCase):
     def test_version(self):
         self.assertEqual(ep.version_number() // 10000, 0)
@@ -56,10 +64,7 @@ class CoreTest(unittest.TestCase):
 class ModelTest(unittest.TestCase):
     def setUp(self):
         self.model = ep.Model(env("EP_TEST_MODEL"), cache_budget_bytes=0)
-        self.prompt = ids(env("EP_TEST_PROMPT"))
-        self.seed = int(env("EP_TEST_SEED"))
-        self.temp = float(env("EP_TEST_TEMP"))
-        self.expected = ids(env("EP_TEST_EXPECTED"))
+        load_fixture(self)
 
     def tearDown(self):
         self.model.close()
@@ -255,6 +260,201 @@ class TextTest(unittest.TestCase):
                 r2 = s.generate_chat(tok, msgs, max_new_tokens=4, ignore_eos=True,
                                      on_text=lambda piece: True)  # stop at the first piece
                 self.assertTrue(r2.cancelled or r2.text == "")
+
+
+@unittest.skipUnless(ep.HAVE_BATCH, "the library has no 0.2 session API")
+class BatchTest(unittest.TestCase):
+    """The 0.2 session API: ep_sessions_append, ep_session_sample, ep_session_tokens, ep_session_fork."""
+
+    def setUp(self):
+        self.model = ep.Model(env("EP_TEST_MODEL"))
+        load_fixture(self)
+
+    def tearDown(self):
+        self.model.close()
+
+    def test_sample_loop_matches_c_api(self):
+        # the host's loop (append, sample, append...) draws what ep_generate drew for the same seed
+        with self.model.session() as s:
+            s.append(self.prompt)
+            self.assertEqual(s.tokens, self.prompt)
+            got = []
+            for _ in range(8):
+                got.append(s.sample(temperature=self.temp, seed=self.seed))
+                s.append(got[-1:])
+            self.assertEqual(got, self.expected)
+            self.assertEqual(s.tokens, self.prompt + self.expected)
+            self.assertEqual(len(s), len(self.prompt) + 8)
+
+    def test_fork_continues_as_the_original(self):
+        with self.model.session() as s:
+            s.append(self.prompt)
+            f = s.fork()
+            self.assertEqual(f.tokens, self.prompt)
+            # the fork copies the logits and the sampler position: both continue to the C API's tokens
+            r_fork = f.generate([], max_new_tokens=8, temperature=self.temp, seed=self.seed)
+            self.assertEqual(f.tokens, self.prompt + self.expected)
+            self.assertEqual(s.tokens, self.prompt)  # appending to the fork left the original alone
+            r_orig = s.generate([], max_new_tokens=8, temperature=self.temp, seed=self.seed)
+            self.assertEqual(r_fork.tokens, self.expected)
+            self.assertEqual(r_orig.tokens, self.expected)
+            f.close()
+            self.assertEqual(len(s), len(self.prompt) + 8)
+
+    def test_append_many_matches_each_alone(self):
+        prompts = [self.prompt, list(reversed(self.prompt))[:5]]
+        alone = []
+        for p in prompts:
+            with self.model.session() as s:
+                alone.append(s.generate(p, max_new_tokens=6).tokens)
+        self.assertNotEqual(alone[0], alone[1], "the two prompts should continue differently")
+        sessions = [self.model.session() for _ in prompts]
+        try:
+            ep.append_many(sessions, prompts)  # prompts of different lengths in one pass
+            steps = [ep.step_batch(sessions) for _ in range(6)]
+            batched = [[step[i] for step in steps] for i in range(len(prompts))]
+            self.assertEqual(batched, alone)
+            for s, p, b in zip(sessions, prompts, batched):
+                self.assertEqual(s.tokens, p + b)
+        finally:
+            for s in sessions:
+                s.close()
+
+    def test_refusals(self):
+        with self.model.session() as a, self.model.session() as empty:
+            a.append(self.prompt)
+            with self.assertRaises(ep.InvalidArgumentError):
+                ep.append_many([a, a], [[1], [2]])  # one session twice
+            with self.assertRaises(ep.InvalidArgumentError):
+                ep.append_many([a, empty], [[1], []])  # no tokens for one
+            with self.assertRaises(ep.InvalidArgumentError) as cm:
+                a.append([10 ** 8])
+            self.assertIn("outside", cm.exception.message)
+            with self.assertRaises(ep.InvalidArgumentError):
+                empty.sample()  # nothing to sample from
+            with self.assertRaises(ep.InvalidArgumentError):
+                a.sample(temperature=0.5, top_p=2.0)
+            with self.assertRaises(ValueError):
+                ep.append_many([a], [])
+            self.assertEqual(empty.tokens, [])
+
+    def test_fork_is_closed_with_its_model(self):
+        with ep.Model(env("EP_TEST_MODEL")) as m:
+            s = m.session()
+            s.append(self.prompt)
+            f = s.fork()
+        self.assertTrue(s.closed)
+        self.assertTrue(f.closed)
+
+
+class HierarchyTest(unittest.TestCase):
+    """The 0.2 model options (host-RAM tier, overlapped reads, prefetch, cache policy) and the
+    store counters they drive."""
+
+    def setUp(self):
+        load_fixture(self)
+
+    def test_new_store_counters(self):
+        with ep.Model(env("EP_TEST_MODEL")) as m, m.session() as s:
+            s.generate(self.prompt, max_new_tokens=2)
+            st = m.store_stats()
+        for name in ("host_hits", "host_misses", "demotions", "host_resident_bytes", "host_slots",
+                     "prefetch_issued", "prefetch_used"):
+            value = getattr(st, name)
+            self.assertIsInstance(value, int, name)
+            self.assertGreaterEqual(value, 0, name)
+        self.assertEqual((st.host_slots, st.host_hits, st.demotions), (0, 0, 0))  # no host tier
+        self.assertEqual(st.prefetch_issued, 0)  # prefetch is off by default
+
+    def test_host_tier_and_prefetch_give_the_same_tokens(self):
+        # a cache for half the experts and a host tier below it: experts are evicted, demoted,
+        # come back from the tier and are prefetched into free slots; results are bitwise the
+        # same as without any of it
+        with ep.Model(env("EP_TEST_MODEL")) as probe:
+            slot = probe.store_stats().slot_bytes
+            info = probe.info()
+        self.assertGreater(slot, 0)
+        half = info.num_layers * info.num_experts // 2
+        opts = dict(device=ep.Device.CPU, cache_budget_bytes=slot * half, host_cache_bytes=slot * half,
+                    overlap_reads=False, prefetch=True, cache_policy="lru")
+        with ep.Model(env("EP_TEST_MODEL"), **opts) as m, m.session() as s:
+            r = s.generate(self.prompt, max_new_tokens=8, temperature=self.temp, seed=self.seed)
+            st = m.store_stats()
+        self.assertEqual(r.tokens, self.expected)
+        self.assertGreater(st.host_slots, 0)
+        self.assertGreater(st.cache_evictions, 0)
+        self.assertGreater(st.demotions, 0)
+        self.assertGreater(st.host_hits, 0)
+        self.assertEqual(st.host_hits + st.host_misses, st.cache_misses)
+        self.assertLessEqual(st.host_resident_bytes, st.host_slots * slot)
+        self.assertGreater(st.prefetch_issued, 0)
+        self.assertLessEqual(st.prefetch_used, st.prefetch_issued)
+
+    def test_bad_options(self):
+        with self.assertRaises(ep.InvalidArgumentError) as cm:
+            ep.Model(env("EP_TEST_MODEL"), cache_policy="no-such-policy")
+        self.assertIn("no-such-policy", cm.exception.message)
+
+
+@unittest.skipUnless(ep.HAVE_TEXT and ep.HAVE_BATCH, "the library has no text stream")
+class TextStreamTest(unittest.TestCase):
+    """ep_text_stream_*: a host's sample loop gets the text ep_generate_text streams."""
+
+    def setUp(self):
+        self.model = ep.Model(env("EP_TEST_MODEL"))
+        try:
+            self.tok = self.model.tokenizer()
+        except ep.NotFoundError as e:
+            self.model.close()
+            self.skipTest(f"the synthetic model has no tokenizer: {e}")
+        load_fixture(self)
+
+    def tearDown(self):
+        self.tok.close()
+        self.model.close()
+
+    def host_loop(self, n, stop_strings=()):
+        """Text of n tokens sampled after "Hello" by the host, through a TextStream."""
+        with self.model.session() as s, ep.TextStream(self.tok, stop_strings) as ts:
+            s.append(self.tok.encode("Hello", add_special=True))
+            pieces = []
+            for _ in range(n):
+                if ts.stopped:
+                    break
+                token = s.sample(temperature=self.temp, seed=self.seed)
+                pieces.append(ts.push(token))
+                s.append([token])
+            if not ts.stopped:
+                pieces.append(ts.finish())
+            self.assertEqual("".join(pieces), ts.text)
+            return ts.text, ts.stopped
+
+    def generate_text(self, n, stop_strings=()):
+        with self.model.session() as s:
+            return s.generate_text(self.tok, "Hello", max_new_tokens=n, temperature=self.temp, seed=self.seed,
+                                   ignore_eos=True, stop_strings=list(stop_strings)).text
+
+    def test_stream_equals_generate_text(self):
+        text, stopped = self.host_loop(8)
+        self.assertFalse(stopped)
+        self.assertEqual(text, self.generate_text(8))
+        expected_text = os.environ.get("EP_TEST_EXPECTED_TEXT_FILE")
+        if expected_text:  # the C API's text (ep-run --prompt Hello)
+            with open(expected_text, "rb") as f:
+                self.assertEqual(text, f.read().decode("utf-8"))
+
+    def test_stop_string_stops_there(self):
+        full, _ = self.host_loop(24)
+        self.assertGreater(len(full), 8, f"too little text to pick a stop string from: {full!r}")
+        stop = full[len(full) // 2:len(full) // 2 + 3]
+        text, stopped = self.host_loop(24, [stop])
+        self.assertTrue(stopped)
+        self.assertEqual(text, full[:full.index(stop)])
+        self.assertEqual(text, self.generate_text(24, [stop]))
+
+    def test_empty_stop_string_is_refused(self):
+        with self.assertRaises(ep.InvalidArgumentError):
+            ep.TextStream(self.tok, [""])
 
 
 if __name__ == "__main__":

@@ -145,7 +145,19 @@ pub struct ep_store_stats {
     pub fallback_count: u64,
     pub cache_slots: u64,
     pub slot_bytes: u64,
+    // Appended after the first version (see EP_STORE_STATS_V1_SIZE):
+    pub host_hits: u64,
+    pub host_misses: u64,
+    pub demotions: u64,
+    pub host_resident_bytes: u64,
+    pub host_slots: u64,
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
 }
+
+/// The first published size of `ep_store_stats` (up to `slot_bytes`): what a library from before
+/// the appended counters accepts.
+pub const EP_STORE_STATS_V1_SIZE: usize = 120;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -163,6 +175,11 @@ pub struct ep_model_options {
     pub resident_experts: i32,
     pub progress: ep_model_progress_fn,
     pub progress_payload: *mut c_void,
+    pub cpu_threads: i32,
+    pub host_cache_bytes: u64,
+    pub overlap_reads: i32,
+    pub prefetch: i32,
+    pub cache_policy: *const c_char,
 }
 
 #[repr(C)]
@@ -251,6 +268,18 @@ extern "C" {
                     out_logits: *mut f32) -> ep_status;
 }
 
+// model.h, 0.2 (feature "batch": a library built before 0.2 lacks these symbols)
+#[cfg(feature = "batch")]
+extern "C" {
+    pub fn ep_sessions_append(sessions: *const *mut ep_session, tokens: *const *const i32, n_tokens: *const usize,
+                              n_sessions: usize) -> ep_status;
+    pub fn ep_session_sample(out_token: *mut i32, session: *mut ep_session, options: *const ep_generate_options)
+        -> ep_status;
+    pub fn ep_session_fork(out_session: *mut *mut ep_session, session: *const ep_session) -> ep_status;
+    pub fn ep_session_tokens(out_tokens: *mut i32, capacity: usize, out_count: *mut usize, session: *const ep_session)
+        -> ep_status;
+}
+
 #[cfg(all(test, target_pointer_width = "64"))]
 mod layout {
     use super::*;
@@ -273,10 +302,17 @@ mod layout {
         assert_eq!(offset_of!(ep_pack_properties, alignment), 32);
         assert_eq!(offset_of!(ep_pack_properties, source_files_sha256), 72);
         assert_eq!(size_of::<ep_pack_object_info>(), 80);
-        assert_eq!(size_of::<ep_store_stats>(), 120);
-        assert_eq!(size_of::<ep_model_options>(), 72);
+        assert_eq!(size_of::<ep_store_stats>(), 176);
+        assert_eq!(offset_of!(ep_store_stats, host_hits), EP_STORE_STATS_V1_SIZE);
+        assert_eq!(offset_of!(ep_store_stats, prefetch_used), 168);
+        assert_eq!(size_of::<ep_model_options>(), 104);
         assert_eq!(offset_of!(ep_model_options, pack_dir), 40);
         assert_eq!(offset_of!(ep_model_options, progress), 56);
+        assert_eq!(offset_of!(ep_model_options, cpu_threads), 72);
+        assert_eq!(offset_of!(ep_model_options, host_cache_bytes), 80);
+        assert_eq!(offset_of!(ep_model_options, overlap_reads), 88);
+        assert_eq!(offset_of!(ep_model_options, prefetch), 92);
+        assert_eq!(offset_of!(ep_model_options, cache_policy), 96);
         assert_eq!(size_of::<ep_model_properties>(), 80);
         assert_eq!(offset_of!(ep_model_properties, weight_bytes), 64);
         assert_eq!(offset_of!(ep_model_properties, device), 72);
@@ -414,6 +450,23 @@ extern "C" {
                             tokenizer: *const ep_tokenizer, messages: *const ep_chat_message, n_messages: usize,
                             chat_options: *const ep_chat_options, options: *const ep_generate_options,
                             callback: ep_text_fn, payload: *mut c_void) -> ep_status;
+}
+
+/// Opaque `ep_text_stream` (text.h, 0.2).
+#[repr(C)]
+pub struct ep_text_stream {
+    _private: [u8; 0],
+}
+
+#[cfg(all(feature = "text", feature = "batch"))]
+extern "C" {
+    pub fn ep_text_stream_open(out_stream: *mut *mut ep_text_stream, tokenizer: *const ep_tokenizer,
+                               stop_strings: *const *const c_char, n_stop_strings: usize) -> ep_status;
+    pub fn ep_text_stream_push(stream: *mut ep_text_stream, token: i32, callback: ep_text_fn, payload: *mut c_void,
+                               out_stopped: *mut i32) -> ep_status;
+    pub fn ep_text_stream_finish(stream: *mut ep_text_stream, callback: ep_text_fn, payload: *mut c_void,
+                                 out_stopped: *mut i32) -> ep_status;
+    pub fn ep_text_stream_close(stream: *mut ep_text_stream);
 }
 
 #[cfg(all(test, target_pointer_width = "64"))]

@@ -302,7 +302,8 @@ pub fn set_log_callback(sink: Option<LogSink>, min_level: Option<LogLevel>) -> R
 // Store statistics
 // ---------------------------------------------------------------------------------------------
 
-/// Counters of an expert store (`ep_store_stats`).
+/// Counters of an expert store (`ep_store_stats`). The counters after `slot_bytes` are `None`
+/// with a library older than them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {
     pub acquires: u64,
@@ -319,11 +320,33 @@ pub struct StoreStats {
     pub fallback_count: u64,
     pub cache_slots: u64,
     pub slot_bytes: u64,
+    /// Cache misses served from the host-RAM tier (one copy, no pack read).
+    pub host_hits: Option<u64>,
+    /// Cache misses not in the host tier (read from the pack); 0 without a tier.
+    pub host_misses: Option<u64>,
+    /// Experts evicted from the cache and kept in the host tier.
+    pub demotions: Option<u64>,
+    /// Payload bytes held by the host tier now.
+    pub host_resident_bytes: Option<u64>,
+    /// Slots of the host tier (0: no tier).
+    pub host_slots: Option<u64>,
+    /// Experts loaded ahead of their layer from a prediction ([`ModelOptions::prefetch`]).
+    pub prefetch_issued: Option<u64>,
+    /// Prefetched experts their layer then asked for.
+    pub prefetch_used: Option<u64>,
 }
 
 impl From<sys::ep_store_stats> for StoreStats {
     fn from(s: sys::ep_store_stats) -> Self {
+        let v2 = |v: u64| if s.struct_size >= std::mem::size_of::<sys::ep_store_stats>() { Some(v) } else { None };
         StoreStats {
+            host_hits: v2(s.host_hits),
+            host_misses: v2(s.host_misses),
+            demotions: v2(s.demotions),
+            host_resident_bytes: v2(s.host_resident_bytes),
+            host_slots: v2(s.host_slots),
+            prefetch_issued: v2(s.prefetch_issued),
+            prefetch_used: v2(s.prefetch_used),
             acquires: s.acquires,
             pack_reads: s.pack_reads,
             pack_read_bytes: s.pack_read_bytes,
@@ -342,8 +365,10 @@ impl From<sys::ep_store_stats> for StoreStats {
     }
 }
 
+/// An `ep_store_stats` with a struct_size the loaded library accepts (its own or this layout's).
 fn empty_store_stats() -> sys::ep_store_stats {
-    sys::ep_store_stats { struct_size: std::mem::size_of::<sys::ep_store_stats>(), ..Default::default() }
+    // SAFETY: buffer large enough for any version of the struct.
+    unsafe { negotiated(sys::ep_store_stats_init) }
 }
 
 /// Reads a statistics JSON file written by an expert store (`ep_store_stats_read_file`).
@@ -480,6 +505,22 @@ pub struct ModelOptions {
     pub no_pack_build: bool,
     /// Read every routed expert into memory at open instead of serving them from a pack.
     pub resident_experts: bool,
+    /// Threads of the CPU backend; 0: `EP_CPU_THREADS`, else the hardware concurrency (results
+    /// are bitwise the same for any count).
+    pub cpu_threads: i32,
+    /// Bytes of a host-RAM tier below the expert cache (evicted experts asked for at least twice
+    /// come back with one copy instead of a pack read); 0: no tier. More than the process may
+    /// still take fails with [`Status::Budget`].
+    pub host_cache_bytes: u64,
+    /// `Some(false)`: every read of a layer completes before its experts are computed;
+    /// `None`: the library's default (overlapped). Results are bitwise the same.
+    pub overlap_reads: Option<bool>,
+    /// `Some(true)`: each MoE layer predicts the next layer's experts and reads the missing ones
+    /// ahead; `None`: the library's default (off). Results are bitwise the same.
+    pub prefetch: Option<bool>,
+    /// Eviction policy of the cache and the host tier: "decay", "decay-bypass", "lru",
+    /// "sglang-lfu"; `None`: "decay".
+    pub cache_policy: Option<String>,
 }
 
 /// What a model is (`ep_model_properties`).
@@ -557,6 +598,31 @@ impl Model {
         o.pack_dir = pack_dir.as_ref().map_or(ptr::null(), |d| d.as_ptr());
         o.pack_build = if options.no_pack_build { 0 } else { 1 };
         o.resident_experts = options.resident_experts as i32;
+        let policy = match &options.cache_policy {
+            Some(p) => Some(c_string(p, "cache_policy")?),
+            None => None,
+        };
+        let appended = options.cpu_threads != 0
+            || options.host_cache_bytes != 0
+            || options.overlap_reads.is_some()
+            || options.prefetch.is_some()
+            || policy.is_some();
+        if appended {
+            if o.struct_size < std::mem::size_of::<sys::ep_model_options>() {
+                return Err(Error::new(Status::Unsupported, format!(
+                    "model options: cpu_threads, host_cache_bytes, overlap_reads, prefetch and cache_policy need a newer \
+                     libexpertpack (its ep_model_options has {} bytes)", o.struct_size)));
+            }
+            o.cpu_threads = options.cpu_threads;
+            o.host_cache_bytes = options.host_cache_bytes;
+            if let Some(v) = options.overlap_reads {
+                o.overlap_reads = v as i32;
+            }
+            if let Some(v) = options.prefetch {
+                o.prefetch = v as i32;
+            }
+            o.cache_policy = policy.as_ref().map_or(ptr::null(), |p| p.as_ptr());
+        }
         let mut state = progress.map(|f| ProgressState { f, panic: None });
         if let Some(st) = state.as_mut() {
             o.progress = Some(progress_trampoline);
@@ -943,3 +1009,8 @@ impl Drop for Session<'_> {
 mod text;
 #[cfg(feature = "text")]
 pub use text::*;
+
+#[cfg(feature = "batch")]
+mod batch;
+#[cfg(feature = "batch")]
+pub use batch::*;

@@ -118,7 +118,7 @@ fn raw_messages(messages: &[ChatMessage]) -> Result<RawMessages> {
 
 /// An open tokenizer (immutable: `Send + Sync`).
 pub struct Tokenizer {
-    raw: *mut sys::ep_tokenizer,
+    pub(crate) raw: *mut sys::ep_tokenizer,
 }
 
 // SAFETY: text.h: a tokenizer is immutable; any number of threads may use one at once.

@@ -6,13 +6,8 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{} is not set: run scripts/test-bindings", name))
-}
-
-fn ids(s: &str) -> Vec<i32> {
-    s.split(',').filter(|x| !x.trim().is_empty()).map(|x| x.trim().parse().unwrap()).collect()
-}
+mod common;
+use common::{env, ids};
 
 struct Fixture {
     model: PathBuf,

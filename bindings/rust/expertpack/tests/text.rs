@@ -5,6 +5,8 @@
 use expertpack::*;
 use std::ops::ControlFlow;
 
+mod common;
+
 fn tokenizer() -> Option<Tokenizer> {
     match std::env::var("EP_TEST_TOKENIZER") {
         Ok(p) if !p.is_empty() => Some(Tokenizer::open(p).unwrap()),
@@ -44,13 +46,9 @@ fn missing_tokenizer_is_not_found() {
 #[test]
 fn generate_text_streams_pieces() {
     let model = Model::open(std::env::var("EP_TEST_MODEL").unwrap(), &ModelOptions::default()).unwrap();
-    let tok = match model.tokenizer() {
-        Ok(t) => t,
-        Err(e) if e.status == Status::NotFound => {
-            eprintln!("skipped: the synthetic model has no tokenizer: {}", e);
-            return;
-        }
-        Err(e) => panic!("{}", e),
+    let tok = match common::model_tokenizer(&model) {
+        Some(t) => t,
+        None => return,
     };
     let mut s = model.session().unwrap();
     let opts = GenerateOptions { max_new_tokens: 8, temperature: 0.8, seed: 7, ignore_eos: true, ..Default::default() };
