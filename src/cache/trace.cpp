@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -226,6 +227,37 @@ void write_trace(const Trace &trace, const std::string &path) {
     if (!out.flush()) fail(Status::io, "{}: write failed", tmp);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_errno(errno, "rename " + tmp + " to " + path);
+}
+
+std::vector<LayerSkew> routing_skew(const Trace &trace) {
+  std::vector<std::vector<uint64_t>> counts(trace.num_layers, std::vector<uint64_t>(trace.num_experts, 0));
+  for (const TraceAccess &a : trace.accesses)
+    for (uint32_t e : a.experts)
+      if (a.layer < trace.num_layers && e < trace.num_experts) ++counts[a.layer][e];
+  std::vector<LayerSkew> out;
+  const size_t top = std::max<size_t>(1, static_cast<size_t>(std::lround(0.1 * trace.num_experts)));
+  for (uint32_t l = 0; l < trace.num_layers; ++l) {
+    std::vector<uint64_t> c = counts[l];
+    uint64_t total = 0;
+    for (uint64_t v : c) total += v;
+    if (total == 0) continue;
+    LayerSkew s;
+    s.layer = l;
+    s.picks = total;
+    double h = 0.0;
+    for (uint64_t v : c)
+      if (v) {
+        const double p = static_cast<double>(v) / static_cast<double>(total);
+        h -= p * std::log2(p);
+      }
+    s.entropy_ratio = trace.num_experts > 1 ? h / std::log2(static_cast<double>(trace.num_experts)) : 0.0;
+    std::sort(c.begin(), c.end(), std::greater<>());
+    uint64_t head = 0;
+    for (size_t i = 0; i < std::min(top, c.size()); ++i) head += c[i];
+    s.top_share = static_cast<double>(head) / static_cast<double>(total);
+    out.push_back(s);
+  }
+  return out;
 }
 
 }  // namespace ep::cache

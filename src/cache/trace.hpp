@@ -38,6 +38,17 @@ enum class TracePhases {
 /// Throws ep::Error (EP_ERR_FORMAT naming the file and line) on malformed input.
 Trace read_trace(const std::string &path, TracePhases phases = TracePhases::decode);
 
+/// How skewed one layer's routing is over a trace: every expert id of every access counted once
+/// per occurrence (a token's picks).
+struct LayerSkew {
+  uint32_t layer = 0;
+  uint64_t picks = 0;          ///< expert ids counted
+  double entropy_ratio = 0.0;  ///< entropy of the expert distribution / log2(num_experts): 1 = uniform
+  double top_share = 0.0;      ///< share of the picks that went to the most-picked 10 % of the experts (at least one)
+};
+/// Per layer (layers without picks left out).
+std::vector<LayerSkew> routing_skew(const Trace &trace);
+
 /// Writes the ep_store_trace v1 text form (what the store's recorder writes).
 void write_trace(const Trace &trace, const std::string &path);
 

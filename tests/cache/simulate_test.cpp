@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "testkit/trace.hpp"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -243,4 +244,27 @@ TEST_CASE("the full BigMoeOnEdge traces parse with the documented shape", "[.][f
     return;
   }
   check_route_traces(std::string(env) + "/", 128, 64);
+}
+
+TEST_CASE("routing skew: uniform picks have entropy ratio 1, one hot expert has its share", "[cache]") {
+  Trace t;
+  t.num_layers = 3;
+  t.num_experts = 20;
+  t.top_k = 2;
+  t.object_bytes = {64, 64, 64};
+  for (uint32_t i = 0; i < 400; ++i) {
+    t.accesses.push_back({0, {i % 20, (i + 7) % 20}, false});  // every expert equally often
+    t.accesses.push_back({1, {3, 10 + i % 10}, false});         // expert 3 in every access
+  }
+  const std::vector<LayerSkew> s = routing_skew(t);
+  REQUIRE(s.size() == 2);  // layer 2 has no picks
+  CHECK(s[0].layer == 0);
+  CHECK(s[0].picks == 800);
+  CHECK(std::fabs(s[0].entropy_ratio - 1.0) < 1e-12);
+  CHECK(std::fabs(s[0].top_share - 0.1) < 1e-12);  // the top 2 of 20 experts: 2 · 40 of 800 picks
+  CHECK(s[1].layer == 1);
+  // expert 3: half the picks; experts 10..19: 1/20 each; the top 2: 1/2 + 1/20
+  CHECK(std::fabs(s[1].top_share - 0.55) < 1e-12);
+  const double h = 0.5 * 1.0 + 10 * (0.05 * std::log2(20.0));
+  CHECK(std::fabs(s[1].entropy_ratio - h / std::log2(20.0)) < 1e-12);
 }

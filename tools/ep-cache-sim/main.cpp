@@ -132,10 +132,15 @@ int main(int argc, char **argv) {
       for (double m : budgets_mib) budgets.push_back(static_cast<uint64_t>(m * 1024 * 1024));
       for (double f : fractions) budgets.push_back(static_cast<uint64_t>(f * static_cast<double>(bank)));
       uint64_t unique_total = 0;
-      if (!json)
+      const std::vector<cache::LayerSkew> skew = cache::routing_skew(t);
+      if (!json) {
         fmt::print("\n{}: {} accesses, {} layers x {} experts, top-k {}, largest object {} B, all experts {:.0f} MiB\n",
                    t.name, t.accesses.size(), t.num_layers, t.num_experts, t.top_k, slot_bytes,
                    static_cast<double>(bank) / (1 << 20));
+        fmt::print("  skew (entropy / log2 experts, share of the top 10 % of experts):");
+        for (const cache::LayerSkew &k : skew) fmt::print(" L{} {:.3f} {:.3f}", k.layer, k.entropy_ratio, k.top_share);
+        fmt::print("\n");
+      }
       for (uint64_t budget : budgets) {
         cache::BudgetRequest br;
         br.requested_bytes = budget;
@@ -173,6 +178,9 @@ int main(int argc, char **argv) {
         run["slots"] = slots;
         run["host_slots"] = host_slots;
         run["accesses"] = t.accesses.size();
+        run["skew"] = nlohmann::ordered_json::array();
+        for (const cache::LayerSkew &k : skew)
+          run["skew"].push_back({{"layer", k.layer}, {"picks", k.picks}, {"entropy_ratio", k.entropy_ratio}, {"top_share", k.top_share}});
         run["unique_keys"] = unique_total;
         run["policies"] = nlohmann::ordered_json::object();
         for (const auto &r : results) {
