@@ -39,6 +39,20 @@ __device__ __forceinline__ uint32_t bytes4(const uint32_t (&w)[68]) {
   else return __funnelshift_r(w[O / 4], w[O / 4 + 1], 16);
 }
 
+// s + Σ v[i]·x[i] over 32 values, x 16-byte aligned, in index order.
+__device__ __forceinline__ float dot32(const float (&v)[32], const float *x, float s) {
+  const float4 *xp = reinterpret_cast<const float4 *>(x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float4 f = __ldg(xp + i);
+    s = fmaf(v[4 * i], f.x, s);
+    s = fmaf(v[4 * i + 1], f.y, s);
+    s = fmaf(v[4 * i + 2], f.z, s);
+    s = fmaf(v[4 * i + 3], f.w, s);
+  }
+  return s;
+}
+
 // Accumulates Σ w·x of one piece into acc[t] for every token; x points at the piece's first value
 // of token 0, tokens k values apart.
 struct DecQ8_0 {
@@ -78,19 +92,7 @@ struct DecQ8_0 {
     quad<kStart + 30>(w, q + 28);
 #pragma unroll
     for (int t = 0; t < NTOK; ++t) {
-      if (t < n_tok) {
-        const float4 *xp = reinterpret_cast<const float4 *>(x + t * k + 32 * J);
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float4 f = __ldg(xp + i);
-          s = fmaf(q[4 * i], f.x, s);
-          s = fmaf(q[4 * i + 1], f.y, s);
-          s = fmaf(q[4 * i + 2], f.z, s);
-          s = fmaf(q[4 * i + 3], f.w, s);
-        }
-        acc[t] = fmaf(s, d, acc[t]);
-      }
+      if (t < n_tok) acc[t] = fmaf(dot32(q, x + t * k + 32 * J, 0.0f), d, acc[t]);
     }
   }
   template <int O>
@@ -124,19 +126,7 @@ struct DecFloat {
     for (int i = 0; i < 32; ++i) val[i] = value(v, i);
 #pragma unroll
     for (int t = 0; t < NTOK; ++t) {
-      if (t < n_tok) {
-        const float4 *xp = reinterpret_cast<const float4 *>(x + t * k);
-        float s = acc[t];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float4 f = __ldg(xp + i);
-          s = fmaf(val[4 * i], f.x, s);
-          s = fmaf(val[4 * i + 1], f.y, s);
-          s = fmaf(val[4 * i + 2], f.z, s);
-          s = fmaf(val[4 * i + 3], f.w, s);
-        }
-        acc[t] = s;
-      }
+      if (t < n_tok) acc[t] = dot32(val, x + t * k, acc[t]);
     }
   }
 };
