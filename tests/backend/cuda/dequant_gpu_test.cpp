@@ -72,7 +72,8 @@ TEST_CASE("CUDA dequantization of the oracle's blocks equals the CPU's bit for b
     CHECK(bad16 == 0);
     CHECK(bad_emb == 0);
     ++types;
-    covered += (covered.empty() ? "" : " ") + std::string(info.name);
+    if (!covered.empty()) covered += ' ';
+    covered += info.name;
   }
   // the oracle's file holds one tensor per type it writes (tests/oracle: IQ2_XXS and the twelve
   // types added with the checkpoints)
