@@ -226,9 +226,12 @@ EP_API ep_status ep_generate_text(ep_generate_stats *out_stats, ep_session *sess
  *
  * Multi-turn use: keep the messages, append the answer as an "assistant" message and the next
  * "user" message, and call again on the same session. The session's tokens are reused when
- * they are a prefix of the new rendering (ep_generate_stats::reused_tokens); otherwise (the
- * template renders earlier turns differently, or another conversation) the session is reset
- * and the whole conversation is processed. Stops as ep_generate_text() does.
+ * they are a prefix of the new rendering (ep_generate_stats::reused_tokens). Where the template
+ * renders an answered turn differently from the generation prompt (DeepSeek-V4 drops its
+ * thinking markers), the session keeps a copy of its state at the point where the next turn's
+ * rendering will part from this one (a second copy of the session's state, in the model's
+ * memory), and the next turn continues from that copy. Otherwise (another conversation) the
+ * session is reset and the whole conversation is processed. Stops as ep_generate_text() does.
  * @param[out] out_stats NULL, or statistics filled up to its struct_size.
  * @param session      Open session.
  * @param tokenizer    Open tokenizer.

@@ -28,6 +28,25 @@ std::unique_ptr<Session> Session::fork() const {
   return copy;
 }
 
+void Session::keep_snapshot() {
+  std::unique_ptr<Session> copy = fork();
+  snapshot_ = std::move(copy);
+}
+
+std::span<const int32_t> Session::snapshot_tokens() const {
+  return snapshot_ ? std::span<const int32_t>(snapshot_->tokens_) : std::span<const int32_t>();
+}
+
+void Session::restore_snapshot() {
+  if (!snapshot_) fail(Status::internal, "Session: no snapshot to restore");
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  backend::Backend &be = engine_.backend();
+  state_ = snapshot_->state_->clone();
+  const int64_t vocab = engine_.info().vocab;
+  be.copy(Tensor::make(snapshot_->logits_, GgmlType::f32, be.device(), {vocab}), Tensor::make(logits_, GgmlType::f32, be.device(), {vocab}));
+  tokens_ = snapshot_->tokens_;
+}
+
 Session::~Session() {
   std::lock_guard<std::mutex> lock(engine_.mutex());  // the state holds backend memory
   state_.reset();
@@ -37,6 +56,7 @@ Session::~Session() {
 int64_t Session::length() const { return state_->n_past(); }
 
 void Session::reset() {
+  snapshot_.reset();
   std::lock_guard<std::mutex> lock(engine_.mutex());
   state_ = engine_.lm().new_state();
   tokens_.clear();

@@ -29,8 +29,18 @@ class Session {
   explicit Session(Engine &engine);
   ~Session();
   /// A new session holding a copy of this one: its state (copied in backend memory), tokens,
-  /// last logits and draw counter. Appending to either leaves the other as it is.
+  /// last logits and draw counter (not its kept snapshot). Appending to either leaves the other
+  /// as it is.
   std::unique_ptr<Session> fork() const;
+  /// Keeps a copy of this session as it is now (replacing an earlier one; it costs a second copy
+  /// of the state): a later chat turn whose rendering parts from the session after these tokens
+  /// continues from the copy (restore_snapshot) instead of processing the conversation again.
+  void keep_snapshot();
+  /// The kept copy's tokens (empty when none is kept).
+  std::span<const int32_t> snapshot_tokens() const;
+  /// Becomes the kept copy: its state, tokens and last logits (the draw counter goes on). The copy
+  /// stays kept.
+  void restore_snapshot();
   Session(const Session &) = delete;
   Session &operator=(const Session &) = delete;
 
@@ -41,7 +51,8 @@ class Session {
   std::span<const int32_t> tokens() const { return tokens_; }
   /// True once a token was appended: sample() has logits to draw from.
   bool has_logits() const { return !tokens_.empty(); }
-  /// Empties the session (a fresh state; the sampler's draw counter restarts).
+  /// Empties the session (a fresh state; the sampler's draw counter restarts; the kept snapshot
+  /// is dropped).
   void reset();
   /// Checks that every token is inside the vocabulary (Status::invalid_argument naming @p what
   /// and the index).
@@ -67,6 +78,7 @@ class Session {
   void *logits_ = nullptr;  // [vocab] f32 in backend memory
   std::vector<int32_t> tokens_;
   uint64_t sample_counter_ = 0;
+  std::unique_ptr<Session> snapshot_;
 };
 
 }  // namespace ep::engine

@@ -7,6 +7,7 @@
 #include "format/gguf.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 namespace ep::engine {
@@ -183,20 +184,78 @@ void generate_text(Session &session, const ChatTokenizer &t, const std::string &
   generate_text(session, t, ids, params, sink, stats);
 }
 
+namespace {
+
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const size_t n = std::min(a.size(), b.size());
+  return static_cast<size_t>(std::mismatch(a.begin(), a.begin() + n, b.begin()).first - a.begin());
+}
+
+bool is_prefix(std::span<const int32_t> p, std::span<const int32_t> of) {
+  return p.size() <= of.size() && std::equal(p.begin(), p.end(), of.begin());
+}
+
+}  // namespace
+
 void generate_chat(Session &session, const ChatTokenizer &t, std::span<const ChatMessage> messages, const ChatOptions &options,
                    const GenerateParams &params, const TextSink &sink, GenerateStats &stats) {
   if (messages.empty()) fail(Status::invalid_argument, "no messages");
   ChatOptions o = options;
   o.add_generation_prompt = true;
   const std::vector<int32_t> ids = t.tok.encode(render_chat(t, messages, o));
-  const std::span<const int32_t> have = session.tokens();
+  // Where the next turn's rendering (this conversation, an answer, one more user message) parts
+  // from this prompt: DeepSeek-V4 renders an answered turn without the generation prompt's
+  // thinking markers, so the two part right after the assistant's marker. The state there is
+  // kept, and the next turn continues from it.
+  size_t keep_at = ids.size();
+  {
+    std::vector<ChatMessage> next(messages.begin(), messages.end());
+    next.push_back({"assistant", "", ""});
+    next.push_back({"user", "", ""});
+    ChatOptions no_prompt = options;
+    no_prompt.add_generation_prompt = false;
+    try {
+      keep_at = common_prefix(ids, t.tok.encode(render_chat(t, next, no_prompt)));
+    } catch (const Error &) {
+      keep_at = ids.size();  // a template that refuses the probe: no snapshot (reuse is an optimisation)
+    }
+  }
+  // Reuse: the session itself when its tokens start this rendering, else its kept snapshot.
   size_t reused = 0;
-  if (!have.empty() && have.size() <= ids.size() && std::equal(have.begin(), have.end(), ids.begin()))
-    reused = have.size();
-  else if (!have.empty())
+  if (!session.tokens().empty() && is_prefix(session.tokens(), ids)) {
+    reused = session.tokens().size();
+  } else if (!session.snapshot_tokens().empty() && is_prefix(session.snapshot_tokens(), ids)) {
+    session.restore_snapshot();
+    reused = session.tokens().size();
+  } else if (!session.tokens().empty() || !session.snapshot_tokens().empty()) {
     session.reset();
+  }
   stats.reused_tokens = static_cast<uint32_t>(reused);
-  generate_text(session, t, std::span<const int32_t>(ids).subspan(reused), params, sink, stats);
+  if (keep_at <= reused || keep_at >= ids.size()) {
+    generate_text(session, t, std::span<const int32_t>(ids).subspan(reused), params, sink, stats);
+    return;
+  }
+  // the prompt up to the parting point, the snapshot, then the rest with the generation
+  Engine &engine = session.engine();
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t read0 = engine.expert_read_bytes();
+  session.append(std::span<const int32_t>(ids).subspan(reused, keep_at - reused));
+  session.keep_snapshot();
+  const double head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const uint64_t head_bytes = engine.expert_read_bytes() - read0;
+  auto count_head = [&] {  // the statistics cover the whole prompt pass, also when generation throws
+    stats.prompt_tokens += static_cast<uint32_t>(keep_at - reused);
+    stats.prefill_seconds += head_seconds;
+    stats.prefill_expert_bytes += head_bytes;
+    stats.prefill_tokens_per_second = stats.prefill_seconds > 0 ? stats.prompt_tokens / stats.prefill_seconds : 0.0;
+  };
+  try {
+    generate_text(session, t, std::span<const int32_t>(ids).subspan(keep_at), params, sink, stats);
+  } catch (...) {
+    count_head();
+    throw;
+  }
+  count_head();
 }
 
 }  // namespace ep::engine

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -392,17 +393,42 @@ TEST_CASE("text api: chat turns reuse the session when the rendering extends it"
   CHECK(st.reused_tokens == rendered.size());
   CHECK(st.prompt_tokens == 0);
   CHECK(st.generated_tokens == 6);
-  // next turn: DeepSeek-V4 renders the earlier answer without <think>, so the session restarts
-  const std::string a = answer.joined();
-  msgs.push_back({"assistant", a.c_str(), nullptr});
+  // next turn: DeepSeek-V4 renders the earlier answer without the generation prompt's thinking
+  // markers, so the session's tokens do not start the new rendering; it continues from the state
+  // kept where the two part, and answers as a fresh session given the whole conversation does
+  ep_generate_options g = o;
+  g.temperature = 0.0f;
+  std::list<std::string> answers{answer.joined()};  // stable addresses for the messages' pointers
+  msgs.push_back({"assistant", answers.back().c_str(), nullptr});
   msgs.push_back({"user", "And now?", nullptr});
-  REQUIRE(ep_generate_chat(&st, s.s, tok.t, msgs.data(), msgs.size(), nullptr, &o, nullptr, nullptr) == EP_OK);
+  for (int turn = 2; turn <= 3; ++turn) {
+    REQUIRE(ep_chat_render(buf, sizeof buf, &len, tok.t, msgs.data(), msgs.size(), nullptr) == EP_OK);
+    const auto whole = tokenize(tok.t, buf);
+    Pieces kept, fresh;
+    REQUIRE(ep_generate_chat(&st, s.s, tok.t, msgs.data(), msgs.size(), nullptr, &g, on_piece, &kept) == EP_OK);
+    INFO("turn " << turn << ": " << st.reused_tokens << " of " << whole.size() << " prompt tokens reused");
+    CHECK(st.reused_tokens > 0);
+    CHECK(st.reused_tokens < whole.size());
+    CHECK(st.prompt_tokens + st.reused_tokens == whole.size());
+    uint64_t slen = 0;
+    REQUIRE(ep_session_length(&slen, s.s) == EP_OK);
+    CHECK(slen == whole.size() + st.generated_tokens);
+    Session f(model.m);
+    ep_generate_stats sf;
+    ep_generate_stats_init(&sf);
+    REQUIRE(ep_generate_chat(&sf, f.s, tok.t, msgs.data(), msgs.size(), nullptr, &g, on_piece, &fresh) == EP_OK);
+    CHECK(sf.reused_tokens == 0);
+    CHECK(sf.prompt_tokens == whole.size());
+    CHECK(kept.joined() == fresh.joined());
+    CHECK(st.generated_tokens == sf.generated_tokens);
+    answers.push_back(kept.joined());
+    msgs.push_back({"assistant", answers.back().c_str(), nullptr});
+    msgs.push_back({"user", "Once more.", nullptr});
+  }
+  // another conversation on the same session: neither the session nor its snapshot starts it
+  std::vector<ep_chat_message> other = {{"user", "Something else", nullptr}};
+  REQUIRE(ep_generate_chat(&st, s.s, tok.t, other.data(), other.size(), nullptr, &g, nullptr, nullptr) == EP_OK);
   CHECK(st.reused_tokens == 0);
-  REQUIRE(ep_chat_render(buf, sizeof buf, &len, tok.t, msgs.data(), msgs.size(), nullptr) == EP_OK);
-  CHECK(st.prompt_tokens == tokenize(tok.t, buf).size());
-  uint64_t slen = 0;
-  REQUIRE(ep_session_length(&slen, s.s) == EP_OK);
-  CHECK(slen == st.prompt_tokens + 6);
   CHECK(ep_generate_chat(&st, s.s, tok.t, msgs.data(), 0, nullptr, &o, nullptr, nullptr) == EP_ERR_INVALID_ARGUMENT);
 }
 
