@@ -85,6 +85,20 @@ __device__ __forceinline__ uint4 load16_bounded(const uint4 *p, uintptr_t end) {
   return v;
 }
 
+// s + Σ v[i]·x[i] over 32 values, x 16-byte aligned, in index order.
+__device__ __forceinline__ float dot32(const float (&v)[32], const float *x, float s) {
+  const float4 *xp = reinterpret_cast<const float4 *>(x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float4 f = __ldg(xp + i);
+    s = fmaf(v[4 * i], f.x, s);
+    s = fmaf(v[4 * i + 1], f.y, s);
+    s = fmaf(v[4 * i + 2], f.z, s);
+    s = fmaf(v[4 * i + 3], f.w, s);
+  }
+  return s;
+}
+
 // The 32-bit shared-memory address of a generic pointer into shared memory (PTX's [addr] operands).
 __device__ __forceinline__ unsigned smem_addr(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {

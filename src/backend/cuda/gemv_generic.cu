@@ -97,19 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_generic_kernel(GemvArgs a) {
           unit_values<T>(stage[warp][r] + offs[r] + blk * Tr::bytes, sub, v);
 #pragma unroll
           for (int t = 0; t < NTOK; ++t) {
-            if (t < n_tok) {
-              const float4 *xp = reinterpret_cast<const float4 *>(x + t * a.k + col);
-              float s = 0.0f;
-#pragma unroll
-              for (int q = 0; q < 8; ++q) {
-                const float4 f = __ldg(xp + q);
-                s = fmaf(v[4 * q], f.x, s);
-                s = fmaf(v[4 * q + 1], f.y, s);
-                s = fmaf(v[4 * q + 2], f.z, s);
-                s = fmaf(v[4 * q + 3], f.w, s);
-              }
-              acc[r][t] += s;
-            }
+            if (t < n_tok) acc[r][t] += dot32(v, x + t * a.k + col, 0.0f);
           }
         }
       }

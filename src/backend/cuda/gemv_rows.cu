@@ -7,6 +7,7 @@
 // warps). q8_0's signed bytes become floats exactly by integer byte permutes and one float
 // subtraction (2^23 + 128 + q − (2^23 + 128)), with each block's scale applied once to its sum.
 // launch_gemv (gemv.cu) runs it for these types when gemv_rows_covers() says so.
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/gemv_families.hpp"
 #include "backend/cuda/kernels.hpp"
 #include "backend/cuda/quant_unit.cuh"
@@ -37,20 +38,6 @@ template <int O>
 __device__ __forceinline__ uint32_t bytes4(const uint32_t (&w)[68]) {
   if constexpr (O % 4 == 0) return w[O / 4];
   else return __funnelshift_r(w[O / 4], w[O / 4 + 1], 16);
-}
-
-// s + Σ v[i]·x[i] over 32 values, x 16-byte aligned, in index order.
-__device__ __forceinline__ float dot32(const float (&v)[32], const float *x, float s) {
-  const float4 *xp = reinterpret_cast<const float4 *>(x);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float4 f = __ldg(xp + i);
-    s = fmaf(v[4 * i], f.x, s);
-    s = fmaf(v[4 * i + 1], f.y, s);
-    s = fmaf(v[4 * i + 2], f.z, s);
-    s = fmaf(v[4 * i + 3], f.w, s);
-  }
-  return s;
 }
 
 // Accumulates Σ w·x of one piece into acc[t] for every token; x points at the piece's first value
