@@ -16,22 +16,23 @@ Session::Session(Engine &engine) : engine_(engine) {
   logits_ = engine_.backend().allocate(static_cast<uint64_t>(engine_.info().vocab) * sizeof(float));
 }
 
-std::unique_ptr<Session> Session::fork() const {
-  auto copy = std::make_unique<Session>(engine_);
+void Session::copy_state_from(const Session &other) {
   std::lock_guard<std::mutex> lock(engine_.mutex());
   backend::Backend &be = engine_.backend();
-  copy->state_ = state_->clone();
+  state_ = other.state_->clone();
   const int64_t vocab = engine_.info().vocab;
-  be.copy(Tensor::make(logits_, GgmlType::f32, be.device(), {vocab}), Tensor::make(copy->logits_, GgmlType::f32, be.device(), {vocab}));
-  copy->tokens_ = tokens_;
+  be.copy(Tensor::make(other.logits_, GgmlType::f32, be.device(), {vocab}), Tensor::make(logits_, GgmlType::f32, be.device(), {vocab}));
+  tokens_ = other.tokens_;
+}
+
+std::unique_ptr<Session> Session::fork() const {
+  auto copy = std::make_unique<Session>(engine_);
+  copy->copy_state_from(*this);
   copy->sample_counter_ = sample_counter_;
   return copy;
 }
 
-void Session::keep_snapshot() {
-  std::unique_ptr<Session> copy = fork();
-  snapshot_ = std::move(copy);
-}
+void Session::keep_snapshot() { snapshot_ = fork(); }
 
 std::span<const int32_t> Session::snapshot_tokens() const {
   return snapshot_ ? std::span<const int32_t>(snapshot_->tokens_) : std::span<const int32_t>();
@@ -39,12 +40,7 @@ std::span<const int32_t> Session::snapshot_tokens() const {
 
 void Session::restore_snapshot() {
   if (!snapshot_) fail(Status::internal, "Session: no snapshot to restore");
-  std::lock_guard<std::mutex> lock(engine_.mutex());
-  backend::Backend &be = engine_.backend();
-  state_ = snapshot_->state_->clone();
-  const int64_t vocab = engine_.info().vocab;
-  be.copy(Tensor::make(snapshot_->logits_, GgmlType::f32, be.device(), {vocab}), Tensor::make(logits_, GgmlType::f32, be.device(), {vocab}));
-  tokens_ = snapshot_->tokens_;
+  copy_state_from(*snapshot_);
 }
 
 Session::~Session() {

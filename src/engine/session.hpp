@@ -73,6 +73,8 @@ class Session {
  private:
   friend void append_batch(std::span<Session *const>, std::span<const std::span<const int32_t>>);
   void run(std::span<const int32_t> tokens, model::LogitRows rows, std::vector<float> *all);
+  // Takes @p other's state, last logits and tokens (the draw counter stays).
+  void copy_state_from(const Session &other);
   Engine &engine_;
   std::unique_ptr<model::LmState> state_;
   void *logits_ = nullptr;  // [vocab] f32 in backend memory
