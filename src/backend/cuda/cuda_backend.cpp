@@ -429,6 +429,35 @@ void CudaBackend::route(const Tensor &logits, const backend::RouterParams &p, co
   launch_route(logits.as<float>(), n_exp, n_tok, a, expert_ids.as<int32_t>(), weights.as<float>(), impl_->stream);
 }
 
+namespace {
+
+// Whether a prompt's routed experts run faster as one-token GEMVs over their (token, expert)
+// pairs than in chunks of kGemvMaxTokens tokens per expert: when a role's chunk launch would
+// fall to a per-lane kernel (pipe or generic: IQ2_XXS has no tensor-core kernel) while one token
+// runs the dp4a family. Reading an expert once per token at the dp4a family's speed is still
+// many times faster than the per-lane kernels on chunks.
+bool one_token_gemvs_beat_chunks(const backend::SlotLayout &l) {
+  static const void *const kTable[1] = {nullptr};  // any table: the kernels' choice only asks whether there is one
+  const backend::SlotWeight *roles[3] = {&l.gate, &l.up, &l.down};
+  for (const backend::SlotWeight *w : roles)
+    if (!gemv_runs_type(type_id(w->type)) || w->ne0 % 32 != 0) return false;
+  for (const backend::SlotWeight *w : roles) {
+    GemvArgs a;
+    a.w_ptrs = kTable;
+    a.k = w->ne0;
+    a.n = w->ne1;
+    a.n_tok = kGemvMaxTokens;
+    const GemvKernel chunk = gemv_kernel_for(type_id(w->type), a);
+    a.n_tok = 1;
+    const GemvKernel one = gemv_kernel_for(type_id(w->type), a);
+    if ((chunk == GemvKernel::pipe || chunk == GemvKernel::generic) && (one == GemvKernel::stream || one == GemvKernel::dp4a))
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool CudaBackend::moe_reads_host_picks(int64_t n_tokens, const backend::SlotLayout &l) const {
   return !(n_tokens <= kGemvMaxTokens && gemv_has_kernel(l.gate.type) && gemv_has_kernel(l.up.type) &&
            gemv_has_kernel(l.down.type));
@@ -544,35 +573,37 @@ void CudaBackend::compute_pairs_grouped(const Tensor &x, const backend::ExpertBa
   const int64_t d = x.ne[0], f = l.gate.ne1;
   const int64_t k = batch.n_pairs / std::max<int64_t>(x.n_rows(), 1);
   cudaStream_t s = impl_->stream;
-  if (!moe_reads_host_picks(x.n_rows(), l)) {
-    // Few tokens (an expert-major pass of a decode step): the decode GEMVs over the covered
-    // pairs, compacted, then scattered to their rows: the same kernels, so the same bits, as
-    // moe() on the whole step.
-    std::vector<const void *> table;
-    std::vector<int32_t> &lists = impl_->group_lists;  // x rows (gate, then up), then the pairs
+  if (!moe_reads_host_picks(x.n_rows(), l) || one_token_gemvs_beat_chunks(l)) {
+    // Few tokens (an expert-major pass of a decode step), or a prompt whose expert types run
+    // far faster one token at a time: the decode GEMVs over the covered pairs, compacted, then
+    // scattered to their rows: the same kernels, so the same bits, as moe() on a decode step.
+    // Slices of kPairSlice pairs bound the workspace.
+    constexpr int64_t kPairSlice = 4096;
     std::vector<int32_t> covered;
     for (int64_t p = 0; p < batch.n_pairs; ++p)
       if (batch.pair_slots[p]) covered.push_back(static_cast<int32_t>(p));
-    const int64_t np = static_cast<int64_t>(covered.size());
-    if (np == 0) return;
-    if (np > 65535) fail(Status::unsupported, "moe_pairs: {} pairs in one decode batch (at most 65535)", np);
     const uint64_t offsets[3] = {l.gate.offset, l.up.offset, l.down.offset};
-    table.resize(static_cast<size_t>(3 * np));
-    for (int r = 0; r < 3; ++r)
-      for (int64_t i = 0; i < np; ++i)
-        table[static_cast<size_t>(r * np + i)] = static_cast<const uint8_t *>(batch.pair_slots[covered[static_cast<size_t>(i)]]) + offsets[r];
-    lists.clear();
-    for (int rep = 0; rep < 2; ++rep)
-      for (int32_t p : covered) lists.push_back(p / static_cast<int32_t>(k));
-    lists.insert(lists.end(), covered.begin(), covered.end());
-    const uint64_t table_bytes = table.size() * sizeof(void *);
-    auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table_bytes + lists.size() * 4));
-    upload(dev, table.data(), table_bytes);
-    auto *dev_lists = reinterpret_cast<int32_t *>(dev + table_bytes);
-    upload(dev_lists, lists.data(), lists.size() * 4);
-    auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(np * d) * 4));
-    run_pair_gemvs(x, reinterpret_cast<const void *const *>(dev), dev_lists, np, 1, nullptr, l, act, o);
-    launch_scatter_rows(o, dev_lists + 2 * np, d, np, pair_out, s);
+    for (size_t s0 = 0; s0 < covered.size(); s0 += kPairSlice) {
+      const int64_t np = std::min<int64_t>(kPairSlice, static_cast<int64_t>(covered.size() - s0));
+      const int32_t *slice = covered.data() + s0;
+      std::vector<const void *> table(static_cast<size_t>(3 * np));
+      for (int r = 0; r < 3; ++r)
+        for (int64_t i = 0; i < np; ++i)
+          table[static_cast<size_t>(r * np + i)] = static_cast<const uint8_t *>(batch.pair_slots[slice[i]]) + offsets[r];
+      std::vector<int32_t> &lists = impl_->group_lists;  // x rows (gate, then up), then the pairs
+      lists.clear();
+      for (int rep = 0; rep < 2; ++rep)
+        for (int64_t i = 0; i < np; ++i) lists.push_back(slice[i] / static_cast<int32_t>(k));
+      lists.insert(lists.end(), slice, slice + np);
+      const uint64_t table_bytes = table.size() * sizeof(void *);
+      auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table_bytes + lists.size() * 4));
+      upload(dev, table.data(), table_bytes);
+      auto *dev_lists = reinterpret_cast<int32_t *>(dev + table_bytes);
+      upload(dev_lists, lists.data(), lists.size() * 4);
+      auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(np * d) * 4));
+      run_pair_gemvs(x, reinterpret_cast<const void *const *>(dev), dev_lists, np, 1, nullptr, l, act, o);
+      launch_scatter_rows(o, dev_lists + 2 * np, d, np, pair_out, s);
+    }
     return;
   }
   const std::vector<backend::ExpertGroup> groups = backend::group_pairs_by_expert(batch);

@@ -376,6 +376,78 @@ TEST_CASE("moe (decode and grouped prefill paths), moe_pairs + moe_combine, and 
   }
 }
 
+TEST_CASE("a prompt of IQ2_XXS experts runs the decode kernels over its pairs: the CPU's result, decode's bits", "[gpu][moe]") {
+  // gate/up IQ2_XXS have no tensor-core kernel for several tokens: a prompt's experts run the
+  // one-token kernels over every (token, expert) pair, in slices of 4096 pairs
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(26);
+  const int64_t d = 1024, f = 2048;
+  const int n_exp = 4, k = 3;
+  SlotLayout l;
+  const uint64_t gate_bytes = ep::format::ggml_row_bytes(GgmlType::iq2_xxs, d, "t") * f;
+  const uint64_t down_bytes = ep::format::ggml_row_bytes(GgmlType::q2_k, f, "t") * d;
+  l.gate = {0, GgmlType::iq2_xxs, d, f};
+  l.up = {gate_bytes, GgmlType::iq2_xxs, d, f};
+  l.down = {2 * gate_bytes, GgmlType::q2_k, f, d};
+  std::vector<std::vector<uint8_t>> host(n_exp);
+  std::vector<std::unique_ptr<DevBuf>> dev;
+  std::vector<const void *> tc(n_exp), tg(n_exp);
+  for (int e = 0; e < n_exp; ++e) {
+    auto g = ep::test::random_weights(GgmlType::iq2_xxs, d, f, rng), u = ep::test::random_weights(GgmlType::iq2_xxs, d, f, rng);
+    auto o = ep::test::random_weights(GgmlType::q2_k, f, d, rng);
+    host[e].resize(2 * gate_bytes + down_bytes);
+    std::memcpy(host[e].data(), g.data(), g.size());
+    std::memcpy(host[e].data() + l.up.offset, u.data(), u.size());
+    std::memcpy(host[e].data() + l.down.offset, o.data(), o.size());
+    dev.push_back(std::make_unique<DevBuf>(gpu, host[e]));
+    tc[e] = host[e].data();
+    tg[e] = dev.back()->p;
+  }
+  const Activation act{ActivationKind::swiglu, 10.0f};
+  DevBuf slots_dev(gpu, tg);
+  // y of `toks` tokens on the GPU, as the resident experts run them
+  auto run = [&](const std::vector<float> &x, const std::vector<int32_t> &ids, const std::vector<float> &w, int64_t toks) {
+    DevBuf dx(gpu, x), di(gpu, ids), dw(gpu, w), dy(gpu, static_cast<uint64_t>(d * toks) * 4);
+    ep::test::HostBatch hg = ep::test::host_batch(ids, tg, l);
+    DevBuf roles(gpu, static_cast<uint64_t>(3 * k * toks) * sizeof(void *));
+    gpu.gather_role_table(t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}), static_cast<const void *const *>(slots_dev.p), n_exp,
+                          l, static_cast<const void **>(roles.p));
+    hg.batch.role_table = static_cast<const void *const *>(roles.p);
+    gpu.moe(t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}), t_of(di.p, GgmlType::i32, Device::cuda, {k, toks}),
+            t_of(dw.p, GgmlType::f32, Device::cuda, {k, toks}), hg.batch, l, act, t_of(dy.p, GgmlType::f32, Device::cuda, {d, toks}));
+    return dy.get<float>();
+  };
+  for (int64_t toks : {int64_t{24}, int64_t{1400}}) {  // 1,400 tokens: 4,200 pairs, two slices
+    auto x = ep::test::random_floats(static_cast<size_t>(d * toks), rng);
+    std::vector<int32_t> ids(static_cast<size_t>(k * toks));
+    std::vector<float> w = ep::test::random_floats(ids.size(), rng, 0.1f, 1.0f);
+    for (auto &id : ids) id = static_cast<int32_t>(rng() % n_exp);
+    REQUIRE(gpu.moe_reads_host_picks(toks, l));
+    const std::vector<float> got = run(x, ids, w, toks);
+    if (toks == 24) {
+      std::vector<float> want(static_cast<size_t>(d * toks));
+      cpu.moe(t_of(x.data(), GgmlType::f32, Device::cpu, {d, toks}), t_of(ids.data(), GgmlType::i32, Device::cpu, {k, toks}),
+              t_of(w.data(), GgmlType::f32, Device::cpu, {k, toks}), ep::test::host_batch(ids, tc, l).batch, l, act,
+              t_of(want.data(), GgmlType::f32, Device::cpu, {d, toks}));
+      const double err = rel_err(got, want);
+      INFO("err " << err);
+      CHECK(err <= 5e-4);  // the dp4a family carries x as int8 hi + lo parts (gate/up, then down)
+    }
+    // decode-sized windows (the first tokens, and tokens in the second slice) give the same bits
+    for (int64_t from : {int64_t{0}, toks - 8}) {
+      const int64_t n = 8;
+      std::vector<float> xs(x.begin() + from * d, x.begin() + (from + n) * d), ws(w.begin() + from * k, w.begin() + (from + n) * k);
+      std::vector<int32_t> is(ids.begin() + from * k, ids.begin() + (from + n) * k);
+      REQUIRE_FALSE(gpu.moe_reads_host_picks(n, l));
+      const std::vector<float> alone = run(xs, is, ws, n);
+      INFO("tokens " << toks << " window from " << from);
+      CHECK(std::memcmp(alone.data(), got.data() + from * d, alone.size() * sizeof(float)) == 0);
+      CHECK(std::isfinite(alone[0]));
+    }
+  }
+}
+
 TEST_CASE("sampling on the GPU picks the CPU's token", "[gpu][sampling]") {
   CudaBackend gpu;
   CpuBackend cpu;
