@@ -15,8 +15,11 @@
 
 #include <xxhash.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <filesystem>
 #include <map>
@@ -217,6 +220,32 @@ TEST_CASE("host tier: sizes that cannot be held fail with EP_ERR_BUDGET naming t
   const HostMemory hm = host_memory();
   CHECK(hm.available() > 0);
   CHECK(hm.describe().find("MemAvailable") != std::string::npos);
+}
+
+TEST_CASE("a cgroup's page cache counts as room for the host tier, its anonymous memory does not", "[store][tiers]") {
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / ("ep-cgroup-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(root / "a" / "b");
+  auto put = [](const std::filesystem::path &file, const std::string &text) { std::ofstream(file) << text; };
+  // a: 10 GiB limit, 9 GiB charged of which 6 GiB page cache -> 7 GiB room.
+  put(root / "a" / "memory.max", "10737418240\n");
+  put(root / "a" / "memory.current", "9663676416\n");
+  put(root / "a" / "memory.stat", "anon 3221225472\nfile 6442450944\nactive_file 2147483648\ninactive_file 4294967296\nshmem 0\n");
+  // b (inside a): no limit of its own.
+  put(root / "a" / "b" / "memory.max", "max\n");
+  put(root / "a" / "b" / "memory.current", "9663676416\n");
+  HostMemory m;
+  apply_cgroup_limits(m, root.string(), "/a/b");
+  CHECK(m.cgroup == (root / "a").string());
+  CHECK(m.cgroup_room_bytes == 7516192768ull);
+  CHECK(m.cgroup_file_bytes == 6442450944ull);
+  CHECK(m.describe().find("page cache 6442450944 = 7516192768 bytes") != std::string::npos);
+  // Anonymous memory over the limit leaves no room, whatever the cache.
+  put(root / "a" / "memory.current", "10737418240\n");
+  put(root / "a" / "memory.stat", "active_file 0\ninactive_file 0\n");
+  HostMemory full;
+  apply_cgroup_limits(full, root.string(), "/a/b");
+  CHECK(full.cgroup_room_bytes == 0);
+  std::filesystem::remove_all(root);
 }
 
 TEST_CASE("staged acquires hand out each expert as its read lands", "[store][overlap]") {
