@@ -9,6 +9,8 @@
 // transcript reads like a session.
 #include <expertpack/expertpack.h>
 
+#include "cli/model_flags.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -38,16 +40,16 @@ void on_sigint(int) {
 const char *kUsage =
     "usage: ep-chat --model PATH [--tokenizer PATH] [--system TEXT] [--thinking 0|1]\n"
     "               [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S]\n"
-    "               [--cache-mib MIB] [--host-cache-mib MIB] [--pack-dir DIR] [--device cpu|cuda|auto] [--script FILE] [--raw]\n"
-    "               [--ignore-eos]\n"
+    "               [--script FILE] [--raw] [--ignore-eos] [model options]\n"
     "  --model PATH   GGUF, safetensors directory, or Expert Pack (a source is packed on first use)\n"
     "  --tokenizer P  tokenizer file (default: the model's own)\n"
-    "  --host-cache-mib MIB  a host-RAM tier below the expert cache (default: none)\n"
     "  -n N           tokens per answer at most (default 256)\n"
     "  --script FILE  read the user's lines from FILE instead of stdin\n"
     "  --raw          print control characters as they are (default: shown as \\xNN)\n"
     "  --ignore-eos   answers run to -n tokens (do not stop at the end-of-turn token)\n"
-    "commands: /stats /reset /system TEXT /thinking on|off /help /quit\n";
+    "commands: /stats /reset /system TEXT /thinking on|off /help /quit\n"
+    "\n"
+    "model options:\n";
 
 [[noreturn]] void die(const std::string &m) {
   std::fprintf(stderr, "ep-chat: %s\n", m.c_str());
@@ -129,19 +131,23 @@ bool read_line(FILE *in, std::string &line) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  std::string model_path, tokenizer_path, system_prompt, script, pack_dir;
+  std::string model_path, tokenizer_path, system_prompt, script;
   ep_generate_options gen;
   ep_generate_options_init(&gen);
   gen.max_new_tokens = 256;
   gen.temperature = 0.7f;
   gen.top_p = 0.95f;
   gen.seed = 1;
-  ep_model_options mopt;
-  ep_model_options_init(&mopt);
+  ep::cli::ModelFlags model_flags;
   ep_chat_options chat;
   ep_chat_options_init(&chat);
   bool raw = false;
   for (int i = 1; i < argc; ++i) {
+    try {
+      if (model_flags.take(argc, argv, i)) continue;
+    } catch (const ep::cli::FlagError &e) {
+      die(e.what());
+    }
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
       if (i + 1 >= argc) die("missing value after " + a);
@@ -158,17 +164,12 @@ int main(int argc, char **argv) {
     else if (a == "--min-p") gen.min_p = std::strtof(next().c_str(), nullptr);
     else if (a == "--repeat-penalty") gen.repetition_penalty = std::strtof(next().c_str(), nullptr);
     else if (a == "--seed") gen.seed = std::strtoull(next().c_str(), nullptr, 10);
-    else if (a == "--cache-mib") mopt.cache_budget_bytes = static_cast<uint64_t>(std::strtod(next().c_str(), nullptr) * 1048576.0);
-    else if (a == "--host-cache-mib") mopt.host_cache_bytes = static_cast<uint64_t>(std::strtod(next().c_str(), nullptr) * 1048576.0);
-    else if (a == "--pack-dir") pack_dir = next();
-    else if (a == "--device") {
-      const std::string d = next();
-      mopt.device = d == "cpu" ? EP_DEVICE_CPU : d == "cuda" ? EP_DEVICE_CUDA : d == "auto" ? EP_DEVICE_AUTO : (die("bad --device " + d), EP_DEVICE_AUTO);
-    } else if (a == "--script") script = next();
+    else if (a == "--script") script = next();
     else if (a == "--raw") raw = true;
     else if (a == "--ignore-eos") gen.ignore_eos = 1;
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
+      std::fputs(ep::cli::model_flags_usage(), stdout);
       return 0;
     } else {
       die("unknown argument " + a + "\n" + kUsage);
@@ -186,9 +187,9 @@ int main(int argc, char **argv) {
   sigaction(SIGINT, &sa, nullptr);  // no SA_RESTART: fgets returns EINTR, handled in read_line
 
   int progress = -1;
+  ep_model_options mopt = model_flags.options();
   mopt.progress = on_progress;
   mopt.progress_payload = &progress;
-  if (!pack_dir.empty()) mopt.pack_dir = pack_dir.c_str();
   std::fprintf(stderr, "ep-chat: opening %s ...\n", model_path.c_str());
   const auto t0 = std::chrono::steady_clock::now();
   ep_model *model = nullptr;

@@ -10,6 +10,7 @@
 #include <expertpack/expertpack.h>
 
 #include "api.hpp"
+#include "cli/model_flags.hpp"
 #include "metrics.hpp"
 #include "reasoning.hpp"
 #include "scheduler.hpp"
@@ -44,14 +45,6 @@ const char *kUsage =
     "  --api-key KEY      require 'Authorization: Bearer KEY' on /v1/* (or set EP_SERVER_API_KEY)\n"
     "  --name NAME        the model id clients use (default: the model file's name without extension)\n"
     "\n"
-    "model (as ep-run):\n"
-    "  --device D         auto (default), cpu or cuda\n"
-    "  --cache-mib MIB    expert cache budget, fractions allowed (default: every expert, at most half the\n"
-    "                     physical memory; on CUDA the free GPU memory less 2 GiB)\n"
-    "  --pack-dir DIR     where packs of sources live (default $XDG_CACHE_HOME/expertpack)\n"
-    "  --no-pack-build    never build a pack: a missing or stale one is an error\n"
-    "  --resident-experts no pack: every routed expert read into memory at start\n"
-    "  --cpu-threads N    threads of the CPU backend (default: EP_CPU_THREADS, else every core)\n"
     "  --tokenizer PATH   tokenizer file (default: the model's own)\n"
     "\n"
     "serving:\n"
@@ -65,7 +58,9 @@ const char *kUsage =
     "  --max-connections N  connections served at once (default 32; more wait to be accepted)\n"
     "  --max-body-bytes N   request body (default 4194304)\n"
     "  --max-prompt-tokens N  rendered prompt (default 8192)\n"
-    "  --max-tokens N     max_tokens a request may ask for, and its default (default 2048)\n";
+    "  --max-tokens N     max_tokens a request may ask for, and its default (default 2048)\n"
+    "\n"
+    "model (as ep-run):\n";
 
 [[noreturn]] void die(const std::string &m) {
   std::fprintf(stderr, "ep-server: %s\n", m.c_str());
@@ -111,15 +106,19 @@ std::string default_name(const std::string &path) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  std::string model_path, tokenizer_path, pack_dir, host = "127.0.0.1", name;
+  std::string model_path, tokenizer_path, host = "127.0.0.1", name;
   int port = 8080;
   size_t max_connections = 32;
-  ep_model_options mopt;
-  ep_model_options_init(&mopt);
+  ep::cli::ModelFlags model_flags;
   ep_server::SchedulerOptions sopt;
   ep_server::ApiContext ctx;
   if (const char *key = std::getenv("EP_SERVER_API_KEY")) ctx.api_key = key;
   for (int i = 1; i < argc; ++i) {
+    try {
+      if (model_flags.take(argc, argv, i)) continue;
+    } catch (const ep::cli::FlagError &e) {
+      die(e.what());
+    }
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
       if (i + 1 >= argc) die("missing value after " + a);
@@ -131,17 +130,6 @@ int main(int argc, char **argv) {
     else if (a == "--parallel") sopt.parallel = static_cast<uint32_t>(parse_uint(a, next(), 1, 1024));
     else if (a == "--api-key") ctx.api_key = next();
     else if (a == "--name") name = next();
-    else if (a == "--device") {
-      const std::string d = next();
-      if (d == "auto") mopt.device = EP_DEVICE_AUTO;
-      else if (d == "cpu") mopt.device = EP_DEVICE_CPU;
-      else if (d == "cuda") mopt.device = EP_DEVICE_CUDA;
-      else die("--device must be auto, cpu or cuda");
-    } else if (a == "--cache-mib") mopt.cache_budget_bytes = static_cast<uint64_t>(parse_double(a, next(), 1e-6, 1e12) * 1048576.0);
-    else if (a == "--pack-dir") pack_dir = next();
-    else if (a == "--no-pack-build") mopt.pack_build = 0;
-    else if (a == "--resident-experts") mopt.resident_experts = 1;
-    else if (a == "--cpu-threads") mopt.cpu_threads = static_cast<int32_t>(parse_uint(a, next(), 0, 4096));
     else if (a == "--tokenizer") tokenizer_path = next();
     else if (a == "--prefill-chunk") sopt.prefill_chunk = static_cast<uint32_t>(parse_uint(a, next(), 1, 1 << 20));
     else if (a == "--step-tokens") sopt.step_tokens = static_cast<uint32_t>(parse_uint(a, next(), 1, 1 << 24));
@@ -155,6 +143,7 @@ int main(int argc, char **argv) {
     else if (a == "--max-tokens") ctx.limits.max_tokens = static_cast<uint32_t>(parse_uint(a, next(), 1, 1 << 24));
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
+      std::fputs(ep::cli::model_flags_usage(), stdout);
       return 0;
     } else {
       die("unknown argument " + a + "\n" + kUsage);
@@ -172,9 +161,9 @@ int main(int argc, char **argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not the end of the process
 
   int progress = -1;
+  ep_model_options mopt = model_flags.options();
   mopt.progress = on_progress;
   mopt.progress_payload = &progress;
-  if (!pack_dir.empty()) mopt.pack_dir = pack_dir.c_str();
   const auto t0 = std::chrono::steady_clock::now();
   ep_model *model = nullptr;
   if (ep_model_open(&model, model_path.c_str(), &mopt) != EP_OK) {

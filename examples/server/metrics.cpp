@@ -157,6 +157,13 @@ std::string Metrics::render() const {
   metric(o, "ep_store_fallbacks_total", "counter", "Reader degradations (pread pool, buffered reads).", store_.fallback_count);
   metric(o, "ep_store_cache_slots", "gauge", "Slots of the expert cache.", store_.cache_slots);
   metric(o, "ep_store_slot_bytes", "gauge", "Bytes of one expert cache slot.", store_.slot_bytes);
+  metric(o, "ep_store_host_hits_total", "counter", "Cache misses served from the host-RAM tier (no pack read).", store_.host_hits);
+  metric(o, "ep_store_host_misses_total", "counter", "Cache misses not in the host tier (read from the pack).", store_.host_misses);
+  metric(o, "ep_store_demotions_total", "counter", "Experts evicted from the cache and kept in the host tier.", store_.demotions);
+  metric(o, "ep_store_host_resident_bytes", "gauge", "Payload bytes held by the host tier.", store_.host_resident_bytes);
+  metric(o, "ep_store_host_slots", "gauge", "Slots of the host tier (0: no tier).", store_.host_slots);
+  metric(o, "ep_store_prefetch_issued_total", "counter", "Experts loaded ahead of their layer from a prediction.", store_.prefetch_issued);
+  metric(o, "ep_store_prefetch_used_total", "counter", "Prefetched experts their layer then asked for.", store_.prefetch_used);
   return o;
 }
 

@@ -419,6 +419,51 @@ TEST_CASE("ep-server: eight concurrent greedy requests answer as each does alone
   CHECK(server.stop() == 0);
 }
 
+TEST_CASE("ep-server: ep-run's model options (host tier, prefetch, policy) apply and leave the answers unchanged", "[options]") {
+  ep::test::TempDir dir;
+  const std::vector<std::pair<std::string, json>> requests = {
+      {"/v1/chat/completions", chat_body({{"user", "John 3:16"}}, 16)},
+      {"/v1/completions", {{"prompt", "And God said"}, {"temperature", 0}, {"max_tokens", 16}}},
+      {"/v1/chat/completions", chat_body({{"user", "Psalms 23:1"}}, 16)},
+  };
+  auto answers = [&](std::vector<std::string> args, bool tiered) {
+    // A cache of a few slots: evictions (demotions) happen, and there is room to prefetch into.
+    args.insert(args.end(), {"--parallel", "1", "--session-cache", "0", "--cache-mib", "0.3"});
+    ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, args));
+    Http http(server.port());
+    std::vector<std::string> out;
+    for (const auto &req : requests) {
+      const Reply r = http.post(req.first, req.second);
+      REQUIRE(r.status == 200);
+      out.push_back(r.body.at("choices").at(0).contains("message") ? chat_text(r) : completion_text(r));
+    }
+    INFO("the server's log:\n" << server.log());
+    if (tiered) {
+      CHECK(metric(http, "ep_store_host_slots") > 0);
+      CHECK(metric(http, "ep_store_demotions_total") > 0);
+      CHECK(metric(http, "ep_store_host_hits_total") > 0);
+      CHECK(metric(http, "ep_store_prefetch_issued_total") > 0);
+    } else {
+      CHECK(metric(http, "ep_store_host_slots") == 0);
+      CHECK(metric(http, "ep_store_prefetch_issued_total") == 0);
+    }
+    CHECK(server.stop() == 0);
+    return out;
+  };
+  const std::vector<std::string> plain = answers({}, false);
+  const std::vector<std::string> tiered = answers({"--host-cache-mib", "1", "--prefetch", "--no-overlap"}, true);
+  CHECK(tiered == plain);
+  const std::vector<std::string> lru = answers({"--policy", "lru"}, false);
+  CHECK(lru == plain);
+  // A policy that does not exist stops the server at open, naming it.
+  try {
+    ep::test::ServerProcess bad(EP_SERVER_EXE, server_args(dir, {"--policy", "fifo-of-doom"}), std::chrono::seconds(30));
+    FAIL("ep-server started with --policy fifo-of-doom");
+  } catch (const std::runtime_error &e) {
+    CHECK(std::string(e.what()).find("fifo-of-doom") != std::string::npos);
+  }
+}
+
 TEST_CASE("ep-server: a conversation's next turn continues the kept state and reads fewer expert bytes", "[reuse]") {
   ep::test::TempDir dir;
   // A system prompt of a few hundred tokens, so that the whole conversation is several prefill
@@ -571,22 +616,27 @@ TEST_CASE("ep-server: a client that disconnects cancels its request; a busy mode
   CHECK(next.status == 200);
   CHECK(next.body.at("usage").at("completion_tokens") == 6);
 
-  // While the slot is taken, a second request waits for it and is answered after the first.
-  std::atomic<int> first_status{0};
-  std::string first_text;
+  // While the slot is taken, a second request waits for it and is answered once the first
+  // ends (its client gives up after 2 s, so the wait does not depend on how fast the model is).
+  std::atomic<int> first_status{-1};
   std::thread first([&] {
     Http h(server.port());
-    const Reply r = h.post("/v1/completions", {{"prompt", "In the beginning"}, {"max_tokens", 200}, {"ignore_eos", true}, {"temperature", 0}});
-    first_status = r.status;
-    if (r.status == 200) first_text = completion_text(r);
+    h.set_read_timeout(2000ms);
+    first_status = h.post("/v1/completions", endless).status;
   });
   REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 60s));
   CHECK(http.get("/health").status == 200);  // the HTTP side answers while the model is busy
-  const Reply queued = http.post("/v1/chat/completions", chat_body(kJohn, 6));
+  Reply queued;
+  std::thread second([&] {
+    Http h(server.port());
+    queued = h.post("/v1/chat/completions", chat_body(kJohn, 6));
+  });
+  CHECK(wait_metric(http, "ep_server_requests_waiting", 1, 60s));
   first.join();
-  CHECK(first_status == 200);
+  second.join();
+  CHECK(first_status == 0);  // the first client timed out: cancelled
   CHECK(queued.status == 200);
-  CHECK(queued.body.at("timings").at("queue_ms").get<double>() > 20);  // it waited for the first one's 200 tokens
+  CHECK(queued.body.at("timings").at("queue_ms").get<double>() > 20);  // it waited for the first one
   CHECK(chat_text(queued) == chat_text(next));
 
   // Shutting down while a request runs: it ends, and the server exits cleanly.

@@ -1,6 +1,8 @@
 // ep-run: generate from or score a token sequence with a model, through the public C API.
 #include <expertpack/expertpack.h>
 
+#include "cli/model_flags.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -16,10 +18,7 @@ namespace {
 
 const char *kUsage =
     "usage: ep-run --model PATH --tokens 1,2,3 [-n N] [--temp T] [--top-k-sample K] [--top-p P] [--seed S]\n"
-    "              [--stop ID] [--cache-mib MIB] [--score] [--dump-topk FILE [--top-k K]] [--stats]\n"
-    "              [--pack-dir DIR] [--no-pack-build] [--resident-experts] [--staging-slots N]\n"
-    "              [--queue-depth N] [--read-splits N] [--direct-io 0|1] [--device auto|cpu|cuda] [--cpu-threads N]\n"
-    "              [--host-cache-mib MIB] [--no-overlap] [--prefetch] [--policy NAME]\n"
+    "              [--stop ID] [--score] [--dump-topk FILE [--top-k K]] [--stats] [model options]\n"
     "\n"
     "  --model PATH   a GGUF file (any shard of a set; any name, e.g. an Ollama blob), a directory\n"
     "                 with config.json + safetensors, or an\n"
@@ -27,21 +26,6 @@ const char *kUsage =
     "                 its pack, built on first use (with progress) and reused while the source is\n"
     "                 unchanged (a changed source is rebuilt). A small model to try:\n"
     "                 ep-synth --preset small --out m.gguf (seeded random weights, chat tokenizer)\n"
-    "  --pack-dir DIR where packs of sources live (default $XDG_CACHE_HOME/expertpack, else\n"
-    "                 ~/.cache/expertpack)\n"
-    "  --no-pack-build  never build: a missing or stale pack is an error\n"
-    "  --resident-experts  no pack: read every expert from the source into memory\n"
-    "  --device D     auto (default: the GPU when there is one), cpu, or cuda (an error without a GPU)\n"
-    "  --cpu-threads N  threads of the CPU backend (default: EP_CPU_THREADS, else every core); results\n"
-    "                 are identical for any N\n"
-    "  --cache-mib MIB  expert cache budget, fractions allowed (default: every expert, at most half\n"
-    "                 the physical memory; on CUDA at most the free GPU memory less 2 GiB)\n"
-    "  --host-cache-mib MIB  a host-RAM tier below the expert cache (pinned with CUDA): evicted experts\n"
-    "                 asked for twice are kept there and come back without a pack read (default: none)\n"
-    "  --no-overlap   read a layer's missing experts before computing any (default: compute with the\n"
-    "                 cached ones while they are read; the results are the same)\n"
-    "  --prefetch     read the next layer's predicted experts into spare I/O capacity (default: off)\n"
-    "  --policy NAME  expert cache policy: decay (default), decay-bypass, lru, sglang-lfu\n"
     "  --tokens LIST  prompt token ids, comma-separated\n"
     "  -n N           tokens to generate (default 16); streamed to stdout, one id per line\n"
     "  --temp T       sampling temperature (default 0 = greedy)\n"
@@ -60,7 +44,9 @@ const char *kUsage =
     "  --system TEXT  a system message (with --chat)\n"
     "  --thinking 0|1 chat thinking off/on (default: the template's)\n"
     "  --stop-string S  stop when S appears (repeatable); --min-p P; --repeat-penalty R [--repeat-window N]\n"
-    "  --ignore-eos   do not stop at EOS / end of turn\n";
+    "  --ignore-eos   do not stop at EOS / end of turn\n"
+    "\n"
+    "model options:\n";
 
 /// --prompt: text generation through the tokenizer, streamed as UTF-8 pieces.
 struct TextArgs {
@@ -168,16 +154,20 @@ int on_token(int32_t token, uint32_t, void *payload) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  std::string model_path, tokens_arg, dump_path, dump_logits_path, pack_dir, policy;
+  std::string model_path, tokens_arg, dump_path, dump_logits_path;
   int progress_state = -1;
   ep_generate_options gen;
   ep_generate_options_init(&gen);
-  ep_model_options mopt;
-  ep_model_options_init(&mopt);
   bool score = false, stats = false;
   uint32_t dump_k = 10;
   TextArgs text;
+  ep::cli::ModelFlags model_flags;
   for (int i = 1; i < argc; ++i) {
+    try {
+      if (model_flags.take(argc, argv, i)) continue;
+    } catch (const ep::cli::FlagError &e) {
+      die(e.what());
+    }
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
       if (i + 1 >= argc) die("missing value after " + a);
@@ -191,39 +181,11 @@ int main(int argc, char **argv) {
     else if (a == "--top-p") gen.top_p = std::stof(next());
     else if (a == "--seed") gen.seed = std::stoull(next());
     else if (a == "--stop") gen.stop_token = std::stoi(next());
-    else if (a == "--cache-mib") {
-      const double mib = std::stod(next());
-      if (!(mib > 0)) die("--cache-mib must be positive");
-      mopt.cache_budget_bytes = static_cast<uint64_t>(mib * 1048576.0);
-    }
-    else if (a == "--host-cache-mib") {
-      const double mib = std::stod(next());
-      if (!(mib >= 0)) die("--host-cache-mib must not be negative");
-      mopt.host_cache_bytes = static_cast<uint64_t>(mib * 1048576.0);
-    }
-    else if (a == "--no-overlap") mopt.overlap_reads = 0;
-    else if (a == "--prefetch") mopt.prefetch = 1;
-    else if (a == "--policy") policy = next();
-    else if (a == "--pack-dir") pack_dir = next();
-    else if (a == "--no-pack-build") mopt.pack_build = 0;
-    else if (a == "--resident-experts") mopt.resident_experts = 1;
-    else if (a == "--staging-slots") mopt.staging_slots = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--queue-depth") mopt.queue_depth = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--read-splits") mopt.read_splits = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--direct-io") mopt.direct_io = std::stoi(next());
     else if (a == "--score") score = true;
     else if (a == "--dump-topk") dump_path = next();
     else if (a == "--dump-logits") dump_logits_path = next();
     else if (a == "--top-k") dump_k = static_cast<uint32_t>(std::stoul(next()));
     else if (a == "--stats") stats = true;
-    else if (a == "--device") {
-      const std::string d = next();
-      if (d == "auto") mopt.device = EP_DEVICE_AUTO;
-      else if (d == "cpu") mopt.device = EP_DEVICE_CPU;
-      else if (d == "cuda") mopt.device = EP_DEVICE_CUDA;
-      else die("--device must be auto, cpu or cuda");
-    }
-    else if (a == "--cpu-threads") mopt.cpu_threads = std::stoi(next());
     else if (a == "--prompt") text.prompt = next();
     else if (a == "--chat") text.chat = true;
     else if (a == "--system") text.system = next();
@@ -236,6 +198,7 @@ int main(int argc, char **argv) {
     else if (a == "--ignore-eos") gen.ignore_eos = 1;
     else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
+      std::fputs(ep::cli::model_flags_usage(), stdout);
       return 0;
     } else {
       die("unknown argument " + a + "\n" + kUsage);
@@ -250,8 +213,7 @@ int main(int argc, char **argv) {
   const std::vector<int32_t> prompt = text_mode ? std::vector<int32_t>{} : parse_tokens(tokens_arg);
   if (prompt.empty() && !text_mode) die("--tokens is empty");
 
-  if (!pack_dir.empty()) mopt.pack_dir = pack_dir.c_str();
-  if (!policy.empty()) mopt.cache_policy = policy.c_str();
+  ep_model_options mopt = model_flags.options();
   mopt.progress = on_progress;
   mopt.progress_payload = &progress_state;
   ep_model *model = nullptr;

@@ -1,0 +1,78 @@
+// The model flags shared by ep-run, ep-chat and ep-server (tools/cli/model_flags.hpp).
+#include "cli/model_flags.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+/// Runs @p args through ModelFlags::take; returns the arguments it did not take.
+std::vector<std::string> parse(ep::cli::ModelFlags &flags, std::vector<std::string> args) {
+  args.insert(args.begin(), "prog");
+  std::vector<char *> argv;
+  for (std::string &a : args) argv.push_back(a.data());
+  std::vector<std::string> rest;
+  const int argc = static_cast<int>(argv.size());
+  for (int i = 1; i < argc; ++i)
+    if (!flags.take(argc, argv.data(), i)) rest.push_back(argv[static_cast<size_t>(i)]);
+  return rest;
+}
+
+}  // namespace
+
+TEST_CASE("model flags fill ep_model_options and leave other arguments alone", "[cli]") {
+  ep::cli::ModelFlags flags;
+  const std::vector<std::string> rest =
+      parse(flags, {"--device", "cpu", "-n", "3", "--cache-mib", "1.5", "--host-cache-mib", "0", "--pack-dir", "/p",
+                    "--policy", "lru", "--no-overlap", "--prefetch", "--no-pack-build", "--staging-slots", "7",
+                    "--queue-depth", "9", "--read-splits", "2", "--direct-io", "0", "--cpu-threads", "3", "--other"});
+  CHECK(rest == std::vector<std::string>{"-n", "3", "--other"});
+  const ep_model_options o = flags.options();
+  CHECK(o.device == EP_DEVICE_CPU);
+  CHECK(o.cache_budget_bytes == 1572864u);
+  CHECK(o.host_cache_bytes == 0u);
+  CHECK(std::string(o.pack_dir) == "/p");
+  CHECK(std::string(o.cache_policy) == "lru");
+  CHECK(o.overlap_reads == 0);
+  CHECK(o.prefetch == 1);
+  CHECK(o.pack_build == 0);
+  CHECK(o.staging_slots == 7u);
+  CHECK(o.queue_depth == 9u);
+  CHECK(o.read_splits == 2u);
+  CHECK(o.direct_io == 0);
+  CHECK(o.cpu_threads == 3);
+  CHECK(o.resident_experts == 0);
+
+  ep::cli::ModelFlags defaults;
+  ep_model_options d;
+  ep_model_options_init(&d);
+  const ep_model_options got = defaults.options();
+  CHECK(got.pack_dir == nullptr);
+  CHECK(got.cache_policy == nullptr);
+  CHECK(got.device == d.device);
+  CHECK(got.overlap_reads == d.overlap_reads);
+  CHECK(got.direct_io == d.direct_io);
+}
+
+TEST_CASE("model flags name the flag and what it takes on a bad value", "[cli]") {
+  auto error = [](std::vector<std::string> args) {
+    ep::cli::ModelFlags flags;
+    try {
+      parse(flags, std::move(args));
+    } catch (const ep::cli::FlagError &e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  CHECK(error({"--device", "tpu"}) == "--device must be auto, cpu or cuda, not 'tpu'");
+  CHECK(error({"--cache-mib", "0"}) == "--cache-mib takes a positive size in MiB, not '0'");
+  CHECK(error({"--cache-mib", "12abc"}).find("--cache-mib takes") == 0);
+  CHECK(error({"--host-cache-mib", "-1"}) == "--host-cache-mib takes a size in MiB (0 or more), not '-1'");
+  CHECK(error({"--host-cache-mib", "nan"}).find("--host-cache-mib takes") == 0);
+  CHECK(error({"--staging-slots", "-2"}).find("--staging-slots takes a whole number") == 0);
+  CHECK(error({"--direct-io", "2"}) == "--direct-io takes a whole number from 0 to 1, not '2'");
+  CHECK(error({"--queue-depth", "99999999999999999999"}).find("--queue-depth takes") == 0);
+  CHECK(error({"--pack-dir"}) == "missing value after --pack-dir");
+}
