@@ -36,64 +36,94 @@ __global__ void scale_kernel(const float *x, float s, int64_t n, float *y) {
   if (i < n) y[i] = s * x[i];
 }
 
-// One thread per token; the same operation order as the CPU reference. HC > 0: the stream count
-// known at compile time (DeepSeek-V4's 4), so every loop unrolls and the matrix stays in
-// registers; HC = 0: any count up to kHcMaxStreams, the matrix in local memory.
-template <int HC>
+// One thread per token, any stream count up to kHcMaxStreams (the matrix in local memory); the
+// same operation order as the CPU reference.
 __global__ void hc_weights_kernel(const float *__restrict__ mix, const float *__restrict__ scale,
-                                  const float *__restrict__ base, float eps, int32_t iters, int hc_runtime, int64_t n_tok,
+                                  const float *__restrict__ base, float eps, int32_t iters, int hc, int64_t n_tok,
                                   float *__restrict__ pre, float *__restrict__ post, float *__restrict__ comb) {
-  const int hc = HC > 0 ? HC : hc_runtime;
-  constexpr int kCells = HC > 0 ? HC * HC : kHcMaxStreams * kHcMaxStreams;
+  constexpr int kCells = kHcMaxStreams * kHcMaxStreams;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n_tok) return;
   const int m = post ? (2 + hc) * hc : hc;
   const float *mt = mix + t * m;
-#pragma unroll
   for (int i = 0; i < hc; ++i) pre[t * hc + i] = sigmoid(mt[i] * scale[0] + base[i]) + eps;
   if (!post) return;
-#pragma unroll
   for (int i = 0; i < hc; ++i) post[t * hc + i] = 2.0f * sigmoid(mt[hc + i] * scale[1] + base[hc + i]);
   float c[kCells];
   const float *lg = mt + 2 * hc;
   const float *bs = base + 2 * hc;
-#pragma unroll
   for (int i = 0; i < hc; ++i) {
     float mx = -INFINITY;
-#pragma unroll
     for (int j = 0; j < hc; ++j) {
       c[i * hc + j] = lg[i * hc + j] * scale[2] + bs[i * hc + j];
       mx = fmaxf(mx, c[i * hc + j]);
     }
     float sum = 0.0f;
-#pragma unroll
     for (int j = 0; j < hc; ++j) sum += (c[i * hc + j] = expf(c[i * hc + j] - mx));
-#pragma unroll
     for (int j = 0; j < hc; ++j) c[i * hc + j] = c[i * hc + j] / sum + eps;
   }
   const int rounds = iters < 1 ? 1 : iters;  // as the CPU: one column pass at least
   for (int it = 0; it < rounds; ++it) {
     if (it > 0) {  // rows (the first round normalises columns only)
-#pragma unroll
       for (int i = 0; i < hc; ++i) {
         float s = 0.0f;
-#pragma unroll
         for (int j = 0; j < hc; ++j) s += c[i * hc + j];
-#pragma unroll
         for (int j = 0; j < hc; ++j) c[i * hc + j] /= (s + eps);
       }
     }
-#pragma unroll
     for (int j = 0; j < hc; ++j) {
       float s = 0.0f;
-#pragma unroll
       for (int i = 0; i < hc; ++i) s += c[i * hc + j];
-#pragma unroll
       for (int i = 0; i < hc; ++i) c[i * hc + j] /= (s + eps);
     }
   }
-#pragma unroll
   for (int i = 0; i < hc * hc; ++i) comb[t * hc * hc + i] = c[i];
+}
+
+// DeepSeek-V4's 4 streams: 16 lanes per token, lane i·4 + j holding cell (i, j) of the Sinkhorn
+// matrix, so that a round is two shuffled sums and two divisions per lane instead of 32 divisions
+// in one thread. Every sum takes its four values in the index order of hc_weights_kernel and the
+// CPU reference (each lane reads them by shuffles), so the results are the same bits.
+__global__ void hc_weights4_kernel(const float *__restrict__ mix, const float *__restrict__ scale,
+                                   const float *__restrict__ base, float eps, int32_t iters, int64_t n_tok,
+                                   float *__restrict__ pre, float *__restrict__ post, float *__restrict__ comb) {
+  constexpr int hc = 4;
+  constexpr unsigned kAll = 0xffffffffu;
+  const int64_t token = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
+  const bool live = token < n_tok;
+  const int64_t t = live ? token : n_tok - 1;  // lanes past the last token shuffle along, write nothing
+  const int cell = static_cast<int>(threadIdx.x) & 15, i = cell >> 2, j = cell & 3;
+  const int group = static_cast<int>(threadIdx.x) & 16;  // the token's first lane in the warp
+  const int m = post ? (2 + hc) * hc : hc;
+  const float *mt = mix + t * m;
+  if (live && cell < hc) pre[t * hc + cell] = sigmoid(mt[cell] * scale[0] + base[cell]) + eps;
+  if (!post) return;
+  if (live && cell < hc) post[t * hc + cell] = 2.0f * sigmoid(mt[hc + cell] * scale[1] + base[hc + cell]);
+  float c = mt[2 * hc + cell] * scale[2] + base[2 * hc + cell];
+  auto in_row = [&](int jj) { return __shfl_sync(kAll, c, group + i * hc + jj); };
+  auto in_col = [&](int ii) { return __shfl_sync(kAll, c, group + ii * hc + j); };
+  float mx = -INFINITY;
+#pragma unroll
+  for (int jj = 0; jj < hc; ++jj) mx = fmaxf(mx, in_row(jj));
+  c = expf(c - mx);
+  float sum = 0.0f;
+#pragma unroll
+  for (int jj = 0; jj < hc; ++jj) sum += in_row(jj);
+  c = c / sum + eps;
+  const int rounds = iters < 1 ? 1 : iters;  // as the CPU: one column pass at least
+  for (int it = 0; it < rounds; ++it) {
+    if (it > 0) {  // rows (the first round normalises columns only)
+      float s = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < hc; ++jj) s += in_row(jj);
+      c /= (s + eps);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int ii = 0; ii < hc; ++ii) s += in_col(ii);
+    c /= (s + eps);
+  }
+  if (live) comb[t * hc * hc + cell] = c;
 }
 
 __global__ void hc_collapse_kernel(const float *__restrict__ x, const float *__restrict__ pre, int hc, int64_t d,
@@ -342,11 +372,13 @@ void launch_hc_weights(const float *mix, const float *scale, const float *base, 
   if (hc <= 0 || hc > kHcMaxStreams)
     throw Error(Status::unsupported, "launch_hc_weights: " + std::to_string(hc) + " streams (1..16)");
   if (n_tok == 0) return;
-  if (hc == 4)
-    hc_weights_kernel<4><<<blocks_for(n_tok, 64), 64, 0, stream>>>(mix, scale, base, eps, iters, 4, n_tok, pre, post, comb);
-  else
-    hc_weights_kernel<0><<<blocks_for(n_tok, 64), 64, 0, stream>>>(mix, scale, base, eps, iters, static_cast<int>(hc), n_tok,
-                                                                   pre, post, comb);
+  if (hc == 4) {
+    hc_weights4_kernel<<<blocks_for(16 * n_tok, 64), 64, 0, stream>>>(mix, scale, base, eps, iters, n_tok, pre, post, comb);
+    EP_CUDA_CHECK_LAUNCH("hc_weights4_kernel");
+    return;
+  }
+  hc_weights_kernel<<<blocks_for(n_tok, 64), 64, 0, stream>>>(mix, scale, base, eps, iters, static_cast<int>(hc), n_tok, pre,
+                                                              post, comb);
   EP_CUDA_CHECK_LAUNCH("hc_weights_kernel");
 }
 

@@ -6,7 +6,8 @@
 // accumulates in f32; the lanes of a row add their sums by shuffles (and shared memory across
 // warps). q8_0's signed bytes become floats exactly by integer byte permutes and one float
 // subtraction (2^23 + 128 + q − (2^23 + 128)), with each block's scale applied once to its sum.
-// launch_gemv (gemv.cu) runs it for these types when gemv_rows_covers() says so.
+// One token of q8_0 runs a warp-coalesced variant instead (gemv_q8_0_warp_kernel, below).
+// launch_gemv (gemv.cu) runs them for these types when gemv_rows_covers() says so.
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/gemv_families.hpp"
 #include "backend/cuda/kernels.hpp"
@@ -174,6 +175,94 @@ __global__ void __launch_bounds__(kRowsThreads) gemv_rows_kernel(GemvArgs a) {
   }
 }
 
+// One token of q8_0, coalesced: a warp reads each 256-value group of a row (eight 34-byte blocks,
+// 272 contiguous bytes) together, lane t taking values 8t .. 8t + 7 of the group (block t / 4,
+// quarter t % 4: its 8 quant bytes by aligned 32-bit loads and a funnel shift, the block's scale
+// by a 16-bit load) and x's 8 matching values by two float4 loads, so that one load instruction
+// of the warp touches three 128-byte lines and x is read once for kQ8Rows rows. WPR warps share
+// the rows of a block, splitting the groups of a row among them (WPR 4 for matrices of few rows,
+// so that the grid still fills the GPU); the lanes' and the warps' sums are added in a fixed order.
+constexpr int kQ8Rows = 4;
+constexpr int64_t kQ8SplitBelowRows = 8192;  // fewer rows per matrix: the 4 warps of a block split each row
+
+template <int WPR>
+__global__ void __launch_bounds__(kRowsThreads) gemv_q8_0_warp_kernel(GemvArgs a) {
+  constexpr int kWarps = kRowsThreads / 32, kRowsPerBlock = kWarps / WPR * kQ8Rows;
+  const int t = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int m = blockIdx.y;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (warp / WPR) * kQ8Rows;
+  const uint8_t *w = static_cast<const uint8_t *>(a.w_ptrs ? a.w_ptrs[m] : a.w);
+  const int64_t groups = a.k / 256, row_bytes = groups * 272;
+  const float *x = a.x + static_cast<int64_t>(a.x_rows ? a.x_rows[m] : m) * a.k + 8 * t;
+  const int b = t >> 2, o = 34 * b + 2 + 8 * (t & 3), o4 = o & ~3;
+  const bool shifted = (o & 3) != 0;
+  const uint8_t *rows[kQ8Rows];
+#pragma unroll
+  for (int r = 0; r < kQ8Rows; ++r) rows[r] = w + (row0 + r < a.n ? row0 + r : a.n - 1) * row_bytes;
+  float acc[kQ8Rows];
+#pragma unroll
+  for (int r = 0; r < kQ8Rows; ++r) acc[r] = 0.0f;
+#pragma unroll 2
+  for (int64_t g = warp % WPR; g < groups; g += WPR) {
+    const float4 x0 = __ldg(reinterpret_cast<const float4 *>(x + 256 * g));
+    const float4 x1 = __ldg(reinterpret_cast<const float4 *>(x + 256 * g + 4));
+#pragma unroll
+    for (int r = 0; r < kQ8Rows; ++r) {
+      const uint8_t *grp = rows[r] + 272 * g;
+      const uint32_t w0 = __ldg(reinterpret_cast<const uint32_t *>(grp + o4));
+      const uint32_t w1 = __ldg(reinterpret_cast<const uint32_t *>(grp + o4 + 4));
+      const uint32_t w2 = shifted ? __ldg(reinterpret_cast<const uint32_t *>(grp + o4 + 8)) : 0u;
+      const uint32_t lo = shifted ? __funnelshift_r(w0, w1, 16) : w0;
+      const uint32_t hi = shifted ? __funnelshift_r(w1, w2, 16) : w1;
+      const float d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short *>(grp + 34 * b))));
+      float s = signed_byte<0>(lo) * x0.x;
+      s = fmaf(signed_byte<1>(lo), x0.y, s);
+      s = fmaf(signed_byte<2>(lo), x0.z, s);
+      s = fmaf(signed_byte<3>(lo), x0.w, s);
+      s = fmaf(signed_byte<0>(hi), x1.x, s);
+      s = fmaf(signed_byte<1>(hi), x1.y, s);
+      s = fmaf(signed_byte<2>(hi), x1.z, s);
+      s = fmaf(signed_byte<3>(hi), x1.w, s);
+      acc[r] = fmaf(s, d, acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kQ8Rows; ++r)
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+  float *y = a.y + static_cast<int64_t>(m) * a.n;
+  if constexpr (WPR == 1) {
+    if (t < kQ8Rows) {
+      float v = acc[0];
+#pragma unroll
+      for (int r = 1; r < kQ8Rows; ++r)
+        if (t == r) v = acc[r];
+      if (row0 + t < a.n) y[row0 + t] = v;
+    }
+  } else {
+    __shared__ float part[kWarps][kQ8Rows];
+    if (t == 0)
+#pragma unroll
+      for (int r = 0; r < kQ8Rows; ++r) part[warp][r] = acc[r];
+    __syncthreads();
+    if (threadIdx.x < kRowsPerBlock) {
+      const int set = static_cast<int>(threadIdx.x) / kQ8Rows, r = static_cast<int>(threadIdx.x) % kQ8Rows;
+      float v = 0.0f;
+#pragma unroll
+      for (int i = 0; i < WPR; ++i) v += part[set * WPR + i][r];
+      const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x;
+      if (row < a.n) y[row] = v;
+    }
+  }
+}
+
+template <int WPR>
+void launch_q8_0_warps(const GemvArgs &a, cudaStream_t stream) {
+  constexpr int kRowsPerBlock = kRowsThreads / 32 / WPR * kQ8Rows;
+  const dim3 grid(static_cast<unsigned>((a.n + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(a.n_mat));
+  gemv_q8_0_warp_kernel<WPR><<<grid, kRowsThreads, 0, stream>>>(a);
+}
+
 template <int T, int LPR>
 void launch_lanes(const GemvArgs &a, cudaStream_t stream) {
   constexpr int kRowsPerBlock = kRowsThreads / LPR;
@@ -185,6 +274,13 @@ void launch_lanes(const GemvArgs &a, cudaStream_t stream) {
 template <int T>
 void launch_type(const GemvArgs &a, cudaStream_t stream) {
   using D = typename DecOf<T>::type;
+  if constexpr (T == kQ8_0) {
+    if (a.n_tok == 1) {
+      if (a.n < kQ8SplitBelowRows) launch_q8_0_warps<4>(a, stream);
+      else launch_q8_0_warps<1>(a, stream);
+      return;
+    }
+  }
   const int64_t pieces = a.k / D::kValues;  // per row
   if (pieces >= 256) launch_lanes<T, 128>(a, stream);
   else if (pieces >= 64) launch_lanes<T, 32>(a, stream);

@@ -284,6 +284,14 @@ TEST_CASE("the row kernel matches the CPU for q8_0 and the float types", "[gpu][
       }
     }
   }
+  // One token of q8_0 in matrices of many rows (the warp-coalesced variant without split rows:
+  // 8,192 rows or more; an output head is 129,280), partial 4-row and 16-row tiles.
+  for (Case c : {Case{GgmlType::q8_0, 256, 8197, 2, 1}, Case{GgmlType::q8_0, 2048, 8195, 1, 1},
+                 Case{GgmlType::q8_0, 4096, 8192, 1, 1}}) {
+    const double err = run_case(c, GemvKernel::rows, rng);
+    INFO("q8_0 k " << c.k << " n " << c.n << " mats " << c.n_mat << " err " << err);
+    CHECK(err <= 1e-5);
+  }
 }
 
 TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "[gpu][gemv]") {
