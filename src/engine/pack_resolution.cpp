@@ -41,16 +41,6 @@ pack::Manifest check_pack(const std::string &pack_path) {
   return m;
 }
 
-}  // namespace
-
-std::string default_pack_dir() {
-  if (const char *x = std::getenv("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "expertpack").string();
-  if (const char *h = std::getenv("HOME"); h && *h) return (fs::path(h) / ".cache" / "expertpack").string();
-  return (fs::temp_directory_path() / "expertpack").string();
-}
-
-namespace {
-
 /// "<pack_dir>/<name>-<16 hex of SHA-256 of the absolute path><extension>".
 std::string derived_path(const std::string &source, const std::string &pack_dir, const char *extension) {
   const std::string abs = abs_path(source);
@@ -77,24 +67,6 @@ pack::Manifest check_index_for(const std::string &index_path, const std::string 
   pack::check_source_index(*pf, m, pack::plan_sources(std::vector<std::string>{source}));
   return m;
 }
-
-}  // namespace
-
-std::string pack_path_for_source(const std::string &source, const std::string &pack_dir) {
-  return derived_path(source, pack_dir, ".epk");
-}
-
-std::string source_index_path_for_source(const std::string &source, const std::string &pack_dir) {
-  return derived_path(source, pack_dir, ".epx");
-}
-
-bool is_pack_file(const std::string &path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return false;
-  return format::probe_file_format(path) == format::FileFormat::expert_pack;
-}
-
-namespace {
 
 pack::BuildOptions build_options(const PackPlacement &placement) {
   pack::BuildOptions bo;
@@ -144,6 +116,26 @@ ResolvedModel resolve_source_index(const std::string &path, const PackPlacement 
 }
 
 }  // namespace
+
+std::string default_pack_dir() {
+  if (const char *x = std::getenv("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "expertpack").string();
+  if (const char *h = std::getenv("HOME"); h && *h) return (fs::path(h) / ".cache" / "expertpack").string();
+  return (fs::temp_directory_path() / "expertpack").string();
+}
+
+std::string pack_path_for_source(const std::string &source, const std::string &pack_dir) {
+  return derived_path(source, pack_dir, ".epk");
+}
+
+std::string source_index_path_for_source(const std::string &source, const std::string &pack_dir) {
+  return derived_path(source, pack_dir, ".epx");
+}
+
+bool is_pack_file(const std::string &path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  return format::probe_file_format(path) == format::FileFormat::expert_pack;
+}
 
 ResolvedModel resolve_model(const std::string &path, const PackPlacement &placement) {
   std::error_code ec;
