@@ -115,8 +115,8 @@ void on_progress(uint64_t done, uint64_t total, void *payload) {
   if (pct / 10 == last / 10 && done != total) return;
   if (pct == last) return;
   last = pct;
-  std::fprintf(stderr, "ep-run: building the Expert Pack (or the source index): %d%% (%.1f of %.1f MiB)\n", pct, static_cast<double>(done) / (1 << 20),
-               static_cast<double>(total) / (1 << 20));
+  std::fprintf(stderr, "ep-run: building the Expert Pack (or the source index): %d%% (%.1f of %.1f MiB)\n", pct,
+               static_cast<double>(done) / (1 << 20), static_cast<double>(total) / (1 << 20));
 }
 
 /// The pack bytes one generation read, split at its first token (nothing with resident experts).
