@@ -156,6 +156,8 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
       ep::fail(ep::Status::invalid_argument, "{}: overlap_reads {} (expected 0 or 1)", fn, opts.overlap_reads);
     if (opts.prefetch < 0 || opts.prefetch > 1)
       ep::fail(ep::Status::invalid_argument, "{}: prefetch {} (expected 0 or 1)", fn, opts.prefetch);
+    if (opts.no_pack < 0 || opts.no_pack > 1)
+      ep::fail(ep::Status::invalid_argument, "{}: no_pack {} (expected 0 or 1)", fn, opts.no_pack);
     ep::engine::EngineOptions eo;
     eo.device = device_choice(opts.device, fn);
     eo.device_index = opts.device_index;
@@ -172,6 +174,7 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
     if (opts.cache_policy) eo.cache_policy = opts.cache_policy;
     if (opts.pack_dir) eo.pack_dir = opts.pack_dir;
     eo.pack_build = opts.pack_build != 0;
+    eo.no_pack = opts.no_pack != 0;
     if (opts.progress) {
       const ep_model_progress_fn cb = opts.progress;
       void *payload = opts.progress_payload;

@@ -102,6 +102,18 @@ typedef struct ep_model_options {
   const char *cache_policy;    /**< Eviction policy of the expert cache and the host tier: "decay" (a decaying
                                     frequency), "decay-bypass", "lru", "sglang-lfu" (SGLang's LFU with LRU tie-break);
                                     NULL = "decay". Default: NULL. */
+  int32_t no_pack;             /**< 1 = no Expert Pack: the routed experts are read from the source files themselves
+                                    (same reader, cache and host tier; bitwise the same results), through a small source
+                                    index in @c pack_dir (`NAME-HASH.epx` and its manifest `NAME-HASH.epx.json`: the pack's
+                                    header and index without its data, every expert's XXH3, the files' sizes and mtimes,
+                                    built once by reading the experts, with @c progress). An index whose source changed
+                                    (size, mtime, metadata or tensor inventory) is refused with #EP_ERR_STALE naming the
+                                    file (remove the index to build it again); an expert whose bytes no longer match it
+                                    fails with #EP_ERR_CORRUPT naming the file, layer, expert, role and offset. Sources
+                                    whose experts are re-laid when packed (FP4 values with separate scales) are
+                                    #EP_ERR_UNSUPPORTED. With an Expert Pack as @c path, or with @c resident_experts:
+                                    #EP_ERR_INVALID_ARGUMENT. ep_model_pack_path() gives the index. 0 = the pack.
+                                    Default: 0. */
 } ep_model_options;
 
 /**
@@ -138,8 +150,9 @@ EP_API void ep_model_close(ep_model *model);
 /**
  * @brief The Expert Pack a model serves its routed experts from.
  * @param model Open model; NULL gives NULL.
- * @return The pack's absolute path (valid while the model is open), or NULL when the model
- *         holds its experts in memory (ep_model_options::resident_experts).
+ * @return The pack's absolute path (valid while the model is open; with
+ *         ep_model_options::no_pack, the source index's), or NULL when the model holds its
+ *         experts in memory (ep_model_options::resident_experts).
  */
 EP_API const char *ep_model_pack_path(const ep_model *model);
 

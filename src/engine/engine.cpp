@@ -54,11 +54,18 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
   place.pack_dir = options.pack_dir;
   place.build = options.pack_build;
   place.progress = options.progress;
+  place.source_index = options.no_pack;
   // The architecture decides the device and the model class; it is read before a pack is built
   // (a pack given explicitly is checked first: its manifest names the source).
   const bool given_pack = is_pack_file(path);
   if (options.resident_experts && given_pack)
     fail(Status::invalid_argument, "{} is an Expert Pack; resident experts need the source", path);
+  if (options.no_pack && options.resident_experts)
+    fail(Status::invalid_argument, "{}: no_pack (experts read from the source through the cache) and resident_experts (every "
+         "expert in memory) exclude each other", path);
+  if (options.no_pack && given_pack)
+    fail(Status::invalid_argument, "{} is an Expert Pack (or a source index); no_pack reads the experts from the source: give "
+         "the source", path);
   ResolvedModel rm;
   if (given_pack) rm = resolve_model(path, place);
   const std::string source = given_pack ? rm.source : path;

@@ -42,6 +42,9 @@ struct EngineOptions {
   std::string cache_policy = "decay";  ///< lru, sglang-lfu, decay, decay-bypass
   std::string pack_dir;          ///< packs built for sources; "" = default_pack_dir()
   bool pack_build = true;        ///< build a missing pack, rebuild a stale one
+  /// No pack: the routed experts are read from the source through a source index (see
+  /// pack_resolution.hpp); not with resident_experts, nor with a pack as the path.
+  bool no_pack = false;
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;  ///< while a pack is built
 };
 

@@ -7,6 +7,7 @@
 #include "format/pack_file.hpp"
 #include "pack/builder.hpp"
 #include "pack/manifest.hpp"
+#include "pack/source_index.hpp"
 
 #include <cstdlib>
 #include <filesystem>
@@ -40,6 +41,80 @@ pack::Manifest check_pack(const std::string &pack_path) {
   return m;
 }
 
+/// "<pack_dir>/<name>-<16 hex of SHA-256 of the absolute path><extension>".
+std::string derived_path(const std::string &source, const std::string &pack_dir, const char *extension) {
+  const std::string abs = abs_path(source);
+  fs::path p(abs);
+  std::string name = p.filename().string();
+  if (name.empty()) name = p.parent_path().filename().string();
+  if (p.extension() == ".gguf") name = p.stem().string();
+  const format::Sha256 d = format::sha256(abs.data(), abs.size());
+  return (fs::path(pack_dir.empty() ? default_pack_dir() : pack_dir) / (name + "-" + format::hex(d).substr(0, 16) + extension))
+      .string();
+}
+
+/// Checks a source index found for @p source against it now (fail-closed): the manifest's size
+/// and mtime of every file, the index's structure (every source present and long enough),
+/// and the plan of the source as it is now (files, metadata and tensor inventory, every slice).
+pack::Manifest check_index_for(const std::string &index_path, const std::string &source) {
+  const std::string mpath = pack::manifest_path(index_path);
+  if (!fs::exists(mpath))
+    fail(Status::not_found, "{}: manifest missing ({}): the source index cannot be checked", index_path, mpath);
+  pack::Manifest m = pack::Manifest::load(mpath);
+  pack::check_sources(m);
+  const auto pf = format::PackFile::open(index_path, format::ValidationLevel::structure);
+  pack::check_manifest_matches(m, *pf, mpath);
+  pack::check_source_index(*pf, m, pack::plan_sources(std::vector<std::string>{source}));
+  return m;
+}
+
+pack::BuildOptions build_options(const PackPlacement &placement) {
+  pack::BuildOptions bo;
+  if (placement.progress) {
+    auto cb = placement.progress;
+    bo.progress = [cb](const pack::BuildProgress &p) { cb(p.done_bytes, p.total_bytes); };
+  }
+  return bo;
+}
+
+void create_parent(const std::string &path) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  if (ec) fail(Status::io, "{}: cannot create the pack directory: {}", fs::path(path).parent_path().string(), ec.message());
+}
+
+ResolvedModel resolve_source_index(const std::string &path, const PackPlacement &placement) {
+  if (is_pack_file(path))
+    fail(Status::invalid_argument, "{} is an Expert Pack (or a source index): reading the experts from the source (no pack) needs "
+         "the source", path);
+  ResolvedModel r;
+  r.source = path;
+  r.pack = source_index_path_for_source(path, placement.pack_dir);
+  std::error_code ec;
+  if (fs::exists(r.pack, ec) || fs::exists(pack::manifest_path(r.pack), ec)) {
+    try {
+      const pack::Manifest m = check_index_for(r.pack, path);
+      r.generation = m.generation;
+    } catch (const Error &e) {
+      throw Error(e.status(), fmt::format("{} (the experts are read from the source through the index {}: remove it and its "
+                                          "manifest to index the source again)", e.what(), r.pack));
+    }
+    log::info("{}: reading the experts from the source through the index {}", path, r.pack);
+    return r;
+  }
+  if (!placement.build) fail(Status::not_found, "{}: no source index at {} and building is disabled", path, r.pack);
+  create_parent(r.pack);
+  log::info("{}: indexing the experts of the source into {}", path, r.pack);
+  pack::BuildOptions bo = build_options(placement);
+  bo.source_index = true;
+  const pack::BuildResult b = pack::build_pack(std::vector<std::string>{path}, r.pack, bo);
+  r.built = true;
+  r.generation = b.generation;
+  log::info("{}: indexed {} ({} layers x {} experts, {} payload bytes in {:.2f} s)", path, b.pack_path, b.num_layers,
+            b.num_experts, b.payload_bytes, b.seconds);
+  return r;
+}
+
 }  // namespace
 
 std::string default_pack_dir() {
@@ -49,14 +124,11 @@ std::string default_pack_dir() {
 }
 
 std::string pack_path_for_source(const std::string &source, const std::string &pack_dir) {
-  const std::string abs = abs_path(source);
-  fs::path p(abs);
-  std::string name = p.filename().string();
-  if (name.empty()) name = p.parent_path().filename().string();
-  if (p.extension() == ".gguf") name = p.stem().string();
-  const format::Sha256 d = format::sha256(abs.data(), abs.size());
-  return (fs::path(pack_dir.empty() ? default_pack_dir() : pack_dir) / (name + "-" + format::hex(d).substr(0, 16) + ".epk"))
-      .string();
+  return derived_path(source, pack_dir, ".epk");
+}
+
+std::string source_index_path_for_source(const std::string &source, const std::string &pack_dir) {
+  return derived_path(source, pack_dir, ".epx");
 }
 
 bool is_pack_file(const std::string &path) {
@@ -69,6 +141,7 @@ ResolvedModel resolve_model(const std::string &path, const PackPlacement &placem
   std::error_code ec;
   if (!fs::exists(path, ec)) fail(Status::not_found, "{}: no such file or directory", path);
   ResolvedModel r;
+  if (placement.source_index) return resolve_source_index(path, placement);
   if (is_pack_file(path)) {
     // A pack given explicitly: never rebuilt.
     const pack::Manifest m = check_pack(path);
@@ -101,15 +174,9 @@ ResolvedModel resolve_model(const std::string &path, const PackPlacement &placem
   } else if (!placement.build) {
     fail(Status::not_found, "{}: no Expert Pack at {} and pack building is disabled", path, r.pack);
   }
-  fs::create_directories(fs::path(r.pack).parent_path(), ec);
-  if (ec) fail(Status::io, "{}: cannot create the pack directory: {}", fs::path(r.pack).parent_path().string(), ec.message());
+  create_parent(r.pack);
   log::info("{}: building the Expert Pack {}", path, r.pack);
-  pack::BuildOptions bo;
-  if (placement.progress) {
-    auto cb = placement.progress;
-    bo.progress = [cb](const pack::BuildProgress &p) { cb(p.done_bytes, p.total_bytes); };
-  }
-  const pack::BuildResult b = pack::build_pack(std::vector<std::string>{path}, r.pack, bo);
+  const pack::BuildResult b = pack::build_pack(std::vector<std::string>{path}, r.pack, build_options(placement));
   r.built = true;
   r.generation = b.generation;
   log::info("{}: built {} ({} layers x {} experts, {} payload bytes in {:.2f} s)", path, b.pack_path, b.num_layers,

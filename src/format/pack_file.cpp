@@ -98,6 +98,9 @@ void PackFile::parse_and_check(ValidationLevel level) {
   if (!striped && (h.num_parts != 0 || h.parts_string != 0))
     fail(Status::format, "{}: reserved header bytes at offset 232 are not zero (num_parts {}, parts_string {} without the striped flag)",
          file, h.num_parts, h.parts_string);
+  const bool source_objects = (h.flags & kPackFlagSourceObjects) != 0;
+  if (striped && source_objects)
+    fail(Status::format, "{}: flags {:#x} at offset 20: a source index (bit 1) cannot be striped (bit 0)", file, h.flags);
   if (striped && (h.num_parts < 2 || h.num_parts > kPackMaxParts))
     fail(Status::format, "{}: striped pack: num_parts at offset 232 is {}, expected 2..{}", file, h.num_parts, kPackMaxParts);
   for (uint8_t b : h.reserved) {
@@ -129,7 +132,10 @@ void PackFile::parse_and_check(ValidationLevel level) {
   if (striped && h.file_size != h.data_start)
     fail(Status::format, "{}: a striped pack ends at data_start {} (its objects are in the parts), but the file size field is {}",
          file, h.data_start, h.file_size);
-  if (!striped && data_end != h.file_size)
+  if (source_objects && h.file_size != h.data_start)
+    fail(Status::format, "{}: a source index ends at data_start {} (its payloads are in the sources), but the file size field is {}",
+         file, h.data_start, h.file_size);
+  if (!striped && !source_objects && data_end != h.file_size)
     fail(Status::format, "{}: {} objects of {} bytes from offset {} end at {}, but the file size field is {}", file,
          num_objects, h.object_stride, h.data_start, data_end, h.file_size);
   if (h.index_offset < sizeof(PackHeader))
@@ -158,6 +164,9 @@ void PackFile::parse_and_check(ValidationLevel level) {
     fail(Status::format, "{}: the string table at offset {} does not end with NUL", file, h.strings_offset);
   if (striped) {
     open_parts();
+  } else if (source_objects) {
+    data_files_.clear();  // the sources, once the entries are read
+    data_sources_.clear();
   } else {
     data_files_ = {file};
     data_sources_ = {source_};
@@ -241,6 +250,7 @@ void PackFile::parse_and_check(ValidationLevel level) {
     r.source_layout = static_cast<SourceLayout>(e.source_layout);
     entries_.push_back(std::move(r));
   }
+  if (source_objects) open_sources();
 
   if (level == ValidationLevel::sampled) verify_payloads(sample_objects());
   if (level == ValidationLevel::full) verify_payloads({});
@@ -254,14 +264,16 @@ size_t PackFile::entry_index(uint32_t layer, uint32_t expert, Role role) const {
 }
 
 uint64_t PackFile::object_offset(uint32_t layer, uint32_t expert) const {
-  entry_index(layer, expert, Role::gate);
+  const size_t first = entry_index(layer, expert, Role::gate);
+  if (source_objects()) return entries_[first].file_offset;
   const uint64_t obj = static_cast<uint64_t>(layer) * header_.num_experts + expert;
   if (header_.num_parts) return obj / header_.num_parts * header_.object_stride;
   return header_.data_start + obj * header_.object_stride;
 }
 
 uint32_t PackFile::object_file(uint32_t layer, uint32_t expert) const {
-  entry_index(layer, expert, Role::gate);
+  const size_t first = entry_index(layer, expert, Role::gate);
+  if (source_objects()) return entries_[first].file;
   if (!header_.num_parts) return 0;
   return static_cast<uint32_t>((static_cast<uint64_t>(layer) * header_.num_experts + expert) % header_.num_parts);
 }
@@ -298,6 +310,36 @@ void PackFile::open_parts() {
            src->size(), want, objects, h.object_stride);
     data_files_.push_back(part);
     data_sources_.push_back(std::move(src));
+  }
+}
+
+void PackFile::open_sources() {
+  const std::string &file = path();
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    RoleEntry &r = entries_[i];
+    const uint64_t layer = i / kPackNumRoles / header_.num_experts, expert = i / kPackNumRoles % header_.num_experts;
+    if (r.source_layout != SourceLayout::verbatim)
+      fail(Status::format, "{}: source index: layer {} expert {} {} (tensor '{}') is not a verbatim slice of its source", file,
+           layer, expert, role_name(r.role), r.source_tensor);
+    const std::string src(r.source_file);
+    auto it = std::find(data_files_.begin(), data_files_.end(), src);
+    if (it == data_files_.end()) {
+      std::shared_ptr<const ByteSource> bs;
+      try {
+        bs = std::make_shared<FileSource>(src);
+      } catch (const Error &e) {
+        fail(e.status(), "{}: source file {} cannot be opened: {}", file, src, e.what());
+      }
+      data_files_.push_back(src);
+      data_sources_.push_back(std::move(bs));
+      it = data_files_.end() - 1;
+    }
+    r.file = static_cast<uint32_t>(it - data_files_.begin());
+    r.file_offset = r.source_offset;
+    const uint64_t size = data_sources_[r.file]->size();
+    if (r.source_offset > size || r.nbytes > size - r.source_offset)
+      fail(Status::format, "{}: truncated source: {} has {} bytes, layer {} expert {} {} (tensor '{}') lies at [{}, {})", file, src,
+           size, layer, expert, role_name(r.role), r.source_tensor, r.source_offset, r.source_offset + r.nbytes);
   }
 }
 

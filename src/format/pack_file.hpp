@@ -13,6 +13,10 @@
 //   - A striped pack (kPackFlagStriped) holds no objects itself: object i = l * num_experts + e
 //     lies in part file i mod num_parts() at offset (i div num_parts()) * object_stride; the
 //     object_* and RoleEntry::file_offset values are in that file (object_file(), data_files()).
+//   - A source index (kPackFlagSourceObjects) holds no objects either: each role's payload is
+//     read from its source file (data_files() are the sources, RoleEntry::file_offset =
+//     source_offset); offset_in_object still says where it goes in the object a pack would
+//     hold, and object_offset() / object_file() are those of the object's gate payload.
 // A PackFile is immutable after open() and safe to share between threads.
 #pragma once
 
@@ -88,6 +92,8 @@ class PackFile {
   /// The files the objects lie in: the pack file itself, or a striped pack's part files in part
   /// order (absolute paths, or relative to the pack's directory as recorded, resolved).
   const std::vector<std::string> &data_files() const { return data_files_; }
+  /// True for a source index (kPackFlagSourceObjects): every payload is read from its source.
+  bool source_objects() const { return (header_.flags & kPackFlagSourceObjects) != 0; }
   /// Part files of a striped pack (0 when the objects are in the pack file).
   uint32_t num_parts() const { return header_.num_parts; }
   /// Bytes of the object actually used (end of its down payload); <= object_stride().
@@ -116,6 +122,7 @@ class PackFile {
   size_t entry_index(uint32_t layer, uint32_t expert, Role role) const;
 
   void open_parts();
+  void open_sources();
 
   std::shared_ptr<const ByteSource> source_;
   std::vector<std::string> data_files_;

@@ -25,8 +25,12 @@ inline constexpr uint32_t kPackRoleAlignment = 256;
 /// The objects are striped over num_parts part files (docs/pack-format.md, "Striped packs"):
 /// object i lies in part i mod num_parts at offset (i div num_parts) * object_stride.
 inline constexpr uint32_t kPackFlagStriped = 1;
+/// A source index (docs/pack-format.md, "Source indexes"): the file holds the header, index and
+/// strings only and every payload is read from its source file (PackEntry::source_file at
+/// source_offset, verbatim slices only); the objects keep the layout a pack would give them.
+inline constexpr uint32_t kPackFlagSourceObjects = 2;
 /// Flags this reader knows; any other bit set is EP_ERR_UNSUPPORTED.
-inline constexpr uint32_t kPackKnownFlags = kPackFlagStriped;
+inline constexpr uint32_t kPackKnownFlags = kPackFlagStriped | kPackFlagSourceObjects;
 /// The most part files a striped pack may have.
 inline constexpr uint32_t kPackMaxParts = 256;
 
@@ -49,7 +53,7 @@ struct PackHeader {
   uint32_t version;                 ///< kPackVersion
   uint32_t header_size;             ///< sizeof(PackHeader) = 256
   uint32_t entry_size;              ///< sizeof(PackEntry) = 128
-  uint32_t flags;                   ///< 0, or kPackFlagStriped
+  uint32_t flags;                   ///< 0, kPackFlagStriped or kPackFlagSourceObjects
   uint32_t num_layers;              ///< MoE layers in the pack (pack layer 0 .. num_layers-1)
   uint32_t num_experts;             ///< routed experts per layer
   uint32_t num_roles;               ///< 3 (gate, up, down)

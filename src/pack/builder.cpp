@@ -8,6 +8,7 @@
 #include "format/microscale.hpp"
 #include "format/pack_file.hpp"
 #include "pack/manifest.hpp"
+#include "pack/source_index.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -279,6 +280,15 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
 
   // Striping: part k of N is <stripe_dirs[k]>/<pack name>.part<k>.
   const uint32_t num_parts = static_cast<uint32_t>(options.stripe_dirs.size());
+  if (options.source_index && num_parts)
+    fail(Status::invalid_argument, "{}: a source index has no objects to stripe", out.string());
+  if (options.source_index)
+    for (const ExpertSlice &s : plan.slices)
+      if (s.layout != format::SourceLayout::verbatim)
+        fail(Status::unsupported,
+             "{}: tensor '{}' of {} is not stored as the experts are computed with (its FP4 values and scales are re-laid "
+             "into MXFP4 blocks): it cannot be read from the source; build an Expert Pack",
+             out.string(), s.tensor, plan.files[s.file].path);
   if (num_parts == 1 || num_parts > format::kPackMaxParts)
     fail(Status::invalid_argument, "{}: striping needs 2..{} directories, {} given", out.string(), format::kPackMaxParts, num_parts);
   std::vector<std::string> part_paths;
@@ -372,7 +382,8 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
   h.strings_size = strings.size();
   h.data_start = format::align_up(h.strings_offset + h.strings_size, align);
   h.object_stride = stride;
-  h.file_size = num_parts ? h.data_start : h.data_start + num_objects * stride;
+  if (options.source_index) h.flags |= format::kPackFlagSourceObjects;
+  h.file_size = num_parts || options.source_index ? h.data_start : h.data_start + num_objects * stride;
   for (uint64_t o = 0; o < num_objects; ++o)
     for (int r = 0; r < 3; ++r) entries[o * 3 + r].pack_offset = h.data_start + o * stride + in_obj[o][r];
 
@@ -417,12 +428,13 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
       const uint64_t o = s / 3;
       const int r = static_cast<int>(s % 3);
       const uint64_t end = in_obj[o][r] + plan.slices[s].nbytes;
+      if (options.source_index) return;
       if (r == 2) output_of(o).write_zeros(stride - end);
       else output_of(o).write_zeros(in_obj[o][r + 1] - end);
     };
     for (size_t s = 0; s < plan.slices.size();) {
       SliceReader::Chunk c = reader.next();
-      output_of(c.slice / 3).write(c.bytes.data(), c.bytes.size());
+      if (!options.source_index) output_of(c.slice / 3).write(c.bytes.data(), c.bytes.size());
       done += c.bytes.size();
       const bool slice_done = c.offset_in_slice + c.bytes.size() == plan.slices[c.slice].nbytes;
       const size_t current = c.slice;
@@ -452,19 +464,13 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
 
   // ---- digests ----
   for (size_t f = 0; f < plan.files.size(); ++f) {
-    format::Sha256Hasher fh;
-    const uint64_t hb = std::min<uint64_t>(plan.files[f].header_bytes, files[f]->size());
-    std::vector<uint8_t> buf;
-    for (uint64_t off = 0; off < hb;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(hb - off, 8u << 20));
-      buf.resize(n);
-      files[f]->read(off, buf.data(), n);
-      fh.update(buf.data(), n);
-      off += n;
+    std::vector<std::array<uint8_t, 32>> slices;
+    for (size_t s = 0; s < plan.slices.size(); ++s) {
+      if (plan.slices[s].file != f) continue;
+      slices.emplace_back();
+      std::memcpy(slices.back().data(), entries[s].source_sha256, 32);
     }
-    for (size_t s = 0; s < plan.slices.size(); ++s)
-      if (plan.slices[s].file == f) fh.update(entries[s].source_sha256, 32);
-    file_digests.push_back(fh.finish());
+    file_digests.push_back(source_file_digest(*files[f], plan.files[f].header_bytes, slices));
   }
   {
     format::Sha256Hasher sf;
@@ -500,6 +506,7 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
       {"pack_version", format::kPackVersion},
   };
   if (num_parts) config["parts"] = num_parts;
+  if (options.source_index) config["source_objects"] = true;
   const std::string config_text = config.dump();
   std::memcpy(h.config_sha256, format::sha256(config_text.data(), config_text.size()).data(), 32);
   {

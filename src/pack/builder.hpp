@@ -35,6 +35,10 @@ struct BuildOptions {
   /// "Striped packs"): the pack file keeps the header, index and strings, part k of N in
   /// stripe_dirs[k] holds objects k, k + N, ... (several drives read in parallel). Empty: one file.
   std::vector<std::string> stripe_dirs;
+  /// Write a source index instead of a pack (docs/pack-format.md, "Source indexes"): the same
+  /// header, index and strings, every payload read and hashed but left in its source (the file
+  /// ends at data_start). Verbatim slices only (Status::unsupported otherwise); not striped.
+  bool source_index = false;
 };
 
 struct BuildResult {

@@ -153,7 +153,8 @@ nlohmann::json inspect_json(const format::PackFile &pack, const Manifest *manife
 std::string inspect_text(const format::PackFile &pack, const Manifest *manifest, size_t max_objects) {
   const auto &h = pack.header();
   std::string s;
-  s += fmt::format("{}: Expert Pack v{}, {} bytes\n", pack.path(), h.version, h.file_size);
+  s += fmt::format("{}: Expert Pack v{}, {} bytes{}\n", pack.path(), h.version, h.file_size,
+                   pack.source_objects() ? " (a source index: every payload is read from its source file)" : "");
   s += fmt::format("  layers {} (model blocks {}..{}), experts {}, roles {}, top_k {}\n", h.num_layers, h.first_layer,
                    h.first_layer + h.num_layers - 1, h.num_experts, h.num_roles, h.top_k);
   s += fmt::format("  alignment {}, data_start {}, object_stride {}, max object bytes {}\n", h.alignment, h.data_start,

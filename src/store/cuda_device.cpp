@@ -120,13 +120,14 @@ class CudaStoreDevice final : public StoreDevice {
   std::byte *staging_base() override { return staging_; }
   std::byte *slot_ptr(uint32_t slot) override { return slots_ + static_cast<uint64_t>(slot) * shape_.slot_bytes; }
 
-  void copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) override {
+  void copy_to_slot(uint32_t slot, uint32_t staging, std::span<const CopySegment> segments) override {
     // The slot's previous content may still be read by kernels queued on the compute stream, or
     // be on its way to the host tier.
     EP_CUDA_CHECK(cudaStreamWaitEvent(transfer_, last_use_[slot], 0));
     EP_CUDA_CHECK(cudaStreamWaitEvent(transfer_, demoted_[slot], 0));
-    EP_CUDA_CHECK(cudaMemcpyAsync(slot_ptr(slot), staging_ + static_cast<uint64_t>(staging) * shape_.staging_slot_bytes,
-                                  bytes, cudaMemcpyHostToDevice, transfer_));
+    const std::byte *src = staging_ + static_cast<uint64_t>(staging) * shape_.staging_slot_bytes;
+    for (const CopySegment &c : segments)
+      EP_CUDA_CHECK(cudaMemcpyAsync(slot_ptr(slot) + c.dst_offset, src + c.src_offset, c.bytes, cudaMemcpyHostToDevice, transfer_));
     EP_CUDA_CHECK(cudaEventRecord(ready_[slot], transfer_));
     EP_CUDA_CHECK(cudaEventRecord(copied_[staging], transfer_));
   }

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -24,6 +25,14 @@ struct DeviceShape {
   uint32_t tables = 0;           ///< pointer tables in the ring
   uint32_t table_entries = 0;    ///< pointers per table
   uint32_t host_slots = 0;       ///< slots of the host-RAM tier (slot_bytes each; 0 = no tier)
+};
+
+/// One piece of a copy from a staging slot into a slot: @p bytes from @p src_offset of the
+/// staging slot to @p dst_offset of the slot.
+struct CopySegment {
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;
 };
 
 class StoreDevice {
@@ -40,11 +49,12 @@ class StoreDevice {
   /// Address of slot @p slot (device memory on CUDA).
   virtual std::byte *slot_ptr(uint32_t slot) = 0;
 
-  /// Copies @p bytes from staging slot @p staging to slot @p slot on the transfer stream, then
-  /// records the slot's `ready` event and the staging slot's `copied` event. When
-  /// orders_copies_after_last_use(), the copy starts only after the slot's last `last_use`
-  /// event completed.
-  virtual void copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) = 0;
+  /// Copies @p segments (a pack object: one, from offset 0 to offset 0; an object read from its
+  /// sources: one per extent, to its offset in the object) from staging slot @p staging to slot
+  /// @p slot on the transfer stream, then records the slot's `ready` event and the staging
+  /// slot's `copied` event. When orders_copies_after_last_use(), the copies start only after the
+  /// slot's last `last_use` event completed.
+  virtual void copy_to_slot(uint32_t slot, uint32_t staging, std::span<const CopySegment> segments) = 0;
   /// True when copy_to_slot(), promote() and demote() wait (on the device, not the host) for the
   /// slot's pending `last_use` event, so a slot still read by queued kernels may be chosen as a
   /// victim.
@@ -100,7 +110,7 @@ class HostDevice final : public StoreDevice {
   void allocate(const DeviceShape &shape) override;
   std::byte *staging_base() override;
   std::byte *slot_ptr(uint32_t slot) override;
-  void copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) override;
+  void copy_to_slot(uint32_t slot, uint32_t staging, std::span<const CopySegment> segments) override;
   /// False: a host "device" has no streams (in hold_last_use mode its pending events stand for
   /// kernels still reading, which must never be overwritten).
   bool orders_copies_after_last_use() const override { return false; }

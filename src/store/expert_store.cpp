@@ -16,12 +16,22 @@ namespace ep::store {
 /// by it until the read landed.
 struct ExpertStore::Load {
   cache::Key key = 0;
-  uint32_t file = 0;
-  uint64_t offset = 0;
-  uint64_t bytes = 0;
-  uint32_t staging = UINT32_MAX;  // UINT32_MAX: not submitted yet
+  std::vector<ObjectExtent> extents;  // ObjectMap::object_extents()
+  uint64_t bytes = 0;                 // the object's
+  uint32_t staging = UINT32_MAX;      // UINT32_MAX: not submitted yet
+  uint32_t reads_left = 0;            // extents whose read has not landed
   bool prefetch = false;
+  std::string io_error;               // the first failed extent read
 };
+
+namespace {
+
+/// The 4096-aligned range an extent is read as (its start aligned down, its end up): where it
+/// begins in the file and how many bytes a staging slot needs for it.
+uint64_t read_start(const ObjectExtent &x) { return io::align_down(x.offset, io::kDirectAlignment); }
+uint64_t read_room(const ObjectExtent &x) { return io::align_up(x.offset + x.bytes, io::kDirectAlignment) - read_start(x); }
+
+}  // namespace
 
 /// An unreleased acquisition: its unique experts and their pinned slots, and the reads it
 /// waits for.
@@ -41,25 +51,34 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   if (!options_.objects) fail(Status::invalid_argument, "ExpertStore: no object map for {}", options_.pack_path);
   if (options_.data_paths.empty()) options_.data_paths.push_back(options_.pack_path);
   const ObjectMap &layout = *options_.objects;
-  const uint32_t align = std::max<uint32_t>(layout.alignment(), io::kDirectAlignment);
-  // Check the files hold every object before anything reads them.
+  // Check the files hold every object before anything reads them; each extent is read as the
+  // aligned range around it, back to back in one staging slot.
   std::vector<uint64_t> file_bytes;
   for (const std::string &p : options_.data_paths) file_bytes.push_back(io::file_size_bytes(p));
+  uint64_t staging_room = 0;
   for (uint32_t l = 0; l < layout.num_layers(); ++l) {
     for (uint32_t e = 0; e < layout.num_experts(); ++e) {
-      const uint32_t f = layout.object_file(l, e);
-      if (f >= file_bytes.size())
-        fail(Status::format, "{}: layer {} expert {}: object in file {}, the pack has {} file(s)", options_.pack_path, l, e, f,
-             file_bytes.size());
-      const uint64_t off = layout.object_offset(l, e), bytes = layout.object_bytes(l, e);
-      if (off % align != 0 || off + bytes > file_bytes[f])
-        fail(Status::format,
-             "{}: layer {} expert {}: object at offset {} ({} bytes) must be {}-aligned and inside the {}-byte file",
-             options_.data_paths[f], l, e, off, bytes, align, file_bytes[f]);
+      const uint64_t object_bytes = layout.object_bytes(l, e);
+      uint64_t room = 0;
+      const std::vector<ObjectExtent> extents = layout.object_extents(l, e);
+      if (extents.empty()) fail(Status::format, "{}: layer {} expert {}: an object of no extents", options_.pack_path, l, e);
+      for (const ObjectExtent &x : extents) {
+        if (x.file >= file_bytes.size())
+          fail(Status::format, "{}: layer {} expert {}: object in file {}, the pack has {} file(s)", options_.pack_path, l, e,
+               x.file, file_bytes.size());
+        if (x.offset > file_bytes[x.file] || x.bytes > file_bytes[x.file] - x.offset)
+          fail(Status::format, "{}: layer {} expert {}: object at offset {} ({} bytes) must lie inside the {}-byte file",
+               options_.data_paths[x.file], l, e, x.offset, x.bytes, file_bytes[x.file]);
+        if (x.offset_in_object > object_bytes || x.bytes > object_bytes - x.offset_in_object)
+          fail(Status::format, "{}: layer {} expert {}: {} bytes at offset {} of a {}-byte object", options_.pack_path, l, e,
+               x.bytes, x.offset_in_object, object_bytes);
+        room += read_room(x);
+      }
+      staging_room = std::max(staging_room, room);
     }
   }
   slot_bytes_ = io::align_up(layout.max_object_bytes(), io::kDirectAlignment);
-  staging_slot_bytes_ = slot_bytes_;
+  staging_slot_bytes_ = std::max(slot_bytes_, staging_room);
   max_ids_ = options_.top_k * options_.tokens_per_acquire;
   table_ids_ = options_.table_ids ? options_.table_ids : max_ids_;
   const uint64_t total_objects = static_cast<uint64_t>(layout.num_layers()) * layout.num_experts();
@@ -208,8 +227,7 @@ void ExpertStore::start_load(cache::Key key, uint32_t slot, bool prefetch) {
   const ObjectMap &layout = *options_.objects;
   auto l = std::make_unique<Load>();
   l->key = key;
-  l->file = layout.object_file(cache::key_layer(key), cache::key_expert(key));
-  l->offset = layout.object_offset(cache::key_layer(key), cache::key_expert(key));
+  l->extents = layout.object_extents(cache::key_layer(key), cache::key_expert(key));
   l->bytes = layout.object_bytes(cache::key_layer(key), cache::key_expert(key));
   l->prefetch = prefetch;
   loads_[slot] = std::move(l);
@@ -234,16 +252,21 @@ void ExpertStore::pump() {
     const uint32_t st = free_staging_.back();
     free_staging_.pop_back();
     device_->wait_staging(st);  // its previous copy must be done
-    io::ReadRequest r;
-    r.file = l.file;
-    r.offset = l.offset;
-    r.bytes = l.bytes;
-    r.dst = base + static_cast<uint64_t>(st) * staging_slot_bytes_;
-    r.tag = slot;
     l.staging = st;
+    l.reads_left = static_cast<uint32_t>(l.extents.size());
     if (reads_in_flight_++ == 0) in_flight_since_ns_ = io::detail::now_ns();
     if (l.prefetch) ++prefetch_in_flight_;
-    reader_->submit(r);
+    uint64_t at = 0;
+    for (const ObjectExtent &x : l.extents) {
+      io::ReadRequest r;
+      r.file = x.file;
+      r.offset = read_start(x);
+      r.bytes = x.offset + x.bytes - r.offset;  // the reader reads it up to the next 4096 boundary
+      r.dst = base + static_cast<uint64_t>(st) * staging_slot_bytes_ + at;
+      r.tag = slot;
+      at += read_room(x);
+      reader_->submit(r);
+    }
   }
 }
 
@@ -256,23 +279,43 @@ void ExpertStore::poll(bool block) {
 }
 
 void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
-  std::unique_ptr<Load> l = std::move(loads_.at(slot));
-  if (!l) fail(Status::internal, "ExpertStore: a read landed in slot {}, which has none in flight", slot);
+  Load *in_flight = loads_.at(slot).get();
+  if (!in_flight || in_flight->reads_left == 0)
+    fail(Status::internal, "ExpertStore: a read landed in slot {}, which has none in flight", slot);
+  if (!c.ok && in_flight->io_error.empty()) in_flight->io_error = c.message;
+  if (--in_flight->reads_left > 0) return;  // the object's other extents are still being read
+  std::unique_ptr<Load> l = std::move(loads_[slot]);
   if (--reads_in_flight_ == 0) totals_.pack_read_ns += io::detail::now_ns() - in_flight_since_ns_;
   if (l->prefetch) --prefetch_in_flight_;
   const uint32_t layer = cache::key_layer(l->key), expert = cache::key_expert(l->key);
   std::byte *staged = device_->staging_base() + static_cast<uint64_t>(l->staging) * staging_slot_bytes_;
-  const std::string &file = options_.data_paths[l->file];
+  // Where each extent's bytes are in the staging slot and go in the object.
+  std::vector<CopySegment> segments;
+  std::vector<const std::byte *> extent_data;
+  uint64_t at = 0;
+  for (const ObjectExtent &x : l->extents) {
+    segments.push_back(CopySegment{at + (x.offset - read_start(x)), x.offset_in_object, x.bytes});
+    extent_data.push_back(staged + segments.back().src_offset);
+    at += read_room(x);
+  }
+  const ObjectExtent &first = l->extents.front();
+  const std::string &file = options_.data_paths[first.file];
+  const std::string where = l->extents.size() == 1 ? fmt::format("object at offset {} of {}, {} bytes", first.offset, file, l->bytes)
+                                                   : fmt::format("object of {} bytes in {} extents", l->bytes, l->extents.size());
   std::string error;
   Status status = Status::io;
-  if (!c.ok) {
-    error = fmt::format("ExpertStore: cannot load layer {} expert {} (pack {}, object at offset {} of {}, {} bytes): {}", layer,
-                        expert, options_.pack_path, l->offset, file, l->bytes, c.message);
+  if (!l->io_error.empty()) {
+    error = fmt::format("ExpertStore: cannot load layer {} expert {} (pack {}, {}): {}", layer, expert, options_.pack_path, where,
+                        l->io_error);
   } else if (options_.verify_payloads) {
-    const std::string bad = options_.objects->check_object(layer, expert, staged);
+    const bool whole = l->extents.size() == 1 && first.offset_in_object == 0;
+    const std::string bad = whole ? options_.objects->check_object(layer, expert, extent_data.front())
+                                  : options_.objects->check_extents(layer, expert, extent_data);
     if (!bad.empty()) {
-      error = fmt::format("ExpertStore: layer {} expert {} read from {} (pack {}, object at offset {}, {} bytes) is corrupt: {}",
-                          layer, expert, file, options_.pack_path, l->offset, l->bytes, bad);
+      error = whole ? fmt::format("ExpertStore: layer {} expert {} read from {} (pack {}, object at offset {}, {} bytes) is corrupt: {}",
+                                  layer, expert, file, options_.pack_path, first.offset, l->bytes, bad)
+                    : fmt::format("ExpertStore: layer {} expert {} (pack {}, {}) is corrupt: {}", layer, expert,
+                                  options_.pack_path, where, bad);
       status = Status::corrupt;
     }
   }
@@ -281,7 +324,7 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
   if (error.empty()) {
     // Per-expert completion: this expert's copy starts now, while other reads continue. Only
     // bytes that checked out are ever copied to a slot.
-    device_->copy_to_slot(slot, l->staging, l->bytes);
+    device_->copy_to_slot(slot, l->staging, segments);
     totals_.h2d_bytes += l->bytes;
     totals_.resident_bytes += l->bytes;
     slot_payload_bytes_[slot] = l->bytes;

@@ -62,11 +62,18 @@ std::byte *HostDevice::slot_ptr(uint32_t slot) {
   return impl_->slots.data() + static_cast<uint64_t>(slot) * impl_->shape.slot_bytes;
 }
 
-void HostDevice::copy_to_slot(uint32_t slot, uint32_t staging, uint64_t bytes) {
-  if (bytes > impl_->shape.slot_bytes || staging >= impl_->shape.staging_slots)
-    fail(Status::internal, "host device: copy of {} bytes from staging {} into slot {}", bytes, staging, slot);
-  std::memcpy(slot_ptr(slot), impl_->staging.data() + static_cast<uint64_t>(staging) * impl_->shape.staging_slot_bytes,
-              bytes);
+void HostDevice::copy_to_slot(uint32_t slot, uint32_t staging, std::span<const CopySegment> segments) {
+  if (staging >= impl_->shape.staging_slots)
+    fail(Status::internal, "host device: copy from staging {} of {} into slot {}", staging, impl_->shape.staging_slots, slot);
+  const std::byte *src = impl_->staging.data() + static_cast<uint64_t>(staging) * impl_->shape.staging_slot_bytes;
+  std::byte *dst = slot_ptr(slot);
+  for (const CopySegment &c : segments) {
+    if (c.src_offset > impl_->shape.staging_slot_bytes || c.bytes > impl_->shape.staging_slot_bytes - c.src_offset ||
+        c.dst_offset > impl_->shape.slot_bytes || c.bytes > impl_->shape.slot_bytes - c.dst_offset)
+      fail(Status::internal, "host device: copy of {} bytes from offset {} of staging {} to offset {} of slot {}", c.bytes,
+           c.src_offset, staging, c.dst_offset, slot);
+    std::memcpy(dst + c.dst_offset, src + c.src_offset, c.bytes);
+  }
 }
 
 void HostDevice::record_last_use(uint32_t slot) {

@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 namespace ep::store {
 
@@ -11,6 +12,17 @@ uint64_t ObjectMap::max_object_bytes() const {
   for (uint32_t l = 0; l < num_layers(); ++l)
     for (uint32_t e = 0; e < num_experts(); ++e) m = std::max(m, object_bytes(l, e));
   return m;
+}
+
+std::string ObjectMap::check_extents(uint32_t layer, uint32_t expert, std::span<const std::byte *const> extent_data) const {
+  const std::vector<ObjectExtent> extents = object_extents(layer, expert);
+  if (extents.size() != extent_data.size())
+    fail(Status::internal, "object map: layer {} expert {} has {} extents, {} given", layer, expert, extents.size(),
+         extent_data.size());
+  std::vector<std::byte> object(static_cast<size_t>(object_bytes(layer, expert)));
+  for (size_t i = 0; i < extents.size(); ++i)
+    std::memcpy(object.data() + extents[i].offset_in_object, extent_data[i], static_cast<size_t>(extents[i].bytes));
+  return check_object(layer, expert, object.data());
 }
 
 UniformObjectMap::UniformObjectMap(uint32_t num_layers, uint32_t num_experts, uint64_t object_bytes,

@@ -1,14 +1,29 @@
 // Where each expert object lives in a pack: the only thing the store needs to know about the
-// pack format. The Expert Pack reader (src/format) provides one through pack_layout.hpp; tests
-// and benchmarks use UniformObjectMap over synthetic packs.
+// pack format. The Expert Pack reader (src/format) provides one through pack_object_map.hpp;
+// tests and benchmarks use UniformObjectMap over synthetic packs.
+//
+// An object is one contiguous range of one file (a pack), or a list of extents (a source index:
+// each role a slice of a source file) that the store reads separately and lays out in the slot
+// at their offsets in the object.
 #pragma once
 
 #include <cstdint>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace ep::store {
+
+/// A piece of an object: @p bytes at @p offset of file @p file (an index into the store's data
+/// files), which go to @p offset_in_object in the object.
+struct ObjectExtent {
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint64_t offset_in_object = 0;
+};
 
 class ObjectMap {
  public:
@@ -26,6 +41,12 @@ class ObjectMap {
   }
   /// Payload bytes of object (layer, expert) (without the alignment padding).
   virtual uint64_t object_bytes(uint32_t layer, uint32_t expert) const = 0;
+  /// The pieces of object (layer, expert), in object order, not overlapping; the default: one
+  /// extent, [object_offset(), + object_bytes()) of object_file() at offset 0 in the object.
+  /// The store reads each as the 4096-aligned range around it.
+  virtual std::vector<ObjectExtent> object_extents(uint32_t layer, uint32_t expert) const {
+    return {ObjectExtent{object_file(layer, expert), object_offset(layer, expert), object_bytes(layer, expert), 0}};
+  }
   /// The largest object; the default scans every object.
   virtual uint64_t max_object_bytes() const;
   virtual uint32_t alignment() const { return 4096; }
@@ -38,6 +59,9 @@ class ObjectMap {
     (void)data;
     return {};
   }
+  /// check_object() for an object read as its extents (object_extents()), extent i's bytes at
+  /// @p extent_data[i]. The default puts them together at their offsets and calls check_object().
+  virtual std::string check_extents(uint32_t layer, uint32_t expert, std::span<const std::byte *const> extent_data) const;
 };
 
 /// offset = data_start + (layer * num_experts + expert) * stride — the Expert Pack v1 rule.

@@ -1,4 +1,5 @@
-// The ObjectMap of a real Expert Pack v1 file (src/format/pack_file.hpp).
+// The ObjectMap of a real Expert Pack v1 file (src/format/pack_file.hpp): one extent per object,
+// or, for a source index, one per role in its source file.
 #pragma once
 
 #include "store/object_map.hpp"
@@ -26,8 +27,13 @@ class PackObjectMap final : public ObjectMap {
   uint64_t object_bytes(uint32_t layer, uint32_t expert) const override;
   uint64_t max_object_bytes() const override;
   uint32_t alignment() const override;
+  /// A source index: gate, up and down, each from its source file.
+  std::vector<ObjectExtent> object_extents(uint32_t layer, uint32_t expert) const override;
   /// Each role's payload against its XXH3 in the pack index.
   std::string check_object(uint32_t layer, uint32_t expert, const std::byte *data) const override;
+  /// The same for an object read as its extents (a source index: one per role, each named by its
+  /// source file and offset there).
+  std::string check_extents(uint32_t layer, uint32_t expert, std::span<const std::byte *const> extent_data) const override;
   const format::PackFile &pack() const { return *pack_; }
 
  private:

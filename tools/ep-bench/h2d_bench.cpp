@@ -79,7 +79,8 @@ int cmd_h2d(const Args &args) {
     for (uint64_t i = 0; i < copies; ++i) {
       const auto st = static_cast<uint32_t>(i % staging);
       device->wait_staging(st);  // as the store does before reading into a staging slot again
-      device->copy_to_slot(static_cast<uint32_t>(i % slots), st, object_bytes);
+      const ep::store::CopySegment whole{0, 0, object_bytes};
+      device->copy_to_slot(static_cast<uint32_t>(i % slots), st, {&whole, 1});
     }
     device->synchronize();
   };
