@@ -143,8 +143,8 @@ std::string Metrics::render() const {
   metric(o, "ep_server_session_cache_evictions_total", "counter", "Kept sessions dropped to make room.", cache_evictions_);
 
   metric(o, "ep_store_acquires_total", "counter", "Calls that asked for one layer's routed experts.", store_.acquires);
-  metric(o, "ep_store_pack_reads_total", "counter", "Expert objects read from the pack.", store_.pack_reads);
-  metric(o, "ep_store_pack_read_bytes_total", "counter", "Payload bytes read from the pack.", store_.pack_read_bytes);
+  metric(o, "ep_store_pack_reads_total", "counter", "Reads of expert bytes (one per expert from a pack, one per role from source files).", store_.pack_reads);
+  metric(o, "ep_store_pack_read_bytes_total", "counter", "Bytes those reads transferred (4096-aligned ranges).", store_.pack_read_bytes);
   line(o, "ep_store_pack_read_seconds_total", "counter", "Wall time with at least one pack read in flight.");
   value(o, "ep_store_pack_read_seconds_total", static_cast<double>(store_.pack_read_ns) * 1e-9);
   metric(o, "ep_store_cache_hits_total", "counter", "Unique experts of an acquire already resident.", store_.cache_hits);

@@ -27,8 +27,9 @@ extern "C" {
 typedef struct ep_store_stats {
   size_t struct_size;        /**< Set to `sizeof(ep_store_stats)` by ep_store_stats_init(). */
   uint64_t acquires;         /**< Calls that asked for one layer's routed experts. */
-  uint64_t pack_reads;       /**< Expert objects read from the pack. */
-  uint64_t pack_read_bytes;  /**< Payload bytes of those reads. */
+  uint64_t pack_reads;       /**< Reads of expert bytes: one per expert object from a pack; with ep_model_options::no_pack
+                                  one per role (gate, up, down) from the source files. */
+  uint64_t pack_read_bytes;  /**< Bytes those reads transferred (each read a 4096-aligned range around its payload). */
   uint64_t pack_read_ns;     /**< Wall time with at least one pack read in flight, summed over acquires. */
   uint64_t cache_hits;       /**< Unique experts of an acquire already resident. */
   uint64_t cache_misses;     /**< Unique experts of an acquire that were read (hits + misses = unique experts asked for). */

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -180,4 +181,37 @@ TEST_CASE("ep-bench e2e --mode ours,sglang: both in one run, side by side, the s
   // A mode that does not exist is refused.
   CHECK(run(std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --mode vllm --device cpu --pack-dir '" + (dir / "packs") +
             "' >/dev/null 2>&1") != 0);
+}
+
+TEST_CASE("ep-bench e2e --no-pack: the experts read from the GGUF through a source index, the disk measured on it") {
+  ep::test::TempDir dir;
+  const std::string gguf = synth(dir, "m", "1", 3);
+  auto e2e = [&](const std::string &name, const std::string &extra) {
+    const std::string report = dir / (name + ".json");
+    const std::string cmd = std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --workload '" + EP_WORKLOAD_FILE +
+                            "' --requests 2 --max-new 4 --ignore-eos --device cpu --cache-mib 1 --io-seconds 0.3 --pack-dir '" +
+                            (dir / name) + "' --json '" + report + "' " + extra + " >/dev/null 2>&1";
+    REQUIRE(run(cmd) == 0);
+    return load(report);
+  };
+  const auto packed = e2e("packs", "");
+  const auto direct = e2e("index", "--no-pack");
+  CHECK(packed.at("no_pack") == false);
+  CHECK(direct.at("no_pack") == true);
+  const std::string index = direct.at("pack").get<std::string>();
+  CHECK(index.size() > 4);
+  CHECK(index.substr(index.size() - 4) == ".epx");
+  // No pack was written: the directory holds the index and its manifest only.
+  for (const auto &entry : std::filesystem::directory_iterator(dir / "index")) {
+    const std::string f = entry.path().filename().string();
+    INFO(f);
+    CHECK((f.size() > 4 && (f.substr(f.size() - 4) == ".epx" || f.substr(f.size() - 9) == ".epx.json")));
+  }
+  CHECK(direct.at("disk_gbps").get<double>() > 0);
+  // The same requests miss the same experts either way (the same cache); from the source each
+  // role is read as its 4096-aligned range, so at least the pack's bytes are read.
+  CHECK(direct.at("all").at("generated_tokens") == packed.at("all").at("generated_tokens"));
+  CHECK(direct.at("all").at("ssd_bytes").get<uint64_t>() >= packed.at("all").at("ssd_bytes").get<uint64_t>());
+  for (size_t i = 0; i < 2; ++i)
+    CHECK(direct.at("requests").at(i).at("cache_misses") == packed.at("requests").at(i).at("cache_misses"));
 }

@@ -26,7 +26,7 @@ TEST_CASE("model flags fill ep_model_options and leave other arguments alone", "
   ep::cli::ModelFlags flags;
   const std::vector<std::string> rest =
       parse(flags, {"--device", "cpu", "-n", "3", "--cache-mib", "1.5", "--host-cache-mib", "0", "--pack-dir", "/p",
-                    "--policy", "lru", "--no-overlap", "--prefetch", "--no-pack-build", "--staging-slots", "7",
+                    "--policy", "lru", "--no-overlap", "--prefetch", "--no-pack-build", "--no-pack", "--staging-slots", "7",
                     "--queue-depth", "9", "--read-splits", "2", "--direct-io", "0", "--cpu-threads", "3", "--other"});
   CHECK(rest == std::vector<std::string>{"-n", "3", "--other"});
   const ep_model_options o = flags.options();
@@ -38,6 +38,7 @@ TEST_CASE("model flags fill ep_model_options and leave other arguments alone", "
   CHECK(o.overlap_reads == 0);
   CHECK(o.prefetch == 1);
   CHECK(o.pack_build == 0);
+  CHECK(o.no_pack == 1);
   CHECK(o.staging_slots == 7u);
   CHECK(o.queue_depth == 9u);
   CHECK(o.read_splits == 2u);
@@ -54,6 +55,7 @@ TEST_CASE("model flags fill ep_model_options and leave other arguments alone", "
   CHECK(got.device == d.device);
   CHECK(got.overlap_reads == d.overlap_reads);
   CHECK(got.direct_io == d.direct_io);
+  CHECK(got.no_pack == 0);
 }
 
 TEST_CASE("model flags name the flag and what it takes on a bad value", "[cli]") {

@@ -1,5 +1,6 @@
 // The model-option flags that every program opening a model takes the same way (ep-run, ep-chat,
-// ep-server): device, cache and host tier, pack placement, reads, overlap, prefetch, policy.
+// ep-server): device, cache and host tier, pack placement or no pack, reads, overlap, prefetch,
+// policy.
 // Header-only on the public C API, so that the example hosts, which link only the shared
 // library, share it with the tools.
 //
@@ -40,6 +41,11 @@ inline const char *model_flags_usage() {
          "  --pack-dir DIR     where packs of sources live (default $XDG_CACHE_HOME/expertpack, else\n"
          "                     ~/.cache/expertpack)\n"
          "  --no-pack-build    never build a pack: a missing or stale one is an error\n"
+         "  --no-pack          no pack: read the routed experts from the source files themselves, through the\n"
+         "                     same cache, with a small index in the pack directory (NAME-HASH.epx and its\n"
+         "                     manifest; built on first use by reading and hashing the experts, with progress);\n"
+         "                     a source changed since is refused (remove the index to build it again). Not\n"
+         "                     with an Expert Pack as --model, nor with --resident-experts\n"
          "  --resident-experts no pack: read every routed expert from the source into memory at open\n"
          "  --no-overlap       read a layer's missing experts before computing any (default: compute with the\n"
          "                     cached ones while they are read; the results are the same)\n"
@@ -77,6 +83,7 @@ class ModelFlags {
     else if (a == "--host-cache-mib") options_.host_cache_bytes = mebibytes(a, value(), true);
     else if (a == "--pack-dir") pack_dir_ = value();
     else if (a == "--no-pack-build") options_.pack_build = 0;
+    else if (a == "--no-pack") options_.no_pack = 1;
     else if (a == "--resident-experts") options_.resident_experts = 1;
     else if (a == "--no-overlap") options_.overlap_reads = 0;
     else if (a == "--prefetch") options_.prefetch = 1;

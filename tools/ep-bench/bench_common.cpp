@@ -9,6 +9,8 @@
 #include "testkit/store_pack.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -26,6 +28,10 @@ std::string Args::get(const std::string &name, const std::string &fallback) cons
 double Args::number(const std::string &name, double fallback) const {
   auto it = options.find(name);
   if (it == options.end()) return fallback;
+  // A plain number keeps its fraction (--io-seconds 0.3); one with a unit is a size (20G).
+  char *end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  if (end != it->second.c_str() && *end == '\0' && std::isfinite(v) && v >= 0) return v;
   return static_cast<double>(testkit::parse_size(it->second));
 }
 

@@ -11,7 +11,9 @@
 
 #include "core/error.hpp"
 #include "format/gguf.hpp"
+#include "format/pack_file.hpp"
 #include "io/file.hpp"
+#include "store/pack_object_map.hpp"
 
 #include "expertpack/expertpack.h"
 
@@ -227,6 +229,22 @@ struct ModeRun {
   std::string pack_path;
 };
 
+/// What the raw O_DIRECT loop reads to measure the disk: the pack's objects, or for a source
+/// index (no_pack) object-sized aligned blocks of its largest source file.
+PackSource raw_source(const std::string &pack_path) {
+  Args pack_args;
+  pack_args.options["pack"] = pack_path;
+  const auto index = store::PackObjectMap::open(pack_path, false);
+  if (!index->pack().source_objects()) return pack_from_args(pack_args);
+  std::string largest;
+  uint64_t largest_bytes = 0;
+  for (const std::string &f : index->pack().data_files())
+    if (const uint64_t b = io::file_size_bytes(f); b > largest_bytes) largest = f, largest_bytes = b;
+  pack_args.options["pack"] = largest;
+  pack_args.options["object-bytes"] = std::to_string(io::align_up(index->max_object_bytes(), io::kDirectAlignment));
+  return pack_from_args(pack_args);
+}
+
 }  // namespace
 
 int cmd_e2e(const Args &args) {
@@ -254,17 +272,18 @@ int cmd_e2e(const Args &args) {
   ep_model_options mopt;
   ep_model_options_init(&mopt);
   mopt.device = device_arg(args.get("device", "auto"));
-  mopt.cache_budget_bytes = static_cast<uint64_t>(args.number("cache-mib", 0)) * mib;
+  mopt.cache_budget_bytes = static_cast<uint64_t>(args.number("cache-mib", 0) * static_cast<double>(mib));
   mopt.staging_slots = static_cast<uint32_t>(args.number("staging-slots", 0));
   if (args.options.count("staging-mib")) {
     const uint64_t object = gguf_expert_bytes(model_path);
     if (object == 0) fail(Status::invalid_argument, "--staging-mib needs a GGUF model (to size its experts); give --staging-slots");
     const uint64_t slot = io::align_up(object, io::kDirectAlignment);
-    mopt.staging_slots = static_cast<uint32_t>(std::max<uint64_t>(1, static_cast<uint64_t>(args.number("staging-mib", 0)) * mib / slot));
+    mopt.staging_slots = static_cast<uint32_t>(std::max<uint64_t>(1, static_cast<uint64_t>(args.number("staging-mib", 0) * static_cast<double>(mib)) / slot));
   }
   mopt.queue_depth = static_cast<uint32_t>(args.number("queue-depth", 0));
   if (args.options.count("pack-dir")) mopt.pack_dir = args.options.at("pack-dir").c_str();
   if (args.options.count("direct-io")) mopt.direct_io = static_cast<int32_t>(args.number("direct-io", -1));
+  mopt.no_pack = args.has("no-pack") ? 1 : 0;
 
   ep_generate_options gen;
   ep_generate_options_init(&gen);
@@ -313,11 +332,9 @@ int cmd_e2e(const Args &args) {
       return 0;
     }
     if (mi == 0) {
-      // The disk's raw bandwidth on this pack, in this run (same cgroup, same file): before the
-      // first mode and after the last.
-      Args pack_args;
-      pack_args.options["pack"] = run.pack_path;
-      const PackSource src = pack_from_args(pack_args);
+      // The disk's raw bandwidth on the files the experts are read from, in this run (same
+      // cgroup, same files): before the first mode and after the last.
+      const PackSource src = raw_source(run.pack_path);
       block = io::align_up(src.layout->max_object_bytes(), io::kDirectAlignment);
       if (io_seconds > 0) {
         disk_runs.push_back(raw_loop_gbps(src, block, io_depth, io_seconds));
@@ -368,9 +385,7 @@ int cmd_e2e(const Args &args) {
     runs.push_back(std::move(run));
   }
   if (io_seconds > 0 && !disk_runs.empty()) {
-    Args pack_args;
-    pack_args.options["pack"] = runs.back().pack_path;
-    disk_runs.push_back(raw_loop_gbps(pack_from_args(pack_args), block, io_depth, io_seconds));
+    disk_runs.push_back(raw_loop_gbps(raw_source(runs.back().pack_path), block, io_depth, io_seconds));
     std::fprintf(stderr, "ep-bench e2e: raw O_DIRECT random reads of %llu B, depth %u: %.3f GB/s\n",
                  static_cast<unsigned long long>(block), io_depth, disk_runs.back());
   }
@@ -410,6 +425,7 @@ int cmd_e2e(const Args &args) {
     j["prefetch"] = run.mode.prefetch;
     j["model"] = model_path;
     j["pack"] = run.pack_path;
+    j["no_pack"] = mopt.no_pack != 0;
     j["workload"] = workload_path;
     j["device"] = args.get("device", "auto");
     j["architecture"] = run.props.architecture;

@@ -35,12 +35,13 @@ constexpr const char *kUsage =
     "       --ffn: also the decode MoE FFN per model, three launches against the engine's two; --ffn-only: only that)\n"
     "  e2e  --model PATH [--tokenizer tokenizer.json|.gguf] [--workload bench/workload/seed-10.jsonl] [--max-new N]\n"
     "       [--requests N] [--device auto|cpu|cuda] [--cache-mib N] [--staging-mib N | --staging-slots N] [--ignore-eos]\n"
-    "       [--io-seconds 5] [--io-depth 32] [--pack-dir DIR] [--json FILE] [--json-stdout] [--open-only]\n"
+    "       [--io-seconds 5] [--io-depth 32] [--pack-dir DIR] [--no-pack] [--json FILE] [--json-stdout] [--open-only]\n"
     "       [--host-cache-mib N] [--no-overlap] [--prefetch] [--policy decay|lru|sglang-lfu|...] [--mode ours|ours-prefetch|sglang|ours,sglang,...]\n"
     "       the workload one request at a time (temperature 0) through the C API: per dataset prefill/decode tok/s,\n"
     "       cache hit rate, SSD bytes per token; the I/O bound from the disk's raw bandwidth measured in the same run;\n"
     "       --mode sglang: SGLang's algorithm on this engine (LFU, no host tier, no overlap, no prefetch); several\n"
-    "       modes run one after another in the same process and are shown side by side\n"
+    "       modes run one after another in the same process and are shown side by side; --no-pack: the experts read\n"
+    "       from the source files through a source index (the raw figure then reads the largest source file)\n"
     "  compute --model F.gguf [--prompt-tokens 512] [--gen-tokens 128] [--reps 3] [--warmup 1] [--device cuda|cpu]\n"
     "       [--ds4-bench PATH [--ds4-reps N] [--ds4-args ARGS] [--ds4-timeout 300]] [--prompt-file TEXT] [--work-dir DIR] [--json OUT] [--csv OUT]\n"
     "       compute speed with every routed expert resident (no pack), greedy, EOS ignored: prefill tok/s of the prompt and\n"
@@ -65,7 +66,7 @@ int main(int argc, char **argv) {
     if (cmd == "io") return ep::bench::cmd_io(ep::bench::parse_args(argc, argv, 2, {"json", "no-fio"}));
     if (cmd == "h2d") return ep::bench::cmd_h2d(ep::bench::parse_args(argc, argv, 2, {"json"}));
     if (cmd == "compute") return ep::bench::cmd_compute(ep::bench::parse_args(argc, argv, 2, {}));
-    if (cmd == "e2e") return ep::bench::cmd_e2e(ep::bench::parse_args(argc, argv, 2, {"ignore-eos", "json-stdout", "open-only", "no-overlap", "prefetch"}));
+    if (cmd == "e2e") return ep::bench::cmd_e2e(ep::bench::parse_args(argc, argv, 2, {"ignore-eos", "json-stdout", "open-only", "no-overlap", "prefetch", "no-pack"}));
     if (cmd == "kernels") {
 #ifdef EP_HAVE_CUDA
       return ep::bench::cmd_kernels(ep::bench::parse_args(argc, argv, 2, {"json", "no-gemm", "no-batch1", "graph", "ffn", "ffn-only"}));

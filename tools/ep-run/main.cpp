@@ -18,7 +18,7 @@ namespace {
 
 const char *kUsage =
     "usage: ep-run --model PATH --tokens 1,2,3 [-n N] [--temp T] [--top-k-sample K] [--top-p P] [--seed S]\n"
-    "              [--stop ID] [--score] [--dump-topk FILE [--top-k K]] [--stats] [--no-pack] [model options]\n"
+    "              [--stop ID] [--score] [--dump-topk FILE [--top-k K]] [--stats] [model options]\n"
     "\n"
     "  --model PATH   a GGUF file (any shard of a set; any name, e.g. an Ollama blob), a directory\n"
     "                 with config.json + safetensors, or an\n"
@@ -37,11 +37,6 @@ const char *kUsage =
     "  --top-k K      entries per step in the dump (default 10)\n"
     "  --dump-logits F  --score: write every row of logits to F (raw little-endian f32 [tokens][vocab])\n"
     "  --stats        timing, token counts and expert-cache counters on stderr\n"
-    "  --no-pack      no pack: read the routed experts from the source files themselves, through the\n"
-    "                 same cache, with a small index in the pack directory (NAME-HASH.epx and its\n"
-    "                 manifest; built on first use by reading and hashing the experts, with progress);\n"
-    "                 a source changed since is refused (remove the index to build it again). Not\n"
-    "                 with an Expert Pack as --model, nor with --resident-experts\n"
     "\n"
     "text (instead of --tokens; the model's tokenizer, or --tokenizer PATH):\n"
     "  --prompt TEXT  generate text after TEXT, streamed to stdout as it is decoded\n"
@@ -163,7 +158,7 @@ int main(int argc, char **argv) {
   int progress_state = -1;
   ep_generate_options gen;
   ep_generate_options_init(&gen);
-  bool score = false, stats = false, no_pack = false;
+  bool score = false, stats = false;
   uint32_t dump_k = 10;
   TextArgs text;
   ep::cli::ModelFlags model_flags;
@@ -191,7 +186,6 @@ int main(int argc, char **argv) {
     else if (a == "--dump-logits") dump_logits_path = next();
     else if (a == "--top-k") dump_k = static_cast<uint32_t>(std::stoul(next()));
     else if (a == "--stats") stats = true;
-    else if (a == "--no-pack") no_pack = true;
     else if (a == "--prompt") text.prompt = next();
     else if (a == "--chat") text.chat = true;
     else if (a == "--system") text.system = next();
@@ -220,7 +214,6 @@ int main(int argc, char **argv) {
   if (prompt.empty() && !text_mode) die("--tokens is empty");
 
   ep_model_options mopt = model_flags.options();
-  mopt.no_pack = no_pack ? 1 : 0;
   mopt.progress = on_progress;
   mopt.progress_payload = &progress_state;
   ep_model *model = nullptr;
