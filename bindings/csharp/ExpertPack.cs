@@ -110,6 +110,7 @@ namespace ExpertPack
         public ulong host_cache_bytes;
         public int overlap_reads, prefetch;
         public IntPtr cache_policy;
+        public int no_pack;  // appended after 0.2.0
     }
 
     [StructLayout(LayoutKind.Sequential)]
@@ -543,6 +544,10 @@ namespace ExpertPack
         /// <summary>Eviction policy of the cache and the host tier: "decay", "decay-bypass", "lru",
         /// "sglang-lfu"; null: "decay".</summary>
         public string CachePolicy;
+        /// <summary>true: the routed experts are read from the source files themselves, through a
+        /// small source index in PackDir, instead of an Expert Pack (not with a pack as the path,
+        /// nor with ResidentExperts).</summary>
+        public bool NoPack;
     }
 
     public sealed class ModelInfo
@@ -576,7 +581,8 @@ namespace ExpertPack
             o.resident_experts = options.ResidentExperts ? 1 : 0;
             bool appended = options.CpuThreads != 0 || options.HostCacheBytes != 0 || options.OverlapReads != null ||
                             options.Prefetch != null || options.CachePolicy != null;
-            if (appended && (long)o.struct_size.ToUInt64() < Marshal.SizeOf(typeof(ModelOptionsRaw)))
+            long librarySize = (long)o.struct_size.ToUInt64();
+            if (appended && librarySize < (long)Marshal.OffsetOf(typeof(ModelOptionsRaw), "no_pack"))
                 throw new ExpertPackException("ep_model_open", Status.Unsupported,
                     "CpuThreads, HostCacheBytes, OverlapReads, Prefetch and CachePolicy need a newer libexpertpack");
             if (appended)
@@ -585,6 +591,12 @@ namespace ExpertPack
                 o.host_cache_bytes = options.HostCacheBytes;
                 if (options.OverlapReads != null) o.overlap_reads = options.OverlapReads.Value ? 1 : 0;
                 if (options.Prefetch != null) o.prefetch = options.Prefetch.Value ? 1 : 0;
+            }
+            if (options.NoPack)
+            {
+                if (librarySize < Marshal.SizeOf(typeof(ModelOptionsRaw)))
+                    throw new ExpertPackException("ep_model_open", Status.Unsupported, "NoPack needs a newer libexpertpack");
+                o.no_pack = 1;
             }
             IntPtr cachePolicy = options.CachePolicy == null ? IntPtr.Zero : Native.AllocCString(options.CachePolicy);
             IntPtr packDir = options.PackDir == null ? IntPtr.Zero : Native.AllocCString(options.PackDir);

@@ -144,6 +144,30 @@ static class Tests
             }
         });
 
+        Run("no_pack_reads_the_source_with_the_same_tokens", () =>
+        {
+            // the GGUF the pack was built from, read through a source index in PackDir
+            var dir = Path.Combine(Env("EP_TEST_DIR"), "csharp-index");
+            var opts = new ModelOptions { Device = Device.Cpu, NoPack = true, PackDir = dir };
+            using (var model = new Model(Env("EP_TEST_SOURCE"), opts))
+            using (var s = model.NewSession())
+            {
+                Require(model.PackPath.EndsWith(".epx"), "source index path " + model.PackPath);
+                var g = s.Generate(Prompt, Options(8), (tok, idx) => true);
+                Require(g.Tokens.SequenceEqual(Expected), "tokens " + string.Join(",", g.Tokens) + " vs C API " + string.Join(",", Expected));
+            }
+            Require(Directory.GetFiles(dir, "*.epk").Length == 0, "a pack was written");
+            try
+            {
+                new Model(ModelPath, new ModelOptions { NoPack = true });
+                throw new Exception("no exception");
+            }
+            catch (ExpertPackException e)
+            {
+                Require(e.Status == Status.InvalidArgument, "a pack given with NoPack: " + e.Status);
+            }
+        });
+
         Run("missing_model_throws_not_found_naming_the_file", () =>
         {
             var missing = Path.Combine(Env("EP_TEST_DIR"), "no-such-model.gguf");

@@ -370,7 +370,11 @@ type ModelOptions struct {
 	Prefetch bool
 	// CachePolicy is the eviction policy: "decay", "decay-bypass", "lru", "sglang-lfu" ("": decay).
 	CachePolicy string
-	// Progress, if set, is called while a pack is built.
+	// NoPack reads the routed experts from the source files themselves, through a small source
+	// index in PackDir, instead of an Expert Pack (not with a pack as the path, nor with
+	// ResidentExperts).
+	NoPack bool
+	// Progress, if set, is called while a pack (or a source index) is built.
 	Progress func(doneBytes, totalBytes uint64)
 }
 
@@ -383,7 +387,7 @@ func DefaultModelOptions() ModelOptions {
 		StagingSlots: uint32(o.staging_slots), QueueDepth: uint32(o.queue_depth), ReadSplits: uint32(o.read_splits),
 		DirectIO: int32(o.direct_io), PackBuild: o.pack_build != 0, ResidentExperts: o.resident_experts != 0,
 		CPUThreads: int32(o.cpu_threads), HostCacheBytes: uint64(o.host_cache_bytes), OverlapReads: o.overlap_reads != 0,
-		Prefetch: o.prefetch != 0,
+		Prefetch: o.prefetch != 0, NoPack: o.no_pack != 0,
 	}
 }
 
@@ -458,6 +462,7 @@ func OpenModel(path string, opts *ModelOptions) (*Model, error) {
 	o.host_cache_bytes = C.uint64_t(opts.HostCacheBytes)
 	o.overlap_reads = b2i(opts.OverlapReads)
 	o.prefetch = b2i(opts.Prefetch)
+	o.no_pack = b2i(opts.NoPack)
 	if opts.CachePolicy != "" {
 		o.cache_policy = C.CString(opts.CachePolicy)
 		defer C.free(unsafe.Pointer(o.cache_policy))

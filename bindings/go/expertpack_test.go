@@ -308,3 +308,42 @@ func TestSessionsOnGoroutinesShareAModel(t *testing.T) {
 		}
 	}
 }
+
+func TestNoPackReadsTheSource(t *testing.T) {
+	// the GGUF the pack was built from, read through a source index in PackDir: the same tokens
+	f := getFixture(t)
+	dir := filepath.Join(env(t, "EP_TEST_DIR"), "go-index")
+	opts := DefaultModelOptions()
+	opts.Device, opts.NoPack, opts.PackDir = DeviceCPU, true, dir
+	m, err := OpenModel(env(t, "EP_TEST_SOURCE"), &opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if filepath.Ext(m.PackPath()) != ".epx" {
+		t.Fatalf("source index path %q", m.PackPath())
+	}
+	s, err := m.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	g := DefaultGenerateOptions()
+	g.MaxNewTokens, g.Temperature, g.Seed = 8, f.temp, f.seed
+	out, err := s.Generate(f.prompt, &g, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(out.Tokens, f.expected) {
+		t.Fatalf("tokens %v, C API (ep-run) %v", out.Tokens, f.expected)
+	}
+	packs, _ := filepath.Glob(filepath.Join(dir, "*.epk"))
+	if len(packs) != 0 {
+		t.Fatalf("a pack was written: %v", packs)
+	}
+	bad := DefaultModelOptions()
+	bad.NoPack = true
+	if _, err := OpenModel(f.model, &bad); StatusOf(err) != ErrInvalidArgument {
+		t.Fatal("a pack given with NoPack:", err)
+	}
+}

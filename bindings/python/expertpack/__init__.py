@@ -129,7 +129,9 @@ class _ModelOptions(Structure):
                 ("resident_experts", c_int32), ("progress", _PROGRESS_FN), ("progress_payload", c_void_p),
                 # appended after the first version:
                 ("cpu_threads", c_int32), ("host_cache_bytes", c_uint64), ("overlap_reads", c_int32),
-                ("prefetch", c_int32), ("cache_policy", c_char_p)]
+                ("prefetch", c_int32), ("cache_policy", c_char_p),
+                # appended after 0.2.0:
+                ("no_pack", c_int32)]
 
 
 class _ModelProperties(Structure):
@@ -665,7 +667,9 @@ class Model(_Handle):
     pack_dir, pack_build, resident_experts, cpu_threads (0: EP_CPU_THREADS, else every core), host_cache_bytes
     (a host-RAM tier below the expert cache; 0: none), overlap_reads (None: the library's default, on),
     prefetch (None: the library's default, off), cache_policy ("decay", "decay-bypass", "lru", "sglang-lfu";
-    None: "decay") and progress (``callable(done_bytes, total_bytes)``). An option the loaded library is
+    None: "decay"), no_pack (read the routed experts from the source files themselves through a small
+    source index in pack_dir instead of an Expert Pack; not with a pack as ``path`` nor with
+    resident_experts) and progress (``callable(done_bytes, total_bytes)``). An option the loaded library is
     too old for raises :class:`UnsupportedError` unless it has its default value."""
     _close_fn = staticmethod(_ep_model_close)
 
@@ -673,7 +677,8 @@ class Model(_Handle):
                  staging_slots: int = 0, queue_depth: int = 0, read_splits: int = 0, direct_io: Optional[bool] = None,
                  pack_dir=None, pack_build: bool = True, resident_experts: bool = False, cpu_threads: int = 0,
                  host_cache_bytes: int = 0, overlap_reads: Optional[bool] = None, prefetch: Optional[bool] = None,
-                 cache_policy: Optional[str] = None, progress: Optional[Callable[[int, int], None]] = None):
+                 cache_policy: Optional[str] = None, no_pack: bool = False,
+                 progress: Optional[Callable[[int, int], None]] = None):
         super().__init__()
         self._sessions = weakref.WeakSet()
         opts = _defaults(_ModelOptions, _ep_model_options_init)
@@ -692,7 +697,7 @@ class Model(_Handle):
         appended = {"cpu_threads": (cpu_threads, 0), "host_cache_bytes": (host_cache_bytes, 0),
                     "overlap_reads": (None if overlap_reads is None else int(bool(overlap_reads)), None),
                     "prefetch": (None if prefetch is None else int(bool(prefetch)), None),
-                    "cache_policy": (policy_b, None)}
+                    "cache_policy": (policy_b, None), "no_pack": (int(bool(no_pack)), 0)}
         for name, (value, default) in appended.items():
             if value == default:
                 continue  # the library's default stays

@@ -390,6 +390,19 @@ class HierarchyTest(unittest.TestCase):
         self.assertGreater(st.prefetch_issued, 0)
         self.assertLessEqual(st.prefetch_used, st.prefetch_issued)
 
+    def test_no_pack_reads_the_source(self):
+        # the GGUF the pack was built from, read through a source index: the same tokens, and
+        # the pack directory holds the index, not a pack
+        index_dir = os.path.join(env("EP_TEST_DIR"), "python-index")
+        with ep.Model(env("EP_TEST_SOURCE"), device=ep.Device.CPU, no_pack=True, pack_dir=index_dir) as m, \
+                m.session() as s:
+            r = s.generate(self.prompt, max_new_tokens=8, temperature=self.temp, seed=self.seed)
+            self.assertTrue(m.pack_path.endswith(".epx"))
+        self.assertEqual(r.tokens, self.expected)
+        self.assertFalse([f for f in os.listdir(index_dir) if f.endswith(".epk")])
+        with self.assertRaises(ep.InvalidArgumentError):
+            ep.Model(env("EP_TEST_MODEL"), no_pack=True)  # a pack given with no_pack
+
     def test_bad_options(self):
         with self.assertRaises(ep.InvalidArgumentError) as cm:
             ep.Model(env("EP_TEST_MODEL"), cache_policy="no-such-policy")

@@ -180,7 +180,13 @@ pub struct ep_model_options {
     pub overlap_reads: i32,
     pub prefetch: i32,
     pub cache_policy: *const c_char,
+    // Appended after 0.2.0 (see EP_MODEL_OPTIONS_V2_SIZE):
+    pub no_pack: i32,
 }
+
+/// The size of `ep_model_options` in 0.2.0 (up to `cache_policy`): what a library from before
+/// `no_pack` accepts.
+pub const EP_MODEL_OPTIONS_V2_SIZE: usize = 104;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -305,7 +311,8 @@ mod layout {
         assert_eq!(size_of::<ep_store_stats>(), 176);
         assert_eq!(offset_of!(ep_store_stats, host_hits), EP_STORE_STATS_V1_SIZE);
         assert_eq!(offset_of!(ep_store_stats, prefetch_used), 168);
-        assert_eq!(size_of::<ep_model_options>(), 104);
+        assert_eq!(size_of::<ep_model_options>(), 112);
+        assert_eq!(offset_of!(ep_model_options, no_pack), EP_MODEL_OPTIONS_V2_SIZE);
         assert_eq!(offset_of!(ep_model_options, pack_dir), 40);
         assert_eq!(offset_of!(ep_model_options, progress), 56);
         assert_eq!(offset_of!(ep_model_options, cpu_threads), 72);

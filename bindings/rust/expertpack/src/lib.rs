@@ -521,6 +521,10 @@ pub struct ModelOptions {
     /// Eviction policy of the cache and the host tier: "decay", "decay-bypass", "lru",
     /// "sglang-lfu"; `None`: "decay".
     pub cache_policy: Option<String>,
+    /// Read the routed experts from the source files themselves, through a small source index in
+    /// `pack_dir`, instead of an Expert Pack (not with a pack as the path, nor with
+    /// `resident_experts`).
+    pub no_pack: bool,
 }
 
 /// What a model is (`ep_model_properties`).
@@ -608,7 +612,7 @@ impl Model {
             || options.prefetch.is_some()
             || policy.is_some();
         if appended {
-            if o.struct_size < std::mem::size_of::<sys::ep_model_options>() {
+            if o.struct_size < sys::EP_MODEL_OPTIONS_V2_SIZE {
                 return Err(Error::new(Status::Unsupported, format!(
                     "model options: cpu_threads, host_cache_bytes, overlap_reads, prefetch and cache_policy need a newer \
                      libexpertpack (its ep_model_options has {} bytes)", o.struct_size)));
@@ -622,6 +626,13 @@ impl Model {
                 o.prefetch = v as i32;
             }
             o.cache_policy = policy.as_ref().map_or(ptr::null(), |p| p.as_ptr());
+        }
+        if options.no_pack {
+            if o.struct_size < std::mem::size_of::<sys::ep_model_options>() {
+                return Err(Error::new(Status::Unsupported, format!(
+                    "model options: no_pack needs a newer libexpertpack (its ep_model_options has {} bytes)", o.struct_size)));
+            }
+            o.no_pack = 1;
         }
         let mut state = progress.map(|f| ProgressState { f, panic: None });
         if let Some(st) = state.as_mut() {

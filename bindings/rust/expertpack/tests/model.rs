@@ -189,3 +189,27 @@ fn sessions_on_threads_share_a_model() {
         assert_eq!(r, f.expected);
     }
 }
+
+#[test]
+fn no_pack_reads_the_source_with_the_same_tokens() {
+    // the GGUF the pack was built from, read through a source index in pack_dir
+    let f = fixture();
+    let dir = PathBuf::from(env("EP_TEST_DIR")).join("rust-index");
+    let options = ModelOptions { device: Device::Cpu, no_pack: true, pack_dir: Some(dir.clone()), ..Default::default() };
+    let model = Model::open(PathBuf::from(env("EP_TEST_SOURCE")), &options).unwrap();
+    assert_eq!(model.pack_path().unwrap().extension().unwrap(), "epx");
+    let mut session = model.session().unwrap();
+    let opts = GenerateOptions { max_new_tokens: 8, temperature: f.temp, seed: f.seed, ..Default::default() };
+    let out = session.generate(&f.prompt, &opts, |_, _| ControlFlow::Continue(())).unwrap();
+    assert_eq!(out.tokens, f.expected);
+    drop(session);
+    drop(model);
+    let packs = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().map_or(false, |x| x == "epk"))
+        .count();
+    assert_eq!(packs, 0);
+    // a pack given with no_pack is refused
+    let err = Model::open(&f.model, &ModelOptions { no_pack: true, ..Default::default() }).err().unwrap();
+    assert_eq!(err.status, Status::InvalidArgument);
+}
