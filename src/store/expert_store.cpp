@@ -309,8 +309,7 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
                         l->io_error);
   } else if (options_.verify_payloads) {
     const bool whole = l->extents.size() == 1 && first.offset_in_object == 0;
-    const std::string bad = whole ? options_.objects->check_object(layer, expert, extent_data.front())
-                                  : options_.objects->check_extents(layer, expert, extent_data);
+    const std::string bad = options_.objects->check_extents(layer, expert, extent_data);
     if (!bad.empty()) {
       error = whole ? fmt::format("ExpertStore: layer {} expert {} read from {} (pack {}, object at offset {}, {} bytes) is corrupt: {}",
                                   layer, expert, file, options_.pack_path, first.offset, l->bytes, bad)

@@ -19,6 +19,9 @@ std::string ObjectMap::check_extents(uint32_t layer, uint32_t expert, std::span<
   if (extents.size() != extent_data.size())
     fail(Status::internal, "object map: layer {} expert {} has {} extents, {} given", layer, expert, extents.size(),
          extent_data.size());
+  // One extent holding the whole object (a pack's): checked where it was read.
+  if (extents.size() == 1 && extents[0].offset_in_object == 0 && extents[0].bytes == object_bytes(layer, expert))
+    return check_object(layer, expert, extent_data[0]);
   std::vector<std::byte> object(static_cast<size_t>(object_bytes(layer, expert)));
   for (size_t i = 0; i < extents.size(); ++i)
     std::memcpy(object.data() + extents[i].offset_in_object, extent_data[i], static_cast<size_t>(extents[i].bytes));

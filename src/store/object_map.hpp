@@ -60,7 +60,8 @@ class ObjectMap {
     return {};
   }
   /// check_object() for an object read as its extents (object_extents()), extent i's bytes at
-  /// @p extent_data[i]. The default puts them together at their offsets and calls check_object().
+  /// @p extent_data[i]. The default checks one extent holding the whole object in place, and
+  /// otherwise puts the extents together at their offsets and calls check_object().
   virtual std::string check_extents(uint32_t layer, uint32_t expert, std::span<const std::byte *const> extent_data) const;
 };
 

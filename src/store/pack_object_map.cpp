@@ -39,32 +39,35 @@ std::vector<ObjectExtent> PackObjectMap::object_extents(uint32_t layer, uint32_t
   return out;
 }
 
+std::string PackObjectMap::check_roles(uint32_t layer, uint32_t expert, const std::byte *const *role_data) const {
+  for (uint32_t r = 0; r < format::kPackNumRoles; ++r) {
+    const format::RoleEntry &e = pack_->entry(layer, expert, static_cast<format::Role>(r));
+    const uint64_t got = format::xxh3_64(role_data[r], static_cast<size_t>(e.nbytes));
+    if (got == e.xxh3) continue;
+    if (pack_->source_objects())
+      return fmt::format("payload hash mismatch: {}: layer {} expert {} {} (tensor '{}') at offset {} ({} bytes) hashes to {:016x}, "
+                         "the index {} says {:016x}",
+                         pack_->data_files()[e.file], layer, expert, format::role_name(e.role), e.source_tensor, e.file_offset,
+                         e.nbytes, got, pack_->path(), e.xxh3);
+    return fmt::format("payload hash mismatch: {} at offset {} ({} bytes) hashes to {:016x}, the index says {:016x}",
+                       format::role_name(e.role), e.file_offset, e.nbytes, got, e.xxh3);
+  }
+  return {};
+}
+
 std::string PackObjectMap::check_extents(uint32_t layer, uint32_t expert, std::span<const std::byte *const> extent_data) const {
   if (!pack_->source_objects()) return ObjectMap::check_extents(layer, expert, extent_data);
   if (extent_data.size() != format::kPackNumRoles)
     fail(Status::internal, "{}: layer {} expert {}: {} extents given, a source object has {}", pack_->path(), layer, expert,
          extent_data.size(), format::kPackNumRoles);
-  for (uint32_t r = 0; r < format::kPackNumRoles; ++r) {
-    const format::RoleEntry &e = pack_->entry(layer, expert, static_cast<format::Role>(r));
-    const uint64_t got = format::xxh3_64(extent_data[r], static_cast<size_t>(e.nbytes));
-    if (got != e.xxh3)
-      return fmt::format("payload hash mismatch: {}: layer {} expert {} {} (tensor '{}') at offset {} ({} bytes) hashes to {:016x}, "
-                         "the index {} says {:016x}",
-                         pack_->data_files()[e.file], layer, expert, format::role_name(e.role), e.source_tensor, e.file_offset,
-                         e.nbytes, got, pack_->path(), e.xxh3);
-  }
-  return {};
+  return check_roles(layer, expert, extent_data.data());
 }
 
 std::string PackObjectMap::check_object(uint32_t layer, uint32_t expert, const std::byte *data) const {
-  for (uint32_t r = 0; r < format::kPackNumRoles; ++r) {
-    const format::RoleEntry &e = pack_->entry(layer, expert, static_cast<format::Role>(r));
-    const uint64_t got = format::xxh3_64(data + e.offset_in_object, static_cast<size_t>(e.nbytes));
-    if (got != e.xxh3)
-      return fmt::format("payload hash mismatch: {} at offset {} ({} bytes) hashes to {:016x}, the index says {:016x}",
-                         format::role_name(e.role), e.file_offset, e.nbytes, got, e.xxh3);
-  }
-  return {};
+  const std::byte *role_data[format::kPackNumRoles];
+  for (uint32_t r = 0; r < format::kPackNumRoles; ++r)
+    role_data[r] = data + pack_->entry(layer, expert, static_cast<format::Role>(r)).offset_in_object;
+  return check_roles(layer, expert, role_data);
 }
 
 }  // namespace ep::store

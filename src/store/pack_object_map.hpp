@@ -37,6 +37,8 @@ class PackObjectMap final : public ObjectMap {
   const format::PackFile &pack() const { return *pack_; }
 
  private:
+  /// Role r's payload (at @p role_data[r]) against its XXH3 in the index, for every role.
+  std::string check_roles(uint32_t layer, uint32_t expert, const std::byte *const *role_data) const;
   std::shared_ptr<const format::PackFile> pack_;
 };
 
