@@ -75,9 +75,10 @@ void write_synth(const json &s, const fs::path &out) {
   const std::string preset = s.at("preset");
   const int64_t layers = s.at("layers");
   const uint64_t seed = s.at("seed");
-  if (preset == "flash" || preset == "flash-reduced") {
-    auto spec = preset == "flash" ? ep::testkit::DeepseekV4SyntheticSpec::flash_shaped(layers)
-                                  : ep::testkit::DeepseekV4SyntheticSpec::flash_reduced(layers);
+  if (preset == "flash" || preset == "flash-ds4" || preset == "flash-reduced") {
+    auto spec = preset == "flash"       ? ep::testkit::DeepseekV4SyntheticSpec::flash_shaped(layers)
+                : preset == "flash-ds4" ? ep::testkit::DeepseekV4SyntheticSpec::flash_ds4(layers)
+                                        : ep::testkit::DeepseekV4SyntheticSpec::flash_reduced(layers);
     spec.chat_tokenizer = true;
     spec.seed = seed;
     spec.expert_gate_up = type_named(s.at("experts"));

@@ -18,15 +18,23 @@ On the GPU machine (H200; about 5 minutes; needs ~110 GB of GPU memory for the f
 model), from the repository root with ep-synth built (cmake --build build --target ep-synth):
 
   G=/tmp/fw && mkdir -p $G && S=build/tools/ep-synth/ep-synth && \\
-  $S --preset flash --layers 4 --experts iq2_xxs --down-experts q2_K --route-samples 0 --out $G/ds4_iq2.gguf && \\
+  $S --preset flash-ds4 --layers 4 --experts iq2_xxs --down-experts q2_K --route-samples 0 --out $G/ds4_iq2.gguf && \\
   $S --preset flash --layers 4 --experts mxfp4 --route-samples 0 --out $G/ds4_mxfp4.gguf && \\
-  $S --preset k3 --layers 3 --experts mxfp4 --route-samples 0 --out $G/k3_mxfp4.gguf && \\
+  $S --preset k3 --layers 2 --experts mxfp4 --route-samples 0 --out $G/k3_mxfp4.gguf && \\
   $S --preset flash-reduced --layers 4 --experts iq2_xxs --down-experts q2_K --route-samples 0 --out $G/ds4r_iq2.gguf && \\
   $S --preset flash-reduced --layers 4 --experts mxfp4 --route-samples 0 --out $G/ds4r_mxfp4.gguf && \\
   $S --preset k3-reduced --layers 3 --experts mxfp4 --route-samples 0 --out $G/k3r_mxfp4.gguf && \\
   python3 tests/oracle/full_width.py --out tests/data/full_width \\
     ds4_iq2=$G/ds4_iq2.gguf ds4_mxfp4=$G/ds4_mxfp4.gguf k3_mxfp4=$G/k3_mxfp4.gguf \\
     ds4r_iq2=$G/ds4r_iq2.gguf ds4r_mxfp4=$G/ds4r_mxfp4.gguf k3r_mxfp4=$G/k3r_mxfp4.gguf
+
+`ds4_iq2` is in the layout antirez/ds4 validates (f16 embedding and mixers), so the same file runs
+through ds4. `--probes FILE.json` ({"name": [token ids], ...}) also runs each short sequence through
+every DeepSeek-V4 model given (one pass, no cache) and writes NAME.probes.json: per position the
+top-40 logits and, per data-routed layer, the router's selection gap (k-th minus (k+1)-th biased
+score, relative) and the two expert ids either side of the cut; then the same pass again with the
+last position's k-th expert of the last data-routed layer swapped for the (k+1)-th (the choice a
+near tie could tip the other way), to compare against another engine's logits there.
 
 (each NAME=PATH writes NAME.json; the NAME says which ep-synth command made the file, see SYNTH
 below, and the JSON records it, with the file's size and sampled digest, for the C++ test to
@@ -59,9 +67,9 @@ PROMPTS = [  # (length, positions recorded)
 TOP_K = 40
 # ep-synth arguments per golden name (the C++ test rebuilds the spec from them)
 SYNTH = {
-    "ds4_iq2": dict(preset="flash", layers=4, experts="iq2_xxs", down_experts="q2_K", seed=1),
+    "ds4_iq2": dict(preset="flash-ds4", layers=4, experts="iq2_xxs", down_experts="q2_K", seed=1),
     "ds4_mxfp4": dict(preset="flash", layers=4, experts="mxfp4", down_experts="mxfp4", seed=1),
-    "k3_mxfp4": dict(preset="k3", layers=3, experts="mxfp4", down_experts="mxfp4", seed=1),
+    "k3_mxfp4": dict(preset="k3", layers=2, experts="mxfp4", down_experts="mxfp4", seed=1),
     "ds4r_iq2": dict(preset="flash-reduced", layers=4, experts="iq2_xxs", down_experts="q2_K", seed=1),
     "ds4r_mxfp4": dict(preset="flash-reduced", layers=4, experts="mxfp4", down_experts="mxfp4", seed=1),
     "k3r_mxfp4": dict(preset="k3-reduced", layers=3, experts="mxfp4", down_experts="mxfp4", seed=1),
@@ -246,6 +254,58 @@ def ds4_forward(torch, model, tokens):
     return out.logits[0].float(), router_gap, index_gap
 
 
+def ds4_probe(torch, model, tokens):
+    """One no-cache pass over `tokens`, then the same with the last position's k-th expert of the
+    last data-routed layer swapped for the (k+1)-th. Returns a JSON-ready dict (the module docstring says what it holds)."""
+    import torch.nn.functional as F
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as M
+    S = len(tokens)
+    routed = [il for il, layer in enumerate(model.model.layers) if isinstance(layer.mlp.gate, M.DeepseekV4TopKRouter)]
+    if not routed:
+        return dict(tokens=tokens, routed_layers=[])
+    seen = {}
+    swap = dict(on=False, layer=routed[-1])
+
+    def hook_for(il):
+        def hook(mod, inp, out):
+            hs = inp[0].reshape(-1, mod.hidden_dim)
+            s = mod.score_fn(F.linear(hs, mod.weight))
+            biased = s + mod.e_score_correction_bias
+            order = biased.sort(dim=-1, descending=True)
+            k = mod.top_k
+            vals = order.values.double()
+            seen[il] = dict(gap=((vals[:, k - 1] - vals[:, k]) / vals[:, k - 1].abs().clamp(min=1.0)).cpu().tolist(),
+                            kth=order.indices[:, k - 1].cpu().tolist(), next=order.indices[:, k].cpu().tolist())
+            if not (swap["on"] and il == swap["layer"]):
+                return None
+            idx = order.indices[:, :k].clone()
+            idx[-1, k - 1] = order.indices[-1, k]
+            w = s.gather(1, idx)
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+            return out[0], w * mod.routed_scaling_factor, idx
+        return hook
+
+    hooks = [model.model.layers[il].mlp.gate.register_forward_hook(hook_for(il)) for il in routed]
+    try:
+        ids = torch.tensor([tokens], dtype=torch.long, device=model.device)
+        with torch.no_grad():
+            base = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()
+            layers = {str(il): seen[il] for il in routed}
+            swap["on"] = True
+            swapped = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()
+    finally:
+        for h in hooks:
+            h.remove()
+
+    def top(row):
+        t = row.topk(TOP_K)
+        return dict(top_ids=[int(i) for i in t.indices], top_logits=[float(v) for v in t.values], max_abs=float(row.abs().max()))
+
+    return dict(tokens=tokens, routed_layers=routed, layers=layers, positions=[top(base[p]) for p in range(S)],
+                swapped_last=dict(layer=routed[-1], **top(swapped[S - 1])),
+                swap_max_dlogit=float((swapped[S - 1] - base[S - 1]).abs().max()))
+
+
 # ---- goldens -----------------------------------------------------------------------------------
 def record(logits_at, tokens, router_gap=None, index_gap=None):
     prompts = []
@@ -264,7 +324,7 @@ def record(logits_at, tokens, router_gap=None, index_gap=None):
     return prompts
 
 
-def run(name, path, out_dir, device):
+def run(name, path, out_dir, device, probes=None):
     import torch
     try:
         import transformers
@@ -287,7 +347,12 @@ def run(name, path, out_dir, device):
         logits, rg, ig = ds4_forward(torch, model, tokens)
         meta["reference"] = "transformers DeepseekV4ForCausalLM, float32, no cache, one pass"
         meta["prompts"] = record(lambda p: logits[p], tokens, rg, ig)
-        del model, logits
+        del logits
+        if probes:
+            out = {k: ds4_probe(torch, model, v) for k, v in probes.items()}
+            with open(os.path.join(out_dir, f"{name}.probes.json"), "w") as f:
+                json.dump(dict(name=name, gguf=meta["gguf"], probes=out), f, separators=(",", ":"))
+        del model
     elif arch in ("kimi-k3", "kimi-linear"):
         t1 = time.time()
         want = sorted({p for _, ps in PROMPTS for p in ps})
@@ -324,6 +389,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(DATA, "full_width"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--selftest", action="store_true")
+    ap.add_argument("--probes", help="JSON {name: [token ids]}: short sequences to probe on each DeepSeek-V4 model")
     ap.add_argument("models", nargs="*", help="NAME=PATH.gguf")
     a = ap.parse_args()
     import torch
@@ -334,11 +400,15 @@ def main():
     if a.selftest:
         return 0
     os.makedirs(a.out, exist_ok=True)
+    probes = None
+    if a.probes:
+        with open(a.probes) as f:
+            probes = json.load(f)
     for spec in a.models:
         name, _, path = spec.partition("=")
         if name not in SYNTH or not path:
             raise SystemExit(f"{spec}: expected NAME=PATH with NAME one of {sorted(SYNTH)}")
-        run(name, path, a.out, a.device)
+        run(name, path, a.out, a.device, probes)
     return 0
 
 
