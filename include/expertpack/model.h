@@ -109,9 +109,10 @@ typedef struct ep_model_options {
                                     built once by reading the experts, with @c progress). An index whose source changed
                                     (size, mtime, metadata or tensor inventory) is refused with #EP_ERR_STALE naming the
                                     file (remove the index to build it again); an expert whose bytes no longer match it
-                                    fails with #EP_ERR_CORRUPT naming the file, layer, expert, role and offset. Sources
-                                    whose experts are re-laid when packed (FP4 values with separate scales) are
-                                    #EP_ERR_UNSUPPORTED. With an Expert Pack as @c path, or with @c resident_experts:
+                                    fails with #EP_ERR_CORRUPT naming the file, layer, expert, role and offset. FP4
+                                    experts with separate E8M0 scales (DeepSeek-V4's and Kimi-K3's releases) are read as
+                                    values and scales and re-laid into MXFP4 as the pack builder does (no value changes).
+                                    With an Expert Pack as @c path, or with @c resident_experts:
                                     #EP_ERR_INVALID_ARGUMENT. ep_model_pack_path() gives the index. 0 = the pack.
                                     Default: 0. */
 } ep_model_options;

@@ -1,7 +1,10 @@
 #include "format/pack_file.hpp"
 
 #include "core/error.hpp"
+#include "format/checkpoint_tensors.hpp"
 #include "format/hash.hpp"
+#include "format/microscale.hpp"
+#include "format/safetensors.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -248,6 +251,7 @@ void PackFile::parse_and_check(ValidationLevel level) {
     r.source_tensor = string_at(strings, e.source_tensor, file, static_cast<size_t>(i), "source tensor");
     r.source_offset = e.source_offset;
     r.source_layout = static_cast<SourceLayout>(e.source_layout);
+    r.source_bytes = r.nbytes;
     entries_.push_back(std::move(r));
   }
   if (source_objects) open_sources();
@@ -315,12 +319,11 @@ void PackFile::open_parts() {
 
 void PackFile::open_sources() {
   const std::string &file = path();
+  // The safetensors headers of sources with FP4 roles (their scale tensors), parsed once each.
+  std::vector<std::unique_ptr<SafetensorsFile>> headers;
   for (size_t i = 0; i < entries_.size(); ++i) {
     RoleEntry &r = entries_[i];
     const uint64_t layer = i / kPackNumRoles / header_.num_experts, expert = i / kPackNumRoles % header_.num_experts;
-    if (r.source_layout != SourceLayout::verbatim)
-      fail(Status::format, "{}: source index: layer {} expert {} {} (tensor '{}') is not a verbatim slice of its source", file,
-           layer, expert, role_name(r.role), r.source_tensor);
     const std::string src(r.source_file);
     auto it = std::find(data_files_.begin(), data_files_.end(), src);
     if (it == data_files_.end()) {
@@ -332,15 +335,52 @@ void PackFile::open_sources() {
       }
       data_files_.push_back(src);
       data_sources_.push_back(std::move(bs));
+      headers.emplace_back();
       it = data_files_.end() - 1;
     }
     r.file = static_cast<uint32_t>(it - data_files_.begin());
     r.file_offset = r.source_offset;
     const uint64_t size = data_sources_[r.file]->size();
-    if (r.source_offset > size || r.nbytes > size - r.source_offset)
+    if (r.source_layout == SourceLayout::fp4_e8m0) {
+      // nbytes is MXFP4's 17 bytes per 32 values: 16 of packed values and 1 scale in the source.
+      r.source_bytes = r.nbytes / 17 * 16;
+      r.scale_bytes = r.nbytes / 17;
+      if (!headers[r.file]) {
+        try {
+          headers[r.file] = std::make_unique<SafetensorsFile>(SafetensorsFile::parse(data_sources_[r.file]));
+        } catch (const Error &e) {
+          fail(e.status(), "{}: source index: layer {} expert {} {} (tensor '{}') is FP4 with scales in its source {}, which does "
+               "not parse as safetensors: {}", file, layer, expert, role_name(r.role), r.source_tensor, src, e.what());
+        }
+      }
+      const std::string scale_name = fp4_scale_tensor_name(std::string(r.source_tensor));
+      const StTensorInfo *t = scale_name.empty() ? nullptr : headers[r.file]->find(scale_name);
+      if (!t)
+        fail(Status::format, "{}: source index: layer {} expert {} {}: {} has no scale tensor '{}' for the FP4 tensor '{}'", file,
+             layer, expert, role_name(r.role), src, scale_name, r.source_tensor);
+      if (t->nbytes != r.scale_bytes)
+        fail(Status::shape, "{}: source index: layer {} expert {} {}: scale tensor '{}' of {} has {} bytes, the {}-byte MXFP4 payload "
+             "needs {}", file, layer, expert, role_name(r.role), scale_name, src, t->nbytes, r.nbytes, r.scale_bytes);
+      r.scale_offset = t->file_offset;
+    }
+    if (r.source_offset > size || r.source_bytes > size - r.source_offset)
       fail(Status::format, "{}: truncated source: {} has {} bytes, layer {} expert {} {} (tensor '{}') lies at [{}, {})", file, src,
-           size, layer, expert, role_name(r.role), r.source_tensor, r.source_offset, r.source_offset + r.nbytes);
+           size, layer, expert, role_name(r.role), r.source_tensor, r.source_offset, r.source_offset + r.source_bytes);
+    if (r.scale_bytes && (r.scale_offset > size || r.scale_bytes > size - r.scale_offset))
+      fail(Status::format, "{}: truncated source: {} has {} bytes, the scales of layer {} expert {} {} (tensor '{}') lie at [{}, {})",
+           file, src, size, layer, expert, role_name(r.role), r.source_tensor, r.scale_offset, r.scale_offset + r.scale_bytes);
   }
+}
+
+void source_payload(const RoleEntry &e, const uint8_t *values, const uint8_t *scales, uint8_t *out, uint32_t layer,
+                    uint32_t expert, const std::string &where) {
+  if (e.source_layout != SourceLayout::fp4_e8m0) {
+    std::memcpy(out, values, static_cast<size_t>(e.nbytes));
+    return;
+  }
+  fp4_e8m0_to_mxfp4(values, scales, e.ne[1] * e.ne[2] * e.ne[3], e.ne[0], out,
+                    fmt::format("{}: layer {} expert {} {} (tensor '{}' at offset {}, scales at offset {})", where, layer, expert,
+                                role_name(e.role), e.source_tensor, e.file_offset, e.scale_offset));
 }
 
 uint64_t PackFile::object_bytes(uint32_t layer, uint32_t expert) const {
@@ -371,16 +411,26 @@ void PackFile::verify_payloads(const std::vector<std::pair<uint32_t, uint32_t>> 
   auto check = [&](uint32_t layer, uint32_t expert) {
     for (uint32_t r = 0; r < kPackNumRoles; ++r) {
       const RoleEntry &e = entry(layer, expert, static_cast<Role>(r));
-      Xxh3Hasher hasher;
-      constexpr uint64_t kChunk = 8u << 20;
-      for (uint64_t done = 0; done < e.nbytes;) {
-        const size_t n = static_cast<size_t>(std::min(kChunk, e.nbytes - done));
-        buffer.resize(n);
-        data_sources_[e.file]->read(e.file_offset + done, buffer.data(), n);
-        hasher.update(buffer.data(), n);
-        done += n;
+      uint64_t got = 0;
+      if (e.source_layout == SourceLayout::fp4_e8m0 && source_objects()) {
+        // Re-laid from the source's values and scales, as the store does when it reads them.
+        const std::vector<uint8_t> values = data_sources_[e.file]->read_vector(e.file_offset, static_cast<size_t>(e.source_bytes));
+        const std::vector<uint8_t> scales = data_sources_[e.file]->read_vector(e.scale_offset, static_cast<size_t>(e.scale_bytes));
+        buffer.resize(static_cast<size_t>(e.nbytes));
+        source_payload(e, values.data(), scales.data(), buffer.data(), layer, expert, data_files_[e.file]);
+        got = xxh3_64(buffer.data(), buffer.size());
+      } else {
+        Xxh3Hasher hasher;
+        constexpr uint64_t kChunk = 8u << 20;
+        for (uint64_t done = 0; done < e.nbytes;) {
+          const size_t n = static_cast<size_t>(std::min(kChunk, e.nbytes - done));
+          buffer.resize(n);
+          data_sources_[e.file]->read(e.file_offset + done, buffer.data(), n);
+          hasher.update(buffer.data(), n);
+          done += n;
+        }
+        got = hasher.finish();
       }
-      const uint64_t got = hasher.finish();
       if (got != e.xxh3)
         fail(Status::corrupt, "{}: payload hash mismatch: layer {} expert {} {} at offset {} ({} bytes) hashes to {:016x}, the index says {:016x}",
              data_files_[e.file], layer, expert, role_name(e.role), e.file_offset, e.nbytes, got, e.xxh3);

@@ -16,7 +16,10 @@
 //   - A source index (kPackFlagSourceObjects) holds no objects either: each role's payload is
 //     read from its source file (data_files() are the sources, RoleEntry::file_offset =
 //     source_offset); offset_in_object still says where it goes in the object a pack would
-//     hold, and object_offset() / object_file() are those of the object's gate payload.
+//     hold, and object_offset() / object_file() are those of the object's gate payload. A role
+//     of SourceLayout::fp4_e8m0 is read as its packed FP4 values (source_bytes at file_offset)
+//     and its E8M0 scales (scale_bytes at scale_offset, same file) and re-laid into the MXFP4
+//     payload (format/microscale.hpp) before its hash is checked.
 // A PackFile is immutable after open() and safe to share between threads.
 #pragma once
 
@@ -56,7 +59,21 @@ struct RoleEntry {
   std::string_view source_tensor;   ///< source tensor name (points into the PackFile)
   uint64_t source_offset;           ///< absolute offset of the slice in the source file
   SourceLayout source_layout = SourceLayout::verbatim;  ///< how the payload comes from the source
+  /// Bytes at file_offset that make the payload: nbytes, or for an fp4_e8m0 role of a source
+  /// index its packed FP4 values (nbytes · 16/17).
+  uint64_t source_bytes = 0;
+  /// An fp4_e8m0 role of a source index: its E8M0 scales (nbytes / 17 bytes) at this offset of
+  /// the same data file, from the tensor fp4_scale_tensor_name(source_tensor); else 0.
+  uint64_t scale_offset = 0;
+  uint64_t scale_bytes = 0;
 };
+
+/// The payload of @p e (nbytes bytes into @p out) from the bytes a source index reads for it:
+/// @p values (e.source_bytes) and, for an fp4_e8m0 role, @p scales (e.scale_bytes), re-laid
+/// into MXFP4 blocks; a verbatim role's values are copied. A NaN scale is Error(Status::corrupt)
+/// naming @p where, the layer, expert, role and tensor.
+void source_payload(const RoleEntry &e, const uint8_t *values, const uint8_t *scales, uint8_t *out, uint32_t layer,
+                    uint32_t expert, const std::string &where);
 
 class PackFile {
  public:

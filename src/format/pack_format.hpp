@@ -27,7 +27,8 @@ inline constexpr uint32_t kPackRoleAlignment = 256;
 inline constexpr uint32_t kPackFlagStriped = 1;
 /// A source index (docs/pack-format.md, "Source indexes"): the file holds the header, index and
 /// strings only and every payload is read from its source file (PackEntry::source_file at
-/// source_offset, verbatim slices only); the objects keep the layout a pack would give them.
+/// source_offset; an fp4_e8m0 slice with its scale tensor, re-laid as it is read); the objects
+/// keep the layout a pack would give them.
 inline constexpr uint32_t kPackFlagSourceObjects = 2;
 /// Flags this reader knows; any other bit set is EP_ERR_UNSUPPORTED.
 inline constexpr uint32_t kPackKnownFlags = kPackFlagStriped | kPackFlagSourceObjects;

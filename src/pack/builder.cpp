@@ -282,13 +282,6 @@ BuildResult build_pack(const ExpertPlan &plan, const std::string &pack_path, con
   const uint32_t num_parts = static_cast<uint32_t>(options.stripe_dirs.size());
   if (options.source_index && num_parts)
     fail(Status::invalid_argument, "{}: a source index has no objects to stripe", out.string());
-  if (options.source_index)
-    for (const ExpertSlice &s : plan.slices)
-      if (s.layout != format::SourceLayout::verbatim)
-        fail(Status::unsupported,
-             "{}: tensor '{}' of {} is not stored as the experts are computed with (its FP4 values and scales are re-laid "
-             "into MXFP4 blocks): it cannot be read from the source; build an Expert Pack",
-             out.string(), s.tensor, plan.files[s.file].path);
   if (num_parts == 1 || num_parts > format::kPackMaxParts)
     fail(Status::invalid_argument, "{}: striping needs 2..{} directories, {} given", out.string(), format::kPackMaxParts, num_parts);
   std::vector<std::string> part_paths;

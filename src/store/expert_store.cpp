@@ -5,6 +5,7 @@
 #include "cache/slot_cache.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "format/microscale.hpp"
 #include "io/read_tracker.hpp"
 #include "store/host_memory.hpp"
 
@@ -26,10 +27,48 @@ struct ExpertStore::Load {
 
 namespace {
 
-/// The 4096-aligned range an extent is read as (its start aligned down, its end up): where it
-/// begins in the file and how many bytes a staging slot needs for it.
-uint64_t read_start(const ObjectExtent &x) { return io::align_down(x.offset, io::kDirectAlignment); }
-uint64_t read_room(const ObjectExtent &x) { return io::align_up(x.offset + x.bytes, io::kDirectAlignment) - read_start(x); }
+/// The 4096-aligned range @p bytes at @p offset are read as (the start aligned down, the end
+/// up): where it begins in the file and how many bytes a staging slot needs for it.
+uint64_t read_start(uint64_t offset) { return io::align_down(offset, io::kDirectAlignment); }
+uint64_t read_room(uint64_t offset, uint64_t bytes) {
+  return io::align_up(offset + bytes, io::kDirectAlignment) - read_start(offset);
+}
+
+/// Where an extent's reads land in a staging slot when it starts at @p at (offsets in the
+/// staging slot): its aligned bytes, then for an FP4 piece its aligned scales and the room its
+/// MXFP4 blocks are re-laid into; @p end is where the next extent starts.
+struct StagedExtent {
+  uint64_t values = 0, scales = 0, relay = 0, end = 0;
+  /// Offset of the extent's first byte (values) and of its first scale in the staging slot.
+  uint64_t values_at(const ObjectExtent &x) const { return values + (x.offset - read_start(x.offset)); }
+  uint64_t scales_at(const ObjectExtent &x) const { return scales + (x.scale_offset - read_start(x.scale_offset)); }
+};
+
+StagedExtent staged_extent(const ObjectExtent &x, uint64_t at) {
+  StagedExtent s;
+  s.values = at;
+  at += read_room(x.offset, x.bytes);
+  if (x.fp4()) {
+    s.scales = at;
+    at += read_room(x.scale_offset, x.scale_bytes);
+    s.relay = at;
+    at += io::align_up(x.object_bytes(), io::kDirectAlignment);
+  }
+  s.end = at;
+  return s;
+}
+
+/// The extent read @p bytes at @p offset of @p file (an FP4 piece's values or scales) into
+/// @p dst of the staging slot.
+io::ReadRequest extent_read(uint32_t file, uint64_t offset, uint64_t bytes, std::byte *dst, uint32_t slot) {
+  io::ReadRequest r;
+  r.file = file;
+  r.offset = read_start(offset);
+  r.bytes = offset + bytes - r.offset;  // the reader reads it up to the next 4096 boundary
+  r.dst = dst;
+  r.tag = slot;
+  return r;
+}
 
 }  // namespace
 
@@ -69,10 +108,18 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
         if (x.offset > file_bytes[x.file] || x.bytes > file_bytes[x.file] - x.offset)
           fail(Status::format, "{}: layer {} expert {}: object at offset {} ({} bytes) must lie inside the {}-byte file",
                options_.data_paths[x.file], l, e, x.offset, x.bytes, file_bytes[x.file]);
-        if (x.offset_in_object > object_bytes || x.bytes > object_bytes - x.offset_in_object)
+        if (x.fp4()) {
+          if (x.fp4_cols % 32 || x.bytes != x.fp4_rows * x.fp4_cols / 2 || x.scale_bytes != x.fp4_rows * x.fp4_cols / 32)
+            fail(Status::format, "{}: layer {} expert {}: an FP4 piece of [{}, {}] with {} value and {} scale bytes",
+                 options_.pack_path, l, e, x.fp4_rows, x.fp4_cols, x.bytes, x.scale_bytes);
+          if (x.scale_offset > file_bytes[x.file] || x.scale_bytes > file_bytes[x.file] - x.scale_offset)
+            fail(Status::format, "{}: layer {} expert {}: scales at offset {} ({} bytes) must lie inside the {}-byte file",
+                 options_.data_paths[x.file], l, e, x.scale_offset, x.scale_bytes, file_bytes[x.file]);
+        }
+        if (x.offset_in_object > object_bytes || x.object_bytes() > object_bytes - x.offset_in_object)
           fail(Status::format, "{}: layer {} expert {}: {} bytes at offset {} of a {}-byte object", options_.pack_path, l, e,
-               x.bytes, x.offset_in_object, object_bytes);
-        room += read_room(x);
+               x.object_bytes(), x.offset_in_object, object_bytes);
+        room = staged_extent(x, room).end;
       }
       staging_room = std::max(staging_room, room);
     }
@@ -253,19 +300,17 @@ void ExpertStore::pump() {
     free_staging_.pop_back();
     device_->wait_staging(st);  // its previous copy must be done
     l.staging = st;
-    l.reads_left = static_cast<uint32_t>(l.extents.size());
+    l.reads_left = 0;
+    for (const ObjectExtent &x : l.extents) l.reads_left += x.fp4() ? 2 : 1;
     if (reads_in_flight_++ == 0) in_flight_since_ns_ = io::detail::now_ns();
     if (l.prefetch) ++prefetch_in_flight_;
+    std::byte *staged = base + static_cast<uint64_t>(st) * staging_slot_bytes_;
     uint64_t at = 0;
     for (const ObjectExtent &x : l.extents) {
-      io::ReadRequest r;
-      r.file = x.file;
-      r.offset = read_start(x);
-      r.bytes = x.offset + x.bytes - r.offset;  // the reader reads it up to the next 4096 boundary
-      r.dst = base + static_cast<uint64_t>(st) * staging_slot_bytes_ + at;
-      r.tag = slot;
-      at += read_room(x);
-      reader_->submit(r);
+      const StagedExtent se = staged_extent(x, at);
+      reader_->submit(extent_read(x.file, x.offset, x.bytes, staged + se.values, slot));
+      if (x.fp4()) reader_->submit(extent_read(x.file, x.scale_offset, x.scale_bytes, staged + se.scales, slot));
+      at = se.end;
     }
   }
 }
@@ -289,25 +334,42 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
   if (l->prefetch) --prefetch_in_flight_;
   const uint32_t layer = cache::key_layer(l->key), expert = cache::key_expert(l->key);
   std::byte *staged = device_->staging_base() + static_cast<uint64_t>(l->staging) * staging_slot_bytes_;
-  // Where each extent's bytes are in the staging slot and go in the object.
-  std::vector<CopySegment> segments;
-  std::vector<const std::byte *> extent_data;
-  uint64_t at = 0;
-  for (const ObjectExtent &x : l->extents) {
-    segments.push_back(CopySegment{at + (x.offset - read_start(x)), x.offset_in_object, x.bytes});
-    extent_data.push_back(staged + segments.back().src_offset);
-    at += read_room(x);
-  }
   const ObjectExtent &first = l->extents.front();
   const std::string &file = options_.data_paths[first.file];
   const std::string where = l->extents.size() == 1 ? fmt::format("object at offset {} of {}, {} bytes", first.offset, file, l->bytes)
                                                    : fmt::format("object of {} bytes in {} extents", l->bytes, l->extents.size());
   std::string error;
   Status status = Status::io;
+  // Where each extent's bytes are in the staging slot and go in the object; an FP4 piece is
+  // re-laid into its MXFP4 blocks first (only when every read landed: nothing else is read).
+  std::vector<CopySegment> segments;
+  std::vector<const std::byte *> extent_data;
+  uint64_t at = 0;
+  for (const ObjectExtent &x : l->extents) {
+    const StagedExtent se = staged_extent(x, at);
+    at = se.end;
+    uint64_t src = se.values_at(x);
+    if (x.fp4() && l->io_error.empty() && error.empty()) {
+      try {
+        format::fp4_e8m0_to_mxfp4(reinterpret_cast<const uint8_t *>(staged + src),
+                                  reinterpret_cast<const uint8_t *>(staged + se.scales_at(x)), x.fp4_rows, x.fp4_cols,
+                                  reinterpret_cast<uint8_t *>(staged + se.relay),
+                                  fmt::format("{}: FP4 values at offset {}, scales at offset {}", options_.data_paths[x.file],
+                                              x.offset, x.scale_offset));
+      } catch (const Error &e) {
+        error = fmt::format("ExpertStore: layer {} expert {} (pack {}, {}) is corrupt: {}", layer, expert, options_.pack_path, where,
+                            e.what());
+        status = e.status();
+      }
+      src = se.relay;
+    }
+    segments.push_back(CopySegment{src, x.offset_in_object, x.object_bytes()});
+    extent_data.push_back(staged + src);
+  }
   if (!l->io_error.empty()) {
     error = fmt::format("ExpertStore: cannot load layer {} expert {} (pack {}, {}): {}", layer, expert, options_.pack_path, where,
                         l->io_error);
-  } else if (options_.verify_payloads) {
+  } else if (error.empty() && options_.verify_payloads) {
     const bool whole = l->extents.size() == 1 && first.offset_in_object == 0;
     const std::string bad = options_.objects->check_extents(layer, expert, extent_data);
     if (!bad.empty()) {

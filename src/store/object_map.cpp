@@ -24,7 +24,7 @@ std::string ObjectMap::check_extents(uint32_t layer, uint32_t expert, std::span<
     return check_object(layer, expert, extent_data[0]);
   std::vector<std::byte> object(static_cast<size_t>(object_bytes(layer, expert)));
   for (size_t i = 0; i < extents.size(); ++i)
-    std::memcpy(object.data() + extents[i].offset_in_object, extent_data[i], static_cast<size_t>(extents[i].bytes));
+    std::memcpy(object.data() + extents[i].offset_in_object, extent_data[i], static_cast<size_t>(extents[i].object_bytes()));
   return check_object(layer, expert, object.data());
 }
 

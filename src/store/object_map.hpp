@@ -17,12 +17,23 @@
 namespace ep::store {
 
 /// A piece of an object: @p bytes at @p offset of file @p file (an index into the store's data
-/// files), which go to @p offset_in_object in the object.
+/// files), which go to @p offset_in_object in the object. With fp4_cols set, the piece is an
+/// FP4 matrix of a source [fp4_rows, fp4_cols]: @p bytes of packed values at @p offset and
+/// @p scale_bytes of E8M0 scales at @p scale_offset of the same file, which the store reads
+/// both and re-lays into the MXFP4 blocks that go to the object (format/microscale.hpp).
 struct ObjectExtent {
   uint32_t file = 0;
   uint64_t offset = 0;
   uint64_t bytes = 0;
   uint64_t offset_in_object = 0;
+  uint64_t scale_offset = 0;
+  uint64_t scale_bytes = 0;
+  uint64_t fp4_rows = 0;
+  uint64_t fp4_cols = 0;  ///< 0: the bytes go to the object as they are
+  /// True for an FP4 piece (re-laid as it is read).
+  bool fp4() const { return fp4_cols != 0; }
+  /// Bytes the piece takes in the object: @p bytes, or its MXFP4 blocks.
+  uint64_t object_bytes() const { return fp4() ? fp4_rows * (fp4_cols / 32) * 17 : bytes; }
 };
 
 class ObjectMap {
@@ -59,9 +70,10 @@ class ObjectMap {
     (void)data;
     return {};
   }
-  /// check_object() for an object read as its extents (object_extents()), extent i's bytes at
-  /// @p extent_data[i]. The default checks one extent holding the whole object in place, and
-  /// otherwise puts the extents together at their offsets and calls check_object().
+  /// check_object() for an object read as its extents (object_extents()), extent i's bytes as
+  /// they go to the object (an FP4 piece re-laid) at @p extent_data[i]. The default checks one
+  /// extent holding the whole object in place, and otherwise puts the extents together at their
+  /// offsets and calls check_object().
   virtual std::string check_extents(uint32_t layer, uint32_t expert, std::span<const std::byte *const> extent_data) const;
 };
 

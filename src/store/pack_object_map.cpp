@@ -34,7 +34,14 @@ std::vector<ObjectExtent> PackObjectMap::object_extents(uint32_t layer, uint32_t
   std::vector<ObjectExtent> out;
   for (uint32_t r = 0; r < format::kPackNumRoles; ++r) {
     const format::RoleEntry &e = pack_->entry(layer, expert, static_cast<format::Role>(r));
-    out.push_back(ObjectExtent{e.file, e.file_offset, e.nbytes, e.offset_in_object});
+    ObjectExtent x{e.file, e.file_offset, e.source_bytes, e.offset_in_object};
+    if (e.source_layout == format::SourceLayout::fp4_e8m0) {
+      x.scale_offset = e.scale_offset;
+      x.scale_bytes = e.scale_bytes;
+      x.fp4_rows = e.ne[1] * e.ne[2] * e.ne[3];
+      x.fp4_cols = e.ne[0];
+    }
+    out.push_back(x);
   }
   return out;
 }

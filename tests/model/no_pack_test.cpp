@@ -1,23 +1,26 @@
 // Routed experts read from the source files themselves (ep_model_options::no_pack): logits
 // bitwise the pack's for DeepSeek-V4 and Kimi goldens, a 3-shard synthetic Kimi-K3 and a
-// safetensors checkpoint, with a cache of top_k slots (reads and evictions), a host tier, with
+// safetensors checkpoint and the official DeepSeek-V4 and Kimi-K3 release layouts (FP4 experts
+// with E8M0 scales, re-laid into MXFP4 as they are read), with a cache of top_k slots (reads and evictions), a host tier, with
 // and without overlap and prefetch; the pack directory holds the source index and its manifest
 // only, built once (with progress) and reused; refusals: a pack as the path, resident experts, a
 // source whose mtime, size (a truncated shard) or tensor inventory changed since it was indexed;
 // a wrong payload byte is EP_ERR_CORRUPT naming the source file, layer, expert and role, at open
-// (the sampled check) or when the store reads it.
+// (the sampled check) or when the store reads it; so are an FP4 value byte and a NaN scale.
 #include "support/catch.hpp"
 #include "support/expect_error.hpp"
 #include "support/temp_dir.hpp"
 
 #include "capi_support.hpp"
 #include "deepseek_v4_golden.hpp"
+#include "format/checkpoint_tensors.hpp"
 #include "format/gguf.hpp"
 #include "format/pack_file.hpp"
 #include "io/file.hpp"
 #include "store/expert_store.hpp"
 #include "store/pack_object_map.hpp"
 #include "testkit/kimi_gguf.hpp"
+#include "testkit/official_checkpoint.hpp"
 
 #include <expertpack/expertpack.h>
 
@@ -209,6 +212,26 @@ TEST_CASE("no pack: DeepSeek-V4 safetensors checkpoint, logits bitwise the pack'
   check_same_logits(ckpt.string(), dir.str(), g.tokens);
 }
 
+TEST_CASE("no pack: the official DeepSeek-V4 and Kimi-K3 layouts (FP4 experts re-laid as read), logits bitwise the pack's",
+          "[model][no_pack][safetensors][official]") {
+  ep::testkit::OfficialCheckpointOptions opt;
+  opt.shards = 2;
+  {
+    ep::test::TempDir dir;
+    const deepseek_v4test::Golden g = deepseek_v4test::load_golden("deepseek_v4_a");
+    ep::testkit::write_deepseek_v4_official(g.gguf, dir / "ckpt", dir / "reference.gguf", opt);
+    check_same_logits(dir / "ckpt", dir.str(), g.tokens);
+  }
+  {
+    ep::test::TempDir dir;
+    const std::string k3 = std::string(EP_TEST_DATA_DIR) + "/kimi_k3/k3_a.gguf";
+    opt.shards = 3;  // (2 would split one expert's values and scales over two files: refused by the pack and here alike)
+    ep::testkit::write_kimi_checkpoint(k3, ep::testkit::KimiCheckpointLayout::k3_official, dir / "ckpt", dir / "reference.gguf",
+                                       opt);
+    check_same_logits(dir / "ckpt", dir.str(), {3, 14, 15, 9, 26, 5, 35});
+  }
+}
+
 TEST_CASE("no pack: Kimi goldens and a 3-shard synthetic Kimi-K3, logits bitwise the pack's", "[model][no_pack][kimi]") {
   const std::vector<int32_t> tokens = {3, 14, 15, 9, 26, 5, 35};
   for (const char *rel : {"kimi_linear/kimi_a.gguf", "kimi_k3/k3_a.gguf"}) {
@@ -345,4 +368,81 @@ TEST_CASE("no pack: a wrong payload byte is EP_ERR_CORRUPT naming the source, la
   CHECK(r.status == EP_ERR_CORRUPT);
   CHECK(r.error.find(so.data_paths[0]) != std::string::npos);
   CHECK(r.error.find(fmt::format("layer {} expert {} down", loud.first, loud.second)) != std::string::npos);
+}
+
+TEST_CASE("no pack: a wrong FP4 value byte or a NaN scale is EP_ERR_CORRUPT naming the source and tensor",
+          "[model][no_pack][official]") {
+  ep::test::TempDir dir;
+  const deepseek_v4test::Golden g = deepseek_v4test::load_golden("deepseek_v4_a");
+  ep::testkit::OfficialCheckpointOptions opt;
+  opt.shards = 1;
+  ep::testkit::write_deepseek_v4_official(g.gguf, dir / "ckpt", dir / "reference.gguf", opt);
+  const std::string index_dir = dir / "index";
+  ep_model *m = must_open(dir / "ckpt", index_dir, 0, 0, 1);
+  const std::string index = ep_model_pack_path(m);
+  ep_model_close(m);
+  const auto pf = ep::format::PackFile::open(index, ep::format::ValidationLevel::structure);
+  const auto sample = pf->sample_objects();
+  std::pair<uint32_t, uint32_t> quiet{UINT32_MAX, 0};
+  for (uint32_t l = 0; l < pf->num_layers() && quiet.first == UINT32_MAX; ++l)
+    for (uint32_t e = 0; e < pf->num_experts(); ++e)
+      if (std::find(sample.begin(), sample.end(), std::make_pair(l, e)) == sample.end()) {
+        quiet = {l, e};
+        break;
+      }
+  REQUIRE(quiet.first != UINT32_MAX);
+  const ep::format::RoleEntry &up = pf->entry(quiet.first, quiet.second, ep::format::Role::up);
+  const ep::format::RoleEntry &down = pf->entry(quiet.first, quiet.second, ep::format::Role::down);
+  REQUIRE(up.source_layout == ep::format::SourceLayout::fp4_e8m0);
+  REQUIRE(up.scale_bytes == up.nbytes / 17);
+  const std::string src(up.source_file);
+
+  auto layout = ep::store::PackObjectMap::open(index);
+  ep::store::StoreOptions so;
+  so.pack_path = index;
+  so.data_paths = layout->pack().data_files();
+  so.objects = layout;
+  so.top_k = pf->num_experts();
+  auto load = [&] {
+    ep::store::ExpertStore store(so, std::make_unique<ep::store::HostDevice>());
+    auto a = store.acquire(quiet.first, std::vector<uint32_t>{quiet.second});
+    store.release(a);
+  };
+  load();  // as written: loads
+  // A value byte: the re-laid payload's hash differs.
+  flip_byte(src, up.source_offset + up.source_bytes / 2);
+  ep::test::expect_error(load, ep::Status::corrupt,
+                         fmt::format("payload hash mismatch: {}: layer {} expert {} up (tensor '{}') at offset {}", src,
+                                     quiet.first, quiet.second, up.source_tensor, up.source_offset));
+  flip_byte(src, up.source_offset + up.source_bytes / 2);
+  load();
+  // A scale byte set to E8M0's NaN: refused while re-laying, naming the file and the tensor.
+  {
+    struct stat st {};
+    REQUIRE(::stat(src.c_str(), &st) == 0);
+    {
+      std::fstream f(src, std::ios::binary | std::ios::in | std::ios::out);
+      f.seekp(static_cast<std::streamoff>(down.scale_offset + 3));
+      f.put(static_cast<char>(0xFF));
+    }
+    restore_mtime(src, st);
+  }
+  const uint64_t blocks = down.ne[0] / 32;
+  ep::test::expect_error(load, ep::Status::corrupt,
+                         fmt::format("{}: FP4 values at offset {}, scales at offset {}: E8M0 scale byte 3 (row {}, block {}) is NaN",
+                                     src, down.source_offset, down.scale_offset, 3 / blocks, 3 % blocks));
+
+  // The scale tensor gone from the source's header (renamed): the index no longer opens, naming
+  // the source and both tensors.
+  const std::string scale_name = ep::format::fp4_scale_tensor_name(std::string(down.source_tensor));
+  {
+    std::ifstream in(src, std::ios::binary);
+    std::string head(4u << 20, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    const size_t at = head.find("\"" + scale_name + "\"");
+    REQUIRE(at != std::string::npos);
+    flip_byte(src, at + scale_name.size());  // its last character
+  }
+  ep::test::expect_error([&] { ep::format::PackFile::open(index, ep::format::ValidationLevel::structure); }, ep::Status::format,
+                         fmt::format("{} has no scale tensor '{}' for the FP4 tensor '{}'", src, scale_name, down.source_tensor));
 }
