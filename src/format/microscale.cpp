@@ -21,10 +21,12 @@ void fp4_e8m0_to_mxfp4(const uint8_t *packed, const uint8_t *scales, uint64_t ro
       const uint8_t *src = packed + r * (cols / 2) + b * 16;  // element 2i: low nibble of src[i]
       uint8_t *dst = out + blk * 17;
       dst[0] = e;
-      for (int j = 0; j < 16; ++j) {
-        const uint8_t lo = (src[j / 2] >> (4 * (j & 1))) & 0x0F;             // element j
-        const uint8_t hi = (src[(j + 16) / 2] >> (4 * (j & 1))) & 0x0F;      // element j + 16
-        dst[1 + j] = static_cast<uint8_t>(lo | (hi << 4));
+      // ggml's byte j holds element j (low) and j + 16 (high): elements 2i, 2i + 1 are src[i]'s
+      // nibbles, elements 16 + 2i, 17 + 2i src[8 + i]'s.
+      for (int i = 0; i < 8; ++i) {
+        const uint8_t a = src[i], c = src[8 + i];
+        dst[1 + 2 * i] = static_cast<uint8_t>((a & 0x0F) | (c << 4));
+        dst[2 + 2 * i] = static_cast<uint8_t>((a >> 4) | (c & 0xF0));
       }
     }
   }
