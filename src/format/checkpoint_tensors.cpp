@@ -72,6 +72,17 @@ std::string fp4_scale_tensor_name(const std::string &n) {
   return "";
 }
 
+std::optional<Fp4ScaleLocation> find_fp4_scale(const std::vector<const SafetensorsFile *> &files, size_t own,
+                                               const std::string &data_name) {
+  const std::string name = fp4_scale_tensor_name(data_name);
+  if (name.empty() || own >= files.size()) return std::nullopt;
+  if (const StTensorInfo *t = files[own]->find(name)) return Fp4ScaleLocation{own, t};
+  for (size_t f = 0; f < files.size(); ++f)
+    if (f != own)
+      if (const StTensorInfo *t = files[f]->find(name)) return Fp4ScaleLocation{f, t};
+  return std::nullopt;
+}
+
 uint64_t StLogical::nbytes() const {
   if (encoding == StEncoding::fp4_e8m0) return mxfp4_bytes(shape[0], shape[1]);
   if (encoding == StEncoding::fp8_block) return shape[0] * shape[1] * (type == GgmlType::bf16 ? 2 : 4);

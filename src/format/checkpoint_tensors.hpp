@@ -66,6 +66,17 @@ StResolved resolve_checkpoint_tensors(const SafetensorsSet &set, const Checkpoin
 /// X.weight_scale ("" for another name).
 std::string fp4_scale_tensor_name(const std::string &data_name);
 
+/// Where the scale tensor (fp4_scale_tensor_name()) of FP4 tensor @p data_name of
+/// @p files[@p own] lies: in that file, else in the first other one of @p files holding it (a
+/// sharded checkpoint may put a tensor's scales in the next shard): the file's index in
+/// @p files and the tensor; nullopt when none holds it.
+struct Fp4ScaleLocation {
+  size_t file = 0;
+  const StTensorInfo *tensor = nullptr;
+};
+std::optional<Fp4ScaleLocation> find_fp4_scale(const std::vector<const SafetensorsFile *> &files, size_t own,
+                                               const std::string &data_name);
+
 /// The ggml type of a plain safetensors dtype (f32, f16, bf16, f64, i8, i16, i32, i64), or nullopt.
 std::optional<GgmlType> ggml_type_of(StDtype dtype) noexcept;
 

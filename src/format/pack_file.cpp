@@ -319,11 +319,14 @@ void PackFile::open_parts() {
 
 void PackFile::open_sources() {
   const std::string &file = path();
-  // The safetensors headers of sources with FP4 roles (their scale tensors), parsed once each.
-  std::vector<std::unique_ptr<SafetensorsFile>> headers;
+  auto where = [&](size_t i) {
+    const RoleEntry &r = entries_[i];
+    return fmt::format("layer {} expert {} {} (tensor '{}')", i / kPackNumRoles / header_.num_experts,
+                       i / kPackNumRoles % header_.num_experts, role_name(r.role), r.source_tensor);
+  };
+  // The sources, in order of first use.
   for (size_t i = 0; i < entries_.size(); ++i) {
     RoleEntry &r = entries_[i];
-    const uint64_t layer = i / kPackNumRoles / header_.num_experts, expert = i / kPackNumRoles % header_.num_experts;
     const std::string src(r.source_file);
     auto it = std::find(data_files_.begin(), data_files_.end(), src);
     if (it == data_files_.end()) {
@@ -335,40 +338,53 @@ void PackFile::open_sources() {
       }
       data_files_.push_back(src);
       data_sources_.push_back(std::move(bs));
-      headers.emplace_back();
       it = data_files_.end() - 1;
     }
     r.file = static_cast<uint32_t>(it - data_files_.begin());
     r.file_offset = r.source_offset;
-    const uint64_t size = data_sources_[r.file]->size();
+  }
+  // FP4 roles: their scale tensors, in their own source or another one (the sources' safetensors
+  // headers, parsed once each when first needed).
+  std::vector<std::unique_ptr<SafetensorsFile>> headers(data_files_.size());
+  std::vector<const SafetensorsFile *> parsed;
+  auto parse_all = [&](size_t i) {
+    if (!parsed.empty()) return;
+    for (size_t f = 0; f < data_files_.size(); ++f) {
+      try {
+        headers[f] = std::make_unique<SafetensorsFile>(SafetensorsFile::parse(data_sources_[f]));
+      } catch (const Error &e) {
+        fail(e.status(), "{}: source index: {} is FP4 with separate scales, and its source {} does not parse as safetensors: {}",
+             file, where(i), data_files_[f], e.what());
+      }
+      parsed.push_back(headers[f].get());
+    }
+  };
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    RoleEntry &r = entries_[i];
     if (r.source_layout == SourceLayout::fp4_e8m0) {
       // nbytes is MXFP4's 17 bytes per 32 values: 16 of packed values and 1 scale in the source.
       r.source_bytes = r.nbytes / 17 * 16;
       r.scale_bytes = r.nbytes / 17;
-      if (!headers[r.file]) {
-        try {
-          headers[r.file] = std::make_unique<SafetensorsFile>(SafetensorsFile::parse(data_sources_[r.file]));
-        } catch (const Error &e) {
-          fail(e.status(), "{}: source index: layer {} expert {} {} (tensor '{}') is FP4 with scales in its source {}, which does "
-               "not parse as safetensors: {}", file, layer, expert, role_name(r.role), r.source_tensor, src, e.what());
-        }
-      }
+      parse_all(i);
       const std::string scale_name = fp4_scale_tensor_name(std::string(r.source_tensor));
-      const StTensorInfo *t = scale_name.empty() ? nullptr : headers[r.file]->find(scale_name);
-      if (!t)
-        fail(Status::format, "{}: source index: layer {} expert {} {}: {} has no scale tensor '{}' for the FP4 tensor '{}'", file,
-             layer, expert, role_name(r.role), src, scale_name, r.source_tensor);
-      if (t->nbytes != r.scale_bytes)
-        fail(Status::shape, "{}: source index: layer {} expert {} {}: scale tensor '{}' of {} has {} bytes, the {}-byte MXFP4 payload "
-             "needs {}", file, layer, expert, role_name(r.role), scale_name, src, t->nbytes, r.nbytes, r.scale_bytes);
-      r.scale_offset = t->file_offset;
+      const auto sc = find_fp4_scale(parsed, r.file, std::string(r.source_tensor));
+      if (!sc)
+        fail(Status::format, "{}: source index: {}: {} (nor another source of the index) has no scale tensor '{}' for the FP4 "
+             "tensor '{}'", file, where(i), data_files_[r.file], scale_name, r.source_tensor);
+      if (sc->tensor->nbytes != r.scale_bytes)
+        fail(Status::shape, "{}: source index: {}: scale tensor '{}' of {} has {} bytes, the {}-byte MXFP4 payload needs {}", file,
+             where(i), scale_name, data_files_[sc->file], sc->tensor->nbytes, r.nbytes, r.scale_bytes);
+      r.scale_file = static_cast<uint32_t>(sc->file);
+      r.scale_offset = sc->tensor->file_offset;
     }
+    const uint64_t size = data_sources_[r.file]->size();
     if (r.source_offset > size || r.source_bytes > size - r.source_offset)
-      fail(Status::format, "{}: truncated source: {} has {} bytes, layer {} expert {} {} (tensor '{}') lies at [{}, {})", file, src,
-           size, layer, expert, role_name(r.role), r.source_tensor, r.source_offset, r.source_offset + r.source_bytes);
-    if (r.scale_bytes && (r.scale_offset > size || r.scale_bytes > size - r.scale_offset))
-      fail(Status::format, "{}: truncated source: {} has {} bytes, the scales of layer {} expert {} {} (tensor '{}') lie at [{}, {})",
-           file, src, size, layer, expert, role_name(r.role), r.source_tensor, r.scale_offset, r.scale_offset + r.scale_bytes);
+      fail(Status::format, "{}: truncated source: {} has {} bytes, {} lies at [{}, {})", file, data_files_[r.file], size, where(i),
+           r.source_offset, r.source_offset + r.source_bytes);
+    const uint64_t scale_size = data_sources_[r.scale_file]->size();
+    if (r.scale_bytes && (r.scale_offset > scale_size || r.scale_bytes > scale_size - r.scale_offset))
+      fail(Status::format, "{}: truncated source: {} has {} bytes, the scales of {} lie at [{}, {})", file,
+           data_files_[r.scale_file], scale_size, where(i), r.scale_offset, r.scale_offset + r.scale_bytes);
   }
 }
 
@@ -415,7 +431,8 @@ void PackFile::verify_payloads(const std::vector<std::pair<uint32_t, uint32_t>> 
       if (e.source_layout == SourceLayout::fp4_e8m0 && source_objects()) {
         // Re-laid from the source's values and scales, as the store does when it reads them.
         const std::vector<uint8_t> values = data_sources_[e.file]->read_vector(e.file_offset, static_cast<size_t>(e.source_bytes));
-        const std::vector<uint8_t> scales = data_sources_[e.file]->read_vector(e.scale_offset, static_cast<size_t>(e.scale_bytes));
+        const std::vector<uint8_t> scales =
+            data_sources_[e.scale_file]->read_vector(e.scale_offset, static_cast<size_t>(e.scale_bytes));
         buffer.resize(static_cast<size_t>(e.nbytes));
         source_payload(e, values.data(), scales.data(), buffer.data(), layer, expert, data_files_[e.file]);
         got = xxh3_64(buffer.data(), buffer.size());

@@ -18,8 +18,8 @@
 //     source_offset); offset_in_object still says where it goes in the object a pack would
 //     hold, and object_offset() / object_file() are those of the object's gate payload. A role
 //     of SourceLayout::fp4_e8m0 is read as its packed FP4 values (source_bytes at file_offset)
-//     and its E8M0 scales (scale_bytes at scale_offset, same file) and re-laid into the MXFP4
-//     payload (format/microscale.hpp) before its hash is checked.
+//     and its E8M0 scales (scale_bytes at scale_offset of data file scale_file) and re-laid
+//     into the MXFP4 payload (format/microscale.hpp) before its hash is checked.
 // A PackFile is immutable after open() and safe to share between threads.
 #pragma once
 
@@ -62,8 +62,9 @@ struct RoleEntry {
   /// Bytes at file_offset that make the payload: nbytes, or for an fp4_e8m0 role of a source
   /// index its packed FP4 values (nbytes · 16/17).
   uint64_t source_bytes = 0;
-  /// An fp4_e8m0 role of a source index: its E8M0 scales (nbytes / 17 bytes) at this offset of
-  /// the same data file, from the tensor fp4_scale_tensor_name(source_tensor); else 0.
+  /// An fp4_e8m0 role of a source index: its E8M0 scales (nbytes / 17 bytes) at scale_offset of
+  /// data file scale_file (its own or another shard), the tensor fp4_scale_tensor_name(source_tensor); else 0.
+  uint32_t scale_file = 0;
   uint64_t scale_offset = 0;
   uint64_t scale_bytes = 0;
 };

@@ -198,7 +198,7 @@ class SliceReader {
     const auto &f = *files_[slice.file];
     std::vector<uint8_t> values(static_cast<size_t>(slice.source_nbytes)), scales(static_cast<size_t>(slice.scale_nbytes));
     f.read(slice.offset, values.data(), values.size());
-    f.read(slice.scale_offset, scales.data(), scales.size());
+    files_[slice.scale_file]->read(slice.scale_offset, scales.data(), scales.size());
     format::Sha256Hasher sha;
     sha.update(values.data(), values.size());
     sha.update(scales.data(), scales.size());
@@ -208,8 +208,8 @@ class SliceReader {
            scales.size());
     std::vector<uint8_t> payload(static_cast<size_t>(slice.nbytes));
     format::fp4_e8m0_to_mxfp4(values.data(), scales.data(), rows, cols, payload.data(),
-                              fmt::format("{}: tensor '{}' at offset {} with scales '{}' at offset {}", f.name(), slice.tensor,
-                                          slice.offset, slice.scale_tensor, slice.scale_offset));
+                              fmt::format("{}: tensor '{}' at offset {} with scales '{}' at offset {} of {}", f.name(), slice.tensor,
+                                          slice.offset, slice.scale_tensor, slice.scale_offset, files_[slice.scale_file]->name()));
     digests_[s] = Digest{sha.finish(), format::xxh3_64(payload.data(), payload.size())};
     for (uint64_t off = 0; off < slice.nbytes;) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_bytes_, slice.nbytes - off));

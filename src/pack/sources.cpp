@@ -261,10 +261,8 @@ ExpertPlan plan_safetensors(const std::vector<std::string> &paths) {
     s.type = type_of(f);
     s.ne = {ne0, ne1, 1, 1};
     if (f.encoding == format::StEncoding::fp4_e8m0) {
-      if (f.scale_file != f.file)
-        fail(Status::unsupported, "{}: its scales are in another file ({}); a pack entry reads both from one file", f.origin,
-             f.scale_file->path());
       s.layout = format::SourceLayout::fp4_e8m0;
+      s.scale_file = file_ids.at(f.scale_file->path());
       s.nbytes = f.nbytes();
       s.source_nbytes = f.data->nbytes;
       s.scale_tensor = f.scale->name;

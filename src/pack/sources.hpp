@@ -20,10 +20,12 @@ struct ExpertSlice {
   uint64_t nbytes = 0;              ///< payload bytes in the pack
   /// verbatim: the payload is the source bytes [offset, offset + nbytes). fp4_e8m0: FP4 values
   /// (source_nbytes = nbytes · 16 / 17 at offset) and their E8M0 scales (scale_nbytes at
-  /// scale_offset of the same file) re-laid into MXFP4 blocks (format/microscale.hpp).
+  /// scale_offset of file scale_file: the same one or another shard) re-laid into MXFP4 blocks
+  /// (format/microscale.hpp).
   format::SourceLayout layout = format::SourceLayout::verbatim;
   uint64_t source_nbytes = 0;
   std::string scale_tensor;
+  uint32_t scale_file = 0;          ///< index into ExpertPlan::files
   uint64_t scale_offset = 0;
   uint64_t scale_nbytes = 0;
   format::GgmlType type = format::GgmlType::f32;

@@ -6,10 +6,12 @@
 #include "format/safetensors.hpp"
 #include "format/hash.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <filesystem>
 #include <fmt/format.h>
 
@@ -20,34 +22,49 @@ namespace {
 /// Re-hashes every source slice the pack was built from: a source replaced after packing with
 /// its size and mtime kept (cp -p, rsync -t) passes check_sources() but not this.
 void check_source_slices(const format::PackFile &pack) {
-  std::map<std::string, std::unique_ptr<format::FileSource>> files;
+  // The pack's source files in order of first use, each opened once (and its safetensors header
+  // parsed once, when an FP4 entry needs its scales).
+  std::vector<std::string> paths;
+  for (const format::RoleEntry &e : pack.entries())
+    if (std::find(paths.begin(), paths.end(), e.source_file) == paths.end()) paths.emplace_back(e.source_file);
+  std::vector<std::unique_ptr<format::FileSource>> files(paths.size());
+  std::vector<std::unique_ptr<format::SafetensorsFile>> headers(paths.size());
+  auto file = [&](size_t i) -> format::FileSource & {
+    if (!files[i]) files[i] = std::make_unique<format::FileSource>(paths[i]);
+    return *files[i];
+  };
   std::vector<uint8_t> buffer;
   for (const format::RoleEntry &e : pack.entries()) {
-    auto &f = files[std::string(e.source_file)];
-    if (!f) f = std::make_unique<format::FileSource>(std::string(e.source_file));
-    // The source bytes the payload came from: the slice itself, or FP4 values and their scales.
-    std::vector<std::pair<uint64_t, uint64_t>> parts;
+    const size_t own = static_cast<size_t>(std::find(paths.begin(), paths.end(), e.source_file) - paths.begin());
+    // The source bytes the payload came from: the slice itself, or FP4 values and their scales
+    // (in the same file or another shard).
+    std::vector<std::tuple<size_t, uint64_t, uint64_t>> parts;
     if (e.source_layout == format::SourceLayout::fp4_e8m0) {
+      std::vector<const format::SafetensorsFile *> st;
+      for (size_t i = 0; i < paths.size(); ++i) {
+        if (!headers[i]) headers[i] = std::make_unique<format::SafetensorsFile>(format::SafetensorsFile::open(paths[i]));
+        st.push_back(headers[i].get());
+      }
       const std::string scale_name = format::fp4_scale_tensor_name(std::string(e.source_tensor));
-      const format::SafetensorsFile st = format::SafetensorsFile::open(std::string(e.source_file));
-      const format::StTensorInfo *sc = st.find(scale_name);
-      if (!sc || sc->nbytes != e.nbytes / 17)
-        fail(Status::stale, "{}: source slice changed: {} has no scale tensor '{}' of {} bytes for {}", pack.path(), f->name(),
-             scale_name, e.nbytes / 17, e.source_tensor);
-      parts = {{e.source_offset, e.nbytes / 17 * 16}, {sc->file_offset, sc->nbytes}};
+      const auto sc = format::find_fp4_scale(st, own, std::string(e.source_tensor));
+      if (!sc || sc->tensor->nbytes != e.nbytes / 17)
+        fail(Status::stale, "{}: source slice changed: no source of the pack ({} or another) has a scale tensor '{}' of {} bytes for {}",
+             pack.path(), paths[own], scale_name, e.nbytes / 17, e.source_tensor);
+      parts = {{own, e.source_offset, e.nbytes / 17 * 16}, {sc->file, sc->tensor->file_offset, sc->tensor->nbytes}};
     } else {
-      parts = {{e.source_offset, e.nbytes}};
+      parts = {{own, e.source_offset, e.nbytes}};
     }
     format::Sha256Hasher sha;
     constexpr uint64_t kChunk = 8u << 20;
-    for (const auto &[offset, size] : parts) {
-      if (offset > f->size() || size > f->size() - offset)
+    for (const auto &[fi, offset, size] : parts) {
+      format::FileSource &f = file(fi);
+      if (offset > f.size() || size > f.size() - offset)
         fail(Status::stale, "{}: source slice changed: {} is {} bytes, the slice of {} lies at {} ({} bytes)", pack.path(),
-             f->name(), f->size(), e.source_tensor, offset, size);
+             f.name(), f.size(), e.source_tensor, offset, size);
       for (uint64_t done = 0; done < size;) {
         const size_t n = static_cast<size_t>(std::min(kChunk, size - done));
         buffer.resize(n);
-        f->read(offset + done, buffer.data(), n);
+        f.read(offset + done, buffer.data(), n);
         sha.update(buffer.data(), n);
         done += n;
       }
@@ -56,7 +73,7 @@ void check_source_slices(const format::PackFile &pack) {
     if (std::memcmp(got.data(), e.source_sha256.data(), 32) != 0)
       fail(Status::stale, "{}: source slice changed: {} tensor {} at offset {} ({} bytes) no longer hashes to the "
            "pack's source_sha256 (the source was replaced after packing: rebuild the pack)",
-           pack.path(), f->name(), e.source_tensor, e.source_offset, e.nbytes);
+           pack.path(), paths[own], e.source_tensor, e.source_offset, e.nbytes);
   }
 }
 

@@ -112,9 +112,12 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
           if (x.fp4_cols % 32 || x.bytes != x.fp4_rows * x.fp4_cols / 2 || x.scale_bytes != x.fp4_rows * x.fp4_cols / 32)
             fail(Status::format, "{}: layer {} expert {}: an FP4 piece of [{}, {}] with {} value and {} scale bytes",
                  options_.pack_path, l, e, x.fp4_rows, x.fp4_cols, x.bytes, x.scale_bytes);
-          if (x.scale_offset > file_bytes[x.file] || x.scale_bytes > file_bytes[x.file] - x.scale_offset)
+          if (x.scale_file >= file_bytes.size())
+            fail(Status::format, "{}: layer {} expert {}: scales in file {}, the pack has {} file(s)", options_.pack_path, l, e,
+                 x.scale_file, file_bytes.size());
+          if (x.scale_offset > file_bytes[x.scale_file] || x.scale_bytes > file_bytes[x.scale_file] - x.scale_offset)
             fail(Status::format, "{}: layer {} expert {}: scales at offset {} ({} bytes) must lie inside the {}-byte file",
-                 options_.data_paths[x.file], l, e, x.scale_offset, x.scale_bytes, file_bytes[x.file]);
+                 options_.data_paths[x.scale_file], l, e, x.scale_offset, x.scale_bytes, file_bytes[x.scale_file]);
         }
         if (x.offset_in_object > object_bytes || x.object_bytes() > object_bytes - x.offset_in_object)
           fail(Status::format, "{}: layer {} expert {}: {} bytes at offset {} of a {}-byte object", options_.pack_path, l, e,
@@ -309,7 +312,7 @@ void ExpertStore::pump() {
     for (const ObjectExtent &x : l.extents) {
       const StagedExtent se = staged_extent(x, at);
       reader_->submit(extent_read(x.file, x.offset, x.bytes, staged + se.values, slot));
-      if (x.fp4()) reader_->submit(extent_read(x.file, x.scale_offset, x.scale_bytes, staged + se.scales, slot));
+      if (x.fp4()) reader_->submit(extent_read(x.scale_file, x.scale_offset, x.scale_bytes, staged + se.scales, slot));
       at = se.end;
     }
   }
@@ -354,8 +357,9 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
         format::fp4_e8m0_to_mxfp4(reinterpret_cast<const uint8_t *>(staged + src),
                                   reinterpret_cast<const uint8_t *>(staged + se.scales_at(x)), x.fp4_rows, x.fp4_cols,
                                   reinterpret_cast<uint8_t *>(staged + se.relay),
-                                  fmt::format("{}: FP4 values at offset {}, scales at offset {}", options_.data_paths[x.file],
-                                              x.offset, x.scale_offset));
+                                  fmt::format("{}: FP4 values at offset {}, scales at offset {}{}", options_.data_paths[x.file],
+                                              x.offset, x.scale_offset,
+                                              x.scale_file == x.file ? "" : " of " + options_.data_paths[x.scale_file]));
       } catch (const Error &e) {
         error = fmt::format("ExpertStore: layer {} expert {} (pack {}, {}) is corrupt: {}", layer, expert, options_.pack_path, where,
                             e.what());

@@ -19,13 +19,14 @@ namespace ep::store {
 /// A piece of an object: @p bytes at @p offset of file @p file (an index into the store's data
 /// files), which go to @p offset_in_object in the object. With fp4_cols set, the piece is an
 /// FP4 matrix of a source [fp4_rows, fp4_cols]: @p bytes of packed values at @p offset and
-/// @p scale_bytes of E8M0 scales at @p scale_offset of the same file, which the store reads
-/// both and re-lays into the MXFP4 blocks that go to the object (format/microscale.hpp).
+/// @p scale_bytes of E8M0 scales at @p scale_offset of file @p scale_file, which the store
+/// reads both and re-lays into the MXFP4 blocks that go to the object (format/microscale.hpp).
 struct ObjectExtent {
   uint32_t file = 0;
   uint64_t offset = 0;
   uint64_t bytes = 0;
   uint64_t offset_in_object = 0;
+  uint32_t scale_file = 0;
   uint64_t scale_offset = 0;
   uint64_t scale_bytes = 0;
   uint64_t fp4_rows = 0;

@@ -36,6 +36,7 @@ std::vector<ObjectExtent> PackObjectMap::object_extents(uint32_t layer, uint32_t
     const format::RoleEntry &e = pack_->entry(layer, expert, static_cast<format::Role>(r));
     ObjectExtent x{e.file, e.file_offset, e.source_bytes, e.offset_in_object};
     if (e.source_layout == format::SourceLayout::fp4_e8m0) {
+      x.scale_file = e.scale_file;
       x.scale_offset = e.scale_offset;
       x.scale_bytes = e.scale_bytes;
       x.fp4_rows = e.ne[1] * e.ne[2] * e.ne[3];

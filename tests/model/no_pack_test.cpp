@@ -225,10 +225,18 @@ TEST_CASE("no pack: the official DeepSeek-V4 and Kimi-K3 layouts (FP4 experts re
   {
     ep::test::TempDir dir;
     const std::string k3 = std::string(EP_TEST_DATA_DIR) + "/kimi_k3/k3_a.gguf";
-    opt.shards = 3;  // (2 would split one expert's values and scales over two files: refused by the pack and here alike)
+    opt.shards = 2;  // one expert's values in the first shard, its scales in the second
     ep::testkit::write_kimi_checkpoint(k3, ep::testkit::KimiCheckpointLayout::k3_official, dir / "ckpt", dir / "reference.gguf",
                                        opt);
     check_same_logits(dir / "ckpt", dir.str(), {3, 14, 15, 9, 26, 5, 35});
+    // The split really happened: some role's scales are read from the other shard.
+    for (const auto &e : fs::directory_iterator(dir / "index")) {
+      if (e.path().extension() != ".epx") continue;
+      const auto pf = ep::format::PackFile::open(e.path().string(), ep::format::ValidationLevel::structure);
+      CHECK(std::any_of(pf->entries().begin(), pf->entries().end(), [](const ep::format::RoleEntry &r) {
+        return r.source_layout == ep::format::SourceLayout::fp4_e8m0 && r.scale_file != r.file;
+      }));
+    }
   }
 }
 
@@ -444,5 +452,6 @@ TEST_CASE("no pack: a wrong FP4 value byte or a NaN scale is EP_ERR_CORRUPT nami
     flip_byte(src, at + scale_name.size());  // its last character
   }
   ep::test::expect_error([&] { ep::format::PackFile::open(index, ep::format::ValidationLevel::structure); }, ep::Status::format,
-                         fmt::format("{} has no scale tensor '{}' for the FP4 tensor '{}'", src, scale_name, down.source_tensor));
+                         fmt::format("{} (nor another source of the index) has no scale tensor '{}' for the FP4 tensor '{}'", src,
+                                     scale_name, down.source_tensor));
 }
