@@ -7,6 +7,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace ep::format {
 
 void fp4_e8m0_to_mxfp4(const uint8_t *packed, const uint8_t *scales, uint64_t rows, uint64_t cols, uint8_t *out,
@@ -22,12 +26,23 @@ void fp4_e8m0_to_mxfp4(const uint8_t *packed, const uint8_t *scales, uint64_t ro
       uint8_t *dst = out + blk * 17;
       dst[0] = e;
       // ggml's byte j holds element j (low) and j + 16 (high): elements 2i, 2i + 1 are src[i]'s
-      // nibbles, elements 16 + 2i, 17 + 2i src[8 + i]'s.
+      // nibbles, elements 16 + 2i, 17 + 2i src[8 + i]'s. So byte 2i is src[i]'s low nibble with
+      // src[8 + i]'s low one above it, byte 2i + 1 the two high nibbles.
+#if defined(__SSE2__)
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src));  // src[i] in byte i < 8
+      const __m128i c = _mm_srli_si128(a, 8);                                       // src[8 + i] in byte i
+      const __m128i low = _mm_set1_epi8(0x0F), high = _mm_set1_epi8(static_cast<char>(0xF0));
+      // (16-bit shifts: the bits crossing into the neighbouring byte are masked off)
+      const __m128i even = _mm_or_si128(_mm_and_si128(a, low), _mm_and_si128(_mm_slli_epi16(c, 4), high));
+      const __m128i odd = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), low), _mm_and_si128(c, high));
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + 1), _mm_unpacklo_epi8(even, odd));
+#else
       for (int i = 0; i < 8; ++i) {
         const uint8_t a = src[i], c = src[8 + i];
         dst[1 + 2 * i] = static_cast<uint8_t>((a & 0x0F) | (c << 4));
         dst[2 + 2 * i] = static_cast<uint8_t>((a >> 4) | (c & 0xF0));
       }
+#endif
     }
   }
 }
