@@ -173,4 +173,49 @@ SimResult simulate_belady(const Trace &trace, uint32_t slots) {
   return r;
 }
 
+SimResult simulate_static(const Trace &trace, uint32_t slots, uint32_t host_slots) {
+  const std::size_t n = trace.accesses.size();
+  std::vector<std::vector<Key>> keys(n);
+  std::unordered_map<Key, uint64_t> requests;
+  std::size_t largest = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    keys[i] = unique_keys(trace.accesses[i]);
+    if (keys[i].size() > slots) too_small(slots, keys[i].size(), i);
+    largest = std::max(largest, keys[i].size());
+    for (Key k : keys[i]) ++requests[k];
+  }
+  std::vector<std::pair<uint64_t, Key>> ranked;
+  for (const auto &[k, c] : requests) ranked.emplace_back(c, k);
+  std::sort(ranked.begin(), ranked.end(), [](const auto &a, const auto &b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  // 0: read on every access; 1: pinned in the slots; 2: pinned in the host tier.
+  std::unordered_map<Key, int> tier;
+  const std::size_t pinned = slots - largest;
+  for (std::size_t i = 0; i < ranked.size() && i < pinned + host_slots; ++i) tier[ranked[i].second] = i < pinned ? 1 : 2;
+  SimResult r;
+  r.policy = host_slots ? "static+host" : "static";
+  r.slots = slots;
+  r.host_slots = host_slots;
+  std::unordered_set<Key> loaded;
+  for (std::size_t i = 0; i < n; ++i) {
+    ++r.accesses;
+    r.unique_keys += keys[i].size();
+    for (Key k : keys[i]) {
+      const auto t = tier.find(k);
+      const int where = t == tier.end() ? 0 : t->second;
+      const bool first = loaded.insert(k).second;
+      if (where == 1 && !first) {
+        ++r.hits;
+        continue;
+      }
+      ++r.misses;
+      if (where == 2 && !first) {
+        ++r.host_hits;
+        continue;
+      }
+      r.bytes_read += trace.object_bytes_of(trace.accesses[i].layer);
+    }
+  }
+  return r;
+}
+
 }  // namespace ep::cache

@@ -43,4 +43,13 @@ SimResult simulate_two_tier(const Trace &trace, Policy &policy, uint32_t slots, 
 /// access) whose next use is farthest in the future. The offline optimum for demand fetching.
 SimResult simulate_belady(const Trace &trace, uint32_t slots);
 
+/// The offline static allocation: the keys most requested over the whole trace stay resident
+/// once first read — the most requested slots − (the largest access) in the slots, the next
+/// @p host_slots in the host tier — and every other key is read on each access (into the slots
+/// the largest access needs). What a frequency policy approaches on a trace without temporal
+/// locality (independent draws: the best any policy that does not see the future can do there),
+/// and what such a policy leaves on the table on a trace with it. Throws EP_ERR_BUDGET as
+/// simulate() does.
+SimResult simulate_static(const Trace &trace, uint32_t slots, uint32_t host_slots = 0);
+
 }  // namespace ep::cache

@@ -141,6 +141,42 @@ TEST_CASE("two tiers: an expert asked for once never displaces one asked for twi
   CHECK(last_phase_host_hits(1) == 0);
 }
 
+TEST_CASE("static allocation: the most requested experts stay, the rest are read each time; Belady bounds it", "[cache]") {
+  Trace t;
+  t.num_layers = 1;
+  t.num_experts = 8;
+  t.object_bytes = {100};
+  // Expert 0 asked for 10 times, 1 five, 2 three, 3 once, interleaved; one expert per access.
+  const std::vector<uint32_t> order = {0, 1, 2, 0, 3, 1, 0, 2, 0, 1, 0, 0, 2, 1, 0, 0, 1, 0, 0};
+  for (uint32_t e : order) t.accesses.push_back(TraceAccess{0, {e}, false});
+  // 3 slots: 2 pinned (0 and 1; one slot for whatever else an access needs), 2 and 3 read each time.
+  const SimResult one = simulate_static(t, 3);
+  CHECK(one.policy == "static");
+  CHECK(one.unique_keys == order.size());
+  CHECK(one.hits == 9 + 4);
+  CHECK(one.misses == 2 + 3 + 1);
+  CHECK(one.bytes_read == one.misses * 100);
+  CHECK(one.host_hits == 0);
+  // A host tier of one slot pins expert 2 there: its later requests are host hits, no reads.
+  const SimResult two = simulate_static(t, 3, 1);
+  CHECK(two.policy == "static+host");
+  CHECK(two.hits == one.hits);
+  CHECK(two.host_hits == 2);
+  CHECK(two.pack_reads() == 2 + 1 + 1);  // first reads of 0, 1, 2, and 3's one request
+  CHECK(two.bytes_read == two.pack_reads() * 100);
+  // Any schedule of that capacity is bounded by Belady's.
+  using Kind = SyntheticTraceOptions::Kind;
+  for (Kind kind : {Kind::uniform, Kind::zipf, Kind::zipf_temporal})
+    for (uint32_t slots : {8u, 24u})
+      for (uint32_t host : {0u, 16u}) {
+        const Trace z = small_trace(kind, 7);
+        const SimResult st = simulate_static(z, slots, host);
+        CHECK(st.hits + st.misses == st.unique_keys);
+        CHECK(st.hits <= simulate_belady(z, slots).hits);
+        CHECK(st.pack_reads() >= simulate_belady(z, slots + host).misses);
+      }
+}
+
 TEST_CASE("LRU thrashes on a loop one larger than the cache; Belady does not", "[cache]") {
   Trace t;
   t.num_layers = 1;
@@ -165,6 +201,8 @@ TEST_CASE("an access larger than the cache is a budget error", "[cache]") {
   CHECK(simulate(t, p, 4).misses == 4);  // duplicates count once
   CHECK_THROWS_AS(simulate(t, p, 3), Error);
   CHECK_THROWS_AS(simulate_belady(t, 3), Error);
+  CHECK_THROWS_AS(simulate_static(t, 3), Error);
+  CHECK(simulate_static(t, 4).misses == 4);
 }
 
 TEST_CASE("route CSV: decode cells are accesses; prefill is grouped per layer", "[cache]") {

@@ -34,12 +34,15 @@ constexpr const char *kUsage =
     "  --budget-mib LIST     cache budgets in MiB (default: fractions 0.1,0.25,0.5 of the bank)\n"
     "  --budget-fraction LIST budgets as fractions of all experts' bytes\n"
     "  --host-mib N | --host-fraction F  a host-RAM tier below each budget: two-tier runs per policy\n"
-    "                        (policy+host) and Belady at budget + host (belady+host)\n"
+    "                        (policy+host), Belady at budget + host (belady+host) and the static\n"
+    "                        allocation (static+host)\n"
     "  --host-admit N        requests before an evicted expert is admitted to the host tier (default 2)\n"
-    "  --policies LIST       default lru,sglang-lfu,decay,decay-bypass (Belady always runs)\n"
+    "  --policies LIST       default lru,sglang-lfu,decay,decay-bypass (Belady and the static\n"
+    "                        allocation always run: static pins the most requested experts of the\n"
+    "                        whole trace, the best a policy can do on draws without temporal locality)\n"
     "  --half-life-tokens N  decay half-life in tokens (x layers = ticks; default 32)\n"
     "  --json                one JSON object instead of the table\n"
-    "slots = floor(budget / largest object); every policy and Belady get the same slots.\n";
+    "slots = floor(budget / largest object); every policy, Belady and static get the same slots.\n";
 
 std::vector<std::string> split(const std::string &s, char sep) {
   std::vector<std::string> out;
@@ -159,6 +162,7 @@ int main(int argc, char **argv) {
         }
         results.push_back(cache::simulate_belady(t, slots));
         unique_total = results.back().unique_keys;
+        results.push_back(cache::simulate_static(t, slots));
         const uint64_t host_bytes =
             host_mib > 0 ? static_cast<uint64_t>(host_mib * 1024 * 1024) : static_cast<uint64_t>(host_fraction * static_cast<double>(bank));
         const uint64_t total_objects = static_cast<uint64_t>(t.num_layers) * t.num_experts;
@@ -171,6 +175,7 @@ int main(int argc, char **argv) {
           cache::SimResult b = cache::simulate_belady(t, slots + host_slots);
           b.policy = "belady+host";
           results.push_back(b);
+          results.push_back(cache::simulate_static(t, slots, host_slots));
         }
         nlohmann::ordered_json run;
         run["trace"] = t.name;
