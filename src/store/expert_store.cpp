@@ -101,23 +101,22 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
       uint64_t room = 0;
       const std::vector<ObjectExtent> extents = layout.object_extents(l, e);
       if (extents.empty()) fail(Status::format, "{}: layer {} expert {}: an object of no extents", options_.pack_path, l, e);
+      // @p what (the object, or an FP4 piece's scales) at @p offset of file @p file.
+      auto check_range = [&](const char *what, uint32_t file, uint64_t offset, uint64_t bytes) {
+        if (file >= file_bytes.size())
+          fail(Status::format, "{}: layer {} expert {}: {} in file {}, the pack has {} file(s)", options_.pack_path, l, e, what, file,
+               file_bytes.size());
+        if (offset > file_bytes[file] || bytes > file_bytes[file] - offset)
+          fail(Status::format, "{}: layer {} expert {}: {} at offset {} ({} bytes) must lie inside the {}-byte file",
+               options_.data_paths[file], l, e, what, offset, bytes, file_bytes[file]);
+      };
       for (const ObjectExtent &x : extents) {
-        if (x.file >= file_bytes.size())
-          fail(Status::format, "{}: layer {} expert {}: object in file {}, the pack has {} file(s)", options_.pack_path, l, e,
-               x.file, file_bytes.size());
-        if (x.offset > file_bytes[x.file] || x.bytes > file_bytes[x.file] - x.offset)
-          fail(Status::format, "{}: layer {} expert {}: object at offset {} ({} bytes) must lie inside the {}-byte file",
-               options_.data_paths[x.file], l, e, x.offset, x.bytes, file_bytes[x.file]);
+        check_range("object", x.file, x.offset, x.bytes);
         if (x.fp4()) {
           if (x.fp4_cols % 32 || x.bytes != x.fp4_rows * x.fp4_cols / 2 || x.scale_bytes != x.fp4_rows * x.fp4_cols / 32)
             fail(Status::format, "{}: layer {} expert {}: an FP4 piece of [{}, {}] with {} value and {} scale bytes",
                  options_.pack_path, l, e, x.fp4_rows, x.fp4_cols, x.bytes, x.scale_bytes);
-          if (x.scale_file >= file_bytes.size())
-            fail(Status::format, "{}: layer {} expert {}: scales in file {}, the pack has {} file(s)", options_.pack_path, l, e,
-                 x.scale_file, file_bytes.size());
-          if (x.scale_offset > file_bytes[x.scale_file] || x.scale_bytes > file_bytes[x.scale_file] - x.scale_offset)
-            fail(Status::format, "{}: layer {} expert {}: scales at offset {} ({} bytes) must lie inside the {}-byte file",
-                 options_.data_paths[x.scale_file], l, e, x.scale_offset, x.scale_bytes, file_bytes[x.scale_file]);
+          check_range("scales", x.scale_file, x.scale_offset, x.scale_bytes);
         }
         if (x.offset_in_object > object_bytes || x.object_bytes() > object_bytes - x.offset_in_object)
           fail(Status::format, "{}: layer {} expert {}: {} bytes at offset {} of a {}-byte object", options_.pack_path, l, e,
