@@ -163,8 +163,8 @@ void put_experts(Out &o, const Source &s, const std::string &gguf, const std::st
   o.ref.push_back({gguf, GgmlType::f32, {cols, rows, E}, f32_bytes(v)});
 }
 
-/// Shards (contiguous groups of tensors) + index, config.json, and the reference GGUF with the
-/// source's metadata.
+/// Shards (contiguous groups of tensors) + index, config.json, and (unless @p reference is
+/// empty) the reference GGUF with the source's metadata.
 void write_all(const Out &o, const Source &s, const std::string &dir, const std::string &reference, uint32_t shards,
                const json &config) {
   fs::create_directories(dir);
@@ -189,6 +189,7 @@ void write_all(const Out &o, const Source &s, const std::string &dir, const std:
   if (n > 1)
     std::ofstream(fs::path(dir) / "model.safetensors.index.json") << json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(1);
   std::ofstream(fs::path(dir) / "config.json") << config.dump(1);
+  if (reference.empty()) return;
   format::GgufWriter w;
   for (const auto &[key, value] : s.file.metadata())
     if (key != "general.alignment" && key.rfind("split.", 0) != 0) w.add(key, value);

@@ -30,7 +30,7 @@ struct OfficialCheckpointOptions {
 };
 
 /// @p gguf: a DeepSeek-V4 GGUF with MXFP4 routed experts. Writes config.json, the shards and the
-/// index into @p dir, and @p reference_gguf.
+/// index into @p dir, and @p reference_gguf (empty: none). Holds the checkpoint in memory.
 void write_deepseek_v4_official(const std::string &gguf, const std::string &dir, const std::string &reference_gguf,
                                 const OfficialCheckpointOptions &options = {});
 
@@ -40,7 +40,7 @@ enum class KimiCheckpointLayout {
 };
 
 /// @p gguf: a kimi-linear / kimi-k3 GGUF. Writes config.json and the shards (+ index) into @p dir,
-/// and @p reference_gguf.
+/// and @p reference_gguf (empty: none). Holds the checkpoint in memory.
 void write_kimi_checkpoint(const std::string &gguf, KimiCheckpointLayout layout, const std::string &dir,
                            const std::string &reference_gguf, const OfficialCheckpointOptions &options = {});
 

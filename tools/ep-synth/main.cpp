@@ -5,7 +5,7 @@
 //
 //   ep-synth --out model.gguf [--preset flash|flash-ds4|tiny|small|k3|kimi-tiny] [--layers N | --disk-budget SIZE]
 //            [--layout generic|ds4] [--experts mxfp4|iq2_xxs|q2_K|q4_K] [--down-experts TYPE] [--seed N] [--zipf S]
-//            [--shards N] [--route-samples N] [--no-write] [--json FILE]
+//            [--shards N] [--route-samples N] [--no-write] [--json FILE] [--release-dir DIR [--release-shards N]]
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "format/ggml_type.hpp"
@@ -13,6 +13,7 @@
 #include "testkit/chat_vocab.hpp"
 #include "testkit/deepseek_v4_gguf.hpp"
 #include "testkit/kimi_gguf.hpp"
+#include "testkit/official_checkpoint.hpp"
 #include "testkit/store_pack.hpp"
 
 #include <nlohmann/json.hpp>
@@ -69,7 +70,14 @@ constexpr const char *kUsage =
     "  --shards N             Kimi: write a split set of N files (-0000k-of-0000N.gguf; default 1)\n"
     "  --route-samples N      random hidden states per layer for the routing report (default 512, 0 = off)\n"
     "  --no-write             only print the size estimate (and the layer count on stdout)\n"
-    "  --json FILE            write the size, write speed and routing report as JSON\n";
+    "  --json FILE            write the size, write speed and routing report as JSON\n"
+    "  --release-dir DIR      also write the model as its authors release it, from the GGUF's values: DeepSeek-V4\n"
+    "                         (MXFP4 experts) as DeepSeek's safetensors (FP8 e4m3 dense with E8M0 block scales,\n"
+    "                         FP4 experts with E8M0 scales), Kimi-K3 (MXFP4 experts) as Moonshot's (BF16 dense,\n"
+    "                         compressed-tensors FP4 experts); config.json, shards and index in DIR. Its FP4\n"
+    "                         experts are the GGUF's bytes re-laid; the dense weights are rounded to FP8 / BF16, so\n"
+    "                         its logits differ from the GGUF's. Holds the checkpoint in memory\n"
+    "  --release-shards N     shards of --release-dir (default: one per 4 GiB)\n";
 
 struct Args {
   std::map<std::string, std::string> opt;
@@ -372,6 +380,9 @@ int run(const Args &a) {
                static_cast<long long>(plan.expert_ff), type_name(plan.gate_up).c_str(), type_name(plan.down).c_str(),
                static_cast<long long>(plan.top_k), static_cast<double>(plan.file_bytes) / (1ull << 30),
                static_cast<double>(plan.pack_bytes) / (1ull << 30));
+  if (a.has("release-dir") && (plan.gate_up != ep::format::GgmlType::mxfp4 || plan.down != ep::format::GgmlType::mxfp4))
+    ep::fail(ep::Status::invalid_argument, "--release-dir: the releases store FP4 experts, so the GGUF needs MXFP4 ones "
+             "(--experts mxfp4), not {}/{}", type_name(plan.gate_up), type_name(plan.down));
   if (a.has("no-write")) {
     std::printf("%lld\n", static_cast<long long>(layers));
     return 0;
@@ -435,6 +446,20 @@ int run(const Args &a) {
     j["routing"] = arr;
     j["mean_entropy_norm"] = he / n;
     j["mean_top10_share"] = ht / n;
+  }
+  if (a.has("release-dir")) {
+    const std::string dir = a.get("release-dir", "");
+    ep::testkit::OfficialCheckpointOptions opt;
+    opt.shards = a.has("release-shards") ? static_cast<uint32_t>(std::stoul(a.get("release-shards", "1")))
+                                         : static_cast<uint32_t>(std::max<uint64_t>(1, total_bytes / (4ull << 30)));
+    opt.seed = plan.seed;
+    const auto r0 = Clock::now();
+    if (kimi) ep::testkit::write_kimi_checkpoint(first, ep::testkit::KimiCheckpointLayout::k3_official, dir, "", opt);
+    else ep::testkit::write_deepseek_v4_official(first, dir, "", opt);
+    std::printf("wrote %s: the release layout in %u shard(s), %.1f s\n", dir.c_str(), opt.shards,
+                std::chrono::duration<double>(Clock::now() - r0).count());
+    j["release_dir"] = dir;
+    j["release_shards"] = opt.shards;
   }
   if (a.has("json")) {
     std::ofstream f(a.get("json", ""));
