@@ -28,7 +28,8 @@ typedef struct ep_store_stats {
   size_t struct_size;        /**< Set to `sizeof(ep_store_stats)` by ep_store_stats_init(). */
   uint64_t acquires;         /**< Calls that asked for one layer's routed experts. */
   uint64_t pack_reads;       /**< Reads of expert bytes: one per expert object from a pack; with ep_model_options::no_pack
-                                  one per role (gate, up, down) from the source files. */
+                                  one per role (gate, up, down) from the source files, two for an FP4 role stored with
+                                  separate scales (its values, its scales). */
   uint64_t pack_read_bytes;  /**< Bytes those reads transferred (each read a 4096-aligned range around its payload). */
   uint64_t pack_read_ns;     /**< Wall time with at least one pack read in flight, summed over acquires. */
   uint64_t cache_hits;       /**< Unique experts of an acquire already resident. */
