@@ -13,7 +13,9 @@
 //    kernels on the same bytes) and, token by token, with the smallest cache (forced evictions);
 //    a full pass with the smallest cache splits the tokens into chunks (GEMV instead of GEMM for
 //    the experts): within 2e-2;
-//  - the C API with EP_DEVICE_CUDA / AUTO: ep_score and greedy ep_generate.
+//  - the C API with EP_DEVICE_CUDA / AUTO: ep_score and greedy ep_generate;
+//  - DeepSeek's release layout read with no pack (FP4 values and scales re-laid in staging):
+//    bitwise the pack path's, with an unlimited cache and with top_k slots and a host tier.
 #include "support/catch.hpp"
 
 #include "backend/cpu_backend.hpp"
@@ -25,6 +27,7 @@
 #include "engine/pack_resolution.hpp"
 #include "store/stats.hpp"
 #include "support/golden_filter.hpp"
+#include "testkit/official_checkpoint.hpp"
 
 #include <expertpack/expertpack.h>
 
@@ -326,6 +329,53 @@ TEST_CASE("deepseek_v4 on CUDA: the C API with EP_DEVICE_CUDA", "[model][deepsee
   ep_model_close(cpu);
   ep_model_close(gpu);
   ep_model_close(autom);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("deepseek_v4 on CUDA: DeepSeek's release layout read with no pack gives the pack's bits", "[model][deepseek_v4][gpu][no_pack]") {
+  // FP4 experts with separate E8M0 scales: two reads per role, re-laid into MXFP4 in the pinned
+  // staging ring, then copied to the VRAM slots; a cache of top_k experts (evictions) and a host tier.
+  const Golden g = load_golden("deepseek_v4_a");
+  const fs::path dir = scratch_dir("gpu_release");
+  ep::testkit::OfficialCheckpointOptions opt;
+  opt.shards = 2;
+  ep::testkit::write_deepseek_v4_official(g.gguf, (dir / "ckpt").string(), "", opt);
+  const std::string ckpt = (dir / "ckpt").string(), packs = (dir / "packs").string(), index = (dir / "index").string();
+  auto score = [&](int no_pack, uint64_t cache, uint64_t host) {
+    ep_model_options o;
+    ep_model_options_init(&o);
+    o.device = EP_DEVICE_CUDA;
+    o.pack_dir = no_pack ? index.c_str() : packs.c_str();
+    o.no_pack = no_pack;
+    o.cache_budget_bytes = cache;
+    o.host_cache_bytes = host;
+    ep_model *m = nullptr;
+    const ep_status st = ep_model_open(&m, ckpt.c_str(), &o);
+    INFO((st == EP_OK ? "" : ep_last_error()));
+    REQUIRE(st == EP_OK);
+    ep_store_stats ss;
+    ep_store_stats_init(&ss);
+    REQUIRE(ep_model_store_stats(&ss, m) == EP_OK);
+    ep_model_properties p;
+    ep_model_properties_init(&p);
+    REQUIRE(ep_model_info(&p, m) == EP_OK);
+    const uint64_t slot = ss.slot_bytes, k = p.experts_per_token;
+    ep_session *s = nullptr;
+    REQUIRE(ep_session_open(&s, m) == EP_OK);
+    std::vector<float> out(g.tokens.size() * static_cast<size_t>(p.vocab_size));
+    REQUIRE(ep_score(s, g.tokens.data(), g.tokens.size(), 0, nullptr, out.data()) == EP_OK);
+    ep_session_close(s);
+    REQUIRE(ep_model_store_stats(&ss, m) == EP_OK);
+    ep_model_close(m);
+    return std::tuple{out, slot, k, ss};
+  };
+  const auto [ref, slot, k, big] = score(0, 0, 0);
+  const auto [whole, s1, k1, st_whole] = score(1, 0, 0);
+  CHECK(bit_identical(whole, ref));
+  const auto [small, s2, k2, st_small] = score(1, slot * k, slot * 4);
+  CHECK(bit_identical(small, ref));
+  CHECK(st_small.cache_evictions > 0);
+  CHECK(st_small.pack_reads == 6 * (st_small.cache_misses - st_small.host_hits));  // values + scales per role
   fs::remove_all(dir);
 }
 
