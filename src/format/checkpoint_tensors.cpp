@@ -7,7 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 
 namespace ep::format {
 
@@ -81,6 +84,19 @@ std::optional<Fp4ScaleLocation> find_fp4_scale(const std::vector<const Safetenso
     if (f != own)
       if (const StTensorInfo *t = files[f]->find(name)) return Fp4ScaleLocation{f, t};
   return std::nullopt;
+}
+
+std::string indexed_shard_of(const std::string &shard, const std::string &name) {
+  namespace fs = std::filesystem;
+  const fs::path index = fs::path(shard).parent_path() / "model.safetensors.index.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(index, ec)) return "";
+  std::ifstream in(index, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto map = SafetensorsSet::parse_index(ss.str(), index.string());
+  const auto it = map.find(name);
+  return it == map.end() ? std::string() : (index.parent_path() / it->second).string();
 }
 
 uint64_t StLogical::nbytes() const {

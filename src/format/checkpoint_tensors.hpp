@@ -77,6 +77,12 @@ struct Fp4ScaleLocation {
 std::optional<Fp4ScaleLocation> find_fp4_scale(const std::vector<const SafetensorsFile *> &files, size_t own,
                                                const std::string &data_name);
 
+/// The shard that the checkpoint index beside @p shard (model.safetensors.index.json in its
+/// directory) lists for tensor @p name, as a path; "" when there is no index or it does not
+/// list the tensor. For a tensor in a shard none of the caller's files is (a scale tensor alone
+/// in a shard of non-expert tensors).
+std::string indexed_shard_of(const std::string &shard, const std::string &name);
+
 /// The ggml type of a plain safetensors dtype (f32, f16, bf16, f64, i8, i16, i32, i64), or nullopt.
 std::optional<GgmlType> ggml_type_of(StDtype dtype) noexcept;
 

@@ -344,20 +344,31 @@ void PackFile::open_sources() {
     r.file_offset = r.source_offset;
   }
   // FP4 roles: their scale tensors, in their own source or another one (the sources' safetensors
-  // headers, parsed once each when first needed).
-  std::vector<std::unique_ptr<SafetensorsFile>> headers(data_files_.size());
+  // headers, parsed once each when first needed), or in a shard that the checkpoint's index lists
+  // and no role's values are in (it becomes a data file too).
+  std::vector<std::unique_ptr<SafetensorsFile>> headers;
   std::vector<const SafetensorsFile *> parsed;
-  auto parse_all = [&](size_t i) {
-    if (!parsed.empty()) return;
-    for (size_t f = 0; f < data_files_.size(); ++f) {
-      try {
-        headers[f] = std::make_unique<SafetensorsFile>(SafetensorsFile::parse(data_sources_[f]));
-      } catch (const Error &e) {
-        fail(e.status(), "{}: source index: {} is FP4 with separate scales, and its source {} does not parse as safetensors: {}",
-             file, where(i), data_files_[f], e.what());
-      }
-      parsed.push_back(headers[f].get());
+  auto parse = [&](size_t f, size_t i) {
+    try {
+      headers.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::parse(data_sources_[f])));
+    } catch (const Error &e) {
+      fail(e.status(), "{}: source index: {} is FP4 with separate scales, and {} does not parse as safetensors: {}", file, where(i),
+           data_files_[f], e.what());
     }
+    parsed.push_back(headers.back().get());
+  };
+  auto parse_all = [&](size_t i) {
+    if (parsed.empty())
+      for (size_t f = 0; f < data_files_.size(); ++f) parse(f, i);
+  };
+  auto add_shard = [&](const std::string &path, size_t i) {
+    try {
+      data_sources_.push_back(std::make_shared<FileSource>(path));
+    } catch (const Error &e) {
+      fail(e.status(), "{}: source index: the shard {} holding the scales of {} cannot be opened: {}", file, path, where(i), e.what());
+    }
+    data_files_.push_back(path);
+    parse(data_files_.size() - 1, i);
   };
   for (size_t i = 0; i < entries_.size(); ++i) {
     RoleEntry &r = entries_[i];
@@ -367,7 +378,14 @@ void PackFile::open_sources() {
       r.scale_bytes = r.nbytes / 17;
       parse_all(i);
       const std::string scale_name = fp4_scale_tensor_name(std::string(r.source_tensor));
-      const auto sc = find_fp4_scale(parsed, r.file, std::string(r.source_tensor));
+      auto sc = find_fp4_scale(parsed, r.file, std::string(r.source_tensor));
+      if (!sc) {
+        const std::string shard = indexed_shard_of(data_files_[r.file], scale_name);
+        if (!shard.empty() && std::find(data_files_.begin(), data_files_.end(), shard) == data_files_.end()) {
+          add_shard(shard, i);
+          sc = find_fp4_scale(parsed, r.file, std::string(r.source_tensor));
+        }
+      }
       if (!sc)
         fail(Status::format, "{}: source index: {}: {} (nor another source of the index) has no scale tensor '{}' for the FP4 "
              "tensor '{}'", file, where(i), data_files_[r.file], scale_name, r.source_tensor);

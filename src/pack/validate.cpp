@@ -46,7 +46,17 @@ void check_source_slices(const format::PackFile &pack) {
         st.push_back(headers[i].get());
       }
       const std::string scale_name = format::fp4_scale_tensor_name(std::string(e.source_tensor));
-      const auto sc = format::find_fp4_scale(st, own, std::string(e.source_tensor));
+      auto sc = format::find_fp4_scale(st, own, std::string(e.source_tensor));
+      if (!sc) {  // a shard of the checkpoint that holds no expert's values
+        const std::string shard = format::indexed_shard_of(paths[own], scale_name);
+        if (!shard.empty() && std::find(paths.begin(), paths.end(), shard) == paths.end()) {
+          paths.push_back(shard);
+          files.emplace_back();
+          headers.push_back(std::make_unique<format::SafetensorsFile>(format::SafetensorsFile::open(shard)));
+          st.push_back(headers.back().get());
+          sc = format::find_fp4_scale(st, own, std::string(e.source_tensor));
+        }
+      }
       if (!sc || sc->tensor->nbytes != e.nbytes / 17)
         fail(Status::stale, "{}: source slice changed: no source of the pack ({} or another) has a scale tensor '{}' of {} bytes for {}",
              pack.path(), paths[own], scale_name, e.nbytes / 17, e.source_tensor);

@@ -16,13 +16,16 @@
 #include "format/checkpoint_tensors.hpp"
 #include "format/gguf.hpp"
 #include "format/pack_file.hpp"
+#include "format/safetensors.hpp"
 #include "io/file.hpp"
+#include "pack/validate.hpp"
 #include "store/expert_store.hpp"
 #include "store/pack_object_map.hpp"
 #include "testkit/kimi_gguf.hpp"
 #include "testkit/official_checkpoint.hpp"
 
 #include <expertpack/expertpack.h>
+#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <fcntl.h>
@@ -237,6 +240,63 @@ TEST_CASE("no pack: the official DeepSeek-V4 and Kimi-K3 layouts (FP4 experts re
         return r.source_layout == ep::format::SourceLayout::fp4_e8m0 && r.scale_file != r.file;
       }));
     }
+  }
+}
+
+TEST_CASE("no pack: an FP4 scale tensor alone in a shard of its own is found through the checkpoint's index",
+          "[model][no_pack][safetensors][official]") {
+  ep::test::TempDir dir;
+  ep::testkit::OfficialCheckpointOptions opt;
+  opt.shards = 2;
+  const fs::path ckpt = dir / "ckpt";
+  ep::testkit::write_kimi_checkpoint(std::string(EP_TEST_DATA_DIR) + "/kimi_k3/k3_a.gguf", ep::testkit::KimiCheckpointLayout::k3_official,
+                                     ckpt.string(), "", opt);
+  // The scales whose values are in the other shard move to a third file that holds nothing else.
+  const fs::path index_json = ckpt / "model.safetensors.index.json";
+  nlohmann::json idx = nlohmann::json::parse(std::ifstream(index_json));
+  auto &map = idx.at("weight_map");
+  std::string scale;
+  for (auto it = map.begin(); it != map.end() && scale.empty(); ++it) {
+    const std::string name = it.key();
+    const std::string packed = name.size() > 13 && name.ends_with(".weight_scale") ? name.substr(0, name.size() - 5) + "packed" : "";
+    if (!packed.empty() && map.contains(packed) && map.at(packed) != it.value()) scale = name;
+  }
+  REQUIRE(!scale.empty());
+  const std::string shard_name = map.at(scale), alone = "model-scales.safetensors";
+  {
+    const ep::format::SafetensorsFile shard = ep::format::SafetensorsFile::open((ckpt / shard_name).string());
+    std::vector<ep::format::StWriteTensor> rest, moved;
+    std::vector<std::vector<uint8_t>> rest_bytes, moved_bytes;
+    for (const ep::format::StTensorInfo &t : shard.tensors()) {
+      auto &list = t.name == scale ? moved : rest;
+      auto &bytes = t.name == scale ? moved_bytes : rest_bytes;
+      list.push_back({t.name, t.dtype, t.shape});
+      bytes.push_back(shard.source().read_vector(t.file_offset, static_cast<size_t>(t.nbytes)));
+    }
+    REQUIRE(moved.size() == 1);
+    auto write = [](const fs::path &p, const std::vector<ep::format::StWriteTensor> &ts, const std::vector<std::vector<uint8_t>> &bytes) {
+      ep::format::write_safetensors(p.string(), ts, [&](size_t t, uint64_t off, std::span<uint8_t> out) {
+        std::memcpy(out.data(), bytes[t].data() + off, out.size());
+      });
+    };
+    write(ckpt / (shard_name + ".new"), rest, rest_bytes);
+    write(ckpt / alone, moved, moved_bytes);
+  }
+  fs::rename(ckpt / (shard_name + ".new"), ckpt / shard_name);
+  map[scale] = alone;
+  std::ofstream(index_json) << idx.dump(1);
+  check_same_logits(ckpt.string(), dir.str(), {3, 14, 15, 9, 26, 5, 35});
+  for (const auto &e : fs::directory_iterator(dir / "index")) {
+    if (e.path().extension() != ".epx") continue;
+    const auto pf = ep::format::PackFile::open(e.path().string(), ep::format::ValidationLevel::structure);
+    CHECK(std::find(pf->data_files().begin(), pf->data_files().end(), (ckpt / alone).string()) != pf->data_files().end());
+  }
+  // ep-pack validate's source check finds it as well.
+  for (const auto &e : fs::directory_iterator(dir / "packs")) {
+    if (e.path().extension() != ".epk") continue;
+    ep::pack::ValidateOptions vo;
+    vo.full = true;  // with check_sources: every source slice re-hashed, the moved scales included
+    CHECK_NOTHROW(ep::pack::validate_pack(e.path().string(), vo));
   }
 }
 
