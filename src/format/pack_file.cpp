@@ -406,17 +406,6 @@ void PackFile::open_sources() {
   }
 }
 
-void source_payload(const RoleEntry &e, const uint8_t *values, const uint8_t *scales, uint8_t *out, uint32_t layer,
-                    uint32_t expert, const std::string &where) {
-  if (e.source_layout != SourceLayout::fp4_e8m0) {
-    std::memcpy(out, values, static_cast<size_t>(e.nbytes));
-    return;
-  }
-  fp4_e8m0_to_mxfp4(values, scales, e.ne[1] * e.ne[2] * e.ne[3], e.ne[0], out,
-                    fmt::format("{}: layer {} expert {} {} (tensor '{}' at offset {}, scales at offset {})", where, layer, expert,
-                                role_name(e.role), e.source_tensor, e.file_offset, e.scale_offset));
-}
-
 uint64_t PackFile::object_bytes(uint32_t layer, uint32_t expert) const {
   entry_index(layer, expert, Role::gate);
   return object_bytes_[static_cast<size_t>(layer) * header_.num_experts + expert];
@@ -452,7 +441,10 @@ void PackFile::verify_payloads(const std::vector<std::pair<uint32_t, uint32_t>> 
         const std::vector<uint8_t> scales =
             data_sources_[e.scale_file]->read_vector(e.scale_offset, static_cast<size_t>(e.scale_bytes));
         buffer.resize(static_cast<size_t>(e.nbytes));
-        source_payload(e, values.data(), scales.data(), buffer.data(), layer, expert, data_files_[e.file]);
+        fp4_e8m0_to_mxfp4(values.data(), scales.data(), e.ne[1] * e.ne[2] * e.ne[3], e.ne[0], buffer.data(),
+                          fmt::format("{}: layer {} expert {} {} (tensor '{}' at offset {}, scales at offset {} of {})", data_files_[e.file],
+                                      layer, expert, role_name(e.role), e.source_tensor, e.file_offset, e.scale_offset,
+                                      data_files_[e.scale_file]));
         got = xxh3_64(buffer.data(), buffer.size());
       } else {
         Xxh3Hasher hasher;

@@ -69,13 +69,6 @@ struct RoleEntry {
   uint64_t scale_bytes = 0;
 };
 
-/// The payload of @p e (nbytes bytes into @p out) from the bytes a source index reads for it:
-/// @p values (e.source_bytes) and, for an fp4_e8m0 role, @p scales (e.scale_bytes), re-laid
-/// into MXFP4 blocks; a verbatim role's values are copied. A NaN scale is Error(Status::corrupt)
-/// naming @p where, the layer, expert, role and tensor.
-void source_payload(const RoleEntry &e, const uint8_t *values, const uint8_t *scales, uint8_t *out, uint32_t layer,
-                    uint32_t expert, const std::string &where);
-
 class PackFile {
  public:
   /// Opens and validates a pack file. Throws ep::Error with a one-line message naming the

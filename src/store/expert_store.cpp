@@ -58,8 +58,8 @@ StagedExtent staged_extent(const ObjectExtent &x, uint64_t at) {
   return s;
 }
 
-/// The extent read @p bytes at @p offset of @p file (an FP4 piece's values or scales) into
-/// @p dst of the staging slot.
+/// The read of @p bytes at @p offset of @p file (an extent's bytes, or an FP4 piece's scales)
+/// into @p dst in the staging slot, for the load into slot @p slot.
 io::ReadRequest extent_read(uint32_t file, uint64_t offset, uint64_t bytes, std::byte *dst, uint32_t slot) {
   io::ReadRequest r;
   r.file = file;
@@ -343,7 +343,7 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
   std::string error;
   Status status = Status::io;
   // Where each extent's bytes are in the staging slot and go in the object; an FP4 piece is
-  // re-laid into its MXFP4 blocks first (only when every read landed: nothing else is read).
+  // re-laid into its MXFP4 blocks first (only when every read of the object succeeded).
   std::vector<CopySegment> segments;
   std::vector<const std::byte *> extent_data;
   uint64_t at = 0;
