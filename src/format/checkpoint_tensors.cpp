@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -75,17 +76,10 @@ std::string fp4_scale_tensor_name(const std::string &n) {
   return "";
 }
 
-std::optional<Fp4ScaleLocation> find_fp4_scale(const std::vector<const SafetensorsFile *> &files, size_t own,
-                                               const std::string &data_name) {
-  const std::string name = fp4_scale_tensor_name(data_name);
-  if (name.empty() || own >= files.size()) return std::nullopt;
-  if (const StTensorInfo *t = files[own]->find(name)) return Fp4ScaleLocation{own, t};
-  for (size_t f = 0; f < files.size(); ++f)
-    if (f != own)
-      if (const StTensorInfo *t = files[f]->find(name)) return Fp4ScaleLocation{f, t};
-  return std::nullopt;
-}
+namespace {
 
+/// The shard that the checkpoint index beside @p shard lists for tensor @p name, as a path; ""
+/// when there is no index or it does not list the tensor.
 std::string indexed_shard_of(const std::string &shard, const std::string &name) {
   namespace fs = std::filesystem;
   const fs::path index = fs::path(shard).parent_path() / "model.safetensors.index.json";
@@ -97,6 +91,24 @@ std::string indexed_shard_of(const std::string &shard, const std::string &name) 
   const auto map = SafetensorsSet::parse_index(ss.str(), index.string());
   const auto it = map.find(name);
   return it == map.end() ? std::string() : (index.parent_path() / it->second).string();
+}
+
+}  // namespace
+
+std::optional<Fp4ScaleLocation> find_fp4_scale(std::vector<const SafetensorsFile *> &files, size_t own, const std::string &data_name,
+                                               const OpenShard &open_shard) {
+  const std::string name = fp4_scale_tensor_name(data_name);
+  if (name.empty() || own >= files.size()) return std::nullopt;
+  if (const StTensorInfo *t = files[own]->find(name)) return Fp4ScaleLocation{own, t};
+  for (size_t f = 0; f < files.size(); ++f)
+    if (f != own)
+      if (const StTensorInfo *t = files[f]->find(name)) return Fp4ScaleLocation{f, t};
+  const std::string shard = indexed_shard_of(files[own]->path(), name);
+  if (shard.empty() || std::any_of(files.begin(), files.end(), [&](const SafetensorsFile *f) { return f->path() == shard; }))
+    return std::nullopt;
+  files.push_back(open_shard(shard));
+  if (const StTensorInfo *t = files.back()->find(name)) return Fp4ScaleLocation{files.size() - 1, t};
+  return std::nullopt;
 }
 
 uint64_t StLogical::nbytes() const {

@@ -17,6 +17,7 @@
 #include "format/safetensors.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,20 +69,18 @@ std::string fp4_scale_tensor_name(const std::string &data_name);
 
 /// Where the scale tensor (fp4_scale_tensor_name()) of FP4 tensor @p data_name of
 /// @p files[@p own] lies: in that file, else in the first other one of @p files holding it (a
-/// sharded checkpoint may put a tensor's scales in the next shard): the file's index in
-/// @p files and the tensor; nullopt when none holds it.
+/// sharded checkpoint may put a tensor's scales in the next shard), else in the shard that the
+/// checkpoint index beside files[own] (model.safetensors.index.json in its directory) lists for
+/// it when none of @p files is that shard (a scale tensor alone in a shard of non-expert
+/// tensors): @p open_shard opens it (the caller keeps it) and it is appended to @p files. The
+/// file's index in @p files and the tensor; nullopt when none holds it.
 struct Fp4ScaleLocation {
   size_t file = 0;
   const StTensorInfo *tensor = nullptr;
 };
-std::optional<Fp4ScaleLocation> find_fp4_scale(const std::vector<const SafetensorsFile *> &files, size_t own,
-                                               const std::string &data_name);
-
-/// The shard that the checkpoint index beside @p shard (model.safetensors.index.json in its
-/// directory) lists for tensor @p name, as a path; "" when there is no index or it does not
-/// list the tensor. For a tensor in a shard none of the caller's files is (a scale tensor alone
-/// in a shard of non-expert tensors).
-std::string indexed_shard_of(const std::string &shard, const std::string &name);
+using OpenShard = std::function<const SafetensorsFile *(const std::string &path)>;
+std::optional<Fp4ScaleLocation> find_fp4_scale(std::vector<const SafetensorsFile *> &files, size_t own, const std::string &data_name,
+                                               const OpenShard &open_shard);
 
 /// The ggml type of a plain safetensors dtype (f32, f16, bf16, f64, i8, i16, i32, i64), or nullopt.
 std::optional<GgmlType> ggml_type_of(StDtype dtype) noexcept;

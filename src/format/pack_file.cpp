@@ -251,7 +251,10 @@ void PackFile::parse_and_check(ValidationLevel level) {
     r.source_tensor = string_at(strings, e.source_tensor, file, static_cast<size_t>(i), "source tensor");
     r.source_offset = e.source_offset;
     r.source_layout = static_cast<SourceLayout>(e.source_layout);
-    r.source_bytes = r.nbytes;
+    // fp4_e8m0: MXFP4's 17 bytes per 32 values are 16 of packed values and 1 scale in the source.
+    const bool fp4 = r.source_layout == SourceLayout::fp4_e8m0;
+    r.source_bytes = fp4 ? r.nbytes / 17 * 16 : r.nbytes;
+    r.scale_bytes = fp4 ? r.nbytes / 17 : 0;
     entries_.push_back(std::move(r));
   }
   if (source_objects) open_sources();
@@ -346,6 +349,7 @@ void PackFile::open_sources() {
   // FP4 roles: their scale tensors, in their own source or another one (the sources' safetensors
   // headers, parsed once each when first needed), or in a shard that the checkpoint's index lists
   // and no role's values are in (it becomes a data file too).
+  // headers[f] and parsed[f] are data file f's.
   std::vector<std::unique_ptr<SafetensorsFile>> headers;
   std::vector<const SafetensorsFile *> parsed;
   auto parse = [&](size_t f, size_t i) {
@@ -355,37 +359,25 @@ void PackFile::open_sources() {
       fail(e.status(), "{}: source index: {} is FP4 with separate scales, and {} does not parse as safetensors: {}", file, where(i),
            data_files_[f], e.what());
     }
-    parsed.push_back(headers.back().get());
-  };
-  auto parse_all = [&](size_t i) {
-    if (parsed.empty())
-      for (size_t f = 0; f < data_files_.size(); ++f) parse(f, i);
-  };
-  auto add_shard = [&](const std::string &path, size_t i) {
-    try {
-      data_sources_.push_back(std::make_shared<FileSource>(path));
-    } catch (const Error &e) {
-      fail(e.status(), "{}: source index: the shard {} holding the scales of {} cannot be opened: {}", file, path, where(i), e.what());
-    }
-    data_files_.push_back(path);
-    parse(data_files_.size() - 1, i);
+    return headers.back().get();
   };
   for (size_t i = 0; i < entries_.size(); ++i) {
     RoleEntry &r = entries_[i];
     if (r.source_layout == SourceLayout::fp4_e8m0) {
-      // nbytes is MXFP4's 17 bytes per 32 values: 16 of packed values and 1 scale in the source.
-      r.source_bytes = r.nbytes / 17 * 16;
-      r.scale_bytes = r.nbytes / 17;
-      parse_all(i);
-      const std::string scale_name = fp4_scale_tensor_name(std::string(r.source_tensor));
-      auto sc = find_fp4_scale(parsed, r.file, std::string(r.source_tensor));
-      if (!sc) {
-        const std::string shard = indexed_shard_of(data_files_[r.file], scale_name);
-        if (!shard.empty() && std::find(data_files_.begin(), data_files_.end(), shard) == data_files_.end()) {
-          add_shard(shard, i);
-          sc = find_fp4_scale(parsed, r.file, std::string(r.source_tensor));
+      if (parsed.empty())
+        for (size_t f = 0; f < data_files_.size(); ++f) parsed.push_back(parse(f, i));
+      auto add_shard = [&](const std::string &path) {
+        try {
+          data_sources_.push_back(std::make_shared<FileSource>(path));
+        } catch (const Error &e) {
+          fail(e.status(), "{}: source index: the shard {} holding the scales of {} cannot be opened: {}", file, path, where(i),
+               e.what());
         }
-      }
+        data_files_.push_back(path);
+        return parse(data_files_.size() - 1, i);
+      };
+      const std::string scale_name = fp4_scale_tensor_name(std::string(r.source_tensor));
+      const auto sc = find_fp4_scale(parsed, r.file, std::string(r.source_tensor), add_shard);
       if (!sc)
         fail(Status::format, "{}: source index: {}: {} (nor another source of the index) has no scale tensor '{}' for the FP4 "
              "tensor '{}'", file, where(i), data_files_[r.file], scale_name, r.source_tensor);

@@ -59,14 +59,15 @@ struct RoleEntry {
   std::string_view source_tensor;   ///< source tensor name (points into the PackFile)
   uint64_t source_offset;           ///< absolute offset of the slice in the source file
   SourceLayout source_layout = SourceLayout::verbatim;  ///< how the payload comes from the source
-  /// Bytes at file_offset that make the payload: nbytes, or for an fp4_e8m0 role of a source
-  /// index its packed FP4 values (nbytes · 16/17).
+  /// Source bytes at source_offset that make the payload: nbytes, or for an fp4_e8m0 role its
+  /// packed FP4 values (nbytes · 16/17). A source index reads them at file_offset (= source_offset).
   uint64_t source_bytes = 0;
-  /// An fp4_e8m0 role of a source index: its E8M0 scales (nbytes / 17 bytes) at scale_offset of
-  /// data file scale_file (its own or another shard), the tensor fp4_scale_tensor_name(source_tensor); else 0.
+  /// An fp4_e8m0 role: the bytes of its E8M0 scales (nbytes / 17; else 0), the tensor
+  /// fp4_scale_tensor_name(source_tensor). In a source index also where they lie: at
+  /// scale_offset of data file scale_file (its own or another shard).
+  uint64_t scale_bytes = 0;
   uint32_t scale_file = 0;
   uint64_t scale_offset = 0;
-  uint64_t scale_bytes = 0;
 };
 
 class PackFile {

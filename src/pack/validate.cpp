@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <tuple>
 #include <filesystem>
@@ -28,10 +27,19 @@ void check_source_slices(const format::PackFile &pack) {
   for (const format::RoleEntry &e : pack.entries())
     if (std::find(paths.begin(), paths.end(), e.source_file) == paths.end()) paths.emplace_back(e.source_file);
   std::vector<std::unique_ptr<format::FileSource>> files(paths.size());
-  std::vector<std::unique_ptr<format::SafetensorsFile>> headers(paths.size());
   auto file = [&](size_t i) -> format::FileSource & {
     if (!files[i]) files[i] = std::make_unique<format::FileSource>(paths[i]);
     return *files[i];
+  };
+  // Their safetensors headers (headers[i] and st[i] are paths[i]'s), and one more for a shard the
+  // checkpoint's index lists for scales that no other file holds.
+  std::vector<std::unique_ptr<format::SafetensorsFile>> headers;
+  std::vector<const format::SafetensorsFile *> st;
+  auto open_shard = [&](const std::string &shard) {
+    paths.push_back(shard);
+    files.emplace_back();
+    headers.push_back(std::make_unique<format::SafetensorsFile>(format::SafetensorsFile::open(shard)));
+    return headers.back().get();
   };
   std::vector<uint8_t> buffer;
   for (const format::RoleEntry &e : pack.entries()) {
@@ -40,27 +48,17 @@ void check_source_slices(const format::PackFile &pack) {
     // (in the same file or another shard).
     std::vector<std::tuple<size_t, uint64_t, uint64_t>> parts;
     if (e.source_layout == format::SourceLayout::fp4_e8m0) {
-      std::vector<const format::SafetensorsFile *> st;
-      for (size_t i = 0; i < paths.size(); ++i) {
-        if (!headers[i]) headers[i] = std::make_unique<format::SafetensorsFile>(format::SafetensorsFile::open(paths[i]));
-        st.push_back(headers[i].get());
-      }
-      const std::string scale_name = format::fp4_scale_tensor_name(std::string(e.source_tensor));
-      auto sc = format::find_fp4_scale(st, own, std::string(e.source_tensor));
-      if (!sc) {  // a shard of the checkpoint that holds no expert's values
-        const std::string shard = format::indexed_shard_of(paths[own], scale_name);
-        if (!shard.empty() && std::find(paths.begin(), paths.end(), shard) == paths.end()) {
-          paths.push_back(shard);
-          files.emplace_back();
-          headers.push_back(std::make_unique<format::SafetensorsFile>(format::SafetensorsFile::open(shard)));
+      if (st.empty())
+        for (const std::string &p : paths) {
+          headers.push_back(std::make_unique<format::SafetensorsFile>(format::SafetensorsFile::open(p)));
           st.push_back(headers.back().get());
-          sc = format::find_fp4_scale(st, own, std::string(e.source_tensor));
         }
-      }
-      if (!sc || sc->tensor->nbytes != e.nbytes / 17)
+      const std::string scale_name = format::fp4_scale_tensor_name(std::string(e.source_tensor));
+      const auto sc = format::find_fp4_scale(st, own, std::string(e.source_tensor), open_shard);
+      if (!sc || sc->tensor->nbytes != e.scale_bytes)
         fail(Status::stale, "{}: source slice changed: no source of the pack ({} or another) has a scale tensor '{}' of {} bytes for {}",
-             pack.path(), paths[own], scale_name, e.nbytes / 17, e.source_tensor);
-      parts = {{own, e.source_offset, e.nbytes / 17 * 16}, {sc->file, sc->tensor->file_offset, sc->tensor->nbytes}};
+             pack.path(), paths[own], scale_name, e.scale_bytes, e.source_tensor);
+      parts = {{own, e.source_offset, e.source_bytes}, {sc->file, sc->tensor->file_offset, sc->tensor->nbytes}};
     } else {
       parts = {{own, e.source_offset, e.nbytes}};
     }

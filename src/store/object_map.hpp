@@ -7,6 +7,8 @@
 // at their offsets in the object.
 #pragma once
 
+#include "format/microscale.hpp"
+
 #include <cstdint>
 #include <cstddef>
 #include <memory>
@@ -34,7 +36,7 @@ struct ObjectExtent {
   /// True for an FP4 piece (re-laid as it is read).
   bool fp4() const { return fp4_cols != 0; }
   /// Bytes the piece takes in the object: @p bytes, or its MXFP4 blocks.
-  uint64_t object_bytes() const { return fp4() ? fp4_rows * (fp4_cols / 32) * 17 : bytes; }
+  uint64_t object_bytes() const { return fp4() ? format::mxfp4_bytes(fp4_rows, fp4_cols) : bytes; }
 };
 
 class ObjectMap {
