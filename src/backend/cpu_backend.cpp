@@ -2,6 +2,7 @@
 
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -301,6 +302,19 @@ void top_k_indices(const float *v, int64_t n, int32_t k, int32_t *out) {
   });
   std::copy(idx.begin(), idx.begin() + k, out);
 }
+
+// Trace: token t's k picks and the first expert left out, each with its selection score (the
+// biased score the top-k is taken over), and the k-th minus the (k+1)-th: how near a tie it was.
+void trace_selection(int64_t t, int64_t n_tok, const std::vector<float> &sel, int32_t k) {
+  const int64_t n = static_cast<int64_t>(sel.size());
+  if (k >= n) return;
+  std::vector<int32_t> top(static_cast<size_t>(k) + 1);
+  top_k_indices(sel.data(), n, k + 1, top.data());
+  std::string picks;
+  for (int32_t j = 0; j <= k; ++j) fmt::format_to(std::back_inserter(picks), " {}:{:.7g}", top[j], sel[top[j]]);
+  log::trace("route: token {} of {}: expert:selection score{} (the last one left out), gap {:.4g}", t, n_tok, picks,
+             sel[top[k - 1]] - sel[top[k]]);
+}
 }  // namespace
 
 void CpuBackend::top_k(const Tensor &x, int32_t k, const Tensor &indices, const Tensor &values) {
@@ -391,6 +405,7 @@ void CpuBackend::route(const Tensor &logits, const RouterParams &p, const Tensor
     } else {
       for (int64_t e = 0; e < n_exp; ++e) sel[e] = bias ? s[e] + bias[e] : s[e];
       top_k_indices(sel.data(), n_exp, k, ids);
+      if (log::enabled(EP_LOG_TRACE)) trace_selection(t, n_tok, sel, k);
     }
     float sum = 0.0f;
     for (int32_t j = 0; j < k; ++j) sum += (w[j] = s[ids[j]]);

@@ -496,7 +496,9 @@ void DeepseekV4Model::moe(int64_t il, const float *x, const Batch &s, float *out
   float *logits = sc.f32(E * n), *wts = sc.f32(K * n), *shared = sc.f32(D * n);
   int32_t *ids_d = sc.i32(K * n);
   // Layer l's router on x: its picks (ids) and weights.
-  auto route = [&](const Weights::Layer &RL, float *lg, int32_t *ids, float *w) {
+  auto route = [&](int64_t layer, float *lg, int32_t *ids, float *w) {
+    const Weights::Layer &RL = w_->layers[static_cast<size_t>(layer)];
+    log::trace("DeepSeek-V4 layer {}: the router over {} tokens{}", layer, n, layer == il ? "" : " (a prefetch hint)");
     mm(RL.gate_inp, x, D, n, lg);
     backend::RouterParams rp;
     rp.scoring = backend::Scoring::sqrt_softplus;
@@ -511,14 +513,14 @@ void DeepseekV4Model::moe(int64_t il, const float *x, const Batch &s, float *out
     }
     be_.route(dev_f32(dv, lg, {E, n}), rp, dev_i32(dv, ids, {K, n}), dev_f32(dv, w, {K, n}));
   };
-  route(L, logits, ids_d, wts);
+  route(il, logits, ids_d, wts);
   // Prefetch: the next layer's router on this layer's input predicts its picks (exactly, for a
   // hash-routed layer: they depend on the token only). Only its ids are used, as a hint.
   Tensor hint_t;
   int64_t hint_layer = -1;
   if (experts_ && experts_->wants_hints() && il + 1 < c.n_layers) {
     int32_t *next_ids = sc.i32(K * n);
-    route(w_->layers[static_cast<size_t>(il + 1)], sc.f32(E * n), next_ids, sc.f32(K * n));
+    route(il + 1, sc.f32(E * n), next_ids, sc.f32(K * n));
     hint_t = dev_i32(dv, next_ids, {K, n});
     hint_layer = il + 1;
   }

@@ -389,7 +389,9 @@ void KimiModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
   float *logits = sc.f32(E * n), *wts = sc.f32(K * n);
   int32_t *ids_d = sc.i32(K * n);
   // Layer l's router on x: its picks (ids) and weights.
-  auto route = [&](const Weights::Layer &RL, float *lg, int32_t *ids, float *w) {
+  auto route = [&](int64_t layer, float *lg, int32_t *ids, float *w) {
+    const Weights::Layer &RL = w_->layers[static_cast<size_t>(layer)];
+    log::trace("Kimi layer {}: the router over {} tokens{}", layer, n, layer == il ? "" : " (a prefetch hint)");
     be_.matmul(RL.gate_inp, dev_f32(dv, x, {D, n}), dev_f32(dv, lg, {E, n}));
     backend::RouterParams rp;
     rp.scoring = backend::Scoring::sigmoid;
@@ -399,7 +401,7 @@ void KimiModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
     rp.bias = &RL.bias;
     be_.route(dev_f32(dv, lg, {E, n}), rp, dev_i32(dv, ids, {K, n}), dev_f32(dv, w, {K, n}));
   };
-  route(L, logits, ids_d, wts);
+  route(il, logits, ids_d, wts);
   if (!experts_) fail(Status::internal, "Kimi-Linear: no routed-expert provider (set_experts() was not called)");
   // Prefetch: the next MoE layer's router on this layer's input predicts its picks (only its ids
   // are used, as a hint).
@@ -407,7 +409,7 @@ void KimiModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
   int64_t hint_layer = -1;
   if (experts_->wants_hints() && il + 1 < c.n_layers && c.is_moe(il + 1)) {
     int32_t *next_ids = sc.i32(K * n);
-    route(w_->layers[static_cast<size_t>(il + 1)], sc.f32(E * n), next_ids, sc.f32(K * n));
+    route(il + 1, sc.f32(E * n), next_ids, sc.f32(K * n));
     hint_t = dev_i32(dv, next_ids, {K, n});
     hint_layer = moe_index_[static_cast<size_t>(il + 1)];
   }

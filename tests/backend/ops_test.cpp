@@ -2,6 +2,7 @@
 // op accumulates). Every weight type: quantized matmul vs dequantize-then-f32 matmul.
 #include "backend/cpu_backend.hpp"
 #include "backend/dequant.hpp"
+#include "core/log.hpp"
 #include "core/status.hpp"
 #include "host_tensors.hpp"
 #include "random_weights.hpp"
@@ -12,6 +13,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace ep::backend;
@@ -284,6 +286,42 @@ TEST_CASE("route: softmax, sigmoid with bias, sqrt-softplus, hash", "[ops]") {
   CHECK(hid == std::vector<int32_t>{5, 3, 0, 1});
   CHECK(close(hw[0], 1.5 * ssp(1.9) / (ssp(1.9) + ssp(1.5)), 1e-6));
   CHECK(close(hw[3], 1.5 * ssp(2.0) / (ssp(0.1) + ssp(2.0)), 1e-6));
+}
+
+namespace {
+void keep_trace(ep_log_level level, const char *message, void *payload) {
+  if (level == EP_LOG_TRACE) static_cast<std::vector<std::string> *>(payload)->push_back(message);
+}
+}  // namespace
+
+TEST_CASE("route at trace level logs each token's picks, the first expert left out and the gap", "[ops]") {
+  CpuBackend be;
+  // selection = sigmoid(logit) + bias: experts 2 (bias 5) and 1 picked, then 5 (sigmoid 1.9) left out
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f, 0.0f, 1.9f};
+  std::vector<float> bias = {0, 0, 5, 0, 0, 0};
+  Tensor bt = f32(bias, {6});
+  RouterParams q;
+  q.k = 2;
+  q.scoring = Scoring::sigmoid;
+  q.bias = &bt;
+  std::vector<int32_t> ids(2, -1);
+  std::vector<float> w(2, NAN);
+  std::vector<std::string> lines;
+  ep::log::configure(EP_LOG_TRACE, keep_trace, &lines);
+  be.route(f32(logits, {6, 1}), q, i32(ids, {2, 1}), f32(w, {2, 1}));
+  ep::log::configure(EP_LOG_WARN, nullptr, nullptr);
+  REQUIRE(lines.size() == 1);
+  const auto sig = [](float v) { return 1.0f / (1.0f + std::exp(-v)); };
+  const std::string want = fmt::format("route: token 0 of 1: expert:selection score 2:{:.7g} 1:{:.7g} 5:{:.7g} (the last "
+                                       "one left out), gap {:.4g}",
+                                       sig(-1.0f) + 5.0f, sig(2.0f), sig(1.9f), sig(2.0f) - sig(1.9f));
+  CHECK(lines[0] == want);
+  // below trace level nothing is formatted
+  lines.clear();
+  ep::log::configure(EP_LOG_DEBUG, keep_trace, &lines);
+  be.route(f32(logits, {6, 1}), q, i32(ids, {2, 1}), f32(w, {2, 1}));
+  ep::log::configure(EP_LOG_WARN, nullptr, nullptr);
+  CHECK(lines.empty());
 }
 
 TEST_CASE("sampling: greedy, seeded draws, top-k and top-p restrict the choice", "[ops]") {
