@@ -223,6 +223,17 @@ TEST_CASE("softmax, top_k, glu, add", "[ops]") {
   CHECK(s == std::vector<float>{-10, 1, 5.3f});
 }
 
+namespace {
+// Top-2 of sigmoid scores plus a bias that lifts expert 2 (bias 5) above the others.
+RouterParams sigmoid_top2_with_bias(const Tensor &bias) {
+  RouterParams q;
+  q.k = 2;
+  q.scoring = Scoring::sigmoid;
+  q.bias = &bias;
+  return q;
+}
+}  // namespace
+
 TEST_CASE("route: softmax, sigmoid with bias, sqrt-softplus, hash", "[ops]") {
   CpuBackend be;
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f, 0.0f, 1.9f};  // 6 experts, 1 token
@@ -243,10 +254,7 @@ TEST_CASE("route: softmax, sigmoid with bias, sqrt-softplus, hash", "[ops]") {
   // sigmoid, selection by score + bias, weights the raw scores renormalised
   std::vector<float> bias = {0, 0, 5, 0, 0, 0};
   Tensor bt = f32(bias, {6});
-  RouterParams q;
-  q.k = 2;
-  q.scoring = Scoring::sigmoid;
-  q.bias = &bt;
+  const RouterParams q = sigmoid_top2_with_bias(bt);
   be.route(f32(logits, {6, 1}), q, i32(ids, {2, 1}), f32(w, {2, 1}));
   auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
   CHECK(ids == std::vector<int32_t>{2, 1});
@@ -300,10 +308,7 @@ TEST_CASE("route at trace level logs each token's picks, the first expert left o
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f, 0.0f, 1.9f};
   std::vector<float> bias = {0, 0, 5, 0, 0, 0};
   Tensor bt = f32(bias, {6});
-  RouterParams q;
-  q.k = 2;
-  q.scoring = Scoring::sigmoid;
-  q.bias = &bt;
+  const RouterParams q = sigmoid_top2_with_bias(bt);
   std::vector<int32_t> ids(2, -1);
   std::vector<float> w(2, NAN);
   std::vector<std::string> lines;
