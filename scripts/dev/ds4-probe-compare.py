@@ -29,10 +29,16 @@ def ours_last(path, pos):
 
 
 def ds4_first_step(path):
-    d = json.load(open(path))
-    steps = d.get("steps") or []
+    """ds4's logits at the last prompt position, or None (with a line saying why) for a run that wrote none."""
+    try:
+        with open(path) as f:
+            steps = json.load(f).get("steps") or []
+    except (OSError, ValueError) as e:
+        print(f"   {path}: not read ({e})")
+        return None
     if not steps:
-        sys.exit(f"{path}: no steps")
+        print(f"   {path}: no steps")
+        return None
     return {int(t["token"]["id"]): float(t["logit"]) for t in steps[0]["top_logprobs"]}
 
 
@@ -69,7 +75,9 @@ def main():
             engines.append(("ours", ours_last(ours, last)))
         for f in sorted(glob.glob(os.path.join(a.dir, f"ds4-*-{name}.json"))):
             mode = os.path.basename(f)[len("ds4-"):-len(f"-{name}.json")]
-            engines.append((f"ds4 {mode}", ds4_first_step(f)))
+            got = ds4_first_step(f)
+            if got is not None:
+                engines.append((f"ds4 {mode}", got))
         for label, got in engines:
             d_ref, miss = compare(got, ids, ref)
             d_sw, _ = compare(got, sw["top_ids"], swapped)
