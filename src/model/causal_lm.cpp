@@ -66,9 +66,9 @@ class ModelLm final : public CausalLm {
     return out;
   }
   backend::Backend &backend() const override { return m_->backend(); }
-  const std::vector<ExpertShape> &expert_shapes() const override { return m_->expert_shapes(); }
+  const std::vector<experts::ExpertShape> &expert_shapes() const override { return m_->expert_shapes(); }
   int64_t first_expert_layer() const override { return first_; }
-  void set_experts(std::unique_ptr<ExpertProvider> experts) override { m_->set_experts(std::move(experts)); }
+  void set_experts(std::unique_ptr<experts::ExpertProvider> experts) override { m_->set_experts(std::move(experts)); }
   uint64_t weight_bytes() const override { return m_->weight_bytes(); }
 
  private:

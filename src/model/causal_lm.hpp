@@ -15,7 +15,7 @@
 #pragma once
 
 #include "backend/backend.hpp"
-#include "model/expert_provider.hpp"
+#include "experts/provider.hpp"
 #include "model/logit_rows.hpp"
 
 #include <cstdint>
@@ -77,11 +77,11 @@ class CausalLm {
   /// The backend the model runs on.
   virtual backend::Backend &backend() const = 0;
   /// Per provider layer (= pack layer): the routed experts' types and shapes in the source.
-  virtual const std::vector<ExpertShape> &expert_shapes() const = 0;
+  virtual const std::vector<experts::ExpertShape> &expert_shapes() const = 0;
   /// The model block of provider / pack layer 0 (the number of leading dense blocks).
   virtual int64_t first_expert_layer() const = 0;
   /// Replaces the routed-expert source (e.g. PackedExperts with first_layer = first_expert_layer()).
-  virtual void set_experts(std::unique_ptr<ExpertProvider> experts) = 0;
+  virtual void set_experts(std::unique_ptr<experts::ExpertProvider> experts) = 0;
   /// Bytes of weights held in backend memory.
   virtual uint64_t weight_bytes() const = 0;
 };

@@ -128,8 +128,6 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   }
   slot_bytes_ = io::align_up(layout.max_object_bytes(), io::kDirectAlignment);
   staging_slot_bytes_ = std::max(slot_bytes_, staging_room);
-  max_ids_ = options_.top_k * options_.tokens_per_acquire;
-  table_ids_ = options_.table_ids ? options_.table_ids : max_ids_;
   const uint64_t total_objects = static_cast<uint64_t>(layout.num_layers()) * layout.num_experts();
   cache::BudgetRequest br;
   br.requested_bytes = options_.cache_bytes;
@@ -141,6 +139,9 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   br.num_experts = layout.num_experts();
   br.total_objects = total_objects;
   const cache::Budget budget = cache::compute_budget(br);
+  options_.tokens_per_acquire = budget.tokens_per_acquire;
+  max_ids_ = options_.top_k * options_.tokens_per_acquire;
+  table_ids_ = options_.table_ids ? options_.table_ids : max_ids_;
   options_.staging_slots = std::max<uint32_t>(1, options_.staging_slots);
   if (!(options_.decay.half_life_ticks > 0)) options_.decay.half_life_ticks = 32.0 * layout.num_layers();
   options_.table_ring = std::max<uint32_t>(1, options_.table_ring);
@@ -220,6 +221,8 @@ ExpertStore::~ExpertStore() {
 }
 
 uint32_t ExpertStore::num_slots() const { return cache_->num_slots(); }
+
+uint32_t ExpertStore::max_unique() const { return std::min(max_ids_, options_.objects->num_experts()); }
 
 bool ExpertStore::evictable_demand(uint32_t s) const { return pins_[s] == 0 && device_->last_use_done(s); }
 

@@ -75,7 +75,9 @@ struct StoreOptions {
   /// Memory the host tier may take (0: what the machine reports, store/host_memory.hpp).
   uint64_t host_available_bytes = 0;
   uint32_t top_k = 1;
-  uint32_t tokens_per_acquire = 1;    ///< distinct ids per acquire ≤ top_k × tokens_per_acquire
+  /// Distinct ids per acquire ≤ top_k × tokens_per_acquire; 0: as many tokens as the slots hold
+  /// top_k experts for (cache::compute_budget; max_unique() tells the result).
+  uint32_t tokens_per_acquire = 1;
   /// The device table's capacity in ids (0: top_k × tokens_per_acquire); an acquire of more ids
   /// publishes none (Acquisition::device_table is null; the host pointers are still there).
   uint32_t table_ids = 0;
@@ -159,6 +161,8 @@ class ExpertStore {
   cache::Trace recorded_trace() const;
 
   uint32_t num_slots() const;
+  /// The most distinct experts one acquire may ask for: min(top_k × tokens_per_acquire, experts).
+  uint32_t max_unique() const;
   uint32_t num_host_slots() const { return host_slots_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
   StoreDevice &device() { return *device_; }
