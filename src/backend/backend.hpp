@@ -89,6 +89,15 @@ struct ExpertBatch {
   const void *const *pair_slots = nullptr;
   /// Host memory, [n_pairs]: per pair, its expert id (given with pair_slots).
   const int32_t *pair_experts = nullptr;
+  /// Backend memory, for a batch that covers some pairs (a staged acquire's wave: the pairs
+  /// whose experts became resident together), published by the store (store::Acquisition's
+  /// wave_table): the n_wave covered pairs in ascending order, [3][n_wave] the addresses of their
+  /// gate, up and down weights; null when the batch has none (the host copies are there either way).
+  const void *const *wave_table = nullptr;
+  /// Backend memory, with wave_table: int32 [3][n_wave] each entry's token (the same in every
+  /// row), then int32 [n_wave] each entry's pair.
+  const int32_t *wave_lists = nullptr;
+  int64_t n_wave = 0;
 };
 
 /// Sampling. First the repetition penalty: the logit z of each distinct token in

@@ -27,6 +27,13 @@ struct PackedExperts::Held {
 
 namespace {
 
+/// The store's table of the acquisition's latest wave (its pairs, ascending), when it has one.
+void set_wave(const store::Acquisition &acq, backend::ExpertBatch &batch) {
+  batch.wave_table = acq.wave_table;
+  batch.wave_lists = acq.wave_lists;
+  batch.n_wave = acq.n_wave;
+}
+
 uint64_t slot_bytes_of(const store::PackObjectMap &pack) {
   return io::align_up(pack.max_object_bytes(), io::kDirectAlignment);
 }
@@ -172,6 +179,7 @@ bool PackedExperts::next_staged(int64_t layer, backend::ExpertBatch &batch) {
   batch.n_pairs = h.n_pairs;
   batch.pair_experts = h.host_ids;
   batch.pair_slots = h.pair_slots.data();
+  set_wave(h.acq, batch);
   return true;
 }
 
@@ -223,6 +231,7 @@ backend::ExpertBatch PackedExperts::begin(int64_t layer, const backend::Tensor &
     for (int64_t p = 0; p < n; ++p)
       if (h.acq.ready[static_cast<size_t>(p)]) h.pair_slots[static_cast<size_t>(p)] = h.acq.pointers[static_cast<size_t>(p)];
     b.pair_slots = h.pair_slots.data();
+    set_wave(h.acq, b);
   } else if (only.empty()) {
     b.pair_slots = h.acq.pointers.data();
     b.role_table = h.acq.device_table;
