@@ -220,7 +220,7 @@ class Backend {
   virtual int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) = 0;
 
   // ---- elementwise ops and device copies ----
-  // (DeepSeek-V4 ops, issue #6. Signatures are stable; changes are noted here.)
+  // (DeepSeek-V4 ops. Signatures are stable; changes are noted here.)
   /// y = a · b elementwise (all f32, same shape); y may alias a or b.
   virtual void mul(const Tensor &a, const Tensor &b, const Tensor &y) = 0;
   /// y = s · x elementwise (f32, same shape); y may alias x.
@@ -282,7 +282,7 @@ class Backend {
   /// finite value is an error on the CPU (Status::corrupt) and ignored on CUDA.
   virtual void set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask) = 0;
 
-  // ---- Kimi-Linear / Kimi-K3 ops (docs/models/kimi-linear.md, kimi-k3.md; issue #7) ----
+  // ---- Kimi-Linear / Kimi-K3 ops (docs/models/kimi-linear.md, kimi-k3.md) ----
   // Shape checks: backend/kimi_checks.hpp. All tensors f32.
   /// Depthwise causal convolution of width K, then SiLU, continuing a sequence: with x̂ = the
   /// K − 1 state rows followed by x's T rows,

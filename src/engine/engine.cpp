@@ -71,7 +71,7 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
   const std::string source = given_pack ? rm.source : path;
   const std::string arch = model::source_architecture(source);
   if (!model::architecture_known(arch))
-    fail(Status::unsupported, "{}: architecture '{}' is not supported (supported: deepseek4, kimi-linear, kimi-k3)", source, arch);
+    fail(Status::unsupported, "{}: architecture '{}' is not supported (supported: {})", source, arch, model::known_architectures());
   const bool use_cuda = choose_cuda(options.device, options.device_index, arch, source);
   std::unique_ptr<Engine> e(new Engine());
   void *cuda_stream = nullptr;

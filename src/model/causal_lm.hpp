@@ -92,15 +92,13 @@ class CausalLm {
 std::string source_architecture(const std::string &source);
 /// True when @p architecture is one open_causal_lm() opens.
 bool architecture_known(const std::string &architecture);
+/// The architectures open_causal_lm() opens, by their GGUF names, comma-separated (for messages).
+std::string known_architectures();
 /// True when the architecture's model runs on @p device (false for unknown architectures).
 bool architecture_runs_on(const std::string &architecture, backend::Device device);
 /// Opens the model of @p source on @p backend, dispatching on source_architecture().
 /// Status::unsupported (naming the file and the architecture) for an unknown architecture.
 std::unique_ptr<CausalLm> open_causal_lm(const std::string &source, backend::Backend &backend,
                                          const CausalLmOptions &options = {});
-
-/// Kimi's devices in the C API: the CPU until its CUDA path has passed the GPU tests
-/// (model_kimi_gpu_test, model_kimi_capi_gpu_test); then add Device::cuda here.
-bool kimi_runs_on(backend::Device device);
 
 }  // namespace ep::model
