@@ -89,6 +89,15 @@ struct ExpertBatch {
   const void *const *pair_slots = nullptr;
   /// Host memory, [n_pairs]: per pair, its expert id (given with pair_slots).
   const int32_t *pair_experts = nullptr;
+  /// Backend memory, for a batch that covers some pairs (a staged acquire's wave: the pairs
+  /// whose experts became resident together), published by the store (store::Acquisition's
+  /// wave_table): the n_wave covered pairs in ascending order, [3][n_wave] the addresses of their
+  /// gate, up and down weights; null when the batch has none (the host copies are there either way).
+  const void *const *wave_table = nullptr;
+  /// Backend memory, with wave_table: int32 [3][n_wave] each entry's token (the same in every
+  /// row), then int32 [n_wave] each entry's pair.
+  const int32_t *wave_lists = nullptr;
+  int64_t n_wave = 0;
 };
 
 /// Sampling. First the repetition penalty: the logit z of each distinct token in
@@ -211,7 +220,7 @@ class Backend {
   virtual int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) = 0;
 
   // ---- elementwise ops and device copies ----
-  // (DeepSeek-V4 ops, issue #6. Signatures are stable; changes are noted here.)
+  // (DeepSeek-V4 ops. Signatures are stable; changes are noted here.)
   /// y = a · b elementwise (all f32, same shape); y may alias a or b.
   virtual void mul(const Tensor &a, const Tensor &b, const Tensor &y) = 0;
   /// y = s · x elementwise (f32, same shape); y may alias x.
@@ -273,7 +282,7 @@ class Backend {
   /// finite value is an error on the CPU (Status::corrupt) and ignored on CUDA.
   virtual void set_visible(const Tensor &indices, const Tensor &values, int64_t offset, const Tensor &mask) = 0;
 
-  // ---- Kimi-Linear / Kimi-K3 ops (docs/models/kimi-linear.md, kimi-k3.md; issue #7) ----
+  // ---- Kimi-Linear / Kimi-K3 ops (docs/models/kimi-linear.md, kimi-k3.md) ----
   // Shape checks: backend/kimi_checks.hpp. All tensors f32.
   /// Depthwise causal convolution of width K, then SiLU, continuing a sequence: with x̂ = the
   /// K − 1 state rows followed by x's T rows,

@@ -4,7 +4,9 @@
 //
 // Initialisation fails with EP_ERR_BUDGET when the slots cannot hold the largest unique set
 // one acquire may need: min(top_k × tokens_per_acquire, num_experts) — otherwise an acquire
-// could need more experts resident at once than there are slots.
+// could need more experts resident at once than there are slots. tokens_per_acquire 0 asks for
+// as many tokens as the slots hold top_k experts for: clamp(slots / top_k, 1, ⌈num_experts /
+// top_k⌉) (an expert-major pass covers the rest of a larger step).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +20,7 @@ struct BudgetRequest {
   uint64_t reserve_bytes = 0;    ///< kept free for activations, workspaces, other users
   uint64_t object_bytes = 0;     ///< one slot: the largest object, aligned
   uint32_t top_k = 1;
-  uint32_t tokens_per_acquire = 1;
+  uint32_t tokens_per_acquire = 1;  ///< 0: as many as the slots hold (see above)
   uint32_t num_experts = 1;      ///< per layer
   uint64_t total_objects = UINT64_MAX;  ///< layers × experts: more slots are never useful
 };
@@ -26,6 +28,7 @@ struct BudgetRequest {
 struct Budget {
   uint32_t slots = 0;
   uint32_t min_slots = 0;     ///< the largest unique set of one acquire
+  uint32_t tokens_per_acquire = 0;  ///< the request's, or the one derived from the slots
   uint64_t usable_bytes = 0;  ///< min(requested, free − reserve)
   uint64_t cache_bytes = 0;   ///< slots × object_bytes
 };

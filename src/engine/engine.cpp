@@ -4,7 +4,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "engine/pack_resolution.hpp"
-#include "engine/packed_experts.hpp"
+#include "experts/packed_experts.hpp"
 #include "store/stats.hpp"
 #ifdef EP_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"
@@ -71,7 +71,7 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
   const std::string source = given_pack ? rm.source : path;
   const std::string arch = model::source_architecture(source);
   if (!model::architecture_known(arch))
-    fail(Status::unsupported, "{}: architecture '{}' is not supported (supported: deepseek4, kimi-linear, kimi-k3)", source, arch);
+    fail(Status::unsupported, "{}: architecture '{}' is not supported (supported: {})", source, arch, model::known_architectures());
   const bool use_cuda = choose_cuda(options.device, options.device_index, arch, source);
   std::unique_ptr<Engine> e(new Engine());
   void *cuda_stream = nullptr;
@@ -95,7 +95,7 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
   model::CausalLmOptions lo;
   lo.resident_experts = false;
   e->lm_ = model::open_causal_lm(rm.source, *e->backend_, lo);
-  PackedExpertsOptions po;
+  experts::PackedExpertsOptions po;
   po.cache_bytes = options.cache_bytes ? options.cache_bytes : UINT64_MAX;
   po.staging_slots = options.staging_slots;
   po.queue_depth = options.queue_depth;
@@ -108,7 +108,7 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
   po.cuda_device = e->device_index_;
   po.cuda_stream = cuda_stream;
   po.first_layer = e->lm_->first_expert_layer();
-  auto packed = std::make_unique<PackedExperts>(rm.pack, e->lm_->expert_shapes(), e->lm_->info().n_experts_used, po);
+  auto packed = std::make_unique<experts::PackedExperts>(rm.pack, e->lm_->expert_shapes(), e->lm_->info().n_experts_used, po);
   e->packed_ = packed.get();
   e->lm_->set_experts(std::move(packed));
   e->pack_path_ = rm.pack;

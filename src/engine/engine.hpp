@@ -15,9 +15,11 @@
 #include <mutex>
 #include <string>
 
-namespace ep::engine {
-
+namespace ep::experts {
 class PackedExperts;
+}  // namespace ep::experts
+
+namespace ep::engine {
 
 /// Where a model runs.
 enum class DeviceChoice : uint8_t {
@@ -83,7 +85,7 @@ class Engine {
   Engine() = default;
   std::unique_ptr<backend::Backend> backend_;
   std::unique_ptr<model::CausalLm> lm_;
-  PackedExperts *packed_ = nullptr;  // owned by lm_; null with resident experts
+  experts::PackedExperts *packed_ = nullptr;  // owned by lm_; null with resident experts
   std::string pack_path_, source_path_;
   int32_t device_index_ = -1;
   mutable std::mutex mutex_;

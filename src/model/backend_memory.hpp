@@ -4,7 +4,7 @@
 #pragma once
 
 #include "backend/backend.hpp"
-#include "model/expert_provider.hpp"
+#include "backend/device_buffer.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +12,7 @@
 
 namespace ep::model {
 
+using backend::DeviceBuffer;
 class WeightCatalog;
 
 /// The part of a model's weight loader that both models share: copies weight bytes into

@@ -16,9 +16,6 @@
 
 namespace ep::model {
 
-// Kimi on CUDA (helper kimi-cuda's kernels) is enabled here once its GPU tests pass.
-bool kimi_runs_on(backend::Device device) { return device == backend::Device::cpu || device == backend::Device::cuda; }
-
 void CausalLm::forward(const int32_t *tokens, int64_t n, LmState &state, float *logits) {
   const backend::Tensor out = forward(tokens, n, state, logits ? LogitRows::all : LogitRows::none);
   if (logits && out.data) backend().download(logits, out.data, out.n_bytes());
@@ -66,9 +63,9 @@ class ModelLm final : public CausalLm {
     return out;
   }
   backend::Backend &backend() const override { return m_->backend(); }
-  const std::vector<ExpertShape> &expert_shapes() const override { return m_->expert_shapes(); }
+  const std::vector<experts::ExpertShape> &expert_shapes() const override { return m_->expert_shapes(); }
   int64_t first_expert_layer() const override { return first_; }
-  void set_experts(std::unique_ptr<ExpertProvider> experts) override { m_->set_experts(std::move(experts)); }
+  void set_experts(std::unique_ptr<experts::ExpertProvider> experts) override { m_->set_experts(std::move(experts)); }
   uint64_t weight_bytes() const override { return m_->weight_bytes(); }
 
  private:
@@ -116,21 +113,21 @@ std::unique_ptr<CausalLm> open_kimi_lm(const std::string &source, backend::Backe
 }
 
 using OpenFn = std::unique_ptr<CausalLm> (*)(const std::string &, backend::Backend &, const CausalLmOptions &);
-using RunsOnFn = bool (*)(backend::Device);
 
-bool deepseek_v4_runs_on(backend::Device d) { return d == backend::Device::cpu || d == backend::Device::cuda; }
-
+/// One row per architecture: the one list of what open_causal_lm() opens (the C API, the engine's
+/// device choice and every message naming the supported architectures read it). Adding an
+/// architecture: docs/howto/adding-a-model.md.
 struct Architecture {
-  std::string_view gguf_name;   ///< general.architecture
-  std::string_view hf_type;     ///< config.json model_type
+  std::string_view gguf_name;  ///< general.architecture
+  std::string_view hf_type;    ///< config.json model_type
   OpenFn open;
-  RunsOnFn runs_on;
+  bool cuda;                   ///< the CUDA backend runs it (the CPU backend runs every one)
 };
 
 const std::array<Architecture, 3> kArchitectures = {{
-    {"deepseek4", "deepseek_v4", &open_deepseek_v4_lm, &deepseek_v4_runs_on},
-    {"kimi-linear", "kimi_linear", &open_kimi_lm, &kimi_runs_on},
-    {"kimi-k3", "kimi_k3", &open_kimi_lm, &kimi_runs_on},
+    {"deepseek4", "deepseek_v4", &open_deepseek_v4_lm, true},
+    {"kimi-linear", "kimi_linear", &open_kimi_lm, true},
+    {"kimi-k3", "kimi_k3", &open_kimi_lm, true},
 }};
 
 const Architecture *find_architecture(const std::string &name) {
@@ -139,13 +136,15 @@ const Architecture *find_architecture(const std::string &name) {
   return nullptr;
 }
 
-std::string known_names() {
+bool runs_on(const Architecture &a, backend::Device device) { return device == backend::Device::cpu || a.cuda; }
+
+}  // namespace
+
+std::string known_architectures() {
   std::string s;
   for (const Architecture &a : kArchitectures) s += (s.empty() ? "" : ", ") + std::string(a.gguf_name);
   return s;
 }
-
-}  // namespace
 
 std::string source_architecture(const std::string &source) {
   using format::FileFormat;
@@ -183,14 +182,14 @@ bool architecture_known(const std::string &architecture) { return find_architect
 
 bool architecture_runs_on(const std::string &architecture, backend::Device device) {
   const Architecture *a = find_architecture(architecture);
-  return a && a->runs_on(device);
+  return a && runs_on(*a, device);
 }
 
 std::unique_ptr<CausalLm> open_causal_lm(const std::string &source, backend::Backend &backend, const CausalLmOptions &options) {
   const std::string arch = source_architecture(source);
   const Architecture *a = find_architecture(arch);
-  if (!a) fail(Status::unsupported, "{}: architecture '{}' is not supported (supported: {})", source, arch, known_names());
-  if (!a->runs_on(backend.device()))
+  if (!a) fail(Status::unsupported, "{}: architecture '{}' is not supported (supported: {})", source, arch, known_architectures());
+  if (!runs_on(*a, backend.device()))
     fail(Status::unsupported, "{}: the {} model does not run on the {} backend yet (use the CPU)", source, arch,
          backend::device_name(backend.device()));
   return a->open(source, backend, options);

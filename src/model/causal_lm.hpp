@@ -15,7 +15,7 @@
 #pragma once
 
 #include "backend/backend.hpp"
-#include "model/expert_provider.hpp"
+#include "experts/provider.hpp"
 #include "model/logit_rows.hpp"
 
 #include <cstdint>
@@ -77,11 +77,11 @@ class CausalLm {
   /// The backend the model runs on.
   virtual backend::Backend &backend() const = 0;
   /// Per provider layer (= pack layer): the routed experts' types and shapes in the source.
-  virtual const std::vector<ExpertShape> &expert_shapes() const = 0;
+  virtual const std::vector<experts::ExpertShape> &expert_shapes() const = 0;
   /// The model block of provider / pack layer 0 (the number of leading dense blocks).
   virtual int64_t first_expert_layer() const = 0;
   /// Replaces the routed-expert source (e.g. PackedExperts with first_layer = first_expert_layer()).
-  virtual void set_experts(std::unique_ptr<ExpertProvider> experts) = 0;
+  virtual void set_experts(std::unique_ptr<experts::ExpertProvider> experts) = 0;
   /// Bytes of weights held in backend memory.
   virtual uint64_t weight_bytes() const = 0;
 };
@@ -92,15 +92,13 @@ class CausalLm {
 std::string source_architecture(const std::string &source);
 /// True when @p architecture is one open_causal_lm() opens.
 bool architecture_known(const std::string &architecture);
+/// The architectures open_causal_lm() opens, by their GGUF names, comma-separated (for messages).
+std::string known_architectures();
 /// True when the architecture's model runs on @p device (false for unknown architectures).
 bool architecture_runs_on(const std::string &architecture, backend::Device device);
 /// Opens the model of @p source on @p backend, dispatching on source_architecture().
 /// Status::unsupported (naming the file and the architecture) for an unknown architecture.
 std::unique_ptr<CausalLm> open_causal_lm(const std::string &source, backend::Backend &backend,
                                          const CausalLmOptions &options = {});
-
-/// Kimi's devices in the C API: the CPU until its CUDA path has passed the GPU tests
-/// (model_kimi_gpu_test, model_kimi_capi_gpu_test); then add Device::cuda here.
-bool kimi_runs_on(backend::Device device);
 
 }  // namespace ep::model

@@ -4,9 +4,12 @@
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "experts/resident_experts.hpp"
+#include "experts/runner.hpp"
 #include "format/file_format.hpp"
 #include "format/gguf.hpp"
 #include "model/backend_memory.hpp"
+#include "model/stacked_experts.hpp"
 #include "model/weight_catalog.hpp"
 
 #include <algorithm>
@@ -187,7 +190,7 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
   w_->output_hc_fn = ld.matrix("output_hc_fn.weight", hc * D, hc);
   w_->output_hc_base = ld.params("output_hc_base.weight", {hc});
   w_->output_hc_scale = ld.params("output_hc_scale.weight", {1});
-  auto resident = std::make_unique<ResidentExperts>(be);
+  auto resident = std::make_unique<experts::ResidentExperts>(be);
   bool experts_ok = true;
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const std::string b = fmt::format("blk.{}.", il);
@@ -236,8 +239,9 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
     const CatalogEntry *ue = ld.entry(b + "ffn_up_exps.weight", {D, F, E});
     const CatalogEntry *de = ld.entry(b + "ffn_down_exps.weight", {F, D, E});
     if (ge && ue && de && experts_ok) {
-      expert_shapes_.push_back(expert_shape_of(*ge, *ue, *de));
-      if (options.resident_experts) resident->add_layer(*ge, *ue, *de);
+      const experts::StackedRole gr = stacked_role(*ge), ur = stacked_role(*ue), dr = stacked_role(*de);
+      expert_shapes_.push_back(experts::expert_shape_of(gr, ur, dr));
+      if (options.resident_experts) resident->add_layer(gr, ur, dr);
     } else {
       experts_ok = false;
     }
@@ -493,12 +497,19 @@ void DeepseekV4Model::moe(int64_t il, const float *x, const Batch &s, float *out
   Scratch &sc = *site_scratch_;
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
   const int64_t D = c.hidden, E = c.n_experts, K = c.n_experts_used, n = s.n;
-  float *logits = sc.f32(E * n), *wts = sc.f32(K * n), *shared = sc.f32(D * n);
-  int32_t *ids_d = sc.i32(K * n);
-  // Layer l's router on x: its picks (ids) and weights.
-  auto route = [&](int64_t layer, float *lg, int32_t *ids, float *w) {
+  float *shared = sc.f32(D * n);
+  if (!experts_) fail(Status::internal, "DeepSeek-V4: no routed-expert provider (set_experts() was not called)");
+  // Every block is a MoE block: provider layer = block. The router of block l on x: its picks
+  // (ids) and weights.
+  experts::MoeLayer ml;
+  ml.layer = il;
+  ml.next_layer = il + 1 < c.n_layers ? il + 1 : -1;
+  ml.route = [&](bool next) {
+    const int64_t layer = next ? il + 1 : il;
     const Weights::Layer &RL = w_->layers[static_cast<size_t>(layer)];
-    log::trace("DeepSeek-V4 layer {}: the router over {} tokens{}", layer, n, layer == il ? "" : " (a prefetch hint)");
+    log::trace("DeepSeek-V4 layer {}: the router over {} tokens{}", layer, n, next ? " (a prefetch hint)" : "");
+    float *lg = sc.f32(E * n), *w = sc.f32(K * n);
+    int32_t *ids = sc.i32(K * n);
     mm(RL.gate_inp, x, D, n, lg);
     backend::RouterParams rp;
     rp.scoring = backend::Scoring::sqrt_softplus;
@@ -511,31 +522,20 @@ void DeepseekV4Model::moe(int64_t il, const float *x, const Batch &s, float *out
     } else {
       rp.bias = &RL.bias;
     }
-    be_.route(dev_f32(dv, lg, {E, n}), rp, dev_i32(dv, ids, {K, n}), dev_f32(dv, w, {K, n}));
+    experts::Routed r{dev_i32(dv, ids, {K, n}), dev_f32(dv, w, {K, n})};
+    be_.route(dev_f32(dv, lg, {E, n}), rp, r.ids, r.weights);
+    return r;
   };
-  route(il, logits, ids_d, wts);
-  // Prefetch: the next layer's router on this layer's input predicts its picks (exactly, for a
-  // hash-routed layer: they depend on the token only). Only its ids are used, as a hint.
-  Tensor hint_t;
-  int64_t hint_layer = -1;
-  if (experts_ && experts_->wants_hints() && il + 1 < c.n_layers) {
-    int32_t *next_ids = sc.i32(K * n);
-    route(il + 1, sc.f32(E * n), next_ids, sc.f32(K * n));
-    hint_t = dev_i32(dv, next_ids, {K, n});
-    hint_layer = il + 1;
-  }
   backend::Activation act;
   act.kind = backend::ActivationKind::swiglu;
   act.limit = c.swiglu_limit[static_cast<size_t>(il)];
-  if (!experts_) fail(Status::internal, "DeepSeek-V4: no routed-expert provider (set_experts() was not called)");
   // The shared experts are queued while the router's ids travel to the host (when the provider
   // needs them there: a cache decides hits and misses on the host).
-  const Tensor ids_t = dev_i32(dv, ids_d, {K, n});
-  const RoutedPicks picks = start_routed_experts(be_, *experts_, il, ids_t, hint_layer >= 0 ? &hint_t : nullptr, hint_layer);
+  const experts::MoeStep step = experts::start_moe(be_, *experts_, ml);
   backend::Activation sact = act;
   sact.limit = c.swiglu_limit_shared[static_cast<size_t>(il)];
   be_.ffn(dev_f32(dv, x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, sact, dev_f32(dv, shared, {D, n}));
-  finish_routed_experts(be_, *experts_, picks, dev_f32(dv, wts, {K, n}), x, out, D, act);
+  experts::finish_moe(be_, *experts_, step, x, out, D, act);
   be_.add(dev_f32(dv, out, {D, n}), dev_f32(dv, shared, {D, n}), dev_f32(dv, out, {D, n}));
 }
 

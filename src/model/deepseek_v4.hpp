@@ -12,9 +12,9 @@
 #pragma once
 
 #include "backend/backend.hpp"
+#include "experts/provider.hpp"
 #include "model/backend_memory.hpp"
 #include "model/deepseek_v4_config.hpp"
-#include "model/expert_provider.hpp"
 #include "model/logit_rows.hpp"
 
 #include <cstdint>
@@ -93,10 +93,10 @@ class DeepseekV4Model {
   /// The backend the model runs on.
   backend::Backend &backend() const { return be_; }
   /// Replaces the routed-expert source (e.g. the ExpertStore); layouts must match.
-  void set_experts(std::unique_ptr<ExpertProvider> experts) { experts_ = std::move(experts); }
-  ExpertProvider *experts() const { return experts_.get(); }
+  void set_experts(std::unique_ptr<experts::ExpertProvider> experts) { experts_ = std::move(experts); }
+  experts::ExpertProvider *experts() const { return experts_.get(); }
   /// Per layer: the routed experts' types and shapes as the source file has them.
-  const std::vector<ExpertShape> &expert_shapes() const { return expert_shapes_; }
+  const std::vector<experts::ExpertShape> &expert_shapes() const { return expert_shapes_; }
   /// Bytes of weights held in backend memory (dense + resident experts).
   uint64_t weight_bytes() const { return weight_bytes_; }
 
@@ -116,8 +116,8 @@ class DeepseekV4Model {
   DeepseekV4Config cfg_;
   backend::Backend &be_;
   std::unique_ptr<Weights> w_;
-  std::unique_ptr<ExpertProvider> experts_;
-  std::vector<ExpertShape> expert_shapes_;
+  std::unique_ptr<experts::ExpertProvider> experts_;
+  std::vector<experts::ExpertShape> expert_shapes_;
   uint64_t weight_bytes_ = 0;
   std::unique_ptr<Scratch> fwd_scratch_;   ///< activations that live for one forward()
   std::unique_ptr<Scratch> site_scratch_;  ///< activations of one attention / FFN site

@@ -3,8 +3,11 @@
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "experts/resident_experts.hpp"
+#include "experts/runner.hpp"
 #include "format/file_format.hpp"
 #include "format/gguf.hpp"
+#include "model/stacked_experts.hpp"
 #include "model/weight_catalog.hpp"
 
 #include <algorithm>
@@ -132,7 +135,7 @@ KimiModel::KimiModel(const KimiConfig &c, WeightCatalog &cat, backend::Backend &
   w_->output_norm = ld.vec("output_norm.weight", D);
   if (c.attn_res_block_size > 0) w_->output_res = ld.vec("output_res_score.weight", D);
   const int64_t LAT = c.expert_latent_dim > 0 ? c.expert_latent_dim : D;
-  auto resident = std::make_unique<ResidentExperts>(be);
+  auto resident = std::make_unique<experts::ResidentExperts>(be);
   bool experts_ok = true;
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const std::string b = fmt::format("blk.{}.", il);
@@ -213,8 +216,9 @@ KimiModel::KimiModel(const KimiConfig &c, WeightCatalog &cat, backend::Backend &
       const CatalogEntry *ue = ld.entry(b + "ffn_up_exps.weight", {LAT, F, E});
       const CatalogEntry *de = ld.entry(b + "ffn_down_exps.weight", {F, LAT, E});
       if (ge && ue && de && experts_ok) {
-        expert_shapes_.push_back(expert_shape_of(*ge, *ue, *de));
-        if (options.resident_experts) resident->add_layer(*ge, *ue, *de);
+        const experts::StackedRole gr = stacked_role(*ge), ur = stacked_role(*ue), dr = stacked_role(*de);
+        expert_shapes_.push_back(experts::expert_shape_of(gr, ur, dr));
+        if (options.resident_experts) resident->add_layer(gr, ur, dr);
       } else {
         experts_ok = false;
       }
@@ -386,12 +390,17 @@ void KimiModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
     return;
   }
   const int64_t E = c.n_experts, K = c.n_experts_used, mi = moe_index_[static_cast<size_t>(il)];
-  float *logits = sc.f32(E * n), *wts = sc.f32(K * n);
-  int32_t *ids_d = sc.i32(K * n);
-  // Layer l's router on x: its picks (ids) and weights.
-  auto route = [&](int64_t layer, float *lg, int32_t *ids, float *w) {
+  if (!experts_) fail(Status::internal, "Kimi-Linear: no routed-expert provider (set_experts() was not called)");
+  // The router of block l on x: its picks (ids) and weights.
+  experts::MoeLayer ml;
+  ml.layer = mi;
+  ml.next_layer = il + 1 < c.n_layers && c.is_moe(il + 1) ? moe_index_[static_cast<size_t>(il + 1)] : -1;
+  ml.route = [&](bool next) {
+    const int64_t layer = next ? il + 1 : il;
     const Weights::Layer &RL = w_->layers[static_cast<size_t>(layer)];
-    log::trace("Kimi layer {}: the router over {} tokens{}", layer, n, layer == il ? "" : " (a prefetch hint)");
+    log::trace("Kimi layer {}: the router over {} tokens{}", layer, n, next ? " (a prefetch hint)" : "");
+    float *lg = sc.f32(E * n), *w = sc.f32(K * n);
+    int32_t *ids = sc.i32(K * n);
     be_.matmul(RL.gate_inp, dev_f32(dv, x, {D, n}), dev_f32(dv, lg, {E, n}));
     backend::RouterParams rp;
     rp.scoring = backend::Scoring::sigmoid;
@@ -399,24 +408,13 @@ void KimiModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
     rp.renormalize = c.norm_topk;
     rp.scale = c.routed_scale;
     rp.bias = &RL.bias;
-    be_.route(dev_f32(dv, lg, {E, n}), rp, dev_i32(dv, ids, {K, n}), dev_f32(dv, w, {K, n}));
+    experts::Routed r{dev_i32(dv, ids, {K, n}), dev_f32(dv, w, {K, n})};
+    be_.route(dev_f32(dv, lg, {E, n}), rp, r.ids, r.weights);
+    return r;
   };
-  route(il, logits, ids_d, wts);
-  if (!experts_) fail(Status::internal, "Kimi-Linear: no routed-expert provider (set_experts() was not called)");
-  // Prefetch: the next MoE layer's router on this layer's input predicts its picks (only its ids
-  // are used, as a hint).
-  Tensor hint_t;
-  int64_t hint_layer = -1;
-  if (experts_->wants_hints() && il + 1 < c.n_layers && c.is_moe(il + 1)) {
-    int32_t *next_ids = sc.i32(K * n);
-    route(il + 1, sc.f32(E * n), next_ids, sc.f32(K * n));
-    hint_t = dev_i32(dv, next_ids, {K, n});
-    hint_layer = moe_index_[static_cast<size_t>(il + 1)];
-  }
   // The ids travel to the host (when the provider needs them there) while the latent projection
   // and the shared experts are queued.
-  const RoutedPicks picks =
-      start_routed_experts(be_, *experts_, mi, dev_i32(dv, ids_d, {K, n}), hint_layer >= 0 ? &hint_t : nullptr, hint_layer);
+  const experts::MoeStep step = experts::start_moe(be_, *experts_, ml);
   // K3 latent MoE: the experts run on routed_down(x) and write a latent result
   const int64_t DX = c.expert_latent_dim > 0 ? c.expert_latent_dim : D;
   const float *xe = x;
@@ -429,7 +427,7 @@ void KimiModel::ffn(int64_t il, const float *x, int64_t n, float *out) {
   }
   float *shared = c.n_shared_experts > 0 ? sc.f32(D * n) : nullptr;
   if (shared) be_.ffn(dev_f32(dv, x, {D, n}), L.sh_gate, L.sh_up, L.sh_down, act, dev_f32(dv, shared, {D, n}));
-  finish_routed_experts(be_, *experts_, picks, dev_f32(dv, wts, {K, n}), xe, ye, DX, act);
+  experts::finish_moe(be_, *experts_, step, xe, ye, DX, act);
   if (c.expert_latent_dim > 0) {
     be_.rms_norm(dev_f32(dv, ye, {DX, n}), L.routed_norm.data ? &L.routed_norm : nullptr, c.rms_eps, dev_f32(dv, ye, {DX, n}));
     be_.matmul(L.routed_up, dev_f32(dv, ye, {DX, n}), dev_f32(dv, out, {D, n}));

@@ -15,8 +15,8 @@
 #pragma once
 
 #include "backend/backend.hpp"
+#include "experts/provider.hpp"
 #include "model/backend_memory.hpp"
-#include "model/expert_provider.hpp"
 #include "model/logit_rows.hpp"
 #include "model/kimi_config.hpp"
 
@@ -91,12 +91,12 @@ class KimiModel {
 
   /// Replaces the routed-expert source. The provider's layer index is the MoE layer's ordinal
   /// (moe_index()), not the model layer: the dense first layers have no experts.
-  void set_experts(std::unique_ptr<ExpertProvider> experts) { experts_ = std::move(experts); }
-  ExpertProvider *experts() const { return experts_.get(); }
+  void set_experts(std::unique_ptr<experts::ExpertProvider> experts) { experts_ = std::move(experts); }
+  experts::ExpertProvider *experts() const { return experts_.get(); }
   /// The provider index of model layer @p layer, or −1 for a dense layer.
   int64_t moe_index(int64_t layer) const { return moe_index_.at(static_cast<size_t>(layer)); }
   /// Per MoE layer (in moe_index order): the routed experts' types and shapes in the source file.
-  const std::vector<ExpertShape> &expert_shapes() const { return expert_shapes_; }
+  const std::vector<experts::ExpertShape> &expert_shapes() const { return expert_shapes_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
 
   struct Weights;
@@ -111,8 +111,8 @@ class KimiModel {
   KimiConfig cfg_;
   backend::Backend &be_;
   std::unique_ptr<Weights> w_;
-  std::unique_ptr<ExpertProvider> experts_;
-  std::vector<ExpertShape> expert_shapes_;
+  std::unique_ptr<experts::ExpertProvider> experts_;
+  std::vector<experts::ExpertShape> expert_shapes_;
   std::vector<int64_t> moe_index_;
   uint64_t weight_bytes_ = 0;
   std::unique_ptr<BackendScratch> fwd_scratch_;   ///< activations that live for one forward()

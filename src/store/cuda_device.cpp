@@ -173,9 +173,12 @@ class CudaStoreDevice final : public StoreDevice {
     gpu::throw_error(e, "cudaEventQuery(last_use)");
   }
 
-  const void *const *publish_table(uint32_t table, const void *const *pointers, uint32_t count) override {
-    const void **host = host_tables_ + static_cast<size_t>(table) * shape_.table_entries;
-    const void **dev = device_tables_ + static_cast<size_t>(table) * shape_.table_entries;
+  const void *const *publish_table(uint32_t table, const void *const *pointers, uint32_t count, uint32_t first) override {
+    if (table >= shape_.tables || first > shape_.table_entries || count > shape_.table_entries - first)
+      fail(Status::internal, "CUDA store device: table {} with {} words at word {} (it holds {})", table, count, first,
+           shape_.table_entries);
+    const void **host = host_tables_ + static_cast<size_t>(table) * shape_.table_entries + first;
+    const void **dev = device_tables_ + static_cast<size_t>(table) * shape_.table_entries + first;
     std::memcpy(host, pointers, count * sizeof(void *));
     EP_CUDA_CHECK(cudaMemcpyAsync(dev, host, count * sizeof(void *), cudaMemcpyHostToDevice, compute_));
     return dev;

@@ -23,7 +23,7 @@ struct DeviceShape {
   uint32_t staging_slots = 0;
   uint64_t staging_slot_bytes = 0;
   uint32_t tables = 0;           ///< pointer tables in the ring
-  uint32_t table_entries = 0;    ///< pointers per table
+  uint32_t table_entries = 0;    ///< pointer-sized words per table
   uint32_t host_slots = 0;       ///< slots of the host-RAM tier (slot_bytes each; 0 = no tier)
 };
 
@@ -80,9 +80,10 @@ class StoreDevice {
   /// True once the work before the last record_last_use(@p slot) finished.
   virtual bool last_use_done(uint32_t slot) = 0;
 
-  /// Publishes @p count pointers as table @p table on the compute stream; returns the table's
-  /// address in device memory.
-  virtual const void *const *publish_table(uint32_t table, const void *const *pointers, uint32_t count) = 0;
+  /// Publishes @p count pointer-sized words at word @p first of table @p table on the compute
+  /// stream (words before @p first are left as they are); returns the address of word @p first in
+  /// device memory.
+  virtual const void *const *publish_table(uint32_t table, const void *const *pointers, uint32_t count, uint32_t first) = 0;
   /// Records table @p table's `done` event on the compute stream (at release).
   virtual void record_table_done(uint32_t table) = 0;
   /// Blocks the host until table @p table may be rewritten.
@@ -122,7 +123,7 @@ class HostDevice final : public StoreDevice {
   void compute_wait_ready(uint32_t) override {}
   void record_last_use(uint32_t slot) override;
   bool last_use_done(uint32_t slot) override;
-  const void *const *publish_table(uint32_t table, const void *const *pointers, uint32_t count) override;
+  const void *const *publish_table(uint32_t table, const void *const *pointers, uint32_t count, uint32_t first) override;
   void record_table_done(uint32_t) override {}
   void wait_table(uint32_t) override {}
   void read_slot(uint32_t slot, void *dst, uint64_t bytes) override;

@@ -10,6 +10,7 @@
 #include "store/host_memory.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 namespace ep::store {
 
@@ -77,7 +78,9 @@ io::ReadRequest extent_read(uint32_t file, uint64_t offset, uint64_t bytes, std:
 struct ExpertStore::Held {
   std::vector<uint32_t> unique;   // expert ids, ascending; parallel to slots
   std::vector<SlotRef> slots;     // pinned
-  uint32_t table = kNoTable;
+  uint32_t table = kNoTable;      // its ring table (released with it)
+  uint64_t table_used = 0;        // words of the table its waves took
+  std::vector<uint64_t> table_offsets;  // the table's rows
   std::vector<uint32_t> pending;  // slots whose read has not landed
   std::vector<uint32_t> landed;   // slots ready, not handed out by wait_ready() yet
   Status status = Status::ok;
@@ -128,8 +131,6 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   }
   slot_bytes_ = io::align_up(layout.max_object_bytes(), io::kDirectAlignment);
   staging_slot_bytes_ = std::max(slot_bytes_, staging_room);
-  max_ids_ = options_.top_k * options_.tokens_per_acquire;
-  table_ids_ = options_.table_ids ? options_.table_ids : max_ids_;
   const uint64_t total_objects = static_cast<uint64_t>(layout.num_layers()) * layout.num_experts();
   cache::BudgetRequest br;
   br.requested_bytes = options_.cache_bytes;
@@ -141,6 +142,9 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   br.num_experts = layout.num_experts();
   br.total_objects = total_objects;
   const cache::Budget budget = cache::compute_budget(br);
+  options_.tokens_per_acquire = budget.tokens_per_acquire;
+  max_ids_ = options_.top_k * options_.tokens_per_acquire;
+  table_ids_ = options_.table_ids ? options_.table_ids : max_ids_;
   options_.staging_slots = std::max<uint32_t>(1, options_.staging_slots);
   if (!(options_.decay.half_life_ticks > 0)) options_.decay.half_life_ticks = 32.0 * layout.num_layers();
   options_.table_ring = std::max<uint32_t>(1, options_.table_ring);
@@ -174,7 +178,11 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   shape.staging_slots = options_.staging_slots;
   shape.staging_slot_bytes = staging_slot_bytes_;
   shape.tables = options_.table_ring;
-  shape.table_entries = table_ids_ * std::max<uint32_t>(options_.table_rows, 1);
+  // A table holds every id's addresses, or the waves of a staged acquire: the same addresses
+  // plus each entry's tokens and position (wave_words), one wave per landing.
+  const uint32_t rows = std::max<uint32_t>(options_.table_rows, 1);
+  table_words_ = static_cast<uint64_t>(table_ids_) * rows + (static_cast<uint64_t>(table_ids_) * (rows + 3) + 1) / 2;
+  shape.table_entries = static_cast<uint32_t>(table_words_);
   shape.host_slots = host_slots_;
   device_->allocate(shape);
 
@@ -220,6 +228,8 @@ ExpertStore::~ExpertStore() {
 }
 
 uint32_t ExpertStore::num_slots() const { return cache_->num_slots(); }
+
+uint32_t ExpertStore::max_unique() const { return std::min(max_ids_, options_.objects->num_experts()); }
 
 bool ExpertStore::evictable_demand(uint32_t s) const { return pins_[s] == 0 && device_->last_use_done(s); }
 
@@ -425,10 +435,8 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
   if (!waited) log::warn("{} (a prefetch: dropped)", error);
 }
 
-Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, std::span<const uint64_t> table_offsets,
-                                 bool staged) {
-  static constexpr uint64_t kSlotsOnly[1] = {0};
-  if (table_offsets.empty()) table_offsets = kSlotsOnly;
+std::vector<uint32_t> ExpertStore::checked_unique(uint32_t layer, std::span<const uint32_t> ids,
+                                                  std::span<const uint64_t> table_offsets) const {
   if (table_offsets.size() > std::max<uint32_t>(options_.table_rows, 1))
     fail(Status::invalid_argument, "ExpertStore::acquire: {} table rows asked for, the store has {} (StoreOptions::table_rows)",
          table_offsets.size(), options_.table_rows);
@@ -441,7 +449,6 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
     if (id >= layout.num_experts())
       fail(Status::invalid_argument, "ExpertStore::acquire: layer {} expert id {} out of range (the pack has {} experts)",
            layer, id, layout.num_experts());
-
   std::vector<uint32_t> unique(ids.begin(), ids.end());
   std::sort(unique.begin(), unique.end());
   unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
@@ -449,14 +456,11 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
     fail(Status::invalid_argument,
          "ExpertStore::acquire: {} distinct experts for layer {}; at most {} (top_k {} x tokens_per_acquire {})", unique.size(),
          layer, max_ids_, options_.top_k, options_.tokens_per_acquire);
+  return unique;
+}
 
-  std::lock_guard lock(mutex_);
-  poll(false);  // land what finished meanwhile (prefetches): their copies start now
-  const uint64_t tick = ++tick_;
-  std::vector<uint32_t> slot_of(unique.size());
-  std::vector<uint32_t> pinned;
-  std::vector<size_t> misses;
-  Held held;
+uint32_t ExpertStore::pin_hits(uint32_t layer, const std::vector<uint32_t> &unique, uint64_t tick, std::vector<uint32_t> &slot_of,
+                               std::vector<size_t> &misses, Held &held) {
   uint32_t hits = 0;
   for (std::size_t i = 0; i < unique.size(); ++i) {
     const cache::Key key = cache::make_key(layer, unique[i]);
@@ -465,35 +469,40 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
       ++hits;
       cache_->touch(key, tick);
       ++pins_[*s];
-      pinned.push_back(*s);
       slot_of[i] = *s;
       if (prefetched_[*s]) {
         prefetched_[*s] = 0;
         ++totals_.prefetch_used;
       }
-      if (loads_[*s]) held.pending.push_back(*s);
+      if (loads_[*s]) held.pending.push_back(*s);  // a prefetch still being read
     } else {
       misses.push_back(i);
     }
   }
+  return hits;
+}
+
+std::vector<std::optional<uint32_t>> ExpertStore::place_misses(uint32_t layer, const std::vector<uint32_t> &unique,
+                                                               const std::vector<size_t> &misses, uint64_t tick,
+                                                               std::vector<uint32_t> &slot_of, const std::vector<size_t> &hits) {
   // Host-tier hits are pinned there first, so that demotions for this acquire's other misses
   // cannot take their tier slots: a tier slot is reused only once its promotion was issued (the
-  // demotion into it is ordered after that copy), i.e. by a later acquire.
+  // demotion into it is ordered after that copy), i.e. by a later acquire. The caller unpins them
+  // once the promotions are issued.
   std::vector<std::optional<uint32_t>> host_of(misses.size());
   if (host_)
     for (size_t j = 0; j < misses.size(); ++j)
       if ((host_of[j] = host_->find(cache::make_key(layer, unique[misses[j]])))) ++host_pins_[*host_of[j]];
-  auto unpin_host = [&] {
-    for (const auto &h : host_of)
-      if (h) --host_pins_[*h];
-  };
   for (size_t j = 0; j < misses.size(); ++j) {
     const cache::Key key = cache::make_key(layer, unique[misses[j]]);
     const auto s = place(key, tick, false);
     if (!s) {
-      for (uint32_t p : pinned) --pins_[p];
-      for (size_t k = 0; k < j; ++k) cache_->remove(cache::make_key(layer, unique[misses[k]]));
-      unpin_host();
+      for (size_t i : hits) --pins_[slot_of[i]];
+      for (size_t k = 0; k < j; ++k) {
+        --pins_[slot_of[misses[k]]];
+        cache_->remove(cache::make_key(layer, unique[misses[k]]));
+      }
+      unpin_host(host_of);
       fail(Status::budget,
            "ExpertStore::acquire: layer {}: no slot to evict for expert {}: all {} slots are needed by this acquire, "
            "pinned by unreleased acquires or reads in flight, or still read by kernels (release acquisitions, or raise the "
@@ -501,9 +510,19 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
            layer, unique[misses[j]], cache_->num_slots());
     }
     ++pins_[*s];
-    pinned.push_back(*s);
     slot_of[misses[j]] = *s;
   }
+  return host_of;
+}
+
+void ExpertStore::unpin_host(const std::vector<std::optional<uint32_t>> &host_of) {
+  for (const auto &h : host_of)
+    if (h) --host_pins_[*h];
+}
+
+uint32_t ExpertStore::load_misses(uint32_t layer, const std::vector<uint32_t> &unique, const std::vector<size_t> &misses,
+                                  const std::vector<std::optional<uint32_t>> &host_of, const std::vector<uint32_t> &slot_of,
+                                  Held &held) {
   uint32_t host_hits = 0;
   for (size_t j = 0; j < misses.size(); ++j) {
     const uint32_t s = slot_of[misses[j]];
@@ -516,8 +535,85 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
       held.pending.push_back(s);
     }
   }
-  unpin_host();
   pump();
+  return host_hits;
+}
+
+std::optional<uint32_t> ExpertStore::take_table() {
+  for (uint32_t k = 0; k < options_.table_ring; ++k) {
+    const uint32_t t = (next_table_ + k) % options_.table_ring;
+    if (!table_held_[t]) {
+      next_table_ = (t + 1) % options_.table_ring;
+      device_->wait_table(t);  // its last readers were queued a table_ring acquires ago
+      table_held_[t] = 1;
+      return t;
+    }
+  }
+  return std::nullopt;
+}
+
+uint64_t ExpertStore::wave_words(uint32_t entries, uint32_t rows) {
+  return static_cast<uint64_t>(rows) * entries + (static_cast<uint64_t>(rows + 1) * entries * sizeof(int32_t) + 7) / 8;
+}
+
+void ExpertStore::publish_wave(Held &h, Acquisition &a, const std::vector<uint8_t> &was_ready) {
+  a.wave_table = nullptr;
+  a.wave_lists = nullptr;
+  a.n_wave = 0;
+  if (h.table == kNoTable) return;
+  // The entries newly ready, in the order of the ids (for a step's picks: ascending pairs).
+  std::vector<uint32_t> entries;
+  for (uint32_t i = 0; i < a.ids.size(); ++i)
+    if (a.ready[i] && !was_ready[i]) entries.push_back(i);
+  if (entries.empty()) return;
+  const auto m = static_cast<uint32_t>(entries.size());
+  const auto rows = static_cast<uint32_t>(h.table_offsets.size());
+  std::vector<const void *> block(wave_words(m, rows), nullptr);
+  for (uint32_t r = 0; r < rows; ++r)
+    for (uint32_t e = 0; e < m; ++e)
+      block[static_cast<size_t>(r) * m + e] = static_cast<const std::byte *>(a.pointers[entries[e]]) + h.table_offsets[r];
+  // After the addresses: per row, each entry's token (its position / top_k: the input row its
+  // matrix reads), then each entry's position in the ids (the pair its result row belongs to).
+  std::vector<int32_t> lists;
+  lists.reserve(static_cast<size_t>(rows + 1) * m);
+  for (uint32_t r = 0; r < rows; ++r)
+    for (uint32_t i : entries) lists.push_back(static_cast<int32_t>(i / options_.top_k));
+  for (uint32_t i : entries) lists.push_back(static_cast<int32_t>(i));
+  std::memcpy(block.data() + static_cast<size_t>(rows) * m, lists.data(), lists.size() * sizeof(int32_t));
+  if (h.table_used + block.size() > table_words_)
+    fail(Status::internal, "ExpertStore: layer {}: wave table of {} entries overflows the table ({} of {} words used)", a.layer, m,
+         h.table_used, table_words_);
+  const void *const *dev = device_->publish_table(h.table, block.data(), static_cast<uint32_t>(block.size()),
+                                                  static_cast<uint32_t>(h.table_used));
+  h.table_used += block.size();
+  a.wave_table = dev;
+  a.wave_lists = reinterpret_cast<const int32_t *>(dev + static_cast<size_t>(rows) * m);
+  a.n_wave = m;
+}
+
+Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, std::span<const uint64_t> table_offsets,
+                                 bool staged) {
+  static constexpr uint64_t kSlotsOnly[1] = {0};
+  if (table_offsets.empty()) table_offsets = kSlotsOnly;
+  const std::vector<uint32_t> unique = checked_unique(layer, ids, table_offsets);
+
+  std::lock_guard lock(mutex_);
+  poll(false);  // land what finished meanwhile (prefetches): their copies start now
+  const uint64_t tick = ++tick_;
+  // The one dedup of a step: each distinct expert is a hit (pinned in its slot), a host-tier hit
+  // (promoted into a victim slot) or a miss (read into a victim slot).
+  std::vector<uint32_t> slot_of(unique.size());
+  std::vector<size_t> misses;
+  Held held;
+  const uint32_t hits = pin_hits(layer, unique, tick, slot_of, misses, held);
+  std::vector<size_t> hit_index;
+  for (size_t i = 0, j = 0; i < unique.size(); ++i) {
+    if (j < misses.size() && misses[j] == i) ++j;
+    else hit_index.push_back(i);
+  }
+  const std::vector<std::optional<uint32_t>> host_of = place_misses(layer, unique, misses, tick, slot_of, hit_index);
+  const uint32_t host_hits = load_misses(layer, unique, misses, host_of, slot_of, held);
+  unpin_host(host_of);
   totals_.cache_hits += hits;
   totals_.cache_misses += misses.size();
   totals_.host_hits += host_hits;
@@ -529,6 +625,7 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
       device_->compute_wait_ready(slot_of[i]);
   }
 
+  // Per id, as given: its slot's address, generation and whether it is ready.
   Acquisition a;
   a.ticket = next_ticket_++;
   a.layer = layer;
@@ -549,49 +646,52 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
   }
   held.unique = unique;
   for (uint32_t s : slot_of) held.slots.push_back(SlotRef{s, generation_[s]});
+  held.table_offsets.assign(table_offsets.begin(), table_offsets.end());
   held_.emplace_back(a.ticket, std::move(held));
   if (options_.record_trace) trace_.accesses.push_back(cache::TraceAccess{layer, a.ids, false});
+  auto this_held = [&] { return std::find_if(held_.begin(), held_.end(), [&](const auto &h) { return h.first == a.ticket; }); };
 
   if (!staged) {
     // A complete acquire: every read lands before it returns; a failure releases and throws.
     try {
       while (a.pending > 0) wait_ready_locked(a);
     } catch (...) {
-      auto it = std::find_if(held_.begin(), held_.end(), [&](const auto &h) { return h.first == a.ticket; });
+      auto it = this_held();
       if (it != held_.end()) end_held(it);
       throw;
     }
   }
-  // The device table, when it fits and every expert is ready: one row of addresses per table
-  // offset (e.g. the gate, up and down weights inside each slot).
-  if (a.pending == 0 && ids.size() <= table_ids_) {
-    uint32_t table = kNoTable;
-    for (uint32_t k = 0; k < options_.table_ring; ++k) {
-      const uint32_t t = (next_table_ + k) % options_.table_ring;
-      if (!table_held_[t]) {
-        table = t;
-        break;
-      }
-    }
-    auto it = std::find_if(held_.begin(), held_.end(), [&](const auto &h) { return h.first == a.ticket; });
-    if (table == kNoTable) {
-      end_held(it);
-      fail(Status::busy, "ExpertStore::acquire: {} acquisitions are unreleased (table_ring {}): release some first",
-           options_.table_ring, options_.table_ring);
-    }
-    next_table_ = (table + 1) % options_.table_ring;
-    device_->wait_table(table);
+  if (ids.size() > table_ids_) {
+    write_stats_every();
+    return a;
+  }
+  // The device table of this acquire (one ring table, released with it): every id's row of
+  // addresses per table offset (e.g. the gate, up and down weights inside each slot) when every
+  // expert is ready; else the ready ids' wave now, and each later wave from wait_ready().
+  auto it = this_held();
+  const std::optional<uint32_t> table = take_table();
+  if (!table) {
+    end_held(it);
+    fail(Status::busy, "ExpertStore::acquire: {} acquisitions are unreleased (table_ring {}): release some first",
+         options_.table_ring, options_.table_ring);
+  }
+  it->second.table = *table;
+  if (a.pending == 0) {
     std::vector<const void *> rows;
     rows.reserve(a.pointers.size() * table_offsets.size());
     for (uint64_t off : table_offsets)
       for (const void *p : a.pointers) rows.push_back(static_cast<const std::byte *>(p) + off);
-    a.device_table = device_->publish_table(table, rows.data(), static_cast<uint32_t>(rows.size()));
-    table_held_[table] = 1;
-    it->second.table = table;
+    a.device_table = device_->publish_table(*table, rows.data(), static_cast<uint32_t>(rows.size()), 0);
+  } else {
+    publish_wave(it->second, a, std::vector<uint8_t>(a.ids.size(), 0));
   }
+  write_stats_every();
+  return a;
+}
+
+void ExpertStore::write_stats_every() const {
   if (options_.stats_every && !options_.stats_path.empty() && totals_.acquires % options_.stats_every == 0)
     write_stats_file(stats_locked(), options_.stats_path);
-  return a;
 }
 
 std::vector<uint32_t> ExpertStore::take_ready(Held &h, Acquisition &a) {
@@ -620,11 +720,19 @@ std::vector<uint32_t> ExpertStore::wait_ready_locked(Acquisition &a) {
     fail(Status::invalid_argument, "ExpertStore::wait_ready: acquisition {} (layer {}) is not held: released?", a.ticket,
          a.layer);
   Held &h = it->second;
+  a.wave_table = nullptr;  // a wave is valid until the next wait_ready()
+  a.wave_lists = nullptr;
+  a.n_wave = 0;
   for (;;) {
     if (!h.error.empty()) {
       if (h.pending.empty()) throw Error(h.status, h.error);
     } else {
-      if (!h.landed.empty()) return take_ready(h, a);
+      if (!h.landed.empty()) {
+        const std::vector<uint8_t> was_ready = a.ready;
+        std::vector<uint32_t> out = take_ready(h, a);
+        publish_wave(h, a, was_ready);
+        return out;
+      }
       if (h.pending.empty()) return {};
     }
     if (reader_->outstanding() == 0)

@@ -16,11 +16,13 @@
 //            records the slot's `ready` event (per-expert completion);
 //   then the compute stream waits on every needed slot's `ready` event and a device table of
 //   slot pointers (one per id, in the order given; one row per table offset asked for) is
-//   published on it: the one table the compute kernels read.
+//   published on it: the one table the compute kernels read. The tables are the store's: a ring
+//   of them in device memory, one per unreleased acquisition.
 // A staged acquire returns as soon as the reads are submitted: the experts still being read are
 // flagged in Acquisition::ready, and wait_ready() hands them out as their reads land (each one's
 // copy issued and waited for by the compute stream first), so the caller computes with the
-// resident experts while the rest are read. A failed read fails the wait_ready() that would
+// resident experts while the rest are read. Each hand-out (the ready ids at the acquire, then
+// each wait_ready()) is a wave, published into the acquisition's table (Acquisition::wave_table). A failed read fails the wait_ready() that would
 // have handed its expert out, after every read of the acquisition landed; the expert's bytes
 // never reach its slot.
 // hint(layer, ids): experts a later acquire will likely ask for (prefetch, opt-in): loaded into
@@ -75,7 +77,9 @@ struct StoreOptions {
   /// Memory the host tier may take (0: what the machine reports, store/host_memory.hpp).
   uint64_t host_available_bytes = 0;
   uint32_t top_k = 1;
-  uint32_t tokens_per_acquire = 1;    ///< distinct ids per acquire ≤ top_k × tokens_per_acquire
+  /// Distinct ids per acquire ≤ top_k × tokens_per_acquire; 0: as many tokens as the slots hold
+  /// top_k experts for (cache::compute_budget; max_unique() tells the result).
+  uint32_t tokens_per_acquire = 1;
   /// The device table's capacity in ids (0: top_k × tokens_per_acquire); an acquire of more ids
   /// publishes none (Acquisition::device_table is null; the host pointers are still there).
   uint32_t table_ids = 0;
@@ -117,6 +121,15 @@ struct Acquisition {
   /// valid until release (what the compute kernels read). Null when more ids were given than
   /// StoreOptions::table_ids, or when a staged acquire returned before every expert was ready.
   const void *const *device_table = nullptr;
+  /// A staged acquire's latest wave (the ids that became ready in acquire() or in the last
+  /// wait_ready(), n_wave of them, in the order of the ids), in device memory, valid until
+  /// release: wave_table [rows][n_wave], row r, entry e = pointers[i_e] + table_offsets[r]; then
+  /// wave_lists int32 [rows][n_wave], each entry's token i_e / top_k (the same in every row), and
+  /// int32 [n_wave], each entry's position i_e. Null (n_wave 0) when the acquire publishes no
+  /// table (more ids than StoreOptions::table_ids), the acquire was complete, or no id became ready.
+  const void *const *wave_table = nullptr;
+  const int32_t *wave_lists = nullptr;
+  uint32_t n_wave = 0;
   uint32_t hits = 0, misses = 0;           ///< unique keys (misses include host_hits)
   uint32_t host_hits = 0;                  ///< misses served from the host tier
 };
@@ -136,12 +149,14 @@ class ExpertStore {
   /// is slot(ids[i]) + table_offsets[r] (e.g. the model's roles inside an expert object); empty
   /// means one row of the slots themselves. At most StoreOptions::table_rows rows.
   /// With @p staged, returns once the reads are submitted (see the file comment); read errors
-  /// then come from wait_ready().
+  /// then come from wait_ready(). The ids ready then are published as the first wave
+  /// (Acquisition::wave_table), each later wait_ready()'s as the next.
   Acquisition acquire(uint32_t layer, std::span<const uint32_t> ids, std::span<const uint64_t> table_offsets = {},
                       bool staged = false);
   /// Waits until at least one more expert of a staged acquisition is ready (its copy issued and
   /// the compute stream waiting for it) and returns those experts' ids (unique, ascending), with
-  /// @p acquisition's ready flags and pending count updated; empty once none is pending. Throws
+  /// @p acquisition's ready flags, pending count and wave (wave_table) updated; empty once none
+  /// is pending. Throws
   /// the first failed read's EP_ERR_IO / EP_ERR_CORRUPT (naming pack, layer, expert and offset)
   /// once every read of the acquisition landed; the acquisition must still be released.
   std::vector<uint32_t> wait_ready(Acquisition &acquisition);
@@ -159,6 +174,8 @@ class ExpertStore {
   cache::Trace recorded_trace() const;
 
   uint32_t num_slots() const;
+  /// The most distinct experts one acquire may ask for: min(top_k × tokens_per_acquire, experts).
+  uint32_t max_unique() const;
   uint32_t num_host_slots() const { return host_slots_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
   StoreDevice &device() { return *device_; }
@@ -191,6 +208,22 @@ class ExpertStore {
   void land(uint32_t slot, const io::ReadCompletion &c);
   void end_held(std::vector<std::pair<uint64_t, Held>>::iterator it);
   std::vector<uint32_t> take_ready(Held &held, Acquisition &a);
+  // acquire()'s steps, in order (see the file comment).
+  std::vector<uint32_t> checked_unique(uint32_t layer, std::span<const uint32_t> ids,
+                                       std::span<const uint64_t> table_offsets) const;
+  uint32_t pin_hits(uint32_t layer, const std::vector<uint32_t> &unique, uint64_t tick, std::vector<uint32_t> &slot_of,
+                    std::vector<size_t> &misses, Held &held);
+  std::vector<std::optional<uint32_t>> place_misses(uint32_t layer, const std::vector<uint32_t> &unique,
+                                                    const std::vector<size_t> &misses, uint64_t tick,
+                                                    std::vector<uint32_t> &slot_of, const std::vector<size_t> &hits);
+  void unpin_host(const std::vector<std::optional<uint32_t>> &host_of);
+  uint32_t load_misses(uint32_t layer, const std::vector<uint32_t> &unique, const std::vector<size_t> &misses,
+                       const std::vector<std::optional<uint32_t>> &host_of, const std::vector<uint32_t> &slot_of, Held &held);
+  std::optional<uint32_t> take_table();
+  /// Table words one wave of @p entries takes with @p rows rows: the addresses, then the int32 lists.
+  static uint64_t wave_words(uint32_t entries, uint32_t rows);
+  void publish_wave(Held &held, Acquisition &a, const std::vector<uint8_t> &was_ready);
+  void write_stats_every() const;
   std::vector<uint32_t> wait_ready_locked(Acquisition &a);
   StoreStats stats_locked() const;
   uint32_t staging_in_use() const;
@@ -205,6 +238,7 @@ class ExpertStore {
   uint64_t staging_slot_bytes_ = 0;
   uint32_t max_ids_ = 0;    // distinct ids per acquire
   uint32_t table_ids_ = 0;  // ids the device table holds
+  uint64_t table_words_ = 0;  // pointer-sized words per table
   uint32_t host_slots_ = 0;
   uint32_t prefetch_staging_ = 0;  // staging slots prefetch reads may hold at once
   static constexpr uint32_t kNoTable = UINT32_MAX;

@@ -84,10 +84,11 @@ bool HostDevice::last_use_done(uint32_t slot) { return !impl_->last_use_pending.
 
 void HostDevice::complete_last_use() { std::fill(impl_->last_use_pending.begin(), impl_->last_use_pending.end(), 0); }
 
-const void *const *HostDevice::publish_table(uint32_t table, const void *const *pointers, uint32_t count) {
-  if (table >= impl_->shape.tables || count > impl_->shape.table_entries)
-    fail(Status::internal, "host device: table {} with {} entries", table, count);
-  const void **dst = impl_->tables.data() + static_cast<std::size_t>(table) * impl_->shape.table_entries;
+const void *const *HostDevice::publish_table(uint32_t table, const void *const *pointers, uint32_t count, uint32_t first) {
+  if (table >= impl_->shape.tables || first > impl_->shape.table_entries || count > impl_->shape.table_entries - first)
+    fail(Status::internal, "host device: table {} with {} words at word {} (it holds {})", table, count, first,
+         impl_->shape.table_entries);
+  const void **dst = impl_->tables.data() + static_cast<std::size_t>(table) * impl_->shape.table_entries + first;
   std::memcpy(dst, pointers, count * sizeof(void *));
   return dst;
 }

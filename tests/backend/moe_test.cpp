@@ -203,7 +203,7 @@ TEST_CASE("ffn (shared experts) equals down(act(gate x, up x))", "[moe]") {
 }
 
 TEST_CASE("moe_pairs over disjoint expert sets, then moe_combine, give moe()'s bits", "[moe]") {
-  // The expert-major prompt pass (model/expert_provider.cpp): each set of experts gets only its
+  // The expert-major prompt pass (experts/runner.cpp): each set of experts gets only its
   // own slots (the others are null, as when the cache holds a few experts at a time).
   CpuBackend be(3);
   std::mt19937 rng(7);

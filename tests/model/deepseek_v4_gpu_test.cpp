@@ -22,8 +22,8 @@
 #include "backend/cuda/cuda_backend.hpp"
 #include "deepseek_v4_golden.hpp"
 #include "model/deepseek_v4.hpp"
-#include "engine/packed_experts.hpp"
-#include "model/expert_provider.hpp"
+#include "experts/packed_experts.hpp"
+#include "experts/provider.hpp"
 #include "engine/pack_resolution.hpp"
 #include "store/stats.hpp"
 #include "support/golden_filter.hpp"
@@ -40,8 +40,8 @@
 #include <tuple>
 
 using namespace deepseek_v4test;
-using ep::engine::PackedExperts;
-using ep::engine::PackedExpertsOptions;
+using ep::experts::PackedExperts;
+using ep::experts::PackedExpertsOptions;
 
 namespace {
 
@@ -398,7 +398,7 @@ TEST_CASE("deepseek_v4 on CUDA: matmul at the goldens' small shapes matches the 
         cpu.matmul(ep::backend::Tensor::make(w.data(), type, ep::backend::Device::cpu, {k, n}),
                    ep::backend::Tensor::make(x.data(), GgmlType::f32, ep::backend::Device::cpu, {k, t}),
                    ep::backend::Tensor::make(y0.data(), GgmlType::f32, ep::backend::Device::cpu, {n, t}));
-        ep::model::DeviceBuffer dw(gpu, w.size()), dx(gpu, x.size() * 4), dy(gpu, y1.size() * 4);
+        ep::backend::DeviceBuffer dw(gpu, w.size()), dx(gpu, x.size() * 4), dy(gpu, y1.size() * 4);
         gpu.upload(dw.get(), w.data(), w.size());
         gpu.upload(dx.get(), x.data(), x.size() * 4);
         gpu.upload(dy.get(), y1.data(), y1.size() * 4);  // NaN: an unwritten output never passes

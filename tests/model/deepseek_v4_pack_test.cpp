@@ -9,8 +9,8 @@
 #include "core/error.hpp"
 #include "deepseek_v4_golden.hpp"
 #include "model/deepseek_v4.hpp"
-#include "engine/packed_experts.hpp"
-#include "model/expert_provider.hpp"
+#include "experts/packed_experts.hpp"
+#include "experts/provider.hpp"
 #include "engine/pack_resolution.hpp"
 #include "pack/manifest.hpp"
 #include "store/stats.hpp"
@@ -27,13 +27,13 @@
 #include <set>
 
 using namespace deepseek_v4test;
-using ep::engine::PackedExperts;
-using ep::engine::PackedExpertsOptions;
+using ep::experts::PackedExperts;
+using ep::experts::PackedExpertsOptions;
 
 namespace {
 
 /// Counts the distinct experts of every acquire, then forwards to the real provider.
-class CountingExperts final : public ep::model::ExpertProvider {
+class CountingExperts final : public ep::experts::ExpertProvider {
  public:
   explicit CountingExperts(std::unique_ptr<PackedExperts> inner) : inner_(std::move(inner)) {}
   const ep::backend::SlotLayout &layout(int64_t layer) const override { return inner_->layout(layer); }

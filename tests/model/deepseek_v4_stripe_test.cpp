@@ -10,7 +10,7 @@
 #include "backend/cpu_backend.hpp"
 #include "core/error.hpp"
 #include "deepseek_v4_golden.hpp"
-#include "engine/packed_experts.hpp"
+#include "experts/packed_experts.hpp"
 #include "format/pack_file.hpp"
 #include "io/seam.hpp"
 #include "pack/builder.hpp"
@@ -30,8 +30,8 @@
 #include <mutex>
 
 using namespace deepseek_v4test;
-using ep::engine::PackedExperts;
-using ep::engine::PackedExpertsOptions;
+using ep::experts::PackedExperts;
+using ep::experts::PackedExpertsOptions;
 
 namespace {
 

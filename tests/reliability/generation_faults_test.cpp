@@ -18,8 +18,8 @@
 #include "format/pack_file.hpp"
 #include "io/seam.hpp"
 #include "model/deepseek_v4.hpp"
-#include "engine/packed_experts.hpp"
-#include "model/expert_provider.hpp"
+#include "experts/packed_experts.hpp"
+#include "experts/provider.hpp"
 #include "pack/builder.hpp"
 #include "store/device.hpp"
 #include "store/expert_store.hpp"
@@ -62,12 +62,12 @@ class SwitchSeam final : public io::IoSeam {
 };
 
 /// PackedExperts' job, with a seam: an ExpertStore of top_k slots over the pack.
-class SeamExperts final : public model::ExpertProvider {
+class SeamExperts final : public experts::ExpertProvider {
  public:
   SeamExperts(const std::string &pack, const model::DeepseekV4Model &m, std::shared_ptr<io::IoSeam> seam,
               io::Backend backend) {
     const int64_t k = m.config().n_experts_used;
-    engine::PackedExperts reference(pack, m.expert_shapes(), k, {});
+    experts::PackedExperts reference(pack, m.expert_shapes(), k, {});
     for (size_t l = 0; l < m.expert_shapes().size(); ++l) layouts_.push_back(reference.layout(static_cast<int64_t>(l)));
     layout_ = store::PackObjectMap::open(pack, false);
     store::StoreOptions so;
@@ -146,7 +146,7 @@ std::vector<float> run(model::DeepseekV4Model &m) {
 /// After any number of failed passes, top_k fresh experts of every layer can still be acquired
 /// at once through the provider the model uses: no slot of the top_k-slot cache stayed pinned
 /// and the provider holds no acquisition (PackedExperts refuses an acquire while one is held).
-void check_no_pins(model::ExpertProvider &ex, uint32_t layers, uint32_t k, uint32_t n_experts) {
+void check_no_pins(experts::ExpertProvider &ex, uint32_t layers, uint32_t k, uint32_t n_experts) {
   for (uint32_t l = 0; l < layers; ++l) {
     std::vector<int32_t> ids;
     for (uint32_t i = 0; i < k; ++i) ids.push_back(static_cast<int32_t>((l + i) % n_experts));
@@ -179,7 +179,7 @@ TEST_CASE("transient faults during generation: bit-identical logits", "[reliabil
   World w;
   const uint32_t k = static_cast<uint32_t>(w.m->config().n_experts_used);
   // The fault-free reference, from the model's own PackedExperts.
-  w.m->set_experts(std::make_unique<engine::PackedExperts>(w.pack, w.m->expert_shapes(), k, engine::PackedExpertsOptions{}));
+  w.m->set_experts(std::make_unique<experts::PackedExperts>(w.pack, w.m->expert_shapes(), k, experts::PackedExpertsOptions{}));
   const std::vector<float> want = run(*w.m);
 
   for (const io::Backend backend : {io::Backend::automatic, io::Backend::pread}) {
@@ -225,7 +225,7 @@ TEST_CASE("persistent EIO and stale bytes through the model's own PackedExperts:
   World w;
   const uint32_t layers = static_cast<uint32_t>(w.m->expert_shapes().size());
   const uint32_t k = static_cast<uint32_t>(w.m->config().n_experts_used);
-  w.m->set_experts(std::make_unique<engine::PackedExperts>(w.pack, w.m->expert_shapes(), k, engine::PackedExpertsOptions{}));
+  w.m->set_experts(std::make_unique<experts::PackedExperts>(w.pack, w.m->expert_shapes(), k, experts::PackedExpertsOptions{}));
   const std::vector<float> want = run(*w.m);
   auto pf = format::PackFile::open(w.pack, format::ValidationLevel::structure);
   const uint32_t n_experts = pf->num_experts();
@@ -234,14 +234,14 @@ TEST_CASE("persistent EIO and stale bytes through the model's own PackedExperts:
   for (const int uring_errno : {0, ENOSYS}) {
     INFO("io_uring setup " << (uring_errno ? "fails (ENOSYS): pread pool" : "as the kernel allows"));
     auto seam = std::make_shared<SwitchSeam>(uring_errno);
-    engine::PackedExpertsOptions po;
-    po.cache_bytes = engine::PackedExperts::min_cache_bytes(w.pack, k);  // top_k slots: every step reads
+    experts::PackedExpertsOptions po;
+    po.cache_bytes = experts::PackedExperts::min_cache_bytes(w.pack, k);  // top_k slots: every step reads
     po.staging_slots = 2;
     po.read_splits = 2;
     po.direct_io = 0;
     po.seam = seam;
-    auto owned = std::make_unique<engine::PackedExperts>(w.pack, w.m->expert_shapes(), k, po);
-    engine::PackedExperts &ex = *owned;
+    auto owned = std::make_unique<experts::PackedExperts>(w.pack, w.m->expert_shapes(), k, po);
+    experts::PackedExperts &ex = *owned;
     w.m->set_experts(std::move(owned));
     REQUIRE(ex.num_slots() == k);
     if (uring_errno) CHECK(ex.stats().fallback_count > 0);

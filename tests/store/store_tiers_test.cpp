@@ -289,6 +289,63 @@ TEST_CASE("staged acquires hand out each expert as its read lands", "[store][ove
   store.release(b);
 }
 
+TEST_CASE("staged acquires publish each wave's table: addresses per row, tokens, positions", "[store][overlap]") {
+  io::FaultPlan plan;
+  plan.latency_ns = 20'000'000;  // reads still in flight when acquire returns
+  StoreOptions o = options(8, 0, 2);
+  o.tokens_per_acquire = 4;
+  o.table_ids = 8;
+  o.table_rows = 3;
+  o.reader.seam = std::make_shared<io::FaultInjector>(plan);
+  ExpertStore store(o, std::make_unique<HostDevice>());
+  store.release(store.acquire(0, std::vector<uint32_t>{1, 2}));
+  const std::vector<uint32_t> ids{2, 5, 1, 9, 5, 2, 11, 1};  // four tokens of two picks
+  const std::vector<uint64_t> offsets{0, 64, 4096};
+  std::vector<int> waves_of(ids.size(), 0);
+  // The wave just published must be exactly the ids that became ready, ascending, with their
+  // addresses per row, their tokens (position / top_k) per row, then their positions.
+  auto check_wave = [&](const Acquisition &a, const std::vector<uint8_t> &was_ready) {
+    std::vector<uint32_t> fresh;
+    for (uint32_t i = 0; i < ids.size(); ++i)
+      if (a.ready[i] && !was_ready[i]) fresh.push_back(i);
+    REQUIRE(a.n_wave == fresh.size());
+    if (fresh.empty()) return;
+    REQUIRE(a.wave_table != nullptr);
+    REQUIRE(a.wave_lists != nullptr);
+    const auto m = fresh.size();
+    for (size_t r = 0; r < offsets.size(); ++r)
+      for (size_t e = 0; e < m; ++e) {
+        CHECK(a.wave_table[r * m + e] == static_cast<const std::byte *>(a.pointers[fresh[e]]) + offsets[r]);
+        CHECK(a.wave_lists[r * m + e] == static_cast<int32_t>(fresh[e] / 2));
+      }
+    for (size_t e = 0; e < m; ++e) {
+      CHECK(a.wave_lists[offsets.size() * m + e] == static_cast<int32_t>(fresh[e]));
+      ++waves_of[fresh[e]];
+    }
+  };
+  Acquisition a = store.acquire(0, ids, offsets, /*staged=*/true);
+  REQUIRE(a.pending == 3);
+  CHECK(a.device_table == nullptr);
+  CHECK(a.n_wave == 4);  // experts 2 and 1, twice each
+  check_wave(a, std::vector<uint8_t>(ids.size(), 0));
+  while (a.pending > 0) {
+    const std::vector<uint8_t> was_ready = a.ready;
+    REQUIRE_FALSE(store.wait_ready(a).empty());
+    check_wave(a, was_ready);
+  }
+  CHECK(waves_of == std::vector<int>(ids.size(), 1));  // every pair in exactly one wave
+  store.release(a);
+  // A complete acquire publishes the whole table and no wave.
+  Acquisition b = store.acquire(0, ids, offsets);
+  CHECK(b.n_wave == 0);
+  CHECK(b.wave_table == nullptr);
+  REQUIRE(b.device_table != nullptr);
+  for (size_t r = 0; r < offsets.size(); ++r)
+    for (size_t i = 0; i < ids.size(); ++i)
+      CHECK(b.device_table[r * ids.size() + i] == static_cast<const std::byte *>(b.pointers[i]) + offsets[r]);
+  store.release(b);
+}
+
 TEST_CASE("staged acquires: EIO and corrupt bytes fail after the acquisition's reads landed", "[store][overlap]") {
   for (const bool corrupt : {false, true}) {
     const uint64_t bad = spec().object_map()->object_offset(1, 7);

@@ -582,6 +582,18 @@ void CudaBackend::compute_pairs_grouped(const Tensor &x, const backend::ExpertBa
     std::vector<int32_t> covered;
     for (int64_t p = 0; p < batch.n_pairs; ++p)
       if (batch.pair_slots[p]) covered.push_back(static_cast<int32_t>(p));
+    if (batch.wave_table) {
+      // The store's table of this wave (the same pairs in the same order, the same addresses and
+      // lists as built below): no host table, no upload.
+      const int64_t np = batch.n_wave;
+      if (np != static_cast<int64_t>(covered.size()) || !batch.wave_lists)
+        fail(Status::internal, "moe: the wave table has {} pairs, the batch covers {}", np, covered.size());
+      if (np == 0) return;
+      auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(np * d) * 4));
+      run_pair_gemvs(x, batch.wave_table, batch.wave_lists, np, 1, nullptr, l, act, o);
+      launch_scatter_rows(o, batch.wave_lists + 3 * np, d, np, pair_out, s);
+      return;
+    }
     const uint64_t offsets[3] = {l.gate.offset, l.up.offset, l.down.offset};
     for (size_t s0 = 0; s0 < covered.size(); s0 += kPairSlice) {
       const int64_t np = std::min<int64_t>(kPairSlice, static_cast<int64_t>(covered.size() - s0));

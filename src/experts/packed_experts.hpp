@@ -1,23 +1,23 @@
-// Routed experts served by the ExpertStore from an Expert Pack (model::ExpertProvider): host-
+// Routed experts served by the ExpertStore from an Expert Pack (an ExpertProvider): host-
 // memory slots for the CPU backend, VRAM slots (the store's CUDA device, on the backend's stream)
 // for the CUDA backend. The pack's per-role entries (type, shape, offset inside the object)
 // become the backend's SlotLayout; they must match what the model's source says (fail-closed,
 // Status::shape / Status::format).
 //
-// One acquire per MoE layer and step: the router's ids come to the host once (the model's
-// start_routed_experts), the store dedups them once, loads the misses, makes the compute stream
+// One acquire per MoE layer and step: the router's ids come to the host once (the runner's
+// start_moe), the store dedups them once, loads the misses, makes the compute stream
 // wait on the slots' `ready` events and publishes the one device table the MoE kernels read —
 // per pair, the gate, up and down addresses inside its slot. release() records the `last_use`
 // events. Nothing here synchronises the stream.
 //
 // With overlap (the default), the acquire is staged: it returns once the misses' reads are
 // submitted, the MoE computes the resident experts' rows meanwhile, and next_staged() hands out
-// each expert as its read lands (model/expert_provider.hpp). With a host tier, experts evicted
+// each expert as its read lands (runner.hpp). With a host tier, experts evicted
 // from the slots are kept in pinned host memory; with prefetch, hints from the model load a later
 // layer's likely experts into spare I/O capacity.
 #pragma once
 
-#include "model/expert_provider.hpp"
+#include "experts/provider.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -34,7 +34,7 @@ class PackObjectMap;
 struct StoreStats;
 }  // namespace ep::store
 
-namespace ep::engine {
+namespace ep::experts {
 
 struct PackedExpertsOptions {
   uint64_t cache_bytes = UINT64_MAX;  ///< slot budget (UINT64_MAX: every expert, at most half the physical memory)
@@ -65,11 +65,12 @@ struct PackedExpertsOptions {
   std::shared_ptr<io::IoSeam> seam;
 };
 
-class PackedExperts final : public model::ExpertProvider {
+/// The store-backed provider (see the file comment).
+class PackedExperts final : public ExpertProvider {
  public:
   /// @p expected: one entry per MoE layer (provider layer l = pack layer l = model block
   /// options.first_layer + l); @p top_k: experts per token.
-  PackedExperts(const std::string &pack_path, const std::vector<model::ExpertShape> &expected, int64_t top_k,
+  PackedExperts(const std::string &pack_path, const std::vector<ExpertShape> &expected, int64_t top_k,
                 const PackedExpertsOptions &options);
   ~PackedExperts() override;
   const backend::SlotLayout &layout(int64_t layer) const override;
@@ -102,4 +103,4 @@ class PackedExperts final : public model::ExpertProvider {
                              bool staged);
 };
 
-}  // namespace ep::engine
+}  // namespace ep::experts

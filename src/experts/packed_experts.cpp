@@ -1,4 +1,4 @@
-#include "engine/packed_experts.hpp"
+#include "experts/packed_experts.hpp"
 
 #include "core/error.hpp"
 #include "format/ggml_type.hpp"
@@ -13,9 +13,7 @@
 #include <algorithm>
 #include <span>
 
-namespace ep::engine {
-
-using model::ExpertShape;
+namespace ep::experts {
 
 struct PackedExperts::Held {
   bool active = false;
@@ -28,6 +26,13 @@ struct PackedExperts::Held {
 };
 
 namespace {
+
+/// The store's table of the acquisition's latest wave (its pairs, ascending), when it has one.
+void set_wave(const store::Acquisition &acq, backend::ExpertBatch &batch) {
+  batch.wave_table = acq.wave_table;
+  batch.wave_lists = acq.wave_lists;
+  batch.n_wave = acq.n_wave;
+}
 
 uint64_t slot_bytes_of(const store::PackObjectMap &pack) {
   return io::align_up(pack.max_object_bytes(), io::kDirectAlignment);
@@ -88,11 +93,7 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
     }
     layouts_.push_back(lay);
   }
-  // How many tokens one acquire may cover: as many as the budget holds top_k experts for, up to
-  // every expert of the layer.
-  const uint32_t E = pf.num_experts(), K = static_cast<uint32_t>(top_k);
-  const uint64_t slot = slot_bytes_of(*pack_);
-  const uint64_t total = static_cast<uint64_t>(E) * pf.num_layers();
+  const uint32_t K = static_cast<uint32_t>(top_k);
   // "All of it" on the host device means at most half the physical memory (a full-size model's
   // experts do not fit in RAM); on a GPU, its free memory less a reserve for activations. An
   // explicit budget is taken as given.
@@ -109,13 +110,6 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
     }
     device = std::make_unique<store::HostDevice>(host);
   }
-  const uint64_t free = device->free_bytes();
-  const uint64_t budget = std::min(options.cache_bytes, free > reserve ? free - reserve : 0);
-  const uint64_t slots = std::min<uint64_t>(budget / slot, total);
-  const uint32_t all_tokens = (E + K - 1) / K;
-  const uint32_t tokens = static_cast<uint32_t>(std::clamp<uint64_t>(slots / K, 1, all_tokens));
-  max_unique_ = std::min<int64_t>(static_cast<int64_t>(K) * tokens, E);
-
   store::StoreOptions so;
   so.pack_path = pack_path;
   so.data_paths = pf.data_files();
@@ -123,7 +117,9 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   so.cache_bytes = options.cache_bytes;
   so.reserve_bytes = reserve;
   so.top_k = K;
-  so.tokens_per_acquire = tokens;
+  // As many tokens per acquire as the slots hold top_k experts for (the store's one budget,
+  // cache::compute_budget): the step's distinct experts beyond that go expert-major.
+  so.tokens_per_acquire = 0;
   so.policy = options.policy;
   so.host_cache_bytes = options.host_cache_bytes;
   so.prefetch = options.prefetch;
@@ -142,6 +138,7 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
                                          : io::DirectMode::buffered;
   so.reader.seam = options.seam;
   store_ = std::make_unique<store::ExpertStore>(std::move(so), std::move(device));
+  max_unique_ = store_->max_unique();
 }
 
 PackedExperts::~PackedExperts() {
@@ -182,6 +179,7 @@ bool PackedExperts::next_staged(int64_t layer, backend::ExpertBatch &batch) {
   batch.n_pairs = h.n_pairs;
   batch.pair_experts = h.host_ids;
   batch.pair_slots = h.pair_slots.data();
+  set_wave(h.acq, batch);
   return true;
 }
 
@@ -233,6 +231,7 @@ backend::ExpertBatch PackedExperts::begin(int64_t layer, const backend::Tensor &
     for (int64_t p = 0; p < n; ++p)
       if (h.acq.ready[static_cast<size_t>(p)]) h.pair_slots[static_cast<size_t>(p)] = h.acq.pointers[static_cast<size_t>(p)];
     b.pair_slots = h.pair_slots.data();
+    set_wave(h.acq, b);
   } else if (only.empty()) {
     b.pair_slots = h.acq.pointers.data();
     b.role_table = h.acq.device_table;
@@ -257,4 +256,4 @@ store::StoreStats PackedExperts::stats() const { return store_->stats(); }
 uint32_t PackedExperts::num_slots() const { return store_->num_slots(); }
 uint64_t PackedExperts::slot_bytes() const { return store_->slot_bytes(); }
 
-}  // namespace ep::engine
+}  // namespace ep::experts

@@ -1,0 +1,47 @@
+// ResidentExperts: every expert of every layer read from the model's source into backend memory
+// once, at load (no store, no cache). Its batches are built on the device from the router's ids
+// (Backend::gather_role_table: no host round trip) unless the backend's moe op reads host picks.
+#pragma once
+
+#include "experts/provider.hpp"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace ep::experts {
+
+/// Every expert of every layer resident in backend memory (read from the source at load).
+class ResidentExperts final : public ExpertProvider {
+ public:
+  /// Experts are allocated on @p be, which must outlive this.
+  explicit ResidentExperts(backend::Backend &be) : be_(be) {}
+  /// Adds the next layer (layers must be added in order) from its stacked gate / up / down roles
+  /// (ggml {D, F, E}, {D, F, E}, {F, D, E}): each expert becomes one object gate|up|down.
+  /// Status::internal when a role cannot read single experts, Status::corrupt when a read
+  /// returns another size than its type and shape give.
+  void add_layer(const StackedRole &gate, const StackedRole &up, const StackedRole &down);
+  const backend::SlotLayout &layout(int64_t layer) const override;
+  bool needs_host_ids() const override { return false; }
+  backend::ExpertBatch acquire(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                               std::span<const int32_t> only) override;
+  void release(int64_t) override {}
+  /// Bytes of every expert object added so far.
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  struct Layer {
+    backend::SlotLayout layout;
+    std::vector<backend::DeviceBuffer> objects;
+    std::vector<const void *> slots;  // host copy of the object addresses
+    backend::DeviceBuffer slots_dev;  // the same [E] addresses in backend memory
+  };
+  const Layer &layer_at(int64_t layer) const;
+  backend::Backend &be_;
+  std::vector<Layer> layers_;
+  uint64_t bytes_ = 0;
+  backend::DeviceBuffer role_table_;      // [3][pairs] in backend memory (reused layer after layer)
+  std::vector<const void *> pair_slots_;  // host: per pair
+};
+
+}  // namespace ep::experts
