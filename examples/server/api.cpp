@@ -6,11 +6,14 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <chrono>
 #include <ctime>
 #include <memory>
 #include <mutex>
+#include <map>
 #include <optional>
+#include <set>
 #include <random>
 #include <string>
 #include <vector>
@@ -146,6 +149,54 @@ class Fields {
   const json &body_;
 };
 
+/// Every request field is one the server acts on, or the request is refused with a 400 that
+/// names it: a parameter dropped in silence changes the answer without the client knowing. A
+/// null value counts as absent.
+void check_parameters(const json &body, bool chat) {
+  static const std::set<std::string> common = {
+      "model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "frequency_penalty", "presence_penalty",
+      "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "ignore_eos", "n", "logprobs",
+      // Identify the end user, or group requests, for OpenAI's monitoring and routing: no answer depends on them here
+      // (a prompt's reuse of kept state is automatic).
+      "user", "safety_identifier", "prompt_cache_key",
+      // Accepted with the values that ask for nothing this server does not do (checked below).
+      "logit_bias", "store", "metadata", "service_tier", "modalities"};
+  static const std::set<std::string> chat_only = {"messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+                                                  "top_logprobs", "thinking", "chat_template_kwargs"};
+  static const std::set<std::string> completion_only = {"prompt", "echo", "suffix", "best_of"};
+  static const std::map<std::string, std::string> refused = {
+      {"functions", "function calling is not supported"},
+      {"function_call", "function calling is not supported"},
+      {"reasoning_effort", "'reasoning_effort' is not supported: use 'thinking' (true or false)"},
+      {"audio", "audio output is not supported"},
+      {"prediction", "predicted outputs are not supported"},
+      {"web_search_options", "web search is not supported"},
+      {"verbosity", "'verbosity' is not supported"},
+  };
+  for (const auto &[key, value] : body.items()) {
+    if (value.is_null() || common.count(key) || (chat ? chat_only : completion_only).count(key)) continue;
+    if (const auto it = refused.find(key); it != refused.end()) throw ApiError{400, it->second, key, "unsupported"};
+    throw ApiError{400, "unknown parameter '" + key + "'", key, "unknown_parameter"};
+  }
+  const Fields f(body);
+  if (const json *bias = f.object("logit_bias"); bias && !bias->empty())
+    throw ApiError{400, "'logit_bias' is not supported", "logit_bias", "unsupported"};
+  if (f.boolean("store").value_or(false)) throw ApiError{400, "this server does not store completions ('store': true)", "store", "unsupported"};
+  if (const json *m = f.object("metadata"); m && !m->empty())
+    throw ApiError{400, "'metadata' is kept only with stored completions, which this server does not keep", "metadata", "unsupported"};
+  if (const auto tier = f.string("service_tier"); tier && *tier != "auto" && *tier != "default")
+    throw ApiError{400, "'service_tier' '" + *tier + "' is not offered: this server has one tier ('auto' / 'default')", "service_tier",
+                   "unsupported"};
+  if (const json *m = f.get("modalities"); m && *m != json::array({"text"}))
+    throw ApiError{400, "only 'modalities' [\"text\"] is supported", "modalities", "unsupported"};
+  if (chat) {
+    const json *tools = f.get("tools");
+    const bool no_tools = !tools || (tools->is_array() && tools->empty());
+    for (const char *k : {"tool_choice", "parallel_tool_calls"})
+      if (no_tools && f.get(k)) throw ApiError{400, std::string("'") + k + "' is only allowed with 'tools'", k, "invalid_value"};
+  }
+}
+
 /// What the chat and completion endpoints share: sampling, limits, stop strings, streaming.
 struct Common {
   JobRequest job;
@@ -153,7 +204,7 @@ struct Common {
   bool include_usage = false;
 };
 
-Common parse_common(const Fields &f, const ApiContext &ctx, const char *max_tokens_key) {
+Common parse_common(const Fields &f, const ApiContext &ctx) {
   Common c;
   if (const auto model = f.string("model"); model && *model != ctx.model_name)
     throw ApiError{404, "The model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'", "model",
@@ -171,8 +222,9 @@ Common parse_common(const Fields &f, const ApiContext &ctx, const char *max_toke
   for (const char *k : {"frequency_penalty", "presence_penalty"})
     if (const auto v = f.number(k, -2, 2); v && *v != 0)
       throw ApiError{400, std::string("'") + k + "' is not supported (use repetition_penalty)", k, "unsupported"};
-  std::optional<int64_t> max_tokens = f.integer(max_tokens_key, 1, ctx.limits.max_tokens);
-  if (!max_tokens) max_tokens = f.integer("max_tokens", 1, ctx.limits.max_tokens);
+  // max_completion_tokens is OpenAI's newer name; it wins where both are given.
+  std::optional<int64_t> max_tokens = f.integer("max_completion_tokens", 1, ctx.limits.max_tokens);
+  if (const auto mt = f.integer("max_tokens", 1, ctx.limits.max_tokens); !max_tokens) max_tokens = mt;
   c.job.max_tokens = static_cast<uint32_t>(max_tokens.value_or(ctx.limits.max_tokens));
   c.job.ignore_eos = f.boolean("ignore_eos").value_or(false);
   if (const json *stop = f.get("stop")) {
@@ -264,11 +316,18 @@ std::vector<Message> parse_messages(const Fields &f) {
     const std::string at = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) throw ApiError{400, "'" + at + "' must be an object", at, "invalid_type"};
     const Fields mf(m);
+    for (const auto &[key, value] : m.items())
+      if (!value.is_null() && key != "role" && key != "content" && key != "reasoning_content" && key != "tool_calls")
+        throw ApiError{400, "'" + at + "." + key + "' is not supported", at + "." + key, "unsupported"};
     const auto role = mf.string("role");
     if (!role) throw ApiError{400, "'" + at + ".role' is required", at + ".role", "missing"};
     Message msg;
     msg.role = *role;
     const auto c = m.find("content");
+    // Only an assistant's turn may come without content (OpenAI's rule: its content may be
+    // replaced by tool calls); another role's null content is a client's mistake, not an empty text.
+    if ((c == m.end() || c->is_null()) && msg.role != "assistant")
+      throw ApiError{400, "'" + at + ".content' is required for a '" + msg.role + "' message", at + ".content", "missing"};
     msg.content = c == m.end() ? std::string() : content_text(*c, i);
     msg.reasoning = mf.string("reasoning_content").value_or("");
     if (const json *tc = mf.get("tool_calls"); tc && !(tc->is_array() && tc->empty()))
@@ -309,10 +368,11 @@ int parse_thinking(const Fields &f, const ApiContext &ctx) {
 }
 
 Common parse_chat(const json &body, const ApiContext &ctx) {
+  check_parameters(body, true);
   const Fields f(body);
   if (ctx.chat_template == EP_CHAT_TEMPLATE_NONE)
     throw ApiError{400, "this model's tokenizer has no chat template: use /v1/completions", "messages", "unsupported"};
-  Common c = parse_common(f, ctx, "max_completion_tokens");
+  Common c = parse_common(f, ctx);
   if (const json *tools = f.get("tools"); tools && !(tools->is_array() && tools->empty()))
     throw ApiError{400, "tools are not supported", "tools", "unsupported"};
   if (const json *rf = f.object("response_format")) {
@@ -342,8 +402,9 @@ Common parse_chat(const json &body, const ApiContext &ctx) {
 // ---- completions ----------------------------------------------------------------------------
 
 Common parse_completion(const json &body, const ApiContext &ctx) {
+  check_parameters(body, false);
   const Fields f(body);
-  Common c = parse_common(f, ctx, "max_tokens");
+  Common c = parse_common(f, ctx);
   for (const char *k : {"echo"})
     if (f.boolean(k).value_or(false)) throw ApiError{400, std::string("'") + k + "' is not supported", k, "unsupported"};
   if (f.string("suffix")) throw ApiError{400, "'suffix' is not supported", "suffix", "unsupported"};
@@ -516,12 +577,52 @@ void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Respon
   send_json(res, full_answer(a, text, r));
 }
 
+/// A request's body, read as it arrives and refused (413) as soon as it passes the limit: a
+/// chunked body has no length to check before it is read, and is never read whole when too large.
+std::string read_body(const httplib::Request &req, const httplib::Response &res, const httplib::ContentReader &reader,
+                      const Limits &limits) {
+  if (req.is_multipart_form_data())
+    throw ApiError{415, "the request body must be JSON (Content-Type: application/json), not multipart form data", "",
+                   "unsupported_media_type"};
+  std::string body;
+  bool too_large = false;
+  const bool whole = reader([&](const char *data, size_t n) {
+    if (n > limits.max_body_bytes - body.size()) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  // httplib answers a Content-Length over the limit itself (413) before reading any of it.
+  if (too_large || res.status == 413)
+    throw ApiError{413, "the request body is larger than " + std::to_string(limits.max_body_bytes) + " bytes", "", "request_too_large"};
+  if (!whole)
+    throw ApiError{400, "the request body was not received whole (malformed chunked encoding, cut off, or not sent in time)", "",
+                   "invalid_body"};
+  return body;
+}
+
 /// Wraps a handler: ApiErrors and exceptions become error objects.
 template <class F>
 httplib::Server::Handler guarded(F f) {
   return [f](const httplib::Request &req, httplib::Response &res) {
     try {
       f(req, res);
+    } catch (const ApiError &e) {
+      send_error(res, e.status, e.message, e.param, e.code);
+    } catch (const std::exception &e) {
+      send_error(res, 500, std::string("internal error: ") + e.what());
+    }
+  };
+}
+
+/// guarded() for a handler that reads the body itself (read_body()).
+template <class F>
+httplib::Server::HandlerWithContentReader guarded_body(F f) {
+  return [f](const httplib::Request &req, httplib::Response &res, const httplib::ContentReader &reader) {
+    try {
+      f(req, res, reader);
     } catch (const ApiError &e) {
       send_error(res, e.status, e.message, e.param, e.code);
     } catch (const std::exception &e) {
@@ -537,6 +638,17 @@ std::string endpoint_of(const std::string &path) {
   if (path == "/health") return "health";
   if (path == "/metrics") return "metrics";
   return "other";
+}
+
+/// The credentials of an `Authorization: Bearer TOKEN` header; the scheme's name is
+/// case-insensitive (RFC 9110 11.1), so `bearer` and `BEARER` count too. Empty for another scheme.
+std::string bearer_token(const std::string &auth) {
+  const std::string scheme = "bearer";
+  if (auth.size() <= scheme.size() || auth[scheme.size()] != ' ') return {};
+  for (size_t i = 0; i < scheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != scheme[i]) return {};
+  const size_t at = auth.find_first_not_of(' ', scheme.size());
+  return at == std::string::npos ? std::string() : auth.substr(at);
 }
 
 bool equal_constant_time(const std::string &a, const std::string &b) {
@@ -571,9 +683,7 @@ void install_routes(httplib::Server &server, const ApiContext &ctx) {
   const ApiContext *c = &ctx;
   server.set_pre_routing_handler([c](const httplib::Request &req, httplib::Response &res) {
     if (c->api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string bearer = "Bearer ";
-    if (auth.rfind(bearer, 0) == 0 && equal_constant_time(auth.substr(bearer.size()), c->api_key))
+    if (equal_constant_time(bearer_token(req.get_header_value("Authorization")), c->api_key))
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, 401, "a valid API key is required (Authorization: Bearer KEY)", "", "invalid_api_key");
     return httplib::Server::HandlerResponse::Handled;
@@ -582,9 +692,6 @@ void install_routes(httplib::Server &server, const ApiContext &ctx) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // an answer of ours
     if (res.status == 404)
       send_error(res, 404, "no endpoint " + req.method + " " + req.path, "", "not_found");
-    else if (res.status == 413 && req.get_header_value("Content-Type") == "application/x-www-form-urlencoded")
-      send_error(res, 413, "a form-encoded body is limited to 8192 bytes: send JSON as Content-Type: application/json", "",
-                 "request_too_large");
     else if (res.status == 413)
       send_error(res, 413, "the request body is larger than " + std::to_string(c->limits.max_body_bytes) + " bytes", "", "request_too_large");
     else
@@ -596,7 +703,17 @@ void install_routes(httplib::Server &server, const ApiContext &ctx) {
   });
   server.set_logger([c](const httplib::Request &req, const httplib::Response &res) { c->metrics->http_request(endpoint_of(req.path), res.status); });
 
-  server.Get("/health", guarded([](const httplib::Request &, httplib::Response &res) { send_json(res, {{"status", "ok"}}); }));
+  server.Get("/health", guarded([c](const httplib::Request &, httplib::Response &res) {
+               // Degraded: the expert store has failed reads (an expert failed its check or could not be
+               // read). The server goes on answering the requests that do not route to it.
+               const Metrics::Health h = c->metrics->health();
+               if (h.store_io_errors == 0 && h.model_errors == 0) return send_json(res, {{"status", "ok"}});
+               send_json(res, {{"status", "degraded"},
+                               {"store_io_errors", h.store_io_errors},
+                               {"requests_failed_by_model", h.model_errors},
+                               {"message", "the expert store has failed reads: requests that route to the experts concerned fail "
+                                           "(500); the server's log names them"}});
+             }));
   server.Get("/metrics", guarded([c](const httplib::Request &, httplib::Response &res) {
                res.set_content(c->metrics->render(), "text/plain; version=0.0.4; charset=utf-8");
              }));
@@ -609,11 +726,13 @@ void install_routes(httplib::Server &server, const ApiContext &ctx) {
                if (id != c->model_name) throw ApiError{404, "The model '" + id + "' does not exist", "model", "model_not_found"};
                send_json(res, model_json());
              }));
-  server.Post("/v1/chat/completions", guarded([c](const httplib::Request &req, httplib::Response &res) {
-                run_job(*c, req, res, parse_chat(parse_body(req.body, c->limits), *c), true);
+  server.Post("/v1/chat/completions",
+              guarded_body([c](const httplib::Request &req, httplib::Response &res, const httplib::ContentReader &reader) {
+                run_job(*c, req, res, parse_chat(parse_body(read_body(req, res, reader, c->limits), c->limits), *c), true);
               }));
-  server.Post("/v1/completions", guarded([c](const httplib::Request &req, httplib::Response &res) {
-                run_job(*c, req, res, parse_completion(parse_body(req.body, c->limits), *c), false);
+  server.Post("/v1/completions",
+              guarded_body([c](const httplib::Request &req, httplib::Response &res, const httplib::ContentReader &reader) {
+                run_job(*c, req, res, parse_completion(parse_body(read_body(req, res, reader, c->limits), c->limits), *c), false);
               }));
 }
 
