@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -75,8 +76,8 @@ class Http {
   }
 
   /// A streamed request; with @p stop_after > 0 the client closes the connection after that many
-  /// events.
-  StreamReply stream(const std::string &path, json body, size_t stop_after = 0) {
+  /// events, and when @p keep_going says no (asked at every event that arrives).
+  StreamReply stream(const std::string &path, json body, size_t stop_after = 0, const std::function<bool()> &keep_going = {}) {
     body["stream"] = true;
     StreamReply out;
     httplib::Request req;
@@ -95,7 +96,7 @@ class Http {
         if (event.rfind("data: ", 0) == 0) out.data.push_back(event.substr(6));
         else out.data.push_back("<not a data event: " + event + ">");
       }
-      return stop_after == 0 || out.data.size() < stop_after;
+      return (stop_after == 0 || out.data.size() < stop_after) && (!keep_going || keep_going());
     };
     const httplib::Result r = cli_.send(req);
     if (r) {
@@ -637,26 +638,40 @@ TEST_CASE("ep-server: a client that disconnects cancels its request; a busy mode
   CHECK(next.body.at("usage").at("completion_tokens") == 6);
 
   // While the slot is taken, a second request waits for it and is answered once the first
-  // ends (its client gives up after 2 s, so the wait does not depend on how fast the model is).
-  std::atomic<int> first_status{-1};
+  // ends. The first is streamed without end, and its client leaves only once the second is seen
+  // waiting: what happens does not depend on how fast the machine is, or how busy.
+  using Clock = std::chrono::steady_clock;
+  std::atomic<bool> release{false};
+  Clock::time_point left_at{};
+  size_t first_events = 0;
   std::thread first([&] {
     Http h(server.port());
-    h.set_read_timeout(2000ms);
-    first_status = h.post("/v1/completions", endless).status;
+    first_events = h.stream("/v1/completions", endless, 0, [&] {
+                      if (!release) return true;
+                      left_at = Clock::now();
+                      return false;
+                    }).data.size();
   });
-  REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 60s));
+  REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 600s));
   CHECK(http.get("/health").status == 200);  // the HTTP side answers while the model is busy
   Reply queued;
   std::thread second([&] {
     Http h(server.port());
     queued = h.post("/v1/chat/completions", chat_body(kJohn, 6));
   });
-  CHECK(wait_metric(http, "ep_server_requests_waiting", 1, 60s));
+  const bool waited = wait_metric(http, "ep_server_requests_waiting", 1, 600s);
+  const Clock::time_point seen_waiting = Clock::now();
+  release = true;  // the first client goes away at its next event: its request ends, the slot frees
   first.join();
   second.join();
-  CHECK(first_status == 0);  // the first client timed out: cancelled
-  CHECK(queued.status == 200);
-  CHECK(queued.body.at("timings").at("queue_ms").get<double>() > 20);  // it waited for the first one
+  CHECK(waited);
+  CHECK(first_events > 0);
+  CHECK(wait_metric(http, "ep_server_requests_finished_total{reason=\"cancelled\"}", 3));
+  REQUIRE(queued.status == 200);
+  // It was created before the test saw it waiting and admitted after the first client left, so
+  // its queue time is at least the time between the two (a bound by cause, not a guess of speed).
+  const double between_ms = std::chrono::duration<double, std::milli>(left_at - seen_waiting).count();
+  CHECK(queued.body.at("timings").at("queue_ms").get<double>() >= between_ms);
   CHECK(chat_text(queued) == chat_text(next));
 
   // Shutting down while a request runs: it ends, and the server exits cleanly.
