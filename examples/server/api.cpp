@@ -265,6 +265,9 @@ std::string endpoint_of(const std::string &path) {
   if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "models";
   if (path == "/health") return "health";
   if (path == "/metrics") return "metrics";
+  if (path == "/tokenize") return "tokenize";
+  if (path == "/detokenize") return "detokenize";
+  if (path == "/props") return "props";
   return "other";
 }
 
@@ -292,7 +295,8 @@ bool equal_constant_time(const std::string &a, const std::string &b) {
 void install_routes(httplib::Server &server, const ApiContext &ctx) {
   const ApiContext *c = &ctx;
   server.set_pre_routing_handler([c](const httplib::Request &req, httplib::Response &res) {
-    if (c->api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    const bool keyed = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize" || req.path == "/props";
+    if (c->api_key.empty() || !keyed) return httplib::Server::HandlerResponse::Unhandled;
     if (equal_constant_time(bearer_token(req.get_header_value("Authorization")), c->api_key))
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, 401, "a valid API key is required (Authorization: Bearer KEY)", "", "invalid_api_key");
@@ -326,6 +330,31 @@ void install_routes(httplib::Server &server, const ApiContext &ctx) {
              }));
   server.Get("/metrics", guarded([c](const httplib::Request &, httplib::Response &res) {
                res.set_content(c->metrics->render(), "text/plain; version=0.0.4; charset=utf-8");
+             }));
+  server.Post("/tokenize", guarded_body([c](const httplib::Request &req, httplib::Response &res, const httplib::ContentReader &reader) {
+                send_json(res, tokenize_request(read_body(req, res, reader, c->limits), *c));
+              }));
+  server.Post("/detokenize", guarded_body([c](const httplib::Request &req, httplib::Response &res, const httplib::ContentReader &reader) {
+                send_json(res, detokenize_request(read_body(req, res, reader, c->limits), *c));
+              }));
+  server.Get("/props", guarded([c](const httplib::Request &, httplib::Response &res) {
+               const char *tmpl = c->chat_template == EP_CHAT_TEMPLATE_DEEPSEEK_V4 ? "deepseek-v4"
+                                  : c->chat_template == EP_CHAT_TEMPLATE_KIMI_K3  ? "kimi-k3"
+                                                                                  : nullptr;
+               const int thinking = c->thinking >= 0 ? c->thinking : c->chat_template == EP_CHAT_TEMPLATE_KIMI_K3 ? 1 : 0;
+               send_json(res, {{"model", c->model_name},
+                               {"architecture", c->architecture},
+                               {"vocab_size", c->vocab_size},
+                               {"chat_template", tmpl ? json(tmpl) : json(nullptr)},
+                               {"parallel", c->parallel},
+                               {"default_generation_settings",
+                                {{"temperature", c->temperature}, {"top_p", c->top_p}, {"max_tokens", c->limits.max_tokens}, {"thinking", thinking == 1}}},
+                               {"limits",
+                                {{"max_body_bytes", c->limits.max_body_bytes},
+                                 {"max_prompt_tokens", c->limits.max_prompt_tokens},
+                                 {"max_tokens", c->limits.max_tokens},
+                                 {"max_stop", c->limits.max_stop}}},
+                               {"version", ep_version_string()}});
              }));
   const auto model_json = [c] { return json{{"id", c->model_name}, {"object", "model"}, {"created", c->created}, {"owned_by", "expertpack"}}; };
   server.Get("/v1/models", guarded([model_json](const httplib::Request &, httplib::Response &res) {

@@ -21,6 +21,8 @@ namespace ep_server {
 
 struct ApiContext : RequestContext {
   int64_t created = 0;               ///< the model's "created" time (Unix seconds)
+  std::string architecture;          ///< the model's (GET /props)
+  uint32_t parallel = 0;             ///< requests decoding together (GET /props)
   std::string api_key;               ///< non-empty: /v1/* needs `Authorization: Bearer <key>`
   Scheduler *scheduler = nullptr;
   Metrics *metrics = nullptr;

@@ -3,7 +3,9 @@
 //   ep-server --model PATH [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY] ...
 //
 // Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions
-// (streamed as server-sent events or not), GET /metrics (Prometheus text). Up to --parallel
+// (streamed as server-sent events or not), POST /tokenize, POST /detokenize, GET /props,
+// GET /metrics (Prometheus text). Connections: http_server.hpp (deadlines, a cap per client
+// address, no port sharing). Up to --parallel
 // requests decode together in one forward pass per step (continuous batching, scheduler.hpp);
 // a conversation's next turn continues from the kept state of the previous one
 // (session_cache.hpp). docs/server.md has the whole story.
@@ -200,6 +202,8 @@ int main(int argc, char **argv) {
   ctx.tokenizer = tok;
   ctx.vocab_size = props.vocab_size;
   ctx.chat_template = tprops.chat_template;
+  ctx.architecture = props.architecture;
+  ctx.parallel = sopt.parallel;
   ep_server::Metrics metrics;
   ctx.metrics = &metrics;
   int rc = 0;

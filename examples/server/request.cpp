@@ -393,6 +393,52 @@ bool json_too_deep(const std::string &text, size_t max_depth) {
   return false;
 }
 
+nlohmann::json tokenize_request(const std::string &text, const RequestContext &ctx) {
+  const json body = parse_body(text, ctx.limits);
+  for (const auto &[key, value] : body.items())
+    if (!value.is_null() && key != "content" && key != "add_special" && key != "parse_special" && key != "model")
+      throw ApiError{400, "unknown parameter '" + key + "'", key, "unknown_parameter"};
+  const Fields f(body);
+  if (const auto model = f.string("model"); model && *model != ctx.model_name)
+    throw ApiError{404, "The model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'", "model",
+                   "model_not_found"};
+  const auto content = f.string("content");
+  if (!content) throw ApiError{400, "'content' is required", "content", "missing"};
+  uint32_t flags = 0;
+  if (f.boolean("add_special").value_or(false)) flags |= EP_TOKENIZE_ADD_SPECIAL;
+  if (!f.boolean("parse_special").value_or(true)) flags |= EP_TOKENIZE_SPECIAL_AS_TEXT;
+  return {{"tokens", tokenize(ctx, *content, flags)}};
+}
+
+nlohmann::json detokenize_request(const std::string &text, const RequestContext &ctx) {
+  const json body = parse_body(text, ctx.limits);
+  for (const auto &[key, value] : body.items())
+    if (!value.is_null() && key != "tokens" && key != "skip_special" && key != "model")
+      throw ApiError{400, "unknown parameter '" + key + "'", key, "unknown_parameter"};
+  const Fields f(body);
+  if (const auto model = f.string("model"); model && *model != ctx.model_name)
+    throw ApiError{404, "The model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'", "model",
+                   "model_not_found"};
+  const json *tokens = f.get("tokens");
+  if (!tokens) throw ApiError{400, "'tokens' is required", "tokens", "missing"};
+  if (!tokens->is_array()) throw ApiError{400, "'tokens' must be an array of token ids", "tokens", "invalid_type"};
+  std::vector<int32_t> ids;
+  for (const json &t : *tokens) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= ctx.vocab_size)
+      throw ApiError{400, "'tokens' must hold integers in [0, " + std::to_string(ctx.vocab_size) + ")", "tokens", "invalid_value"};
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  const uint32_t flags = f.boolean("skip_special").value_or(false) ? EP_DETOKENIZE_SKIP_SPECIAL : 0;
+  size_t n = 0;
+  if (ep_detokenize(nullptr, 0, &n, ctx.tokenizer, ids.data(), ids.size(), flags) != EP_OK)
+    throw ApiError{400, std::string("cannot detokenize: ") + ep_last_error(), "tokens", "invalid_value"};
+  std::string out(n + 1, '\0');
+  if (ep_detokenize(out.data(), out.size(), &n, ctx.tokenizer, ids.data(), ids.size(), flags) != EP_OK)
+    throw ApiError{400, std::string("cannot detokenize: ") + ep_last_error(), "tokens", "invalid_value"};
+  out.resize(n);
+  return {{"content", out}};
+}
+
 ParsedRequest parse_chat_request(const std::string &body, const RequestContext &ctx) { return parse_chat(parse_body(body, ctx.limits), ctx); }
 
 ParsedRequest parse_completion_request(const std::string &body, const RequestContext &ctx) {

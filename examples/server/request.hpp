@@ -8,6 +8,8 @@
 
 #include "job.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 
@@ -52,6 +54,12 @@ struct ParsedRequest {
 ParsedRequest parse_chat_request(const std::string &body, const RequestContext &ctx);
 /// POST /v1/completions: @p body parsed and checked; throws ApiError.
 ParsedRequest parse_completion_request(const std::string &body, const RequestContext &ctx);
+
+/// POST /tokenize: {"content", "add_special" (false), "parse_special" (true)} -> {"tokens": [ids]};
+/// throws ApiError.
+nlohmann::json tokenize_request(const std::string &body, const RequestContext &ctx);
+/// POST /detokenize: {"tokens": [ids], "skip_special" (false)} -> {"content": text}; throws ApiError.
+nlohmann::json detokenize_request(const std::string &body, const RequestContext &ctx);
 
 /// Whether the JSON text nests deeper than @p max_depth (scanned before parsing, so a deeply
 /// nested body is refused without building it).

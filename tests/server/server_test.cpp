@@ -831,6 +831,13 @@ class RawSocket {
     if (received_.rfind("HTTP/1.1 ", 0) != 0 || received_.size() < 12) return 0;
     return std::stoi(received_.substr(9, 3));
   }
+  /// Pumps until the server closes the connection (at most @p limit); true when it did.
+  bool read_to_close(std::chrono::seconds limit = 60s) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (pump(100ms) && std::chrono::steady_clock::now() < until) {
+    }
+    return closed_;
+  }
   const std::string &received() const { return received_; }
   bool closed() const { return closed_; }
 
@@ -896,8 +903,9 @@ TEST_CASE("ep-server: the body limit holds for a chunked body as it arrives", "[
     if (!s.send_all(hex(chunk.size()) + "\r\n" + chunk + "\r\n")) break;
     s.pump(0ms);
   }
-  INFO(s.received());
   CHECK(s.status() == 413);
+  CHECK(s.read_to_close());  // the rest of the body is not taken for a next request
+  INFO(s.received());
   CHECK(s.received().find("request_too_large") != std::string::npos);
   CHECK(Http(server.port()).get("/health").status == 200);
   CHECK(server.stop() == 0);
@@ -1111,5 +1119,40 @@ TEST_CASE("ep-server: a corrupt expert fails only the requests that route to it"
   if (together.status == 200) CHECK(completion_text(together) == alone);
   // They did share a step (a prompt of 600 one-token steps outlasts a request sent while it runs).
   CHECK(metric(http, "ep_server_requests_recomputed_total") == recomputed_before + 1);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: /tokenize, /detokenize and /props", "[api]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--api-key", "sesame", "--parallel", "3", "--max-tokens", "64"}));
+  Http http(server.port(), "sesame");
+  const Reply t = http.post("/tokenize", {{"content", "And God said, Let there be light"}});
+  REQUIRE(t.status == 200);
+  const std::vector<int32_t> ids = t.body.at("tokens").get<std::vector<int32_t>>();
+  CHECK(!ids.empty());
+  // A completion of those ids is the completion of the text (no BOS either way here).
+  const Reply as_ids = http.post("/v1/completions", {{"prompt", ids}, {"temperature", 0}, {"max_tokens", 6}});
+  REQUIRE(as_ids.status == 200);
+  CHECK(as_ids.body.at("usage").at("prompt_tokens") == ids.size());
+  const Reply d = http.post("/detokenize", {{"tokens", ids}});
+  REQUIRE(d.status == 200);
+  CHECK(d.body.at("content") == "And God said, Let there be light");
+  const Reply with_bos = http.post("/tokenize", {{"content", "x"}, {"add_special", true}});
+  REQUIRE(with_bos.status == 200);
+  CHECK(with_bos.body.at("tokens").size() >= http.post("/tokenize", {{"content", "x"}}).body.at("tokens").size());
+  check_error(http.post("/tokenize", {{"text", "x"}}), 400, "unknown_parameter", "text");
+  check_error(http.post("/tokenize", json::object()), 400, "missing", "content");
+  check_error(http.post("/detokenize", {{"tokens", json::array({-1})}}), 400, "invalid_value", "tokens");
+  check_error(Http(server.port()).post("/tokenize", {{"content", "x"}}), 401, "invalid_api_key");
+
+  const Reply p = http.get("/props");
+  REQUIRE(p.status == 200);
+  CHECK(p.body.at("model") == "demo-kjv");
+  CHECK(p.body.at("architecture") == "deepseek4");
+  CHECK(p.body.at("chat_template") == "deepseek-v4");
+  CHECK(p.body.at("parallel") == 3);
+  CHECK(p.body.at("limits").at("max_tokens") == 64);
+  CHECK(p.body.at("default_generation_settings").at("temperature") == 1.0);
+  CHECK(p.body.at("vocab_size").get<int>() > 0);
   CHECK(server.stop() == 0);
 }
