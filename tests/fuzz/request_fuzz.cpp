@@ -1,7 +1,8 @@
 // libFuzzer target: ep-server's request parser (examples/server/request.cpp), the code every
 // client's body reaches before anything else runs. The first input byte picks the endpoint
-// (even: chat completions, odd: completions) and bit 1 the chat template (DeepSeek-V4 or
-// Kimi-K3); the rest is the body. The tokenizer is the demo model's (models/demo-kjv-tokenizer.json).
+// (bits 2-3: 0 or 3 the generation endpoints, bit 0 then chat completions (0) or completions
+// (1); 1 /tokenize; 2 /detokenize) and bit 1 the chat template (DeepSeek-V4 or Kimi-K3); the
+// rest is the body. The tokenizer is the demo model's (models/demo-kjv-tokenizer.json).
 // A refusal must be an ApiError with an HTTP status of 400, 404 or 413 and a message; a request
 // that is taken must be one the scheduler can run: a prompt of 1..max_prompt_tokens ids inside
 // the vocabulary, max_tokens in [1, limit], sampling values in their ranges, non-empty stop
@@ -63,9 +64,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ctx.limits.max_tokens = 256;
   const std::string body(reinterpret_cast<const char *>(data + 1), size - 1);
   try {
-    const ep_server::ParsedRequest p =
-        (data[0] & 1) ? ep_server::parse_completion_request(body, ctx) : ep_server::parse_chat_request(body, ctx);
-    check_taken(p, ctx);
+    const int endpoint = (data[0] >> 2) & 3;
+    if (endpoint == 1) {
+      const nlohmann::json r = ep_server::tokenize_request(body, ctx);
+      for (const auto &id : r.at("tokens"))
+        if (id.get<int64_t>() < 0 || id.get<int64_t>() >= ctx.vocab_size) __builtin_trap();
+    } else if (endpoint == 2) {
+      if (!ep_server::detokenize_request(body, ctx).at("content").is_string()) __builtin_trap();
+    } else {
+      const ep_server::ParsedRequest p =
+          (data[0] & 1) ? ep_server::parse_completion_request(body, ctx) : ep_server::parse_chat_request(body, ctx);
+      check_taken(p, ctx);
+    }
   } catch (const ep_server::ApiError &e) {
     if ((e.status != 400 && e.status != 404 && e.status != 413) || e.message.empty()) __builtin_trap();
   }
