@@ -3,13 +3,16 @@
 //   ep-server --model PATH [--host 127.0.0.1] [--port 8080] [--parallel N] [--api-key KEY] ...
 //
 // Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions
-// (streamed as server-sent events or not), GET /metrics (Prometheus text). Up to --parallel
+// (streamed as server-sent events or not), POST /tokenize, POST /detokenize, GET /props,
+// GET /metrics (Prometheus text). Connections: http_server.hpp (deadlines, a cap per client
+// address, no port sharing). Up to --parallel
 // requests decode together in one forward pass per step (continuous batching, scheduler.hpp);
 // a conversation's next turn continues from the kept state of the previous one
 // (session_cache.hpp). docs/server.md has the whole story.
 #include <expertpack/expertpack.h>
 
 #include "api.hpp"
+#include "http_server.hpp"
 #include "cli/model_flags.hpp"
 #include "metrics.hpp"
 #include "reasoning.hpp"
@@ -23,6 +26,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <memory>
@@ -56,6 +60,10 @@ const char *kUsage =
     "  --top-p P          top_p when a request does not say (default 1)\n"
     "limits:\n"
     "  --max-connections N  connections served at once (default 32; more wait to be accepted)\n"
+    "  --max-client-connections N  connections of one client address at once (default 16; more get 429)\n"
+    "  --header-timeout S   seconds a request's line and headers may take, from when the connection is\n"
+    "                       ready for them (default 10; also how long an idle connection is kept)\n"
+    "  --body-timeout S     seconds a request's body may take after its headers (default 60)\n"
     "  --max-body-bytes N   request body (default 4194304)\n"
     "  --max-prompt-tokens N  rendered prompt (default 8192)\n"
     "  --max-tokens N     max_tokens a request may ask for, and its default (default 2048)\n"
@@ -109,6 +117,8 @@ int main(int argc, char **argv) {
   std::string model_path, tokenizer_path, host = "127.0.0.1", name;
   int port = 8080;
   size_t max_connections = 32;
+  ep_server::ConnectionLimits connection_limits;
+  auto millis = [](double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000 + 0.5)); };
   ep::cli::ModelFlags model_flags;
   ep_server::SchedulerOptions sopt;
   ep_server::ApiContext ctx;
@@ -138,6 +148,9 @@ int main(int argc, char **argv) {
     else if (a == "--temp") ctx.temperature = static_cast<float>(parse_double(a, next(), 0, 2));
     else if (a == "--top-p") ctx.top_p = static_cast<float>(parse_double(a, next(), 1e-6, 1));
     else if (a == "--max-connections") max_connections = parse_uint(a, next(), 1, 4096);
+    else if (a == "--max-client-connections") connection_limits.per_client = parse_uint(a, next(), 1, 4096);
+    else if (a == "--header-timeout") connection_limits.header_timeout = millis(parse_double(a, next(), 0.01, 3600));
+    else if (a == "--body-timeout") connection_limits.body_timeout = millis(parse_double(a, next(), 0.01, 3600));
     else if (a == "--max-body-bytes") ctx.limits.max_body_bytes = parse_uint(a, next(), 1024, uint64_t{1} << 32);
     else if (a == "--max-prompt-tokens") ctx.limits.max_prompt_tokens = static_cast<uint32_t>(parse_uint(a, next(), 1, 1 << 24));
     else if (a == "--max-tokens") ctx.limits.max_tokens = static_cast<uint32_t>(parse_uint(a, next(), 1, 1 << 24));
@@ -189,6 +202,8 @@ int main(int argc, char **argv) {
   ctx.tokenizer = tok;
   ctx.vocab_size = props.vocab_size;
   ctx.chat_template = tprops.chat_template;
+  ctx.architecture = props.architecture;
+  ctx.parallel = sopt.parallel;
   ep_server::Metrics metrics;
   ctx.metrics = &metrics;
   int rc = 0;
@@ -196,16 +211,22 @@ int main(int argc, char **argv) {
     ep_server::Scheduler scheduler(model, tok, ep_server::ThinkingMarkers::of(tok, tprops.chat_template), sopt, metrics);
     ctx.scheduler = &scheduler;
 
-    httplib::Server server;
+    ep_server::HttpServer server(connection_limits, {[&metrics] { metrics.connection_refused(); },
+                                                     [&metrics](const char *phase) { metrics.connection_timed_out(phase); }});
     server.new_task_queue = [max_connections] { return new httplib::ThreadPool(max_connections); };
     server.set_payload_max_length(ctx.limits.max_body_bytes);
     server.set_tcp_nodelay(true);  // streamed tokens leave at once
     server.set_keep_alive_max_count(1000);
     ep_server::install_routes(server, ctx);
 
+    errno = 0;
     const bool bound = port == 0 ? (port = server.bind_to_any_port(host)) > 0 : server.bind_to_port(host, port);
     if (!bound) {
-      std::fprintf(stderr, "ep-server: cannot listen on %s:%d\n", host.c_str(), port);
+      const int err = errno;
+      std::fprintf(stderr, "ep-server: cannot listen on %s:%d: %s\n", host.c_str(), port,
+                   err == EADDRINUSE ? "the address is in use (another server on this port?)"
+                   : err != 0        ? std::strerror(err)
+                                     : "the address cannot be bound");
       rc = 1;
     } else {
       const char *pack = ep_model_pack_path(model);

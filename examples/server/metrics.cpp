@@ -96,6 +96,31 @@ void Metrics::set_session_cache(size_t entries, size_t capacity, uint64_t evicti
   cache_evictions_ = evictions;
 }
 
+void Metrics::requests_recomputed(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  recomputed_ += n;
+}
+
+void Metrics::model_error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++model_errors_;
+}
+
+void Metrics::connection_refused() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++connections_refused_;
+}
+
+void Metrics::connection_timed_out(const char *phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++(std::string(phase) == "header" ? header_timeouts_ : body_timeouts_);
+}
+
+Metrics::Health Metrics::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Health{store_.io_errors, model_errors_};
+}
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string o;
@@ -138,6 +163,17 @@ std::string Metrics::render() const {
   value(o, "ep_server_step_expert_bytes_total{steps=\"decode\"}", expert_bytes_decode_);
   value(o, "ep_server_step_expert_bytes_total{steps=\"mixed\"}", expert_bytes_mixed_);
 
+  metric(o, "ep_server_requests_recomputed_total", "counter",
+         "Requests run again without the others of a batched step that failed (an expert one of them routes to could not be read).",
+         recomputed_);
+  metric(o, "ep_server_model_errors_total", "counter", "Requests the model failed on by themselves (answered 500).", model_errors_);
+  metric(o, "ep_server_connections_refused_total", "counter",
+         "Connections refused (429) because their client address held --max-client-connections already.", connections_refused_);
+  line(o, "ep_server_connection_timeouts_total", "counter",
+       "Connections closed because a request's headers or body missed its deadline (--header-timeout, --body-timeout).");
+  value(o, "ep_server_connection_timeouts_total{phase=\"header\"}", header_timeouts_);
+  value(o, "ep_server_connection_timeouts_total{phase=\"body\"}", body_timeouts_);
+
   metric(o, "ep_server_session_cache_entries", "gauge", "Kept sessions.", cache_entries_);
   metric(o, "ep_server_session_cache_capacity", "gauge", "Kept sessions at most.", cache_capacity_);
   metric(o, "ep_server_session_cache_evictions_total", "counter", "Kept sessions dropped to make room.", cache_evictions_);
@@ -153,7 +189,7 @@ std::string Metrics::render() const {
   metric(o, "ep_store_resident_experts", "gauge", "Experts resident now.", store_.resident_experts);
   metric(o, "ep_store_resident_bytes", "gauge", "Payload bytes of the resident experts.", store_.resident_bytes);
   metric(o, "ep_store_h2d_bytes_total", "counter", "Bytes copied from the staging ring into the expert cache.", store_.h2d_bytes);
-  metric(o, "ep_store_io_errors_total", "counter", "Failed pack reads.", store_.io_errors);
+  metric(o, "ep_store_io_errors_total", "counter", "Failed expert reads (read errors, and payloads that failed their check).", store_.io_errors);
   metric(o, "ep_store_fallbacks_total", "counter", "Reader degradations (pread pool, buffered reads).", store_.fallback_count);
   metric(o, "ep_store_cache_slots", "gauge", "Slots of the expert cache.", store_.cache_slots);
   metric(o, "ep_store_slot_bytes", "gauge", "Bytes of one expert cache slot.", store_.slot_bytes);

@@ -34,6 +34,21 @@ class Metrics {
   void set_load(size_t running, size_t waiting);
   void set_store(const ep_store_stats &stats);
   void set_session_cache(size_t entries, size_t capacity, uint64_t evictions);
+  /// A batched step failed and @p n of its requests were run again without the failing ones.
+  void requests_recomputed(size_t n);
+  /// A request the model failed on alone (an expert it routes to could not be read).
+  void model_error();
+  /// A connection refused because its client address held the most connections allowed.
+  void connection_refused();
+  /// A request whose headers or body (@p phase "header" / "body") missed their deadline.
+  void connection_timed_out(const char *phase);
+
+  /// What /health reports.
+  struct Health {
+    uint64_t store_io_errors = 0;  ///< the expert store's failed reads (ep_store_stats::io_errors)
+    uint64_t model_errors = 0;     ///< requests failed by the model alone
+  };
+  Health health() const;
   std::string render() const;
 
   /// Bucket bounds of the sequences-per-step histogram.
@@ -54,6 +69,7 @@ class Metrics {
   ep_store_stats store_{};
   size_t cache_entries_ = 0, cache_capacity_ = 0;
   uint64_t cache_evictions_ = 0;
+  uint64_t recomputed_ = 0, model_errors_ = 0, connections_refused_ = 0, header_timeouts_ = 0, body_timeouts_ = 0;
 };
 
 }  // namespace ep_server

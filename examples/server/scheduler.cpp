@@ -1,6 +1,7 @@
 #include "scheduler.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 namespace ep_server {
@@ -24,6 +25,21 @@ int on_text(const char *piece, size_t length, void *payload) {
 }
 
 std::string api_error(const char *what) { return std::string(what) + ": " + ep_last_error(); }
+
+/// What a client is told when the model fails on its request. The library's message names the
+/// server's files (the pack, offsets), which are the operator's business: it goes to the log.
+std::string client_message(ep_status status) {
+  switch (status) {
+    case EP_ERR_CORRUPT: return "an expert this request routes to failed its integrity check; the server's log names it";
+    case EP_ERR_IO: return "an expert this request routes to could not be read; the server's log has the details";
+    default: return std::string("the model failed on this request (") + ep_status_str(status) + "); the server's log has the details";
+  }
+}
+
+void log_error(const std::string &what) {
+  std::fprintf(stderr, "ep-server: %s\n", what.c_str());
+  std::fflush(stderr);
+}
 
 }  // namespace
 
@@ -117,14 +133,16 @@ void Scheduler::start(std::shared_ptr<Job> job) {
     metrics_.job_finished(FinishReason::cancelled, slot->usage);
     return;
   }
-  auto [fork, reused] = cache_.fork_longest_prefix(r.prompt);
-  if (fork) {
-    slot->session = std::move(fork);
-    slot->pos = slot->reused = reused;
+  SessionCache::Fork fork = cache_.fork_longest_prefix(r.prompt);
+  if (fork.session) {
+    slot->session = std::move(fork.session);
+    slot->pos = slot->reused = fork.length;
+    slot->draws = fork.draws;
   } else {
     ep_session *s = nullptr;
     if (ep_session_open(&s, model_) != EP_OK) {
-      fail(*slot, 500, api_error("cannot open a session"));
+      log_error(api_error("cannot open a session"));
+      fail(*slot, 500, "the server could not open a session for this request (out of memory?); its log has the details");
       return;
     }
     slot->session.reset(s);
@@ -166,7 +184,8 @@ bool Scheduler::on_token(Slot &slot, int32_t token) {
       ep_text_stream_finish(slot.reasoning.get(), on_text, &sink, nullptr);
       ep_text_stream *fresh = nullptr;
       if (ep_text_stream_open(&fresh, tokenizer_, nullptr, 0) != EP_OK) {
-        fail(slot, 500, api_error("text stream"));
+        log_error(api_error("text stream"));
+        fail(slot, 500, "the server could not open a text stream; its log has the details");
         return false;
       }
       slot.reasoning.reset(fresh);
@@ -221,10 +240,58 @@ void Scheduler::finish(Slot &slot, FinishReason reason) {
     if (ep_session_tokens(nullptr, 0, &n, slot.session.get()) == EP_OK && n > 0) {
       std::vector<int32_t> tokens(n);
       if (ep_session_tokens(tokens.data(), tokens.size(), &n, slot.session.get()) == EP_OK)
-        cache_.put(std::move(tokens), std::move(slot.session));
+        cache_.put(std::move(tokens), std::move(slot.session), slot.draws);
     }
   }
   slot.session.reset();
+}
+
+void Scheduler::fail_by_model(Slot &slot, ep_status status) {
+  metrics_.model_error();
+  fail(slot, 500, client_message(status));
+}
+
+ep_status Scheduler::recompute(Slot &slot) {
+  // Its tokens before the failed step (a failed append leaves a session's tokens as they were).
+  size_t n = 0;
+  if (ep_session_tokens(nullptr, 0, &n, slot.session.get()) != EP_OK) return EP_ERR_INTERNAL;
+  std::vector<int32_t> history(n);
+  if (n && ep_session_tokens(history.data(), history.size(), &n, slot.session.get()) != EP_OK) return EP_ERR_INTERNAL;
+  // From a kept session that is a prefix of them, when its sampler has not drawn past this one's.
+  SessionCache::Fork from = cache_.fork_longest_prefix(history);
+  if (!from.session || from.draws > slot.draws) {
+    ep_session *fresh = nullptr;
+    if (ep_session_open(&fresh, model_) != EP_OK) return EP_ERR_OUT_OF_MEMORY;
+    from = {SessionPtr(fresh), 0, 0};
+  }
+  ep_session *one = from.session.get();
+  auto append = [&](const int32_t *tokens, size_t count) {
+    const ep_status st = ep_sessions_append(&one, &tokens, &count, 1);
+    return st;
+  };
+  // The prompt in the chunks the step cuts it into (the same as the first time when the same
+  // kept session started it), each generated token by itself, then the failed step's tokens.
+  const JobRequest &r = slot.job->request();
+  const size_t prompt_end = std::min(history.size(), r.prompt.size());
+  size_t pos = from.length;
+  while (pos < prompt_end) {
+    size_t k = std::min<size_t>(options_.prefill_chunk, prompt_end - pos);
+    if (r.snapshot_at > pos && r.snapshot_at < pos + k) k = r.snapshot_at - pos;
+    if (const ep_status st = append(history.data() + pos, k); st != EP_OK) return st;
+    pos += k;
+  }
+  for (; pos < history.size(); ++pos)
+    if (const ep_status st = append(history.data() + pos, 1); st != EP_OK) return st;
+  if (const ep_status st = append(slot.feed, slot.feed_count); st != EP_OK) return st;
+  // The sampler's draw counter where it was, so that a seeded request draws as it would have.
+  ep_generate_options greedy;
+  ep_generate_options_init(&greedy);
+  for (uint64_t d = from.draws; d < slot.draws; ++d) {
+    int32_t ignored = -1;
+    if (const ep_status st = ep_session_sample(&ignored, one, &greedy); st != EP_OK) return st;
+  }
+  slot.session = std::move(from.session);
+  return EP_OK;
 }
 
 void Scheduler::fail(Slot &slot, int status, const std::string &message) {
@@ -239,7 +306,7 @@ void Scheduler::keep(const Slot &slot, size_t tokens) {
   if (cache_.contains(prefix)) return;
   ep_session *copy = nullptr;
   if (ep_session_fork(&copy, slot.session.get()) != EP_OK) return;  // reuse is an optimisation: go on without it
-  cache_.put(std::vector<int32_t>(prefix.begin(), prefix.end()), SessionPtr(copy));
+  cache_.put(std::vector<int32_t>(prefix.begin(), prefix.end()), SessionPtr(copy), slot.draws);
 }
 
 void Scheduler::step() {
@@ -257,9 +324,11 @@ void Scheduler::step() {
     if (!s->decoding) return false;
     int32_t token = -1;
     if (ep_session_sample(&token, s->session.get(), &s->job->request().sampling) != EP_OK) {
-      fail(*s, 500, api_error("sampling"));
+      log_error(api_error("sampling"));
+      fail(*s, 500, "sampling failed; the server's log has the details");
       return true;
     }
+    ++s->draws;
     if (!on_token(*s, token)) return true;
     s->next = token;
     s->feed = &s->next;
@@ -312,14 +381,28 @@ void Scheduler::step() {
   metrics_.step(rec);
 
   if (st != EP_OK) {
-    // The engine leaves every session of a failed call to be reset: their requests end.
-    const std::string message = api_error("forward pass");
+    // The engine leaves every session of a failed call to be reset. One request's fault (an
+    // expert it routes to fails its check) must not end the others: each is run again by
+    // itself, and only those the model fails on alone end.
+    log_error(api_error(sessions.size() > 1 ? "a batched step failed (its requests run again one by one)" : "a step failed"));
+    size_t recomputed = 0;
     std::erase_if(slots_, [&](const std::unique_ptr<Slot> &s) {
       if (!s->feed_count) return false;
-      fail(*s, 500, message);
+      if (sessions.size() > 1) {
+        const ep_status alone = recompute(*s);
+        if (alone == EP_OK) {
+          ++recomputed;
+          return false;
+        }
+        log_error(api_error("a request failed by itself"));
+        fail_by_model(*s, alone);
+      } else {
+        fail_by_model(*s, st);
+      }
       return true;
     });
-    return;
+    metrics_.requests_recomputed(recomputed);
+    if (recomputed == 0) return;
   }
   const Clock::time_point now = Clock::now();
   for (auto &s : slots_) {

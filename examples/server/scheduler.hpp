@@ -60,6 +60,7 @@ class Scheduler {
     SessionPtr session;
     size_t pos = 0;       // prompt tokens the session holds
     size_t reused = 0;    // of those, continued from a kept session
+    uint64_t draws = 0;   // the session's sampler draw counter (a kept session's draws and this request's)
     bool decoding = false;
     int32_t next = -1;    // the token sampled this step
     const int32_t *feed = nullptr;
@@ -77,6 +78,11 @@ class Scheduler {
   bool on_token(Slot &slot, int32_t token);
   void finish(Slot &slot, FinishReason reason);
   void fail(Slot &slot, int status, const std::string &message);
+  /// Ends a request the model failed on (HTTP 500, a message without the server's paths).
+  void fail_by_model(Slot &slot, ep_status status);
+  /// Runs @p slot's session again by itself (a new session with its tokens, the step's own and
+  /// its sampler's position) after a batched step failed; the model's status.
+  ep_status recompute(Slot &slot);
   void keep(const Slot &slot, size_t tokens);
   void publish_load();
 

@@ -4,24 +4,25 @@
 
 namespace ep_server {
 
-std::pair<SessionPtr, size_t> SessionCache::fork_longest_prefix(std::span<const int32_t> prompt) {
+SessionCache::Fork SessionCache::fork_longest_prefix(std::span<const int32_t> prompt) {
   Entry *best = nullptr;
   for (Entry &e : entries_) {
     if (e.tokens.size() > prompt.size() || (best && e.tokens.size() <= best->tokens.size())) continue;
     if (std::equal(e.tokens.begin(), e.tokens.end(), prompt.begin())) best = &e;
   }
-  if (!best) return {nullptr, 0};
+  if (!best) return {};
   ep_session *copy = nullptr;
-  if (ep_session_fork(&copy, best->session.get()) != EP_OK) return {nullptr, 0};
+  if (ep_session_fork(&copy, best->session.get()) != EP_OK) return {};
   best->used = ++clock_;
-  return {SessionPtr(copy), best->tokens.size()};
+  return {SessionPtr(copy), best->tokens.size(), best->draws};
 }
 
-void SessionCache::put(std::vector<int32_t> tokens, SessionPtr session) {
+void SessionCache::put(std::vector<int32_t> tokens, SessionPtr session, uint64_t draws) {
   if (capacity_ == 0 || tokens.empty()) return;
   for (Entry &e : entries_) {
     if (e.tokens == tokens) {
       e.session = std::move(session);
+      e.draws = draws;
       e.used = ++clock_;
       return;
     }
@@ -31,7 +32,7 @@ void SessionCache::put(std::vector<int32_t> tokens, SessionPtr session) {
     entries_.erase(lru);
     ++evictions_;
   }
-  entries_.push_back({std::move(tokens), std::move(session), ++clock_});
+  entries_.push_back({std::move(tokens), std::move(session), draws, ++clock_});
 }
 
 bool SessionCache::contains(std::span<const int32_t> tokens) const {

@@ -22,11 +22,18 @@ class SessionCache {
   size_t size() const { return entries_.size(); }
   uint64_t evictions() const { return evictions_; }
 
-  /// The longest entry whose tokens are a prefix of @p prompt: a fork of it and its length;
-  /// {nullptr, 0} when none is. A fork that fails counts as no entry.
-  std::pair<SessionPtr, size_t> fork_longest_prefix(std::span<const int32_t> prompt);
-  /// Keeps @p session (holding @p tokens); an entry with the same tokens is replaced.
-  void put(std::vector<int32_t> tokens, SessionPtr session);
+  /// A fork of a kept session.
+  struct Fork {
+    SessionPtr session;  ///< null: no entry fits
+    size_t length = 0;   ///< tokens it holds
+    uint64_t draws = 0;  ///< its sampler's draw counter (ep_session_sample calls it has seen, forks included)
+  };
+  /// The longest entry whose tokens are a prefix of @p prompt, forked; an empty Fork when none
+  /// is. A fork that fails counts as no entry.
+  Fork fork_longest_prefix(std::span<const int32_t> prompt);
+  /// Keeps @p session (holding @p tokens, its sampler at draw @p draws); an entry with the same
+  /// tokens is replaced.
+  void put(std::vector<int32_t> tokens, SessionPtr session, uint64_t draws);
   /// Whether an entry holds exactly @p tokens.
   bool contains(std::span<const int32_t> tokens) const;
 
@@ -34,6 +41,7 @@ class SessionCache {
   struct Entry {
     std::vector<int32_t> tokens;
     SessionPtr session;
+    uint64_t draws = 0;
     uint64_t used = 0;
   };
   size_t capacity_;

@@ -38,7 +38,7 @@ typedef struct ep_store_stats {
   uint64_t resident_experts; /**< Experts resident now. */
   uint64_t resident_bytes;   /**< Payload bytes of the resident experts. */
   uint64_t h2d_bytes;        /**< Bytes copied from the staging ring into the expert cache. */
-  uint64_t io_errors;        /**< Failed reads (each attempt of a retried EIO counts). */
+  uint64_t io_errors;        /**< Failed reads (each attempt of a retried EIO counts, and each read whose payload failed its check). */
   uint64_t fallback_count;   /**< Degradations: io_uring unavailable (pread pool used), O_DIRECT refused (buffered reads). */
   uint64_t cache_slots;      /**< Slots of the expert cache. */
   uint64_t slot_bytes;       /**< Bytes of one slot (the largest expert, 4096-aligned). */

@@ -393,6 +393,9 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
       status = Status::corrupt;
     }
   }
+  // A payload that fails its check is a failed read as much as an EIO is (the read's own errors
+  // were counted by the reader).
+  if (!error.empty() && l->io_error.empty()) counters_.io_errors.fetch_add(1, std::memory_order_relaxed);
   free_staging_.push_back(l->staging);
   --pins_[slot];
   if (error.empty()) {

@@ -17,7 +17,7 @@ struct StoreStats {
   uint64_t resident_experts = 0;
   uint64_t resident_bytes = 0;   ///< payload bytes of the resident experts
   uint64_t h2d_bytes = 0;        ///< bytes copied into slots (staging → slot and host tier → slot)
-  uint64_t io_errors = 0;        ///< failed reads (each EIO attempt counts)
+  uint64_t io_errors = 0;        ///< failed reads (each EIO attempt counts, and each payload that failed its check)
   uint64_t fallback_count = 0;   ///< io_uring → pread pool, O_DIRECT → buffered
   uint64_t cache_slots = 0;
   uint64_t slot_bytes = 0;

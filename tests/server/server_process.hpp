@@ -3,6 +3,7 @@
 // status (0, or a sanitizer's report) can be checked.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
@@ -24,13 +25,17 @@ namespace ep::test {
 
 class ServerProcess {
  public:
-  /// Starts @p exe with @p args and `--port 0`; throws when it does not come up in @p timeout.
+  /// Starts @p exe with @p args and `--port 0` (unless @p args name a port); throws when it does
+  /// not come up in @p timeout, with its output in the message.
   ServerProcess(const std::string &exe, std::vector<std::string> args, std::chrono::seconds timeout = std::chrono::seconds(120)) {
     int fds[2];
     if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    const bool port_given = std::find(args.begin(), args.end(), "--port") != args.end();
     args.insert(args.begin(), exe);
-    args.push_back("--port");
-    args.push_back("0");
+    if (!port_given) {
+      args.push_back("--port");
+      args.push_back("0");
+    }
     std::vector<char *> argv;
     for (std::string &a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

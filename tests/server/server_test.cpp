@@ -17,9 +17,21 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <barrier>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,8 +76,8 @@ class Http {
   }
 
   /// A streamed request; with @p stop_after > 0 the client closes the connection after that many
-  /// events.
-  StreamReply stream(const std::string &path, json body, size_t stop_after = 0) {
+  /// events, and when @p keep_going says no (asked at every event that arrives).
+  StreamReply stream(const std::string &path, json body, size_t stop_after = 0, const std::function<bool()> &keep_going = {}) {
     body["stream"] = true;
     StreamReply out;
     httplib::Request req;
@@ -84,7 +96,7 @@ class Http {
         if (event.rfind("data: ", 0) == 0) out.data.push_back(event.substr(6));
         else out.data.push_back("<not a data event: " + event + ">");
       }
-      return stop_after == 0 || out.data.size() < stop_after;
+      return (stop_after == 0 || out.data.size() < stop_after) && (!keep_going || keep_going());
     };
     const httplib::Result r = cli_.send(req);
     if (r) {
@@ -626,26 +638,40 @@ TEST_CASE("ep-server: a client that disconnects cancels its request; a busy mode
   CHECK(next.body.at("usage").at("completion_tokens") == 6);
 
   // While the slot is taken, a second request waits for it and is answered once the first
-  // ends (its client gives up after 2 s, so the wait does not depend on how fast the model is).
-  std::atomic<int> first_status{-1};
+  // ends. The first is streamed without end, and its client leaves only once the second is seen
+  // waiting: what happens does not depend on how fast the machine is, or how busy.
+  using Clock = std::chrono::steady_clock;
+  std::atomic<bool> release{false};
+  Clock::time_point left_at{};
+  size_t first_events = 0;
   std::thread first([&] {
     Http h(server.port());
-    h.set_read_timeout(2000ms);
-    first_status = h.post("/v1/completions", endless).status;
+    first_events = h.stream("/v1/completions", endless, 0, [&] {
+                      if (!release) return true;
+                      left_at = Clock::now();
+                      return false;
+                    }).data.size();
   });
-  REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 60s));
+  REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 600s));
   CHECK(http.get("/health").status == 200);  // the HTTP side answers while the model is busy
   Reply queued;
   std::thread second([&] {
     Http h(server.port());
     queued = h.post("/v1/chat/completions", chat_body(kJohn, 6));
   });
-  CHECK(wait_metric(http, "ep_server_requests_waiting", 1, 60s));
+  const bool waited = wait_metric(http, "ep_server_requests_waiting", 1, 600s);
+  const Clock::time_point seen_waiting = Clock::now();
+  release = true;  // the first client goes away at its next event: its request ends, the slot frees
   first.join();
   second.join();
-  CHECK(first_status == 0);  // the first client timed out: cancelled
-  CHECK(queued.status == 200);
-  CHECK(queued.body.at("timings").at("queue_ms").get<double>() > 20);  // it waited for the first one
+  CHECK(waited);
+  CHECK(first_events > 0);
+  CHECK(wait_metric(http, "ep_server_requests_finished_total{reason=\"cancelled\"}", 3));
+  REQUIRE(queued.status == 200);
+  // It was created before the test saw it waiting and admitted after the first client left, so
+  // its queue time is at least the time between the two (a bound by cause, not a guess of speed).
+  const double between_ms = std::chrono::duration<double, std::milli>(left_at - seen_waiting).count();
+  CHECK(queued.body.at("timings").at("queue_ms").get<double>() >= between_ms);
   CHECK(chat_text(queued) == chat_text(next));
 
   // Shutting down while a request runs: it ends, and the server exits cleanly.
@@ -743,5 +769,390 @@ TEST_CASE("ep-server: a Kimi-K3 chat continues the whole first turn", "[kimi]") 
   // first prompt is reused (the snapshot at its end).
   CHECK(second.body.at("usage").at("prompt_tokens_details").at("cached_tokens").get<int>() >=
         first.body.at("usage").at("prompt_tokens").get<int>());
+  CHECK(server.stop() == 0);
+}
+
+// ---- hardening: ports, bodies, slow clients, a corrupt expert, parameters ---------------------
+
+namespace {
+
+/// A raw TCP connection to the server on 127.0.0.1 from the loopback address @p from (another
+/// address of 127/8 is another client to the server).
+class RawSocket {
+ public:
+  explicit RawSocket(int port, const char *from = "127.0.0.1") {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    REQUIRE(inet_pton(AF_INET, from, &local.sin_addr) == 1);
+    REQUIRE(bind(fd_, reinterpret_cast<const sockaddr *>(&local), sizeof local) == 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    REQUIRE(inet_pton(AF_INET, "127.0.0.1", &to.sin_addr) == 1);
+    REQUIRE(connect(fd_, reinterpret_cast<const sockaddr *>(&to), sizeof to) == 0);
+  }
+  ~RawSocket() { close(fd_); }
+  RawSocket(const RawSocket &) = delete;
+  RawSocket &operator=(const RawSocket &) = delete;
+
+  /// False once the server closed the connection.
+  bool send_all(const std::string &data) {
+    for (size_t at = 0; at < data.size();) {
+      const ssize_t n = send(fd_, data.data() + at, data.size() - at, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      at += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  /// Takes what arrived, waiting up to @p wait for something; false once the server closed
+  /// the connection (end of stream or reset).
+  bool pump(std::chrono::milliseconds wait) {
+    for (;;) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(wait.count())) <= 0) return !closed_;
+      char buf[65536];
+      const ssize_t n = recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+      if (n <= 0) {
+        closed_ = n == 0 || (errno != EAGAIN && errno != EINTR);
+        return !closed_;
+      }
+      received_.append(buf, static_cast<size_t>(n));
+      wait = std::chrono::milliseconds(0);
+    }
+  }
+  /// Pumps until an HTTP status line and headers arrived or the connection closed (at most
+  /// @p limit); the status, 0 when none came.
+  int status(std::chrono::seconds limit = 60s) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (received_.find("\r\n\r\n") == std::string::npos && pump(100ms) && std::chrono::steady_clock::now() < until) {
+    }
+    if (received_.rfind("HTTP/1.1 ", 0) != 0 || received_.size() < 12) return 0;
+    return std::stoi(received_.substr(9, 3));
+  }
+  /// Pumps until the server closes the connection (at most @p limit); true when it did.
+  bool read_to_close(std::chrono::seconds limit = 60s) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (pump(100ms) && std::chrono::steady_clock::now() < until) {
+    }
+    return closed_;
+  }
+  const std::string &received() const { return received_; }
+  bool closed() const { return closed_; }
+
+ private:
+  int fd_ = -1;
+  std::string received_;
+  bool closed_ = false;
+};
+
+std::string hex(size_t n) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%zx", n);
+  return b;
+}
+
+/// Sends header lines on @p sockets every few milliseconds until @p stop (clients that take
+/// forever over their headers); a connection the server closed is left alone.
+void trickle(std::vector<std::unique_ptr<RawSocket>> &sockets, const std::atomic<bool> &stop, const std::string &line) {
+  while (!stop) {
+    for (auto &s : sockets)
+      if (!s->closed()) s->send_all(line);
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ep-server: a port in use is a startup error, never shared", "[hardening]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess first(EP_SERVER_EXE, server_args(dir, {}));
+  std::string error;
+  try {
+    ep::test::ServerProcess second(EP_SERVER_EXE, server_args(dir, {"--no-pack-build", "--port", std::to_string(first.port())}));
+    error = "<a second server listens on the same port; its log:\n" + second.log() + ">";
+  } catch (const std::runtime_error &e) {
+    error = e.what();
+  }
+  INFO(error);
+  CHECK(error.find("cannot listen on 127.0.0.1:" + std::to_string(first.port()) + ": the address is in use") != std::string::npos);
+  CHECK(Http(first.port()).get("/health").status == 200);
+  CHECK(first.stop() == 0);
+}
+
+TEST_CASE("ep-server: the body limit holds for a chunked body as it arrives", "[hardening]") {
+  ep::test::TempDir dir;
+  constexpr size_t kLimit = 65536;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--max-body-bytes", std::to_string(kLimit)}));
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+  // Under the limit: answered.
+  {
+    RawSocket s(server.port());
+    const std::string body = json{{"prompt", "And God said"}, {"temperature", 0}, {"max_tokens", 2}}.dump();
+    REQUIRE(s.send_all(head + hex(body.size()) + "\r\n" + body + "\r\n0\r\n\r\n"));
+    CHECK(s.status() == 200);
+  }
+  // Over it: chunks keep coming and the body never ends, yet the 413 comes. (Read whole, as a
+  // chunked body was before, it would be answered only when the client gives up: 400.)
+  RawSocket s(server.port());
+  REQUIRE(s.send_all(head));
+  const std::string chunk(16384, ' ');
+  for (size_t sent = 0; sent < 4 * kLimit && s.received().empty(); sent += chunk.size()) {
+    if (!s.send_all(hex(chunk.size()) + "\r\n" + chunk + "\r\n")) break;
+    s.pump(0ms);
+  }
+  CHECK(s.status() == 413);
+  CHECK(s.read_to_close());  // the rest of the body is not taken for a next request
+  INFO(s.received());
+  CHECK(s.received().find("request_too_large") != std::string::npos);
+  CHECK(Http(server.port()).get("/health").status == 200);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: clients that trickle their headers hold no more than their share of the workers", "[hardening]") {
+  ep::test::TempDir dir;
+  // Four workers, two connections per client address, and deadlines far beyond the test: only
+  // the per-client cap can keep a worker free for /health.
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--max-connections", "4", "--max-client-connections", "2",
+                                                                  "--header-timeout", "600", "--body-timeout", "600"}));
+  std::vector<std::unique_ptr<RawSocket>> slow;
+  for (int i = 0; i < 6; ++i) {
+    slow.push_back(std::make_unique<RawSocket>(server.port(), "127.0.0.2"));
+    REQUIRE(slow.back()->send_all("GET /health HTTP/1.1\r\n"));
+  }
+  std::atomic<bool> stop{false};
+  std::thread t([&] { trickle(slow, stop, "X-Slow: 1\r\n"); });
+  Http http(server.port());
+  http.set_read_timeout(30000ms);  // beyond it /health was not served: the slow clients hold every worker
+  const Reply health = http.get("/health");
+  CHECK(health.status == 200);
+  // The four connections beyond the cap were refused at once.
+  CHECK(wait_metric(http, "ep_server_connections_refused_total", 4, 60s));
+  stop = true;
+  t.join();
+  size_t refused = 0;
+  for (auto &s : slow)
+    if (s->status(0s) == 429) ++refused;
+  CHECK(refused == 4);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: a request's headers and body must arrive within their deadlines", "[hardening]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--header-timeout", "0.5", "--body-timeout", "0.5"}));
+  Http http(server.port());
+  // Each client sends a little every 50 ms, forever: only a deadline ends the connection.
+  auto closed_by_server = [&](const std::string &start, const std::string &more) {
+    std::vector<std::unique_ptr<RawSocket>> one;
+    one.push_back(std::make_unique<RawSocket>(server.port()));
+    REQUIRE(one[0]->send_all(start));
+    std::atomic<bool> stop{false};
+    std::thread t([&] { trickle(one, stop, more); });
+    for (int i = 0; i < 600 && one[0]->pump(100ms);) ++i;  // at most a minute
+    stop = true;
+    t.join();
+    return one[0]->closed();
+  };
+  CHECK(closed_by_server("GET /health HTTP/1.1\r\n", "X-Slow: 1\r\n"));
+  CHECK(metric(http, "ep_server_connection_timeouts_total{phase=\"header\"}") == 1);
+  CHECK(closed_by_server("POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n", " "));
+  CHECK(metric(http, "ep_server_connection_timeouts_total{phase=\"body\"}") == 1);
+  // A prompt client is served as before.
+  CHECK(http.post("/v1/completions", {{"prompt", "And God said"}, {"temperature", 0}, {"max_tokens", 2}}).status == 200);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: a parameter the server would not act on is refused by name", "[hardening]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--api-key", "sesame", "--max-tokens", "64"}));
+  Http http(server.port(), "sesame");
+  const std::string chat = "/v1/chat/completions", completions = "/v1/completions";
+  const json good_chat = chat_body(kJohn, 4);
+  const json good_completion = {{"prompt", "And God said"}, {"temperature", 0}, {"max_tokens", 4}};
+  struct Case {
+    const std::string *path;
+    json patch;
+    std::string code, param;
+  };
+  const std::vector<Case> cases = {
+      {&chat, {{"logit_bias", {{"5", 100}}}}, "unsupported", "logit_bias"},
+      {&completions, {{"logit_bias", {{"5", 100}}}}, "unsupported", "logit_bias"},
+      {&chat, {{"functions", json::array({{{"name", "f"}}})}}, "unsupported", "functions"},
+      {&chat, {{"function_call", "auto"}}, "unsupported", "function_call"},
+      {&chat, {{"tool_choice", "auto"}}, "invalid_value", "tool_choice"},
+      {&chat, {{"tool_choice", "none"}}, "invalid_value", "tool_choice"},
+      {&chat, {{"parallel_tool_calls", false}}, "invalid_value", "parallel_tool_calls"},
+      {&chat, {{"reasoning_effort", "high"}}, "unsupported", "reasoning_effort"},
+      {&chat, {{"modalities", json::array({"text", "audio"})}}, "unsupported", "modalities"},
+      {&chat, {{"audio", {{"voice", "alloy"}, {"format", "wav"}}}}, "unsupported", "audio"},
+      {&chat, {{"prediction", {{"type", "content"}, {"content", "x"}}}}, "unsupported", "prediction"},
+      {&chat, {{"service_tier", "flex"}}, "unsupported", "service_tier"},
+      {&chat, {{"store", true}}, "unsupported", "store"},
+      {&chat, {{"metadata", {{"k", "v"}}}}, "unsupported", "metadata"},
+      {&chat, {{"frobnicate", 1}}, "unknown_parameter", "frobnicate"},
+      {&completions, {{"messages", json::array()}}, "unknown_parameter", "messages"},
+      {&chat, {{"messages", json::array({{{"role", "user"}, {"content", nullptr}}})}}, "missing", "messages[0].content"},
+      {&chat, {{"messages", json::array({{{"role", "user"}}})}}, "missing", "messages[0].content"},
+      {&chat, {{"messages", json::array({{{"role", "user"}, {"content", "x"}, {"name", "eve"}}})}}, "unsupported", "messages[0].name"},
+  };
+  for (const Case &c : cases) {
+    json body = *c.path == chat ? good_chat : good_completion;
+    body.merge_patch(c.patch);
+    INFO(*c.path << " " << c.patch.dump());
+    check_error(http.post(*c.path, body), 400, c.code, c.param);
+  }
+  // What asks for nothing the server does not do is accepted: nulls, the defaults, identifiers.
+  json fine = good_chat;
+  fine.merge_patch({{"logit_bias", json::object()}, {"service_tier", "auto"}, {"store", false}, {"modalities", json::array({"text"})},
+                    {"user", "u-1"}, {"tool_choice", nullptr}, {"messages", json::array({{{"role", "user"}, {"content", "John 3:16"}},
+                                                                                         {{"role", "assistant"}, {"content", nullptr}},
+                                                                                         {{"role", "user"}, {"content", "Amen"}}})}});
+  CHECK(http.post(chat, fine).status == 200);
+  // max_completion_tokens holds on /v1/completions too.
+  json capped = good_completion;
+  capped.erase("max_tokens");
+  capped["max_completion_tokens"] = 3;
+  capped["ignore_eos"] = true;
+  const Reply r = http.post(completions, capped);
+  REQUIRE(r.status == 200);
+  CHECK(r.body.at("usage").at("completion_tokens") == 3);
+  // The Bearer scheme's name is case-insensitive.
+  httplib::Client raw("127.0.0.1", server.port());
+  for (const char *scheme : {"bearer", "BEARER", "Bearer"}) {
+    INFO(scheme);
+    const auto res = raw.Get("/v1/models", {{"Authorization", std::string(scheme) + " sesame"}});
+    REQUIRE(res);
+    CHECK(res->status == 200);
+  }
+  const auto wrong = raw.Get("/v1/models", {{"Authorization", "Basic sesame"}});
+  REQUIRE(wrong);
+  CHECK(wrong->status == 401);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: a corrupt expert fails only the requests that route to it", "[hardening]") {
+  ep::test::TempDir dir;
+  // The Expert Pack, built by a first server; a copy with 4 bytes of one expert of layer 0 changed.
+  // Layer 0 is hash-routed (by token id alone), so whether a token reaches that expert does not
+  // depend on the tokens around it.
+  { ep::test::ServerProcess build(EP_SERVER_EXE, server_args(dir, {})); CHECK(build.stop() == 0); }
+  std::string pack_name;
+  for (const auto &e : std::filesystem::directory_iterator(dir / "packs"))
+    if (e.path().extension() == ".epk") pack_name = e.path().filename().string();
+  REQUIRE(!pack_name.empty());
+  std::filesystem::create_directories(dir / "bad");
+  for (const std::string suffix : {"", ".json"})
+    std::filesystem::copy_file(dir / ("packs/" + pack_name + suffix), dir / ("bad/" + pack_name + suffix));
+  const std::string bad_pack = dir / ("bad/" + pack_name);
+  const std::vector<uint8_t> clean = ep::test::read_file(bad_pack);
+  // An expert outside the sample ep_pack_open() checks, so the pack opens and the damage is
+  // found when the expert is read.
+  uint32_t corrupt_expert = 0;
+  for (uint32_t expert = 1; expert < 16 && !corrupt_expert; ++expert) {
+    ep_pack *p = nullptr;
+    REQUIRE(ep_pack_open(&p, bad_pack.c_str(), nullptr) == EP_OK);
+    ep_pack_object_info o;
+    REQUIRE(ep_pack_object(&o, p, 0, expert) == EP_OK);
+    ep_pack_close(p);
+    std::vector<uint8_t> bytes = clean;
+    for (uint64_t i = 0; i < 4; ++i) bytes[o.role_offset[1] + 64 + i] ^= 0x5a;
+    {
+      std::ofstream out(bad_pack, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char *>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    }
+    if (ep_pack_open(&p, bad_pack.c_str(), nullptr) == EP_OK) {
+      corrupt_expert = expert;
+      ep_pack_close(p);
+    }
+  }
+  REQUIRE(corrupt_expert != 0);
+  INFO("layer 0 expert " << corrupt_expert << " is corrupt");
+
+  // One prompt token per step, so the long prompt below runs for many steps.
+  ep::test::ServerProcess server(EP_SERVER_EXE, {"--model", kModel, "--device", "cpu", "--pack-dir", dir / "bad", "--no-pack-build",
+                                                 "--cpu-threads", "2", "--prefill-chunk", "1", "--session-cache", "0",
+                                                 "--max-prompt-tokens", "8192"});
+  Http http(server.port());
+  CHECK(http.get("/health").body.at("status") == "ok");
+  // Which tokens route to the corrupt expert: each alone, one forward pass (max_tokens 1 samples
+  // from its logits and appends nothing more).
+  std::vector<int> safe, unsafe;
+  std::string failure;
+  for (int t = 0; t < 48; ++t) {
+    const Reply r = http.post("/v1/completions", {{"prompt", json::array({t})}, {"max_tokens", 1}, {"temperature", 0}});
+    if (r.status == 200) safe.push_back(t);
+    else if (r.status == 500) unsafe.push_back(t), failure = r.body.dump();
+    else FAIL("token " << t << ": HTTP " << r.status << " " << r.body.dump());
+  }
+  REQUIRE(!safe.empty());
+  REQUIRE(!unsafe.empty());
+  // The client hears what failed, never where the server's files are.
+  INFO(failure);
+  CHECK(failure.find("integrity check") != std::string::npos);
+  CHECK(failure.find(dir.str()) == std::string::npos);
+  CHECK(failure.find(".epk") == std::string::npos);
+  CHECK(server.log().find("is corrupt") != std::string::npos);  // the operator's log names it
+  CHECK(metric(http, "ep_store_io_errors_total") >= 1);
+  const Reply health = http.get("/health");
+  CHECK(health.status == 200);
+  CHECK(health.body.at("status") == "degraded");
+
+  // A healthy request that runs for many steps (its prompt only of safe tokens, one per step),
+  // and while it runs, one that routes to the corrupt expert: their step fails, the healthy one
+  // is run again without it and answers as it does alone.
+  json healthy = {{"prompt", json::array()}, {"max_tokens", 1}, {"temperature", 0}};
+  for (int i = 0; i < 600; ++i) healthy["prompt"].push_back(safe[static_cast<size_t>(i) % safe.size()]);
+  const std::string alone = completion_text(http.post("/v1/completions", healthy));
+  const double recomputed_before = metric(http, "ep_server_requests_recomputed_total");
+  Reply together;
+  std::thread long_one([&] {
+    Http h(server.port());
+    together = h.post("/v1/completions", healthy);
+  });
+  REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 60s));
+  const Reply broken = http.post("/v1/completions", {{"prompt", json::array({unsafe[0]})}, {"max_tokens", 1}, {"temperature", 0}});
+  long_one.join();
+  check_error(broken, 500);
+  CHECK(together.status == 200);
+  if (together.status == 200) CHECK(completion_text(together) == alone);
+  // They did share a step (a prompt of 600 one-token steps outlasts a request sent while it runs).
+  CHECK(metric(http, "ep_server_requests_recomputed_total") == recomputed_before + 1);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: /tokenize, /detokenize and /props", "[api]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--api-key", "sesame", "--parallel", "3", "--max-tokens", "64"}));
+  Http http(server.port(), "sesame");
+  const Reply t = http.post("/tokenize", {{"content", "And God said, Let there be light"}});
+  REQUIRE(t.status == 200);
+  const std::vector<int32_t> ids = t.body.at("tokens").get<std::vector<int32_t>>();
+  CHECK(!ids.empty());
+  // A completion of those ids is the completion of the text (no BOS either way here).
+  const Reply as_ids = http.post("/v1/completions", {{"prompt", ids}, {"temperature", 0}, {"max_tokens", 6}});
+  REQUIRE(as_ids.status == 200);
+  CHECK(as_ids.body.at("usage").at("prompt_tokens") == ids.size());
+  const Reply d = http.post("/detokenize", {{"tokens", ids}});
+  REQUIRE(d.status == 200);
+  CHECK(d.body.at("content") == "And God said, Let there be light");
+  const Reply with_bos = http.post("/tokenize", {{"content", "x"}, {"add_special", true}});
+  REQUIRE(with_bos.status == 200);
+  CHECK(with_bos.body.at("tokens").size() >= http.post("/tokenize", {{"content", "x"}}).body.at("tokens").size());
+  check_error(http.post("/tokenize", {{"text", "x"}}), 400, "unknown_parameter", "text");
+  check_error(http.post("/tokenize", json::object()), 400, "missing", "content");
+  check_error(http.post("/detokenize", {{"tokens", json::array({-1})}}), 400, "invalid_value", "tokens");
+  check_error(Http(server.port()).post("/tokenize", {{"content", "x"}}), 401, "invalid_api_key");
+
+  const Reply p = http.get("/props");
+  REQUIRE(p.status == 200);
+  CHECK(p.body.at("model") == "demo-kjv");
+  CHECK(p.body.at("architecture") == "deepseek4");
+  CHECK(p.body.at("chat_template") == "deepseek-v4");
+  CHECK(p.body.at("parallel") == 3);
+  CHECK(p.body.at("limits").at("max_tokens") == 64);
+  CHECK(p.body.at("default_generation_settings").at("temperature") == 1.0);
+  CHECK(p.body.at("vocab_size").get<int>() > 0);
   CHECK(server.stop() == 0);
 }

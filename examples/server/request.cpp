@@ -1,0 +1,448 @@
+#include "request.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ep_server {
+
+namespace {
+
+using nlohmann::json;
+
+uint64_t random_seed() {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mu);
+  return rng();
+}
+
+
+// ---- request fields -------------------------------------------------------------------------
+
+/// Typed access to a request object's fields; a JSON null counts as absent (clients send null
+/// for parameters they leave unset). Wrong types and out-of-range values are ApiErrors naming
+/// the field.
+class Fields {
+ public:
+  explicit Fields(const json &body) : body_(body) {}
+
+  const json *get(const char *key) const {
+    const auto it = body_.find(key);
+    return it == body_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  std::optional<double> number(const char *key, double lo, double hi) const {
+    const json *v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) throw ApiError{400, std::string("'") + key + "' must be a number", key, "invalid_type"};
+    const double d = v->get<double>();
+    if (!(d >= lo && d <= hi))
+      throw ApiError{400, std::string("'") + key + "' must be in [" + fmt(lo) + ", " + fmt(hi) + "], got " + fmt(d), key, "invalid_value"};
+    return d;
+  }
+
+  std::optional<int64_t> integer(const char *key, int64_t lo, int64_t hi) const {
+    const json *v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer()) throw ApiError{400, std::string("'") + key + "' must be an integer", key, "invalid_type"};
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      throw ApiError{400, std::string("'") + key + "' is out of range", key, "invalid_value"};
+    const int64_t i = v->get<int64_t>();
+    if (i < lo || i > hi)
+      throw ApiError{400, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                              std::to_string(i),
+                     key, "invalid_value"};
+    return i;
+  }
+
+  std::optional<bool> boolean(const char *key) const {
+    const json *v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) throw ApiError{400, std::string("'") + key + "' must be a boolean", key, "invalid_type"};
+    return v->get<bool>();
+  }
+
+  std::optional<std::string> string(const char *key) const {
+    const json *v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) throw ApiError{400, std::string("'") + key + "' must be a string", key, "invalid_type"};
+    return v->get<std::string>();
+  }
+
+  const json *object(const char *key) const {
+    const json *v = get(key);
+    if (v && !v->is_object()) throw ApiError{400, std::string("'") + key + "' must be an object", key, "invalid_type"};
+    return v;
+  }
+
+ private:
+  static std::string fmt(double d) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", d);
+    return b;
+  }
+  const json &body_;
+};
+
+/// Every request field is one the server acts on, or the request is refused with a 400 that
+/// names it: a parameter dropped in silence changes the answer without the client knowing. A
+/// null value counts as absent.
+void check_parameters(const json &body, bool chat) {
+  static const std::set<std::string> common = {
+      "model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "frequency_penalty", "presence_penalty",
+      "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "ignore_eos", "n", "logprobs",
+      // Identify the end user, or group requests, for OpenAI's monitoring and routing: no answer depends on them here
+      // (a prompt's reuse of kept state is automatic).
+      "user", "safety_identifier", "prompt_cache_key",
+      // Accepted with the values that ask for nothing this server does not do (checked below).
+      "logit_bias", "store", "metadata", "service_tier", "modalities"};
+  static const std::set<std::string> chat_only = {"messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+                                                  "top_logprobs", "thinking", "chat_template_kwargs"};
+  static const std::set<std::string> completion_only = {"prompt", "echo", "suffix", "best_of"};
+  static const std::map<std::string, std::string> refused = {
+      {"functions", "function calling is not supported"},
+      {"function_call", "function calling is not supported"},
+      {"reasoning_effort", "'reasoning_effort' is not supported: use 'thinking' (true or false)"},
+      {"audio", "audio output is not supported"},
+      {"prediction", "predicted outputs are not supported"},
+      {"web_search_options", "web search is not supported"},
+      {"verbosity", "'verbosity' is not supported"},
+  };
+  for (const auto &[key, value] : body.items()) {
+    if (value.is_null() || common.count(key) || (chat ? chat_only : completion_only).count(key)) continue;
+    if (const auto it = refused.find(key); it != refused.end()) throw ApiError{400, it->second, key, "unsupported"};
+    throw ApiError{400, "unknown parameter '" + key + "'", key, "unknown_parameter"};
+  }
+  const Fields f(body);
+  if (const json *bias = f.object("logit_bias"); bias && !bias->empty())
+    throw ApiError{400, "'logit_bias' is not supported", "logit_bias", "unsupported"};
+  if (f.boolean("store").value_or(false)) throw ApiError{400, "this server does not store completions ('store': true)", "store", "unsupported"};
+  if (const json *m = f.object("metadata"); m && !m->empty())
+    throw ApiError{400, "'metadata' is kept only with stored completions, which this server does not keep", "metadata", "unsupported"};
+  if (const auto tier = f.string("service_tier"); tier && *tier != "auto" && *tier != "default")
+    throw ApiError{400, "'service_tier' '" + *tier + "' is not offered: this server has one tier ('auto' / 'default')", "service_tier",
+                   "unsupported"};
+  if (const json *m = f.get("modalities"); m && *m != json::array({"text"}))
+    throw ApiError{400, "only 'modalities' [\"text\"] is supported", "modalities", "unsupported"};
+  if (chat) {
+    const json *tools = f.get("tools");
+    const bool no_tools = !tools || (tools->is_array() && tools->empty());
+    for (const char *k : {"tool_choice", "parallel_tool_calls"})
+      if (no_tools && f.get(k)) throw ApiError{400, std::string("'") + k + "' is only allowed with 'tools'", k, "invalid_value"};
+  }
+}
+
+/// What the chat and completion endpoints share: sampling, limits, stop strings, streaming.
+ParsedRequest parse_common(const Fields &f, const RequestContext &ctx) {
+  ParsedRequest c;
+  if (const auto model = f.string("model"); model && *model != ctx.model_name)
+    throw ApiError{404, "The model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'", "model",
+                   "model_not_found"};
+  if (const auto n = f.integer("n", 1, INT64_MAX); n && *n != 1) throw ApiError{400, "only n = 1 is supported", "n", "unsupported"};
+  ep_generate_options &o = c.job.sampling;
+  ep_generate_options_init(&o);
+  o.temperature = static_cast<float>(f.number("temperature", 0, 2).value_or(ctx.temperature));
+  o.top_p = static_cast<float>(f.number("top_p", 0, 1).value_or(ctx.top_p));
+  if (!(o.top_p > 0)) throw ApiError{400, "'top_p' must be greater than 0", "top_p", "invalid_value"};
+  o.top_k = static_cast<int32_t>(f.integer("top_k", 0, INT32_MAX).value_or(0));
+  o.min_p = static_cast<float>(f.number("min_p", 0, 1).value_or(0));
+  o.repetition_penalty = static_cast<float>(f.number("repetition_penalty", 1e-3, 100).value_or(1));
+  o.seed = f.get("seed") ? static_cast<uint64_t>(*f.integer("seed", INT64_MIN, INT64_MAX)) : random_seed();
+  for (const char *k : {"frequency_penalty", "presence_penalty"})
+    if (const auto v = f.number(k, -2, 2); v && *v != 0)
+      throw ApiError{400, std::string("'") + k + "' is not supported (use repetition_penalty)", k, "unsupported"};
+  // max_completion_tokens is OpenAI's newer name; it wins where both are given.
+  std::optional<int64_t> max_tokens = f.integer("max_completion_tokens", 1, ctx.limits.max_tokens);
+  if (const auto mt = f.integer("max_tokens", 1, ctx.limits.max_tokens); !max_tokens) max_tokens = mt;
+  c.job.max_tokens = static_cast<uint32_t>(max_tokens.value_or(ctx.limits.max_tokens));
+  c.job.ignore_eos = f.boolean("ignore_eos").value_or(false);
+  if (const json *stop = f.get("stop")) {
+    std::vector<std::string> stops;
+    if (stop->is_string()) {
+      stops.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json &s : *stop) {
+        if (!s.is_string()) throw ApiError{400, "'stop' must be a string or an array of strings", "stop", "invalid_type"};
+        stops.push_back(s.get<std::string>());
+      }
+    } else {
+      throw ApiError{400, "'stop' must be a string or an array of strings", "stop", "invalid_type"};
+    }
+    if (stops.size() > ctx.limits.max_stop)
+      throw ApiError{400, "at most " + std::to_string(ctx.limits.max_stop) + " stop strings", "stop", "invalid_value"};
+    for (const std::string &s : stops)
+      if (s.empty()) throw ApiError{400, "a stop string is empty", "stop", "invalid_value"};
+    c.job.stop = std::move(stops);
+  }
+  c.stream = f.boolean("stream").value_or(false);
+  if (const json *so = f.object("stream_options")) {
+    const Fields sf(*so);
+    c.include_usage = sf.boolean("include_usage").value_or(false);
+  }
+  if (const json *lp = f.get("logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
+    throw ApiError{400, "'logprobs' is not supported", "logprobs", "unsupported"};
+  return c;
+}
+
+json parse_body(const std::string &body, const Limits &limits) {
+  if (json_too_deep(body, limits.max_json_depth))
+    throw ApiError{400, "the request's JSON nests deeper than " + std::to_string(limits.max_json_depth) + " levels", "", "invalid_json"};
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) throw ApiError{400, "the request body is not valid JSON", "", "invalid_json"};
+  if (!j.is_object()) throw ApiError{400, "the request body must be a JSON object", "", "invalid_json"};
+  return j;
+}
+
+std::vector<int32_t> tokenize(const RequestContext &ctx, const std::string &text, uint32_t flags) {
+  size_t n = 0;
+  if (ep_tokenize(nullptr, 0, &n, ctx.tokenizer, text.data(), text.size(), flags) != EP_OK)
+    throw ApiError{400, std::string("cannot tokenize the prompt: ") + ep_last_error(), "", "invalid_value"};
+  std::vector<int32_t> ids(n);
+  if (n && ep_tokenize(ids.data(), ids.size(), &n, ctx.tokenizer, text.data(), text.size(), flags) != EP_OK)
+    throw ApiError{400, std::string("cannot tokenize the prompt: ") + ep_last_error(), "", "invalid_value"};
+  return ids;
+}
+
+void check_prompt_length(const RequestContext &ctx, size_t n, const char *param) {
+  if (n == 0) throw ApiError{400, "the prompt is empty", param, "invalid_value"};
+  if (n > ctx.limits.max_prompt_tokens)
+    throw ApiError{400,
+                   "the prompt has " + std::to_string(n) + " tokens; this server takes at most " +
+                       std::to_string(ctx.limits.max_prompt_tokens),
+                   param, "context_length_exceeded"};
+}
+
+// ---- chat -----------------------------------------------------------------------------------
+
+struct Message {
+  std::string role, content, reasoning;
+};
+
+std::string content_text(const json &content, size_t index) {
+  const std::string param = "messages[" + std::to_string(index) + "].content";
+  if (content.is_null()) return {};
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) throw ApiError{400, "'" + param + "' must be a string or an array of text parts", param, "invalid_type"};
+  std::string text;
+  for (const json &part : content) {
+    if (!part.is_object()) throw ApiError{400, "'" + param + "' parts must be objects", param, "invalid_type"};
+    const auto type = part.find("type");
+    const auto t = part.find("text");
+    if (type == part.end() || !type->is_string() || *type != "text" || t == part.end() || !t->is_string())
+      throw ApiError{400, "'" + param + "': only {\"type\": \"text\", \"text\": ...} parts are supported", param, "unsupported"};
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+std::vector<Message> parse_messages(const Fields &f) {
+  const json *ms = f.get("messages");
+  if (!ms) throw ApiError{400, "'messages' is required", "messages", "missing"};
+  if (!ms->is_array() || ms->empty()) throw ApiError{400, "'messages' must be a non-empty array", "messages", "invalid_type"};
+  std::vector<Message> out;
+  for (size_t i = 0; i < ms->size(); ++i) {
+    const json &m = (*ms)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw ApiError{400, "'" + at + "' must be an object", at, "invalid_type"};
+    const Fields mf(m);
+    for (const auto &[key, value] : m.items())
+      if (!value.is_null() && key != "role" && key != "content" && key != "reasoning_content" && key != "tool_calls")
+        throw ApiError{400, "'" + at + "." + key + "' is not supported", at + "." + key, "unsupported"};
+    const auto role = mf.string("role");
+    if (!role) throw ApiError{400, "'" + at + ".role' is required", at + ".role", "missing"};
+    Message msg;
+    msg.role = *role;
+    const auto c = m.find("content");
+    // Only an assistant's turn may come without content (OpenAI's rule: its content may be
+    // replaced by tool calls); another role's null content is a client's mistake, not an empty text.
+    if ((c == m.end() || c->is_null()) && msg.role != "assistant")
+      throw ApiError{400, "'" + at + ".content' is required for a '" + msg.role + "' message", at + ".content", "missing"};
+    msg.content = c == m.end() ? std::string() : content_text(*c, i);
+    msg.reasoning = mf.string("reasoning_content").value_or("");
+    if (const json *tc = mf.get("tool_calls"); tc && !(tc->is_array() && tc->empty()))
+      throw ApiError{400, "'" + at + ".tool_calls': tool calls are not supported", at + ".tool_calls", "unsupported"};
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+/// The conversation rendered by the model's chat template.
+std::string render(const RequestContext &ctx, const std::vector<Message> &messages, int thinking, bool generation_prompt) {
+  std::vector<ep_chat_message> cm;
+  for (const Message &m : messages) cm.push_back({m.role.c_str(), m.content.c_str(), m.reasoning.empty() ? nullptr : m.reasoning.c_str()});
+  ep_chat_options co;
+  ep_chat_options_init(&co);
+  co.chat_template = ctx.chat_template;
+  co.thinking = thinking;
+  co.add_generation_prompt = generation_prompt ? 1 : 0;
+  size_t n = 0;
+  if (ep_chat_render(nullptr, 0, &n, ctx.tokenizer, cm.data(), cm.size(), &co) != EP_OK)
+    throw ApiError{400, std::string("cannot render the conversation: ") + ep_last_error(), "messages", "invalid_value"};
+  std::string text(n + 1, '\0');
+  if (ep_chat_render(text.data(), text.size(), &n, ctx.tokenizer, cm.data(), cm.size(), &co) != EP_OK)
+    throw ApiError{400, std::string("cannot render the conversation: ") + ep_last_error(), "messages", "invalid_value"};
+  text.resize(n);
+  return text;
+}
+
+int parse_thinking(const Fields &f, const RequestContext &ctx) {
+  if (const auto t = f.boolean("thinking")) return *t ? 1 : 0;
+  if (const json *kw = f.object("chat_template_kwargs")) {
+    const Fields kf(*kw);
+    for (const char *k : {"thinking", "enable_thinking"})
+      if (const auto t = kf.boolean(k)) return *t ? 1 : 0;
+  }
+  if (ctx.thinking >= 0) return ctx.thinking;
+  return ctx.chat_template == EP_CHAT_TEMPLATE_KIMI_K3 ? 1 : 0;  // the templates' defaults
+}
+
+ParsedRequest parse_chat(const json &body, const RequestContext &ctx) {
+  check_parameters(body, true);
+  const Fields f(body);
+  if (ctx.chat_template == EP_CHAT_TEMPLATE_NONE)
+    throw ApiError{400, "this model's tokenizer has no chat template: use /v1/completions", "messages", "unsupported"};
+  ParsedRequest c = parse_common(f, ctx);
+  if (const json *tools = f.get("tools"); tools && !(tools->is_array() && tools->empty()))
+    throw ApiError{400, "tools are not supported", "tools", "unsupported"};
+  if (const json *rf = f.object("response_format")) {
+    const auto type = rf->find("type");
+    if (type == rf->end() || *type != "text") throw ApiError{400, "only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported"};
+  }
+  if (const json *lp = f.get("top_logprobs"); lp && !(lp->is_number_integer() && lp->get<int64_t>() == 0))
+    throw ApiError{400, "'top_logprobs' is not supported", "top_logprobs", "unsupported"};
+  std::vector<Message> messages = parse_messages(f);
+  const int thinking = parse_thinking(f, ctx);
+  c.job.prompt = tokenize(ctx, render(ctx, messages, thinking, true), 0);
+  check_prompt_length(ctx, c.job.prompt.size(), "messages");
+  // The state a next turn can continue from: where this prompt and the rendering of the
+  // conversation with an answer and one more user message part (DeepSeek-V4 renders an earlier
+  // answer without its thinking, so the two part just after the assistant's marker).
+  messages.push_back({"assistant", "", ""});
+  messages.push_back({"user", "", ""});
+  const std::vector<int32_t> next = tokenize(ctx, render(ctx, messages, thinking, false), 0);
+  size_t common = 0;
+  while (common < next.size() && common < c.job.prompt.size() && next[common] == c.job.prompt[common]) ++common;
+  c.job.snapshot_at = common;
+  c.job.split_reasoning = true;
+  c.job.start_in_reasoning = thinking == 1;
+  return c;
+}
+
+// ---- completions ----------------------------------------------------------------------------
+
+ParsedRequest parse_completion(const json &body, const RequestContext &ctx) {
+  check_parameters(body, false);
+  const Fields f(body);
+  ParsedRequest c = parse_common(f, ctx);
+  for (const char *k : {"echo"})
+    if (f.boolean(k).value_or(false)) throw ApiError{400, std::string("'") + k + "' is not supported", k, "unsupported"};
+  if (f.string("suffix")) throw ApiError{400, "'suffix' is not supported", "suffix", "unsupported"};
+  if (const auto b = f.integer("best_of", 1, INT64_MAX); b && *b != 1) throw ApiError{400, "only best_of = 1 is supported", "best_of", "unsupported"};
+  const json *p = f.get("prompt");
+  if (!p) throw ApiError{400, "'prompt' is required", "prompt", "missing"};
+  const json *one = p;
+  if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
+    if (p->size() != 1) throw ApiError{400, "one prompt per request is supported", "prompt", "unsupported"};
+    one = &p->front();
+  }
+  if (one->is_string()) {
+    // As ep_generate_text() does on an empty session: BOS first when the tokenizer adds one.
+    c.job.prompt = tokenize(ctx, "", EP_TOKENIZE_ADD_SPECIAL);
+    const std::vector<int32_t> text = tokenize(ctx, one->get<std::string>(), 0);
+    c.job.prompt.insert(c.job.prompt.end(), text.begin(), text.end());
+  } else if (one->is_array()) {
+    for (const json &t : *one) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= ctx.vocab_size)
+        throw ApiError{400, "a token id prompt must hold integers in [0, " + std::to_string(ctx.vocab_size) + ")", "prompt", "invalid_value"};
+      c.job.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else {
+    throw ApiError{400, "'prompt' must be a string, an array of token ids, or an array of one of them", "prompt", "invalid_type"};
+  }
+  check_prompt_length(ctx, c.job.prompt.size(), "prompt");
+  c.job.snapshot_at = c.job.prompt.size();
+  return c;
+}
+
+
+}  // namespace
+
+bool json_too_deep(const std::string &text, size_t max_depth) {
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char ch : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (ch == '\\') escaped = true;
+      else if (ch == '"') in_string = false;
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > max_depth) return true;
+    } else if ((ch == ']' || ch == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return false;
+}
+
+nlohmann::json tokenize_request(const std::string &text, const RequestContext &ctx) {
+  const json body = parse_body(text, ctx.limits);
+  for (const auto &[key, value] : body.items())
+    if (!value.is_null() && key != "content" && key != "add_special" && key != "parse_special" && key != "model")
+      throw ApiError{400, "unknown parameter '" + key + "'", key, "unknown_parameter"};
+  const Fields f(body);
+  if (const auto model = f.string("model"); model && *model != ctx.model_name)
+    throw ApiError{404, "The model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'", "model",
+                   "model_not_found"};
+  const auto content = f.string("content");
+  if (!content) throw ApiError{400, "'content' is required", "content", "missing"};
+  uint32_t flags = 0;
+  if (f.boolean("add_special").value_or(false)) flags |= EP_TOKENIZE_ADD_SPECIAL;
+  if (!f.boolean("parse_special").value_or(true)) flags |= EP_TOKENIZE_SPECIAL_AS_TEXT;
+  return {{"tokens", tokenize(ctx, *content, flags)}};
+}
+
+nlohmann::json detokenize_request(const std::string &text, const RequestContext &ctx) {
+  const json body = parse_body(text, ctx.limits);
+  for (const auto &[key, value] : body.items())
+    if (!value.is_null() && key != "tokens" && key != "skip_special" && key != "model")
+      throw ApiError{400, "unknown parameter '" + key + "'", key, "unknown_parameter"};
+  const Fields f(body);
+  if (const auto model = f.string("model"); model && *model != ctx.model_name)
+    throw ApiError{404, "The model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'", "model",
+                   "model_not_found"};
+  const json *tokens = f.get("tokens");
+  if (!tokens) throw ApiError{400, "'tokens' is required", "tokens", "missing"};
+  if (!tokens->is_array()) throw ApiError{400, "'tokens' must be an array of token ids", "tokens", "invalid_type"};
+  std::vector<int32_t> ids;
+  for (const json &t : *tokens) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= ctx.vocab_size)
+      throw ApiError{400, "'tokens' must hold integers in [0, " + std::to_string(ctx.vocab_size) + ")", "tokens", "invalid_value"};
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  const uint32_t flags = f.boolean("skip_special").value_or(false) ? EP_DETOKENIZE_SKIP_SPECIAL : 0;
+  size_t n = 0;
+  if (ep_detokenize(nullptr, 0, &n, ctx.tokenizer, ids.data(), ids.size(), flags) != EP_OK)
+    throw ApiError{400, std::string("cannot detokenize: ") + ep_last_error(), "tokens", "invalid_value"};
+  std::string out(n + 1, '\0');
+  if (ep_detokenize(out.data(), out.size(), &n, ctx.tokenizer, ids.data(), ids.size(), flags) != EP_OK)
+    throw ApiError{400, std::string("cannot detokenize: ") + ep_last_error(), "tokens", "invalid_value"};
+  out.resize(n);
+  return {{"content", out}};
+}
+
+ParsedRequest parse_chat_request(const std::string &body, const RequestContext &ctx) { return parse_chat(parse_body(body, ctx.limits), ctx); }
+
+ParsedRequest parse_completion_request(const std::string &body, const RequestContext &ctx) {
+  return parse_completion(parse_body(body, ctx.limits), ctx);
+}
+
+}  // namespace ep_server
