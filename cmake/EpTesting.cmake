@@ -45,9 +45,18 @@ function(_ep_add_catch_test name main label default_timeout timeout labels sourc
   if(NOT timeout)
     set(timeout ${default_timeout})
   endif()
-  set_tests_properties(${name} PROPERTIES LABELS "${label};${labels}" TIMEOUT ${timeout}
+  set(all_labels ${label} ${labels})
+  if(NOT "slow" IN_LIST all_labels AND NOT "fast" IN_LIST all_labels)
+    list(APPEND all_labels fast)
+  endif()
+  set_tests_properties(${name} PROPERTIES LABELS "${all_labels}" TIMEOUT ${timeout}
                        SKIP_RETURN_CODE 77)
 endfunction()
+
+# Every test carries `fast` or `slow` (docs/testing.md): `slow` is one that takes over about 20 s
+# on the 2-core CI machine or writes a big file; the sanitizer passes of .ci/run run `fast` only.
+# The helpers below label a test `fast` unless its LABELS say `slow`; tests added with add_test()
+# name theirs, and tests_labelled (tests/CMakeLists.txt) fails on any test without one.
 
 # ep_add_test(NAME <name> SOURCES <files...> [LABELS <labels...>] [TIMEOUT <s>])
 # A Catch2 executable registered as one CTest test with label "cpu", test cases in random order.

@@ -20,7 +20,7 @@
 
 #include "backend/cpu_backend.hpp"
 #include "backend/cuda/cuda_backend.hpp"
-#include "deepseek_v4_golden.hpp"
+#include "support/deepseek_v4_golden.hpp"
 #include "model/deepseek_v4.hpp"
 #include "experts/packed_experts.hpp"
 #include "experts/provider.hpp"

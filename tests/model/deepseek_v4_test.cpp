@@ -14,7 +14,7 @@
 #include "format/safetensors.hpp"
 #include "model/deepseek_v4.hpp"
 #include "model/weight_catalog.hpp"
-#include "deepseek_v4_golden.hpp"
+#include "support/deepseek_v4_golden.hpp"
 
 #include <nlohmann/json.hpp>
 

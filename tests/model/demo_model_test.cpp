@@ -14,7 +14,7 @@
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
 
-#include "demo_model_golden.hpp"
+#include "support/demo_model_golden.hpp"
 
 #include <cstdio>
 #include <cstring>

@@ -15,7 +15,7 @@
 #include "backend/cpu_backend.hpp"
 #include "core/error.hpp"
 #include "backend/cuda/cuda_backend.hpp"
-#include "kimi_golden.hpp"
+#include "support/kimi_golden.hpp"
 #include "model/kimi.hpp"
 
 #include <cstdio>

@@ -9,7 +9,7 @@
 #include "core/error.hpp"
 #include "format/gguf.hpp"
 #include "model/kimi.hpp"
-#include "kimi_golden.hpp"
+#include "support/kimi_golden.hpp"
 #include "model/weight_catalog.hpp"
 
 #include <nlohmann/json.hpp>

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <random>
@@ -80,6 +81,46 @@ std::vector<std::string> check_dir(const std::string &dir, const std::string &pa
     }
   }
   return leftovers;
+}
+
+/// An output file that counts its operations (write, write_at, sync) in @p ops and kills its
+/// process (SIGKILL) just before operation number @p kill_at (from 1; 0: never).
+class KillingOutput : public format::OutputFile {
+ public:
+  KillingOutput(std::unique_ptr<format::OutputFile> file, uint64_t kill_at, uint64_t &ops)
+      : file_(std::move(file)), kill_at_(kill_at), ops_(ops) {}
+  void write(const void *data, size_t n) override {
+    step();
+    file_->write(data, n);
+  }
+  void write_at(uint64_t offset, const void *data, size_t n) override {
+    step();
+    file_->write_at(offset, data, n);
+  }
+  void sync() override {
+    step();
+    file_->sync();
+  }
+  uint64_t offset() const override { return file_->offset(); }
+  const std::string &path() const override { return file_->path(); }
+
+ private:
+  void step() {
+    if (++ops_ == kill_at_) ::raise(SIGKILL);
+  }
+  std::unique_ptr<format::OutputFile> file_;
+  uint64_t kill_at_;
+  uint64_t &ops_;
+};
+
+/// Build options whose output is a KillingOutput (64 KiB chunks: many writes to die between).
+pack::BuildOptions killing_options(uint64_t kill_at, uint64_t &ops) {
+  pack::BuildOptions o;
+  o.chunk_bytes = 64u << 10;
+  o.wrap_output = [kill_at, &ops](std::unique_ptr<format::OutputFile> f) -> std::unique_ptr<format::OutputFile> {
+    return std::make_unique<KillingOutput>(std::move(f), kill_at, ops);
+  };
+  return o;
 }
 
 /// Runs @p body in a child process; returns its exit code (128 + signal when killed).
@@ -146,9 +187,35 @@ TEST_CASE("a builder killed at random points leaves no pack but a complete one",
     fs::remove(out);
     fs::remove(out + ".json");
   }
+  // Where a kill lands in time depends on the machine's load, so the runs above may all finish;
+  // these die at chosen points whatever the speed: just before each of a spread of the output's
+  // writes and fsyncs, from the first (nothing written yet) to the last.
+  uint64_t ops = 0;
+  pack::build_pack(std::vector<std::string>{src.path}, out, killing_options(0, ops));
+  REQUIRE(test::read_file(out) == good);
+  fs::remove(out);
+  fs::remove(out + ".json");
+  REQUIRE(ops >= 8);
+  int killed_at_op = 0;
+  const uint64_t points = std::min<uint64_t>(ops, 24);
+  for (uint64_t p = 0; p < points; ++p) {
+    const uint64_t at = 1 + p * (ops - 1) / (points - 1);
+    INFO("killed before output operation " << at << " of " << ops);
+    const int code = in_child([&] {
+      uint64_t n = 0;
+      pack::build_pack(std::vector<std::string>{src.path}, out, killing_options(at, n));
+      return 0;
+    });
+    CHECK(code == 128 + SIGKILL);
+    if (code == 128 + SIGKILL) ++killed_at_op;
+    CHECK_FALSE(fs::exists(out));
+    leftovers = std::max(leftovers, static_cast<int>(check_dir(out_dir.str(), out, good).size()));
+    src.check_untouched();
+  }
   WARN(runs << " builds of " << build_s << " s: " << killed << " killed, " << finished << " finished; "
-            << leftovers << " temporary files left by killed builds at most");
-  CHECK(killed > 0);
+            << killed_at_op << " killed at chosen output operations of " << ops << "; " << leftovers
+            << " temporary files left by killed builds at most");
+  CHECK(killed_at_op == static_cast<int>(points));
   // The lock dies with its holder: the next build succeeds, gives the same pack and removes
   // what killed builds left.
   pack::build_pack(std::vector<std::string>{src.path}, out);

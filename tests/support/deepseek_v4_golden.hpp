@@ -1,10 +1,10 @@
-// Shared helpers of the DeepSeek-V4 model tests: the oracle goldens (tests/data/deepseek_v4),
+// Shared helpers of the DeepSeek-V4 tests (model, engine, store): the oracle goldens (tests/data/deepseek_v4),
 // logit comparison, and the safetensors checkpoint rebuilt from a golden GGUF.
 #pragma once
 
 #include "support/catch.hpp"
 
-#include "golden_common.hpp"
+#include "support/golden_common.hpp"
 #include "backend/dequant.hpp"
 #include "format/gguf.hpp"
 #include "format/safetensors.hpp"

@@ -7,7 +7,7 @@
 
 #include "backend/cpu_backend.hpp"
 #include "core/error.hpp"
-#include "deepseek_v4_golden.hpp"
+#include "support/deepseek_v4_golden.hpp"
 #include "model/deepseek_v4.hpp"
 #include "experts/packed_experts.hpp"
 #include "experts/provider.hpp"

@@ -5,7 +5,7 @@
 // sampling extras, option checks, and several threads sharing one model.
 #include <expertpack/expertpack.h>
 
-#include "corpus_util.hpp"
+#include "tokenizer/corpus_util.hpp"
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
 #include "testkit/chat_vocab.hpp"

@@ -1,6 +1,6 @@
-// What the model tests of every architecture share about the oracle goldens
-// (tests/data/<model>/NAME.{json,logits.f32,gguf}): loading them, the logit difference that never
-// lets a non-finite value pass, and the greedy-token agreement check.
+// What the tests of every architecture (in tests/model, tests/engine and tests/store) share about
+// the oracle goldens (tests/data/<model>/NAME.{json,logits.f32,gguf}): loading them, the logit
+// difference that never lets a non-finite value pass, and the greedy-token agreement check.
 #pragma once
 
 #include "support/catch.hpp"

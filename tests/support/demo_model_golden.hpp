@@ -6,8 +6,8 @@
 
 #include "support/catch.hpp"
 
-#include "capi_support.hpp"
-#include "golden_common.hpp"
+#include "support/capi_support.hpp"
+#include "support/golden_common.hpp"
 
 #include <expertpack/expertpack.h>
 

@@ -9,7 +9,7 @@
 
 #include "backend/cpu_backend.hpp"
 #include "core/error.hpp"
-#include "deepseek_v4_golden.hpp"
+#include "support/deepseek_v4_golden.hpp"
 #include "experts/packed_experts.hpp"
 #include "format/pack_file.hpp"
 #include "io/seam.hpp"

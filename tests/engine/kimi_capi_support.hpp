@@ -4,8 +4,8 @@
 
 #include "support/catch.hpp"
 
-#include "capi_support.hpp"
-#include "kimi_golden.hpp"
+#include "support/capi_support.hpp"
+#include "support/kimi_golden.hpp"
 
 #include <expertpack/expertpack.h>
 

@@ -11,8 +11,8 @@
 #include "support/expect_error.hpp"
 #include "support/temp_dir.hpp"
 
-#include "capi_support.hpp"
-#include "deepseek_v4_golden.hpp"
+#include "support/capi_support.hpp"
+#include "support/deepseek_v4_golden.hpp"
 #include "format/checkpoint_tensors.hpp"
 #include "format/gguf.hpp"
 #include "format/pack_file.hpp"

@@ -1,4 +1,4 @@
-// C API helpers the model tests share: opening a model with a pack folder, cache budget, device
+// C API helpers the model and engine tests share: opening a model with a pack folder, cache budget, device
 // and resident experts; scoring every row; the store's statistics; token and text collectors.
 #pragma once
 

@@ -1,10 +1,10 @@
-// Shared helpers of the Kimi-Linear / Kimi-K3 model tests: the oracle goldens
+// Shared helpers of the Kimi-Linear / Kimi-K3 tests (model, engine): the oracle goldens
 // (tests/data/kimi_linear, tests/data/kimi_k3), logit comparison and a full pass.
 #pragma once
 
 #include "support/catch.hpp"
 
-#include "golden_common.hpp"
+#include "support/golden_common.hpp"
 #include "model/kimi.hpp"
 
 #include <nlohmann/json.hpp>

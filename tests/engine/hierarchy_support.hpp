@@ -5,7 +5,7 @@
 
 #include "support/catch.hpp"
 
-#include "capi_support.hpp"
+#include "support/capi_support.hpp"
 
 #include <expertpack/expertpack.h>
 
