@@ -14,7 +14,7 @@ Budget compute_budget(const BudgetRequest &r) {
          r.top_k, r.tokens_per_acquire, r.num_experts);
   Budget b;
   const uint64_t available = r.free_bytes > r.reserve_bytes ? r.free_bytes - r.reserve_bytes : 0;
-  b.usable_bytes = std::min(r.requested_bytes, available);
+  b.usable_bytes = r.requested_bytes == 0 ? available : std::min(r.requested_bytes, available);
   const uint64_t slots = std::min<uint64_t>({b.usable_bytes / r.object_bytes, r.total_objects, UINT32_MAX});
   b.min_slots = static_cast<uint32_t>(std::min<uint64_t>(
       static_cast<uint64_t>(r.top_k) * r.tokens_per_acquire, r.num_experts));
