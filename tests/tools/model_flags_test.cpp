@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -112,4 +113,21 @@ TEST_CASE("every model option has a flag, and 0 means what the library's 0 means
   const std::string usage = ep::cli::model_flags_usage();
   CHECK(usage.find("--cache-policy NAME") != std::string::npos);
   CHECK(usage.find("--policy") == std::string::npos);
+}
+
+TEST_CASE("docs/c-api.md's options table has a row for every option and names its flag", "[cli]") {
+  const std::string path = std::string(EP_TEST_DATA_DIR) + "/../../docs/c-api.md";
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("| `", 0) == 0) rows.push_back(line);
+  for (const ep::cli::ModelFlag &f : ep::cli::kModelFlags) {
+    const std::string field = std::string("| `") + f.field + "`";
+    bool found = false;
+    for (const std::string &row : rows)
+      found = found || (row.rfind(field, 0) == 0 && row.find(std::string("`") + f.name) != std::string::npos);
+    INFO(path << ": no row for " << f.field << " naming " << f.name);
+    CHECK(found);
+  }
 }
