@@ -86,6 +86,7 @@ TEST_CASE("model flags name the flag and what it takes on a bad value", "[cli]")
   CHECK(error({"--direct-io", "2"}) == "--direct-io takes a whole number from 0 to 1, not '2'");
   CHECK(error({"--queue-depth", "99999999999999999999"}).find("--queue-depth takes") == 0);
   CHECK(error({"--pack-dir"}) == "missing value after --pack-dir");
+  CHECK(error({"--cpu-threads", "4x"}) == "--cpu-threads takes a whole number, not '4x'");
 }
 
 TEST_CASE("every model option has a flag, and 0 means what the library's 0 means", "[cli]") {

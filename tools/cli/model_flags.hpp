@@ -65,7 +65,16 @@ inline uint64_t mebibytes(const std::string &flag, const std::string &text) {
     throw FlagError(flag + " takes a size in MiB (0 or more), not '" + text + "'");
   return static_cast<uint64_t>(mib * 1048576.0);
 }
-constexpr uint64_t kInt32Max = 0x7fffffff;
+/// A whole number that fits the option's int32_t field, any sign: its range is the library's to
+/// check (ep_model_open names the field, the value and the range).
+inline int32_t int32(const std::string &flag, const std::string &text) {
+  errno = 0;
+  char *end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || v < INT32_MIN || v > INT32_MAX)
+    throw FlagError(flag + " takes a whole number, not '" + text + "'");
+  return static_cast<int32_t>(v);
+}
 }  // namespace detail
 
 /// Every model flag, one row each: adding an ep_model_options field adds its row here. The
@@ -80,12 +89,12 @@ inline const ModelFlag kModelFlags[] = {
      }},
     {"--device-index", "N", "device_index", "the CUDA device's ordinal (default: 0)",
      [](ModelFlagValues &v, const std::string &flag, const std::string &n) {
-       v.options.device_index = static_cast<int32_t>(detail::count(flag, n, 0, detail::kInt32Max));
+       v.options.device_index = detail::int32(flag, n);
      }},
     {"--cpu-threads", "N", "cpu_threads",
      "threads of the CPU backend, 0 .. 4096 (default 0: EP_CPU_THREADS, else every core);\nresults are identical for any N",
      [](ModelFlagValues &v, const std::string &flag, const std::string &n) {
-       v.options.cpu_threads = static_cast<int32_t>(detail::count(flag, n, 0, detail::kInt32Max));
+       v.options.cpu_threads = detail::int32(flag, n);
      }},
     {"--cache-mib", "MIB", "cache_budget_bytes",
      "expert cache budget, fractions allowed (default 0: every expert, at most half the\nphysical memory; on CUDA at "
