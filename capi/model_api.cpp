@@ -44,13 +44,51 @@ struct GenerateOptionsV1 {
 constexpr size_t kGenerateOptionsV1 = sizeof(GenerateOptionsV1);
 constexpr size_t kGenerateStatsV1 = offsetof(ep_generate_stats, stop_reason);
 
-ep::engine::DeviceChoice device_choice(ep_device_kind kind, const char *fn) {
-  switch (kind) {
-    case EP_DEVICE_AUTO: return ep::engine::DeviceChoice::automatic;
-    case EP_DEVICE_CPU: return ep::engine::DeviceChoice::cpu;
-    case EP_DEVICE_CUDA: return ep::engine::DeviceChoice::cuda;
-    default: ep::fail(ep::Status::invalid_argument, "{}: device {} is not an ep_device_kind", fn, static_cast<int>(kind));
+// ep_model_options <-> engine::ModelOptions, field by field from EP_MODEL_OPTION_FIELDS: the
+// defaults are ModelOptions' (ep_model_options_init writes them), the checks of each value are
+// validate_model_options' (Engine::open); here only what the C types add: a flag is 0 or 1, a
+// device is an ep_device_kind, a NULL string is the default.
+template <typename T>
+void from_c(const T &c, T &out, const char *, const char *) {
+  out = c;
+}
+void from_c(int32_t c, bool &out, const char *fn, const char *field) {
+  if (c != 0 && c != 1) ep::fail(ep::Status::invalid_argument, "{}: {} {} (expected 0 or 1)", fn, field, c);
+  out = c != 0;
+}
+void from_c(const char *c, std::string &out, const char *, const char *) {
+  if (c) out = c;
+}
+void from_c(ep_device_kind c, ep::engine::DeviceChoice &out, const char *fn, const char *field) {
+  switch (c) {
+    case EP_DEVICE_AUTO: out = ep::engine::DeviceChoice::automatic; return;
+    case EP_DEVICE_CPU: out = ep::engine::DeviceChoice::cpu; return;
+    case EP_DEVICE_CUDA: out = ep::engine::DeviceChoice::cuda; return;
+    default: ep::fail(ep::Status::invalid_argument, "{}: {} {} is not an ep_device_kind", fn, field, static_cast<int>(c));
   }
+}
+
+template <typename T>
+void to_c(const T &v, T &out) {
+  out = v;
+}
+void to_c(bool v, int32_t &out) { out = v ? 1 : 0; }
+void to_c(const std::string &, const char *&out) { out = nullptr; }  // NULL: the default
+void to_c(ep::engine::DeviceChoice v, ep_device_kind &out) {
+  out = v == ep::engine::DeviceChoice::cpu ? EP_DEVICE_CPU : v == ep::engine::DeviceChoice::cuda ? EP_DEVICE_CUDA : EP_DEVICE_AUTO;
+}
+
+ep::engine::ModelOptions model_options(const ep_model_options &c, const char *fn) {
+  ep::engine::ModelOptions o;
+#define EP_FROM_C(c_field, member) from_c(c.c_field, o.member, fn, #c_field);
+  EP_MODEL_OPTION_FIELDS(EP_FROM_C)
+#undef EP_FROM_C
+  if (c.progress) {
+    const ep_model_progress_fn cb = c.progress;
+    void *payload = c.progress_payload;
+    o.progress = [cb, payload](uint64_t done, uint64_t total) { cb(done, total, payload); };
+  }
+  return o;
 }
 
 }  // namespace
@@ -128,10 +166,10 @@ EP_API void ep_model_options_init(ep_model_options *options) {
   if (!options) return;
   *options = ep_model_options{};
   options->struct_size = sizeof(ep_model_options);
-  options->device = EP_DEVICE_AUTO;
-  options->direct_io = -1;
-  options->pack_build = 1;
-  options->overlap_reads = 1;
+  const ep::engine::ModelOptions defaults;
+#define EP_TO_C(c_field, member) to_c(defaults.member, options->c_field);
+  EP_MODEL_OPTION_FIELDS(EP_TO_C)
+#undef EP_TO_C
 }
 
 EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_model_options *options) {
@@ -146,42 +184,8 @@ EP_API ep_status ep_model_open(ep_model **out_model, const char *path, const ep_
       std::memcpy(&opts, options, std::min(options->struct_size, sizeof(ep_model_options)));
       opts.struct_size = sizeof(ep_model_options);
     }
-    if (opts.pack_build < 0 || opts.pack_build > 1)
-      ep::fail(ep::Status::invalid_argument, "{}: pack_build {} (expected 0 or 1)", fn, opts.pack_build);
-    if (opts.resident_experts < 0 || opts.resident_experts > 1)
-      ep::fail(ep::Status::invalid_argument, "{}: resident_experts {} (expected 0 or 1)", fn, opts.resident_experts);
-    if (opts.cpu_threads < 0 || opts.cpu_threads > 4096)
-      ep::fail(ep::Status::invalid_argument, "{}: cpu_threads {} (expected 0 .. 4096)", fn, opts.cpu_threads);
-    if (opts.overlap_reads < 0 || opts.overlap_reads > 1)
-      ep::fail(ep::Status::invalid_argument, "{}: overlap_reads {} (expected 0 or 1)", fn, opts.overlap_reads);
-    if (opts.prefetch < 0 || opts.prefetch > 1)
-      ep::fail(ep::Status::invalid_argument, "{}: prefetch {} (expected 0 or 1)", fn, opts.prefetch);
-    if (opts.no_pack < 0 || opts.no_pack > 1)
-      ep::fail(ep::Status::invalid_argument, "{}: no_pack {} (expected 0 or 1)", fn, opts.no_pack);
-    ep::engine::EngineOptions eo;
-    eo.device = device_choice(opts.device, fn);
-    eo.device_index = opts.device_index;
-    eo.cpu_threads = static_cast<uint32_t>(opts.cpu_threads);
-    eo.resident_experts = opts.resident_experts != 0;
-    eo.cache_bytes = opts.cache_budget_bytes;
-    eo.staging_slots = opts.staging_slots;
-    eo.queue_depth = opts.queue_depth;
-    eo.read_splits = opts.read_splits;
-    eo.direct_io = opts.direct_io;
-    eo.host_cache_bytes = opts.host_cache_bytes;
-    eo.overlap_reads = opts.overlap_reads != 0;
-    eo.prefetch = opts.prefetch != 0;
-    if (opts.cache_policy) eo.cache_policy = opts.cache_policy;
-    if (opts.pack_dir) eo.pack_dir = opts.pack_dir;
-    eo.pack_build = opts.pack_build != 0;
-    eo.no_pack = opts.no_pack != 0;
-    if (opts.progress) {
-      const ep_model_progress_fn cb = opts.progress;
-      void *payload = opts.progress_payload;
-      eo.progress = [cb, payload](uint64_t done, uint64_t total) { cb(done, total, payload); };
-    }
     auto m = std::make_unique<ep_model>();
-    m->engine = ep::engine::Engine::open(path, eo);
+    m->engine = ep::engine::Engine::open(path, model_options(opts, fn));
     *out_model = m.release();
   });
 }

@@ -526,7 +526,9 @@ namespace ExpertPack
         public bool? DirectIo;
         /// <summary>Where packs built from sources go; null: $XDG_CACHE_HOME/expertpack.</summary>
         public string PackDir;
-        public bool PackBuild = true;
+        /// <summary>false: never build or rebuild a pack (NotFound / Stale instead); null: the library's
+        /// default (build a missing pack, rebuild a stale one).</summary>
+        public bool? PackBuild;
         public bool ResidentExperts;
         /// <summary>Called with (doneBytes, totalBytes) while a pack is built.</summary>
         public Action<ulong, ulong> Progress;
@@ -577,7 +579,7 @@ namespace ExpertPack
             o.queue_depth = options.QueueDepth;
             o.read_splits = options.ReadSplits;
             o.direct_io = options.DirectIo == null ? -1 : (options.DirectIo.Value ? 1 : 0);
-            o.pack_build = options.PackBuild ? 1 : 0;
+            if (options.PackBuild != null) o.pack_build = options.PackBuild.Value ? 1 : 0;
             o.resident_experts = options.ResidentExperts ? 1 : 0;
             bool appended = options.CpuThreads != 0 || options.HostCacheBytes != 0 || options.OverlapReads != null ||
                             options.Prefetch != null || options.CachePolicy != null;

@@ -62,7 +62,11 @@ typedef enum ep_device_kind {
  */
 typedef void (*ep_model_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *payload);
 
-/** Options of ep_model_open(); fill with ep_model_options_init(). Fields are only appended. */
+/**
+ * Options of ep_model_open(); fill with ep_model_options_init(). Fields are only appended. The
+ * command-line flags of ep-run, ep-chat and ep-server and the bindings use these names and these
+ * defaults (docs/c-api.md, "Model options"); ep_model_open() validates every value.
+ */
 typedef struct ep_model_options {
   size_t struct_size;          /**< Must be `sizeof(ep_model_options)`; set by the init function. */
   ep_device_kind device;       /**< Default: #EP_DEVICE_AUTO. */
@@ -83,9 +87,9 @@ typedef struct ep_model_options {
                                     reference path); 0 = serve them from the pack through the cache. Default: 0. */
   ep_model_progress_fn progress; /**< NULL, or called while a pack is built. Default: NULL. */
   void *progress_payload;      /**< Passed to @c progress unchanged. Default: NULL. */
-  int32_t cpu_threads;         /**< Threads of the CPU backend (#EP_DEVICE_CPU); 0 = the EP_CPU_THREADS environment
-                                    variable, else the hardware concurrency. Results are bitwise the same for any
-                                    count. Default: 0. */
+  int32_t cpu_threads;         /**< Threads of the CPU backend (#EP_DEVICE_CPU), 0 .. 4096; 0 = the EP_CPU_THREADS
+                                    environment variable, else the hardware concurrency. Results are bitwise the same
+                                    for any count. Default: 0. */
   uint64_t host_cache_bytes;   /**< Host-RAM tier below the expert cache, in bytes (whole experts; pinned host memory
                                     with CUDA): experts evicted from the cache are kept there (those asked for at least
                                     twice) and come back with one copy instead of a pack read. 0 = no tier. Larger than

@@ -150,27 +150,18 @@ void Backend::ffn(const Tensor &x, const Tensor &w_gate, const Tensor &w_up, con
   matmul(w_down, g, y);
 }
 
-namespace {
-// The weight types every backend multiplies and dequantizes (CPU: dequantize_row; CUDA: the
-// dequantization kernels, and GEMV kernels for some).
-constexpr GgmlType kWeightTypes[] = {
-    GgmlType::f32,    GgmlType::f16,   GgmlType::bf16,  GgmlType::q8_0,    GgmlType::q4_0,    GgmlType::q4_1,
-    GgmlType::q5_0,   GgmlType::q5_1,  GgmlType::q2_k,  GgmlType::q3_k,    GgmlType::q4_k,    GgmlType::q5_k,
-    GgmlType::q6_k,   GgmlType::mxfp4, GgmlType::iq1_s, GgmlType::iq1_m,   GgmlType::iq2_xxs, GgmlType::iq2_xs,
-    GgmlType::iq2_s,  GgmlType::iq3_xxs, GgmlType::iq3_s, GgmlType::iq4_nl, GgmlType::iq4_xs,
-};
-}  // namespace
-
+// The weight types are the rows of format::kGgmlTypes that have compute kernels (CPU:
+// dequantize_row; CUDA: the dequantization kernels, and GEMV kernels for some).
 bool is_supported_weight_type(GgmlType type) noexcept {
-  return std::find(std::begin(kWeightTypes), std::end(kWeightTypes), type) != std::end(kWeightTypes);
+  return format::ggml_compute(static_cast<uint32_t>(type)) != format::GgmlCompute::none;
 }
 
 std::string supported_weight_type_names() {
   std::string names;
-  for (GgmlType t : kWeightTypes) {
-    const auto info = format::ggml_type_info(static_cast<uint32_t>(t));
+  for (const format::GgmlTypeInfo &row : format::kGgmlTypes) {
+    if (row.compute == format::GgmlCompute::none) continue;
     if (!names.empty()) names += ' ';
-    names += info ? info->name : std::string_view("?");
+    names += row.name;
   }
   return names;
 }

@@ -5,8 +5,11 @@
 #include "backend/iq_grids.hpp"
 #include "core/error.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace ep::backend {
 namespace {
@@ -17,14 +20,35 @@ constexpr int kQK = 256;
 uint16_t read_u16(const uint8_t *p) noexcept { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 float read_half(const uint8_t *p) noexcept { return fp16_to_fp32(read_u16(p)); }
 
-void dequant_q8_0(const uint8_t *x, float *y, int64_t nb) {
+// The CPU kernel of a type: @p nb blocks from @p x to @p y. Defined for every type whose row in
+// format::kGgmlTypes has compute kernels; kDequant below is made from the table, so a row without
+// its kernel fails to link.
+template <GgmlType T>
+void dequant_blocks(const uint8_t *x, float *y, int64_t nb);
+
+template <>
+void dequant_blocks<GgmlType::f32>(const uint8_t *x, float *y, int64_t nb) {
+  std::memcpy(y, x, static_cast<size_t>(nb) * 4);
+}
+template <>
+void dequant_blocks<GgmlType::f16>(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) y[i] = fp16_to_fp32(read_u16(x + 2 * i));
+}
+template <>
+void dequant_blocks<GgmlType::bf16>(const uint8_t *x, float *y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) y[i] = bf16_to_fp32(read_u16(x + 2 * i));
+}
+
+template <>
+void dequant_blocks<GgmlType::q8_0>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 34) {
     const float d = read_half(x);
     for (int j = 0; j < 32; ++j) *y++ = static_cast<float>(static_cast<int8_t>(x[2 + j])) * d;
   }
 }
 
-void dequant_mxfp4(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::mxfp4>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 17, y += 32) {
     const float d = e8m0_to_fp32_half(x[0]);
     const uint8_t *qs = x + 1;
@@ -36,7 +60,8 @@ void dequant_mxfp4(const uint8_t *x, float *y, int64_t nb) {
 }
 
 // block_q2_K: scales[16], qs[64], d, dmin
-void dequant_q2_k(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::q2_k>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 84) {
     const float d = read_half(x + 80);
     const float min = read_half(x + 82);
@@ -73,7 +98,8 @@ void q3_k_scales(const uint8_t *raw, int8_t out[16]) {
   std::memcpy(out, aux, 16);
 }
 
-void dequant_q3_k(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::q3_k>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 110) {
     const float d_all = read_half(x + 108);
     const uint8_t *hm = x;
@@ -110,7 +136,8 @@ void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
 }
 
 // block_q4_K: d, dmin, scales[12], qs[128]
-void dequant_q4_k(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::q4_k>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 144) {
     const float d = read_half(x);
     const float min = read_half(x + 2);
@@ -132,7 +159,8 @@ void dequant_q4_k(const uint8_t *x, float *y, int64_t nb) {
 }
 
 // block_q5_K: d, dmin, scales[12], qh[32], qs[128]
-void dequant_q5_k(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::q5_k>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 176) {
     const float d = read_half(x);
     const float min = read_half(x + 2);
@@ -160,7 +188,8 @@ void dequant_q5_k(const uint8_t *x, float *y, int64_t nb) {
 }
 
 // block_q6_K: ql[128], qh[64], scales[16] (int8), d
-void dequant_q6_k(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::q6_k>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 210) {
     const float d = read_half(x + 208);
     const uint8_t *ql = x;
@@ -187,7 +216,8 @@ void dequant_q6_k(const uint8_t *x, float *y, int64_t nb) {
 }
 
 // block_iq2_xxs: d, qs[32] (uint16)
-void dequant_iq2_xxs(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::iq2_xxs>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 66) {
     const float d = read_half(x);
     for (int ib32 = 0; ib32 < kQK / 32; ++ib32) {
@@ -217,7 +247,8 @@ uint32_t read_u32(const uint8_t *p) noexcept {
          (static_cast<uint32_t>(p[3]) << 24);
 }
 
-void dequant_q4_0(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::q4_0>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 18, y += 32) {
     const float d = read_half(x);
     for (int j = 0; j < 16; ++j) {
@@ -227,7 +258,8 @@ void dequant_q4_0(const uint8_t *x, float *y, int64_t nb) {
   }
 }
 
-void dequant_q4_1(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::q4_1>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 20, y += 32) {
     const float d = read_half(x), m = read_half(x + 2);
     for (int j = 0; j < 16; ++j) {
@@ -239,7 +271,8 @@ void dequant_q4_1(const uint8_t *x, float *y, int64_t nb) {
   }
 }
 
-void dequant_q5_0(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::q5_0>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 22, y += 32) {
     const float d = read_half(x);
     const uint32_t qh = read_u32(x + 2);
@@ -252,7 +285,8 @@ void dequant_q5_0(const uint8_t *x, float *y, int64_t nb) {
   }
 }
 
-void dequant_q5_1(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::q5_1>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 24, y += 32) {
     const float d = read_half(x), m = read_half(x + 2);
     const uint32_t qh = read_u32(x + 4);
@@ -267,7 +301,8 @@ void dequant_q5_1(const uint8_t *x, float *y, int64_t nb) {
   }
 }
 
-void dequant_iq4_nl(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::iq4_nl>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 18, y += 32) {
     const float d = read_half(x);
     for (int j = 0; j < 16; ++j) {
@@ -278,7 +313,8 @@ void dequant_iq4_nl(const uint8_t *x, float *y, int64_t nb) {
 }
 
 // block_iq4_xs: d, scales_h (u16: 2 bits per 32 values), scales_l[4] (a nibble per 32), qs[128]
-void dequant_iq4_xs(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::iq4_xs>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 136) {
     const float d = read_half(x);
     const uint32_t scales_h = read_u16(x + 2);
@@ -301,7 +337,8 @@ void grid8(uint64_t grid, uint32_t signs, float db, float *y) {
 }
 
 // block_iq2_xs: d, qs[32] (u16: 9-bit grid index, 7-bit sign index), scales[8] (a nibble per 16 values)
-void dequant_iq2_xs(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::iq2_xs>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 74) {
     const float d = read_half(x);
     const uint8_t *scales = x + 66;
@@ -318,7 +355,8 @@ void dequant_iq2_xs(const uint8_t *x, float *y, int64_t nb) {
 
 // block_iq2_s: d, qs[64] (32 grid index bytes, then 32 sign bytes), qh[8] (2 high index bits per 8
 // values), scales[8]
-void dequant_iq2_s(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::iq2_s>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 82) {
     const float d = read_half(x);
     const uint8_t *qs = x + 2, *signs = x + 34, *qh = x + 66, *scales = x + 74;
@@ -341,7 +379,8 @@ void grid4(uint32_t grid, uint32_t signs, int first, float db, float *y) {
 
 // block_iq3_xxs: d, qs[64] (grid index bytes, 4 values each), then per 32 values a u32: four 7-bit
 // sign indices and a 4-bit scale
-void dequant_iq3_xxs(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::iq3_xxs>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 98) {
     const float d = read_half(x);
     const uint8_t *qs = x + 2;
@@ -359,7 +398,8 @@ void dequant_iq3_xxs(const uint8_t *x, float *y, int64_t nb) {
 
 // block_iq3_s: d, qs[64] (low 8 index bits), qh[8] (the ninth bit), signs[32], scales[4] (a nibble
 // per 32 values: db = d·(1 + 2·s))
-void dequant_iq3_s(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::iq3_s>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 110) {
     const float d = read_half(x);
     const uint8_t *qs = x + 2, *qh = x + 66, *signs = x + 74, *scales = x + 106;
@@ -381,7 +421,8 @@ void grid8_iq1(uint64_t grid, float dl, float delta, float *y) {
 
 // block_iq1_s: d, qs[32] (low 8 index bits), qh[8] (u16 per 32 values: 3 high index bits per 8
 // values, a 3-bit scale, the delta's sign)
-void dequant_iq1_s(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::iq1_s>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 50) {
     const float d = read_half(x);
     const uint8_t *qs = x + 2;
@@ -402,7 +443,8 @@ uint16_t iq1m_scale(const uint8_t *scales) noexcept {
 
 // block_iq1_m: qs[32] (low 8 index bits), qh[16] (per 8 values: 3 high index bits and the delta's
 // sign), scales[8] (3-bit scales per 16 values; the f16 scale in the top nibbles)
-void dequant_iq1_m(const uint8_t *x, float *y, int64_t nb) {
+template <>
+void dequant_blocks<GgmlType::iq1_m>(const uint8_t *x, float *y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 56) {
     const uint8_t *qs = x, *qh = x + 32, *sc = x + 48;
     const float d = fp16_to_fp32(iq1m_scale(sc));
@@ -419,6 +461,27 @@ void dequant_iq1_m(const uint8_t *x, float *y, int64_t nb) {
     }
   }
 }
+
+// kDequant[id]: the kernel of each type id that has one, made from format::kGgmlTypes.
+using DequantFn = void (*)(const uint8_t *, float *, int64_t);
+constexpr uint32_t kTypeIdLimit = [] {
+  uint32_t limit = 0;
+  for (const format::GgmlTypeInfo &row : format::kGgmlTypes) limit = std::max(limit, static_cast<uint32_t>(row.type) + 1);
+  return limit;
+}();
+
+template <size_t I>
+constexpr void put_kernel(std::array<DequantFn, kTypeIdLimit> &table) {
+  constexpr format::GgmlTypeInfo row = format::kGgmlTypes[I];
+  if constexpr (row.compute != format::GgmlCompute::none) table[static_cast<uint32_t>(row.type)] = &dequant_blocks<row.type>;
+}
+template <size_t... I>
+constexpr std::array<DequantFn, kTypeIdLimit> make_kernels(std::index_sequence<I...>) {
+  std::array<DequantFn, kTypeIdLimit> table{};
+  (put_kernel<I>(table), ...);
+  return table;
+}
+constexpr std::array<DequantFn, kTypeIdLimit> kDequant = make_kernels(std::make_index_sequence<format::kGgmlTypeCount>{});
 
 }  // namespace
 
@@ -499,50 +562,15 @@ float e8m0_to_fp32_half(uint8_t e) noexcept {
 }
 
 void dequantize_row(GgmlType type, const void *src, float *dst, int64_t n) {
-  const auto *x = static_cast<const uint8_t *>(src);
-  switch (type) {
-    case GgmlType::f32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-      return;
-    case GgmlType::f16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(read_u16(x + 2 * i));
-      return;
-    case GgmlType::bf16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(read_u16(x + 2 * i));
-      return;
-    default:
-      break;
-  }
   const auto info = format::require_ggml_type(static_cast<uint32_t>(type), "dequantize_row");
+  const DequantFn fn = kDequant[static_cast<uint32_t>(type)];
+  if (!fn)
+    fail(Status::unsupported, "dequantize_row: ggml type {} is not supported by the compute backends (supported: {})",
+         info.name, supported_weight_type_names());
   if (n % info.block_elems != 0)
     fail(Status::shape, "dequantize_row: {} values of {} are not a whole number of {}-value blocks",
          n, info.name, info.block_elems);
-  const int64_t nb = n / info.block_elems;
-  switch (type) {
-    case GgmlType::q8_0: return dequant_q8_0(x, dst, nb);
-    case GgmlType::mxfp4: return dequant_mxfp4(x, dst, nb);
-    case GgmlType::q2_k: return dequant_q2_k(x, dst, nb);
-    case GgmlType::q3_k: return dequant_q3_k(x, dst, nb);
-    case GgmlType::q4_k: return dequant_q4_k(x, dst, nb);
-    case GgmlType::q5_k: return dequant_q5_k(x, dst, nb);
-    case GgmlType::q6_k: return dequant_q6_k(x, dst, nb);
-    case GgmlType::iq2_xxs: return dequant_iq2_xxs(x, dst, nb);
-    case GgmlType::q4_0: return dequant_q4_0(x, dst, nb);
-    case GgmlType::q4_1: return dequant_q4_1(x, dst, nb);
-    case GgmlType::q5_0: return dequant_q5_0(x, dst, nb);
-    case GgmlType::q5_1: return dequant_q5_1(x, dst, nb);
-    case GgmlType::iq4_nl: return dequant_iq4_nl(x, dst, nb);
-    case GgmlType::iq4_xs: return dequant_iq4_xs(x, dst, nb);
-    case GgmlType::iq2_xs: return dequant_iq2_xs(x, dst, nb);
-    case GgmlType::iq2_s: return dequant_iq2_s(x, dst, nb);
-    case GgmlType::iq3_xxs: return dequant_iq3_xxs(x, dst, nb);
-    case GgmlType::iq3_s: return dequant_iq3_s(x, dst, nb);
-    case GgmlType::iq1_s: return dequant_iq1_s(x, dst, nb);
-    case GgmlType::iq1_m: return dequant_iq1_m(x, dst, nb);
-    default:
-      fail(Status::unsupported, "dequantize_row: ggml type {} is not supported by the compute backends (supported: {})",
-           info.name, supported_weight_type_names());
-  }
+  fn(static_cast<const uint8_t *>(src), dst, n / info.block_elems);
 }
 
 }  // namespace ep::backend

@@ -1,6 +1,7 @@
-// Dequantization of ggml rows to f32, bit-exact with ggml's reference (ggml-quants.c) for
+// Dequantization of ggml rows to f32, bit-exact with ggml's reference (ggml-quants.c) for every
+// type whose row in format::kGgmlTypes has compute kernels (backend::is_supported_weight_type()):
 // f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K..q6_K, mxfp4, iq1_s, iq1_m, iq2_xxs, iq2_xs,
-// iq2_s, iq3_xxs, iq3_s, iq4_nl and iq4_xs (backend::is_supported_weight_type()).
+// iq2_s, iq3_xxs, iq3_s, iq4_nl and iq4_xs today.
 #pragma once
 
 #include "format/ggml_type.hpp"
@@ -23,7 +24,8 @@ float e8m0_to_fp32_half(uint8_t e) noexcept;
 extern const int8_t kMxfp4Values[16];
 
 /// Dequantizes @p n values (a whole number of blocks) of type @p type from @p src to @p dst.
-/// Throws Error(Status::unsupported) for a type outside the supported list.
+/// Throws Error(Status::unsupported) for a type without compute kernels, Error(Status::shape)
+/// when @p n is not a whole number of blocks.
 void dequantize_row(format::GgmlType type, const void *src, float *dst, int64_t n);
 
 }  // namespace ep::backend

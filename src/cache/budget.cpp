@@ -12,7 +12,7 @@ Budget compute_budget(const BudgetRequest &r) {
     fail(Status::invalid_argument, "expert cache budget: top_k {} and num_experts {} must be positive", r.top_k, r.num_experts);
   Budget b;
   const uint64_t available = r.free_bytes > r.reserve_bytes ? r.free_bytes - r.reserve_bytes : 0;
-  b.usable_bytes = std::min(r.requested_bytes, available);
+  b.usable_bytes = r.requested_bytes == 0 ? available : std::min(r.requested_bytes, available);
   const uint64_t slots = std::min<uint64_t>({b.usable_bytes / r.object_bytes, r.total_objects, UINT32_MAX});
   b.tokens_per_acquire = r.tokens_per_acquire;
   if (b.tokens_per_acquire == 0) {

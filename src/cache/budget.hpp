@@ -1,6 +1,7 @@
 // The byte budget of the expert cache: how many slots of one object each fit.
 //
-//   slots = floor(min(requested, free − reserve) / object_bytes)   (capped at the object count)
+//   slots = floor(min(requested, free − reserve) / object_bytes)   (capped at the object count;
+//                                                                    requested 0 = free − reserve)
 //
 // Initialisation fails with EP_ERR_BUDGET when the slots cannot hold the largest unique set
 // one acquire may need: min(top_k × tokens_per_acquire, num_experts) — otherwise an acquire
@@ -15,7 +16,7 @@
 namespace ep::cache {
 
 struct BudgetRequest {
-  uint64_t requested_bytes = 0;  ///< what the user asked for (UINT64_MAX: "all that is free")
+  uint64_t requested_bytes = 0;  ///< what the user asked for (0: "all that is free", as ep_model_options' 0)
   uint64_t free_bytes = UINT64_MAX;  ///< free device memory (cudaMemGetInfo) or host memory
   uint64_t reserve_bytes = 0;    ///< kept free for activations, workspaces, other users
   uint64_t object_bytes = 0;     ///< one slot: the largest object, aligned

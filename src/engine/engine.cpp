@@ -45,11 +45,19 @@ bool choose_cuda(DeviceChoice choice, int32_t index, const std::string &arch, co
 
 }  // namespace
 
-std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOptions &options) {
-  if (options.device_index < 0) fail(Status::invalid_argument, "device_index {}", options.device_index);
-  if (options.direct_io < -1 || options.direct_io > 1)
-    fail(Status::invalid_argument, "direct_io {} (expected -1, 0 or 1)", options.direct_io);
-  if (options.cpu_threads > 4096) fail(Status::invalid_argument, "cpu_threads {} (expected 0 .. 4096)", options.cpu_threads);
+void validate_model_options(const ModelOptions &options) {
+  if (options.device_index < 0) fail(Status::invalid_argument, "device_index {} (expected 0 or more)", options.device_index);
+  if (options.cpu_threads < 0 || options.cpu_threads > 4096)
+    fail(Status::invalid_argument, "cpu_threads {} (expected 0 .. 4096)", options.cpu_threads);
+  if (options.store.direct_io < -1 || options.store.direct_io > 1)
+    fail(Status::invalid_argument, "direct_io {} (expected -1, 0 or 1)", options.store.direct_io);
+  if (options.no_pack && options.resident_experts)
+    fail(Status::invalid_argument, "no_pack (experts read from the source through the cache) and resident_experts (every "
+         "expert in memory) exclude each other");
+}
+
+std::unique_ptr<Engine> Engine::open(const std::string &path, const ModelOptions &options) {
+  validate_model_options(options);
   PackPlacement place;
   place.pack_dir = options.pack_dir;
   place.build = options.pack_build;
@@ -60,9 +68,6 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
   const bool given_pack = is_pack_file(path);
   if (options.resident_experts && given_pack)
     fail(Status::invalid_argument, "{} is an Expert Pack; resident experts need the source", path);
-  if (options.no_pack && options.resident_experts)
-    fail(Status::invalid_argument, "{}: no_pack (experts read from the source through the cache) and resident_experts (every "
-         "expert in memory) exclude each other", path);
   if (options.no_pack && given_pack)
     fail(Status::invalid_argument, "{} is an Expert Pack (or a source index); no_pack reads the experts from the source: give "
          "the source", path);
@@ -85,7 +90,7 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
 #else
   (void)use_cuda;
 #endif
-  if (!e->backend_) e->backend_ = std::make_unique<backend::CpuBackend>(options.cpu_threads);
+  if (!e->backend_) e->backend_ = std::make_unique<backend::CpuBackend>(static_cast<uint32_t>(options.cpu_threads));
   if (options.resident_experts) {
     e->lm_ = model::open_causal_lm(source, *e->backend_);
     e->source_path_ = source;
@@ -96,15 +101,7 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const EngineOption
   lo.resident_experts = false;
   e->lm_ = model::open_causal_lm(rm.source, *e->backend_, lo);
   experts::PackedExpertsOptions po;
-  po.cache_bytes = options.cache_bytes ? options.cache_bytes : UINT64_MAX;
-  po.staging_slots = options.staging_slots;
-  po.queue_depth = options.queue_depth;
-  po.read_splits = options.read_splits;
-  po.direct_io = options.direct_io;
-  po.host_cache_bytes = options.host_cache_bytes;
-  po.overlap = options.overlap_reads;
-  po.prefetch = options.prefetch;
-  po.policy = options.cache_policy;
+  po.store = options.store;
   po.cuda_device = e->device_index_;
   po.cuda_stream = cuda_stream;
   po.first_layer = e->lm_->first_expert_layer();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "backend/backend.hpp"
+#include "engine/model_options.hpp"
 #include "model/causal_lm.hpp"
 #include "store/stats.hpp"
 
@@ -21,42 +22,13 @@ class PackedExperts;
 
 namespace ep::engine {
 
-/// Where a model runs.
-enum class DeviceChoice : uint8_t {
-  automatic = 0,  ///< the CUDA device when it exists and the architecture runs there, else the CPU (logged)
-  cpu = 1,
-  cuda = 2,  ///< Status::no_device without one, Status::unsupported for a CPU-only architecture
-};
-
-struct EngineOptions {
-  DeviceChoice device = DeviceChoice::automatic;
-  int32_t device_index = 0;      ///< CUDA device ordinal
-  uint32_t cpu_threads = 0;      ///< CPU backend threads; 0 = EP_CPU_THREADS, else the hardware concurrency
-  bool resident_experts = false; ///< every routed expert read from the source at open (no pack)
-  uint64_t cache_bytes = 0;      ///< expert cache budget; 0 = every expert (CPU: at most half the RAM; CUDA: free VRAM − 2 GiB)
-  uint32_t staging_slots = 0;    ///< 0 = the store's default
-  uint32_t queue_depth = 0;      ///< 0 = the reader's default
-  uint32_t read_splits = 0;      ///< 0 = the reader's default
-  int32_t direct_io = -1;        ///< 1 O_DIRECT, 0 buffered, -1 automatic
-  uint64_t host_cache_bytes = 0; ///< host-RAM tier below the expert cache (0 = none)
-  bool overlap_reads = true;     ///< compute with the cached experts while a layer's misses are read
-  bool prefetch = false;         ///< predict the next layer's experts and read them into spare I/O capacity
-  std::string cache_policy = "decay";  ///< lru, sglang-lfu, decay, decay-bypass
-  std::string pack_dir;          ///< packs built for sources; "" = default_pack_dir()
-  bool pack_build = true;        ///< build a missing pack, rebuild a stale one
-  /// No pack: the routed experts are read from the source through a source index (see
-  /// pack_resolution.hpp); not with resident_experts, nor with a pack as the path.
-  bool no_pack = false;
-  std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;  ///< while a pack is built
-};
-
 class Engine {
  public:
   /// Opens @p path: a GGUF (first shard of a set), a safetensors checkpoint, or an Expert Pack
-  /// (its manifest names the source). Fails with the status and a message naming the file:
-  /// Status::unsupported for an unknown architecture, Status::no_device, Status::budget, the
+  /// (its manifest names the source). Validates @p options first (validate_model_options).
+  /// Fails with the status and a message naming the file: Status::unsupported for an unknown architecture, Status::no_device, Status::budget, the
   /// pack resolver's and the model loader's errors.
-  static std::unique_ptr<Engine> open(const std::string &path, const EngineOptions &options);
+  static std::unique_ptr<Engine> open(const std::string &path, const ModelOptions &options);
   ~Engine();
   Engine(const Engine &) = delete;
   Engine &operator=(const Engine &) = delete;

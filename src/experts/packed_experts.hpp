@@ -10,7 +10,7 @@
 // per pair, the gate, up and down addresses inside its slot. release() records the `last_use`
 // events. Nothing here synchronises the stream.
 //
-// With overlap (the default), the acquire is staged: it returns once the misses' reads are
+// With overlap_reads (the default), the acquire is staged: it returns once the misses' reads are
 // submitted, the MoE computes the resident experts' rows meanwhile, and next_staged() hands out
 // each expert as its read lands (runner.hpp). With a host tier, experts evicted
 // from the slots are kept in pinned host memory; with prefetch, hints from the model load a later
@@ -18,6 +18,7 @@
 #pragma once
 
 #include "experts/provider.hpp"
+#include "store/store_settings.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -37,15 +38,7 @@ struct StoreStats;
 namespace ep::experts {
 
 struct PackedExpertsOptions {
-  uint64_t cache_bytes = UINT64_MAX;  ///< slot budget (UINT64_MAX: every expert, at most half the physical memory)
-  uint32_t staging_slots = 0;         ///< 0: the store's default
-  uint32_t queue_depth = 0;           ///< 0: the reader's default
-  uint32_t read_splits = 0;           ///< 0: the reader's default
-  int direct_io = -1;                 ///< 1 O_DIRECT, 0 buffered, -1 automatic
-  std::string policy = "decay";       ///< cache policy (store/expert_store.hpp); the host tier uses the same
-  uint64_t host_cache_bytes = 0;      ///< host-RAM tier below the slots (0 = none)
-  bool overlap = true;                ///< staged acquires: compute with resident experts while the misses are read
-  bool prefetch = false;              ///< load the experts of the model's hints ahead of their acquire
+  store::StoreSettings store;         ///< the user's settings (ep_model_options' names and defaults)
   std::string stats_path;             ///< JSON stats written at close ("" = none)
   /// >= 0: the slots live in the memory of this CUDA device (store::make_cuda_device: pinned
   /// staging, VRAM slots, a transfer stream) and are ordered on @p cuda_stream, which must be
@@ -79,7 +72,7 @@ class PackedExperts final : public ExpertProvider {
                                std::span<const int32_t> only) override;
   void release(int64_t layer) override;
   int64_t max_unique() const override { return max_unique_; }
-  bool stages_reads() const override { return overlap_; }
+  bool stages_reads() const override { return overlap_reads_; }
   backend::ExpertBatch acquire_staged(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids) override;
   bool next_staged(int64_t layer, backend::ExpertBatch &batch) override;
   bool wants_hints() const override { return prefetch_; }
@@ -98,7 +91,7 @@ class PackedExperts final : public ExpertProvider {
   std::vector<backend::SlotLayout> layouts_;
   std::unique_ptr<Held> held_;
   int64_t max_unique_ = 1;
-  bool overlap_ = true, prefetch_ = false;
+  bool overlap_reads_ = true, prefetch_ = false;
   backend::ExpertBatch begin(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids, std::span<const int32_t> only,
                              bool staged);
 };

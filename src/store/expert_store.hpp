@@ -69,7 +69,7 @@ struct StoreOptions {
   std::vector<std::string> data_paths;
   std::shared_ptr<const ObjectMap> objects;  ///< where each expert object lies in the pack file
   io::ReaderOptions reader;
-  uint64_t cache_bytes = UINT64_MAX;  ///< requested budget (UINT64_MAX: all that is free)
+  uint64_t cache_bytes = 0;           ///< requested budget (0: all that is free, as StoreSettings::cache_budget_bytes)
   uint64_t reserve_bytes = 0;         ///< kept free on the device
   /// The host-RAM tier's budget in bytes (whole slots; 0 = no tier). Checked against the memory
   /// the process may take (HostMemory, or host_available_bytes): EP_ERR_BUDGET beyond it.

@@ -1,5 +1,6 @@
 // Dequantization: hand-built blocks with known values for every field, checked against values
 // computed here element by element from the ggml formulas (models.md §4), exactly.
+#include "backend/backend.hpp"
 #include "backend/dequant.hpp"
 #include "backend/iq2xxs_table.hpp"
 #include "backend/iq_grids.hpp"
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 using ep::backend::dequantize_row;
@@ -344,6 +346,38 @@ TEST_CASE("unsupported types and partial blocks are rejected", "[dequant]") {
   } catch (const ep::Error &e) {
     CHECK(e.status() == ep::Status::shape);
   }
+}
+
+TEST_CASE("every type the table gives kernels dequantizes; every other is refused", "[dequant]") {
+  // the type table (format::kGgmlTypes) is the only list: the CPU dispatch, the supported
+  // weight types and their names are made from it
+  int computed = 0;
+  for (const ep::format::GgmlTypeInfo &row : ep::format::kGgmlTypes) {
+    INFO(row.name);
+    const int64_t n = row.block_elems == 1 ? 32 : row.block_elems;
+    const std::vector<uint8_t> zeros(static_cast<size_t>(n / row.block_elems * row.block_bytes), 0);
+    std::vector<float> y(static_cast<size_t>(n), NAN);
+    const bool has_kernels = row.compute != ep::format::GgmlCompute::none;
+    CHECK(ep::backend::is_supported_weight_type(row.type) == has_kernels);
+    std::string names(1, ' '), name(1, ' ');
+    names.append(ep::backend::supported_weight_type_names()).push_back(' ');
+    name.append(row.name).push_back(' ');
+    const bool named = names.find(name) != std::string::npos;
+    CHECK(named == has_kernels);
+    if (has_kernels) {
+      ++computed;
+      dequantize_row(row.type, zeros.data(), y.data(), n);
+      CHECK(y[static_cast<size_t>(n) - 1] == y[static_cast<size_t>(n) - 1]);  // written (not NaN)
+    } else {
+      try {
+        dequantize_row(row.type, zeros.data(), y.data(), n);
+        FAIL("a type without kernels was dequantized");
+      } catch (const ep::Error &e) {
+        CHECK(e.status() == ep::Status::unsupported);
+      }
+    }
+  }
+  CHECK(computed == 23);  // f32, f16, bf16, q8_0, q4_0..q5_1, q2_K..q6_K, mxfp4 and the i-quants
 }
 
 namespace {

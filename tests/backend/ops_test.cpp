@@ -27,6 +27,12 @@ TEST_CASE("the test type lists are the supported weight types", "[ops]") {
     if (ep::format::ggml_type_info(id) && ep::backend::is_supported_weight_type(static_cast<GgmlType>(id))) ++supported;
   CHECK(static_cast<size_t>(supported) == ep::test::every_weight_type().size());
   for (GgmlType type : ep::test::every_weight_type()) CHECK(ep::backend::is_supported_weight_type(type));
+  // the GPU tests' split: the GEMV types and those CUDA multiplies through dequantization only
+  using ep::format::GgmlCompute;
+  for (GgmlType type : ep::test::all_weight_types())
+    CHECK(ep::format::ggml_compute(static_cast<uint32_t>(type)) == GgmlCompute::gemv);
+  for (GgmlType type : ep::test::dequant_only_weight_types())
+    CHECK(ep::format::ggml_compute(static_cast<uint32_t>(type)) == GgmlCompute::dequant);
 }
 
 TEST_CASE("matmul of every weight type equals dequantize-then-f32 matmul", "[ops]") {

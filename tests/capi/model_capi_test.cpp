@@ -228,6 +228,30 @@ TEST_CASE("model C API: argument and struct-size checks", "[model][capi]") {
   ep_model_options_init(&o);
   o.direct_io = 3;
   CHECK(ep_model_open(&m, gguf.c_str(), &o) == EP_ERR_INVALID_ARGUMENT);
+  // every value is checked once, in ep_model_open, and named by its C field
+  ep_model_options_init(&o);
+  o.cpu_threads = 5000;
+  CHECK(ep_model_open(&m, gguf.c_str(), &o) == EP_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_last_error()) == "ep_model_open: cpu_threads 5000 (expected 0 .. 4096)");
+  ep_model_options_init(&o);
+  o.overlap_reads = 2;
+  CHECK(ep_model_open(&m, gguf.c_str(), &o) == EP_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_last_error()) == "ep_model_open: overlap_reads 2 (expected 0 or 1)");
+  // the defaults model.h documents
+  ep_model_options_init(&o);
+  CHECK(o.device == EP_DEVICE_AUTO);
+  CHECK(o.device_index == 0);
+  CHECK(o.cache_budget_bytes == 0u);
+  CHECK(o.direct_io == -1);
+  CHECK(o.pack_dir == nullptr);
+  CHECK(o.pack_build == 1);
+  CHECK(o.resident_experts == 0);
+  CHECK(o.cpu_threads == 0);
+  CHECK(o.host_cache_bytes == 0u);
+  CHECK(o.overlap_reads == 1);
+  CHECK(o.prefetch == 0);
+  CHECK(o.cache_policy == nullptr);
+  CHECK(o.no_pack == 0);
   ep_model_close(nullptr);
   ep_session_close(nullptr);
 

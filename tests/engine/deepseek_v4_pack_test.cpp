@@ -67,8 +67,8 @@ PackedModel open_packed(const std::string &source, const std::string &pack, ep::
   PackedModel pm;
   pm.model = DeepseekV4Model::open(source, be, lo);
   PackedExpertsOptions po;
-  po.cache_bytes = cache_bytes;
-  po.direct_io = 0;
+  po.store.cache_budget_bytes = cache_bytes;
+  po.store.direct_io = 0;
   auto inner = std::make_unique<PackedExperts>(pack, pm.model->expert_shapes(), pm.model->config().n_experts_used, po);
   auto counting = std::make_unique<CountingExperts>(std::move(inner));
   pm.experts = counting.get();
@@ -130,7 +130,7 @@ TEST_CASE("deepseek_v4 pack: goldens through the pack, bit-identical to resident
     CHECK(rm.built);
     CHECK(fs::path(rm.pack).parent_path() == dir);
     CHECK(fs::exists(ep::pack::manifest_path(rm.pack)));
-    PackedModel pm = open_packed(rm.source, rm.pack, cpu, UINT64_MAX);
+    PackedModel pm = open_packed(rm.source, rm.pack, cpu, 0);
     const std::vector<float> packed = run_full(*pm.model, g.tokens);
     const Diff d = compare(packed, g.logits);
     std::printf("deepseek_v4 %s GGUF via pack: max|dlogit| %.3g, max|logit| %.4g, ratio %.3g (limit 1e-4)\n", name,
@@ -151,7 +151,7 @@ TEST_CASE("deepseek_v4 pack: goldens through the pack, bit-identical to resident
     const ep::engine::ResolvedModel rs = ep::engine::resolve_model(ckpt.string(), placement(dir));
     CHECK(rs.built);
     CHECK(rs.pack != rm.pack);
-    PackedModel ps = open_packed(rs.source, rs.pack, cpu, UINT64_MAX);
+    PackedModel ps = open_packed(rs.source, rs.pack, cpu, 0);
     const Diff ds = compare(run_full(*ps.model, g.tokens), g.logits);
     std::printf("deepseek_v4 %s safetensors via pack: max|dlogit| %.3g, max|logit| %.4g, ratio %.3g (limit 1e-4)\n", name,
                 ds.max_abs_diff, ds.max_abs_ref, ds.rel());
@@ -177,7 +177,7 @@ TEST_CASE("deepseek_v4 pack: the smallest cache (forced evictions) gives identic
     CHECK(status_of([&] { open_packed(rm.source, rm.pack, cpu, min_bytes - 1); }) == ep::Status::budget);
 
     PackedModel small = open_packed(rm.source, rm.pack, cpu, min_bytes);
-    PackedModel big = open_packed(rm.source, rm.pack, cpu, UINT64_MAX);
+    PackedModel big = open_packed(rm.source, rm.pack, cpu, 0);
     REQUIRE(small.experts->inner().num_slots() == static_cast<uint32_t>(K));
     CHECK(small.experts->max_unique() == K);
     CHECK(big.experts->inner().num_slots() == static_cast<uint32_t>(E * L));
@@ -290,7 +290,7 @@ TEST_CASE("deepseek_v4 pack: built once, reused, rebuilt or stale when the sourc
   CHECK_FALSE(r5.built);
   // the rebuilt pack still serves the golden logits
   ep::backend::CpuBackend cpu;
-  PackedModel pm = open_packed(r5.source, r5.pack, cpu, UINT64_MAX);
+  PackedModel pm = open_packed(r5.source, r5.pack, cpu, 0);
   CHECK(compare(run_full(*pm.model, g.tokens), g.logits).rel() <= 1e-4);
   // a missing pack with building disabled
   CHECK(status_of([&] { ep::engine::resolve_model(src.string(), placement(dir / "none", false)); }) == ep::Status::not_found);

@@ -88,8 +88,8 @@ std::unique_ptr<DeepseekV4Model> open_packed(const ep::engine::ResolvedModel &rm
   lo.resident_experts = false;
   auto m = DeepseekV4Model::open(rm.source, gpu, lo);
   PackedExpertsOptions po;
-  po.cache_bytes = cache_bytes;
-  po.direct_io = 0;
+  po.store.cache_budget_bytes = cache_bytes;
+  po.store.direct_io = 0;
   po.cuda_device = 0;
   po.cuda_stream = gpu.stream();
   auto packed = std::make_unique<PackedExperts>(rm.pack, m->expert_shapes(), m->config().n_experts_used, po);
@@ -195,7 +195,7 @@ struct PackedPair {
     ep::engine::PackPlacement place;
     place.pack_dir = dir.string();
     rm = ep::engine::resolve_model(g.gguf, place);
-    big = open_packed(rm, gpu, UINT64_MAX, &big_x);
+    big = open_packed(rm, gpu, 0, &big_x);
     small = open_packed(rm, gpu, PackedExperts::min_cache_bytes(rm.pack, top_k), &small_x);
     REQUIRE(small_x->num_slots() == static_cast<uint32_t>(top_k));
   }

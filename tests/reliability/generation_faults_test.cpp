@@ -235,10 +235,10 @@ TEST_CASE("persistent EIO and stale bytes through the model's own PackedExperts:
     INFO("io_uring setup " << (uring_errno ? "fails (ENOSYS): pread pool" : "as the kernel allows"));
     auto seam = std::make_shared<SwitchSeam>(uring_errno);
     experts::PackedExpertsOptions po;
-    po.cache_bytes = experts::PackedExperts::min_cache_bytes(w.pack, k);  // top_k slots: every step reads
-    po.staging_slots = 2;
-    po.read_splits = 2;
-    po.direct_io = 0;
+    po.store.cache_budget_bytes = experts::PackedExperts::min_cache_bytes(w.pack, k);  // top_k slots: every step reads
+    po.store.staging_slots = 2;
+    po.store.read_splits = 2;
+    po.store.direct_io = 0;
     po.seam = seam;
     auto owned = std::make_unique<experts::PackedExperts>(w.pack, w.m->expert_shapes(), k, po);
     experts::PackedExperts &ex = *owned;

@@ -174,7 +174,7 @@ TEST_CASE("striped pack: layout, payloads and the store over its parts", "[pack]
     o.objects = layout;
     o.top_k = E;
     o.reader.backend = backend;
-    o.cache_bytes = UINT64_MAX;
+    o.cache_bytes = 0;  // all that is free
     ep::store::ExpertStore store(o, std::make_unique<ep::store::HostDevice>());
     std::vector<uint32_t> all(E);
     for (uint32_t e = 0; e < E; ++e) all[e] = e;
@@ -221,8 +221,8 @@ TEST_CASE("striped pack: the model's logits are the resident experts' bits", "[m
   const std::vector<float> &ref = reference_logits();
   for (const bool overlap : {false, true}) {
     PackedExpertsOptions po;
-    po.overlap = overlap;
-    po.cache_bytes = PackedExperts::min_cache_bytes(s.striped, 2) * 2;  // deepseek_v4_a: top-2
+    po.store.overlap_reads = overlap;
+    po.store.cache_budget_bytes = PackedExperts::min_cache_bytes(s.striped, 2) * 2;  // deepseek_v4_a: top-2
     auto m = packed_model(g.gguf, s.striped, cpu, po);
     CHECK(bit_identical(run_full(*m, g.tokens), ref));
   }
@@ -252,7 +252,7 @@ TEST_CASE("striped pack: an EIO on one part fails the step naming part, layer an
   for (const bool overlap : {false, true}) {
     INFO("overlap " << overlap);
     PackedExpertsOptions po;
-    po.overlap = overlap;
+    po.store.overlap_reads = overlap;
     po.seam = std::make_shared<FailPartOnce>(2, 3);  // the reader tries 1 + eio_retries (2) times
     PackedExperts *experts = nullptr;
     auto m = packed_model(g.gguf, s.striped, cpu, po, &experts);

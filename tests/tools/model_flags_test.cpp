@@ -1,8 +1,10 @@
 // The model flags shared by ep-run, ep-chat and ep-server (tools/cli/model_flags.hpp).
 #include "cli/model_flags.hpp"
+#include "engine/model_options.hpp"
 
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -26,8 +28,8 @@ TEST_CASE("model flags fill ep_model_options and leave other arguments alone", "
   ep::cli::ModelFlags flags;
   const std::vector<std::string> rest =
       parse(flags, {"--device", "cpu", "-n", "3", "--cache-mib", "1.5", "--host-cache-mib", "0", "--pack-dir", "/p",
-                    "--policy", "lru", "--no-overlap", "--prefetch", "--no-pack-build", "--no-pack", "--staging-slots", "7",
-                    "--queue-depth", "9", "--read-splits", "2", "--direct-io", "0", "--cpu-threads", "3", "--other"});
+                    "--cache-policy", "lru", "--no-overlap-reads", "--prefetch", "--no-pack-build", "--no-pack", "--staging-slots", "7",
+                    "--queue-depth", "9", "--read-splits", "2", "--direct-io", "0", "--cpu-threads", "3", "--device-index", "1", "--other"});
   CHECK(rest == std::vector<std::string>{"-n", "3", "--other"});
   const ep_model_options o = flags.options();
   CHECK(o.device == EP_DEVICE_CPU);
@@ -44,7 +46,14 @@ TEST_CASE("model flags fill ep_model_options and leave other arguments alone", "
   CHECK(o.read_splits == 2u);
   CHECK(o.direct_io == 0);
   CHECK(o.cpu_threads == 3);
+  CHECK(o.device_index == 1);
   CHECK(o.resident_experts == 0);
+
+  // the older spellings still work
+  ep::cli::ModelFlags old;
+  CHECK(parse(old, {"--policy", "lru", "--no-overlap"}).empty());
+  CHECK(std::string(old.options().cache_policy) == "lru");
+  CHECK(old.options().overlap_reads == 0);
 
   ep::cli::ModelFlags defaults;
   ep_model_options d;
@@ -69,7 +78,7 @@ TEST_CASE("model flags name the flag and what it takes on a bad value", "[cli]")
     return std::string("(no error)");
   };
   CHECK(error({"--device", "tpu"}) == "--device must be auto, cpu or cuda, not 'tpu'");
-  CHECK(error({"--cache-mib", "0"}) == "--cache-mib takes a positive size in MiB, not '0'");
+  CHECK(error({"--cache-mib", "-1"}) == "--cache-mib takes a size in MiB (0 or more), not '-1'");
   CHECK(error({"--cache-mib", "12abc"}).find("--cache-mib takes") == 0);
   CHECK(error({"--host-cache-mib", "-1"}) == "--host-cache-mib takes a size in MiB (0 or more), not '-1'");
   CHECK(error({"--host-cache-mib", "nan"}).find("--host-cache-mib takes") == 0);
@@ -77,4 +86,49 @@ TEST_CASE("model flags name the flag and what it takes on a bad value", "[cli]")
   CHECK(error({"--direct-io", "2"}) == "--direct-io takes a whole number from 0 to 1, not '2'");
   CHECK(error({"--queue-depth", "99999999999999999999"}).find("--queue-depth takes") == 0);
   CHECK(error({"--pack-dir"}) == "missing value after --pack-dir");
+  CHECK(error({"--cpu-threads", "4x"}) == "--cpu-threads takes a whole number, not '4x'");
+}
+
+TEST_CASE("every model option has a flag, and 0 means what the library's 0 means", "[cli]") {
+  std::vector<std::string> fields;
+#define EP_FIELD_NAME(c_field, member) fields.push_back(#c_field);
+  EP_MODEL_OPTION_FIELDS(EP_FIELD_NAME)
+#undef EP_FIELD_NAME
+  for (const std::string &field : fields) {
+    bool listed = false;
+    for (const ep::cli::ModelFlag &f : ep::cli::kModelFlags) listed = listed || (field == f.field && *f.help != '\0');
+    INFO(field);
+    CHECK(listed);
+  }
+  ep::cli::ModelFlags flags;
+  parse(flags, {"--cache-mib", "0", "--host-cache-mib", "0", "--cpu-threads", "0"});
+  ep_model_options d;
+  ep_model_options_init(&d);
+  CHECK(flags.options().cache_budget_bytes == d.cache_budget_bytes);
+  CHECK(flags.options().host_cache_bytes == d.host_cache_bytes);
+  CHECK(flags.options().cpu_threads == d.cpu_threads);
+  // the range of a value is the library's to check, once: the flag passes it on
+  ep::cli::ModelFlags many;
+  parse(many, {"--cpu-threads", "5000"});
+  CHECK(many.options().cpu_threads == 5000);
+  const std::string usage = ep::cli::model_flags_usage();
+  CHECK(usage.find("--cache-policy NAME") != std::string::npos);
+  CHECK(usage.find("--policy") == std::string::npos);
+}
+
+TEST_CASE("docs/c-api.md's options table has a row for every option and names its flag", "[cli]") {
+  const std::string path = std::string(EP_TEST_DATA_DIR) + "/../../docs/c-api.md";
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("| `", 0) == 0) rows.push_back(line);
+  for (const ep::cli::ModelFlag &f : ep::cli::kModelFlags) {
+    const std::string field = std::string("| `") + f.field + "`";
+    bool found = false;
+    for (const std::string &row : rows)
+      found = found || (row.rfind(field, 0) == 0 && row.find(std::string("`") + f.name) != std::string::npos);
+    INFO(path << ": no row for " << f.field << " naming " << f.name);
+    CHECK(found);
+  }
 }

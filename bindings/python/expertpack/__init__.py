@@ -664,7 +664,7 @@ class _Handle:
 class Model(_Handle):
     """An open model (``ep_model_open``). Keyword options are the fields of ``ep_model_options``:
     device, device_index, cache_budget_bytes, staging_slots, queue_depth, read_splits, direct_io,
-    pack_dir, pack_build, resident_experts, cpu_threads (0: EP_CPU_THREADS, else every core), host_cache_bytes
+    pack_dir, pack_build (None: the library's default, on), resident_experts, cpu_threads (0: EP_CPU_THREADS, else every core), host_cache_bytes
     (a host-RAM tier below the expert cache; 0: none), overlap_reads (None: the library's default, on),
     prefetch (None: the library's default, off), cache_policy ("decay", "decay-bypass", "lru", "sglang-lfu";
     None: "decay"), no_pack (read the routed experts from the source files themselves through a small
@@ -675,7 +675,7 @@ class Model(_Handle):
 
     def __init__(self, path, *, device: Device = Device.AUTO, device_index: int = 0, cache_budget_bytes: int = 0,
                  staging_slots: int = 0, queue_depth: int = 0, read_splits: int = 0, direct_io: Optional[bool] = None,
-                 pack_dir=None, pack_build: bool = True, resident_experts: bool = False, cpu_threads: int = 0,
+                 pack_dir=None, pack_build: Optional[bool] = None, resident_experts: bool = False, cpu_threads: int = 0,
                  host_cache_bytes: int = 0, overlap_reads: Optional[bool] = None, prefetch: Optional[bool] = None,
                  cache_policy: Optional[str] = None, no_pack: bool = False,
                  progress: Optional[Callable[[int, int], None]] = None):
@@ -691,7 +691,8 @@ class Model(_Handle):
         opts.direct_io = -1 if direct_io is None else int(bool(direct_io))
         pack_dir_b = _path(pack_dir) if pack_dir is not None else None
         opts.pack_dir = pack_dir_b
-        opts.pack_build = int(bool(pack_build))
+        if pack_build is not None:
+            opts.pack_build = int(bool(pack_build))
         opts.resident_experts = int(bool(resident_experts))
         policy_b = cache_policy.encode("utf-8") if cache_policy is not None else None
         appended = {"cpu_threads": (cpu_threads, 0), "host_cache_bytes": (host_cache_bytes, 0),

@@ -86,9 +86,7 @@ void launch(uint32_t type, const void *src, int64_t k, int64_t rows, const int32
 
 }  // namespace
 
-bool gemv_runs_type(uint32_t type) {
-  return quant::try_dispatch_type(type, [](auto) {});
-}
+bool gemv_runs_type(uint32_t type) { return format::ggml_compute(type) == format::GgmlCompute::gemv; }
 
 void launch_dequant_rows(uint32_t type, const void *src, int64_t k, int64_t rows, float *dst_f32, uint16_t *dst_bf16,
                          cudaStream_t stream) {

@@ -1,12 +1,10 @@
-// Device decoding of the ggml types that have dequantization kernels but no GEMV kernel: q4_0,
-// q4_1, q5_0, q5_1, iq4_nl, iq4_xs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s and iq1_m, 32 values
+// Device decoding of the ggml types that have dequantization kernels but no GEMV kernel
+// (GgmlCompute::dequant in format::kGgmlTypes: q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, iq2_xs,
+// iq2_s, iq3_xxs, iq3_s, iq1_s and iq1_m today), 32 values
 // ("one unit") at a time, bit-exact with ggml's dequantize_row_* (and backend/dequant.cpp):
 // every product and sum is rounded on its own (no FMA contraction). CudaBackend::matmul runs them
 // through dequantization + cuBLAS.
 #pragma once
-
-#include <type_traits>
-#include <utility>
 
 #include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/quant_unit.cuh"
@@ -14,25 +12,6 @@
 #include "backend/iq_grids.hpp"
 
 namespace ep::backend::cuda::quant {
-
-// ggml type ids (format/ggml_type.hpp)
-enum : int {
-  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kIQ2_XS = 17, kIQ3_XXS = 18, kIQ1_S = 19, kIQ4_NL = 20, kIQ3_S = 21,
-  kIQ2_S = 22, kIQ4_XS = 23, kIQ1_M = 29,
-};
-
-template <> struct Traits<kQ4_0> { static constexpr int elems = 32, bytes = 18; };
-template <> struct Traits<kQ4_1> { static constexpr int elems = 32, bytes = 20; };
-template <> struct Traits<kQ5_0> { static constexpr int elems = 32, bytes = 22; };
-template <> struct Traits<kQ5_1> { static constexpr int elems = 32, bytes = 24; };
-template <> struct Traits<kIQ4_NL> { static constexpr int elems = 32, bytes = 18; };
-template <> struct Traits<kIQ4_XS> { static constexpr int elems = 256, bytes = 136; };
-template <> struct Traits<kIQ2_XS> { static constexpr int elems = 256, bytes = 74; };
-template <> struct Traits<kIQ2_S> { static constexpr int elems = 256, bytes = 82; };
-template <> struct Traits<kIQ3_XXS> { static constexpr int elems = 256, bytes = 98; };
-template <> struct Traits<kIQ3_S> { static constexpr int elems = 256, bytes = 110; };
-template <> struct Traits<kIQ1_S> { static constexpr int elems = 256, bytes = 50; };
-template <> struct Traits<kIQ1_M> { static constexpr int elems = 256, bytes = 56; };
 
 // The codebooks in global memory: each thread of a dequantization launch reads its own entries,
 // which constant memory would serialize.
@@ -203,26 +182,6 @@ __device__ __forceinline__ void unit_values<kIQ1_M>(const uint8_t *__restrict__ 
   for (int l = 0; l < 4; ++l) {
     const uint32_t h = qh[l / 2] >> (4 * (l % 2));
     grid8_iq1(kIq1sGridDev[qs[l] | ((h & 7) << 8)], l < 2 ? dl1 : dl2, h & 8 ? -kIq1sDelta : kIq1sDelta, v + 8 * l);
-  }
-}
-
-/// dispatch_type() (the GEMV types) extended with the types above: f(integral_constant<int, T>).
-template <typename F>
-void dispatch_dequant_type(uint32_t type, const char *what, F &&f) {
-  switch (static_cast<int>(type)) {
-    case kQ4_0: return f(std::integral_constant<int, kQ4_0>{});
-    case kQ4_1: return f(std::integral_constant<int, kQ4_1>{});
-    case kQ5_0: return f(std::integral_constant<int, kQ5_0>{});
-    case kQ5_1: return f(std::integral_constant<int, kQ5_1>{});
-    case kIQ4_NL: return f(std::integral_constant<int, kIQ4_NL>{});
-    case kIQ4_XS: return f(std::integral_constant<int, kIQ4_XS>{});
-    case kIQ2_XS: return f(std::integral_constant<int, kIQ2_XS>{});
-    case kIQ2_S: return f(std::integral_constant<int, kIQ2_S>{});
-    case kIQ3_XXS: return f(std::integral_constant<int, kIQ3_XXS>{});
-    case kIQ3_S: return f(std::integral_constant<int, kIQ3_S>{});
-    case kIQ1_S: return f(std::integral_constant<int, kIQ1_S>{});
-    case kIQ1_M: return f(std::integral_constant<int, kIQ1_M>{});
-    default: return dispatch_type(type, what, std::forward<F>(f));
   }
 }
 

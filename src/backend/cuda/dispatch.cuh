@@ -1,41 +1,75 @@
-// Type dispatch for the quantized kernels: calls f(std::integral_constant<int, T>{}) for the
-// ggml type id, or throws Error(Status::unsupported) naming @p what (try_dispatch_type: returns
-// false instead).
+// Type dispatch for the CUDA kernels, made from the one type table (format/ggml_type.hpp): calls
+// f(std::integral_constant<int, T>{}) for a ggml type id whose row has the kernels asked for, or
+// throws Error(Status::unsupported) naming @p what (the try_ forms return false instead). No type
+// list lives here: a row's `compute` and `gemv` columns decide which kernels are instantiated.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
 
-#include "core/status.hpp"
 #include "backend/cuda/quant_unit.cuh"
+#include "core/status.hpp"
+#include "format/ggml_type.hpp"
 
 namespace ep::backend::cuda::quant {
 
-/// Calls f(std::integral_constant<int, T>{}) for a ggml type id the GEMV kernels run; false
-/// (nothing called) for any other id.
-template <typename F>
-bool try_dispatch_type(uint32_t type, F &&f) {
-  switch (static_cast<int>(type)) {
-    case kF32: f(std::integral_constant<int, kF32>{}); return true;
-    case kF16: f(std::integral_constant<int, kF16>{}); return true;
-    case kBF16: f(std::integral_constant<int, kBF16>{}); return true;
-    case kQ8_0: f(std::integral_constant<int, kQ8_0>{}); return true;
-    case kMXFP4: f(std::integral_constant<int, kMXFP4>{}); return true;
-    case kQ2_K: f(std::integral_constant<int, kQ2_K>{}); return true;
-    case kQ3_K: f(std::integral_constant<int, kQ3_K>{}); return true;
-    case kQ4_K: f(std::integral_constant<int, kQ4_K>{}); return true;
-    case kQ5_K: f(std::integral_constant<int, kQ5_K>{}); return true;
-    case kQ6_K: f(std::integral_constant<int, kQ6_K>{}); return true;
-    case kIQ2_XXS: f(std::integral_constant<int, kIQ2_XXS>{}); return true;
-    default: return false;
+namespace detail {
+template <format::GgmlCompute Need, uint8_t Family>
+constexpr bool row_runs(const format::GgmlTypeInfo &row) {
+  return static_cast<int>(row.compute) >= static_cast<int>(Need) && (Family == 0 || (row.gemv & Family) != 0);
+}
+template <format::GgmlCompute Need, uint8_t Family, size_t I, typename F>
+bool dispatch_row(uint32_t type, F &f) {
+  constexpr format::GgmlTypeInfo row = format::kGgmlTypes[I];
+  if constexpr (row_runs<Need, Family>(row)) {
+    if (type == static_cast<uint32_t>(row.type)) {
+      f(std::integral_constant<int, static_cast<int>(row.type)>{});
+      return true;
+    }
   }
+  return false;
+}
+template <format::GgmlCompute Need, uint8_t Family, typename F, size_t... I>
+bool dispatch_rows(uint32_t type, F &f, std::index_sequence<I...>) {
+  return (dispatch_row<Need, Family, I>(type, f) || ...);
+}
+inline void unsupported(uint32_t type, const char *what, const char *kernels) {
+  throw Error(Status::unsupported, std::string(what) + ": ggml type id " + std::to_string(type) + " has no " + kernels);
+}
+}  // namespace detail
+
+/// Calls f(std::integral_constant<int, T>{}) when the table row of @p type has compute kernels of
+/// at least @p Need and, with @p Family (format::GemvFamily bits; 0 = any), that GEMV family;
+/// returns false (nothing called) otherwise.
+template <format::GgmlCompute Need, uint8_t Family = 0, typename F>
+bool try_dispatch(uint32_t type, F &&f) {
+  return detail::dispatch_rows<Need, Family>(type, f, std::make_index_sequence<format::kGgmlTypeCount>{});
 }
 
+/// The GEMV types (GgmlCompute::gemv: the types the per-lane GEMV families decode).
+template <typename F>
+bool try_dispatch_type(uint32_t type, F &&f) {
+  return try_dispatch<format::GgmlCompute::gemv>(type, f);
+}
 template <typename F>
 void dispatch_type(uint32_t type, const char *what, F &&f) {
-  if (!try_dispatch_type(type, std::forward<F>(f)))
-    throw Error(Status::unsupported, std::string(what) + ": ggml type id " + std::to_string(type) + " has no CUDA kernel");
+  if (!try_dispatch<format::GgmlCompute::gemv>(type, f)) detail::unsupported(type, what, "CUDA GEMV kernel");
+}
+
+/// Every type with a CUDA dequantization kernel (GgmlCompute::dequant and gemv); the unit
+/// decoders of the dequantization-only types are in dequant_unit.cuh, which the caller includes.
+template <typename F>
+void dispatch_dequant_type(uint32_t type, const char *what, F &&f) {
+  if (!try_dispatch<format::GgmlCompute::dequant>(type, f)) detail::unsupported(type, what, "CUDA dequantization kernel");
+}
+
+/// The types of one GEMV family (a format::GemvFamily bit).
+template <uint8_t Family, typename F>
+void dispatch_gemv_family(uint32_t type, const char *what, F &&f) {
+  if (!try_dispatch<format::GgmlCompute::gemv, Family>(type, f)) detail::unsupported(type, what, "kernel of this GEMV family");
 }
 
 }  // namespace ep::backend::cuda::quant

@@ -9,8 +9,11 @@
 //  - mma (gemv_mma.cu; 2..8 tokens, mxfp4, q2_K, q3_K with k a multiple of 256): tensor cores;
 //  - rows (gemv_rows.cu; q8_0, f32, f16, bf16, 1..8 tokens, 16-byte aligned matrices): lanes
 //    sharing a row, 16-byte loads into registers;
-//  - else generic (gemv_generic.cu) for mxfp4, q4_K and q5_K, pipe (gemv_pipe.cu) for the rest:
-//    the per-lane kernels, exact to f32 rounding.
+//  - else the per-lane kernel the type's row names (format::kGgmlTypes' gemv_lane: generic,
+//    gemv_generic.cu, for mxfp4, q4_K and q5_K; pipe, gemv_pipe.cu, for the rest), exact to f32
+//    rounding.
+// Which families run a type is the type table's `gemv` column (format/ggml_type.hpp); each
+// family's covers function adds its shape and alignment rules.
 // Each default is the fastest that `ep-bench kernels` measured on an H200 for its types and shapes
 // (docs/benchmarks.md, "Kernels"). GemvArgs::kernel asks for one family; one asked for a type or
 // shape it does not cover falls back to the default there.
@@ -45,12 +48,14 @@ GemvKernel pick_gemv_kernel(uint32_t type, const GemvArgs &args) {
   if (want == GemvKernel::rows && !gemv_rows_covers(type, args)) want = GemvKernel::automatic;
   if (want == GemvKernel::automatic || (want == GemvKernel::mma && !mma_ok) || (want == GemvKernel::dp4a && !dp4a_ok)) {
     // stream measured faster than dp4a; the same rows-per-matrix rule
-    if (dp4a_ok && args.n >= kDp4aMinRows) return gemv_stream_covers(type, args) ? GemvKernel::stream : GemvKernel::dp4a;
-    const int t = static_cast<int>(type);
-    if (t == kIQ2_XXS && args.n >= kDp4aMinRows && gemv_stream_covers(type, args)) return GemvKernel::stream;
+    if (args.n >= kDp4aMinRows) {
+      if (gemv_stream_covers(type, args)) return GemvKernel::stream;
+      if (dp4a_ok) return GemvKernel::dp4a;
+    }
     if (mma_ok && args.n_tok > 1) return GemvKernel::mma;
     if (gemv_rows_covers(type, args)) return GemvKernel::rows;
-    return t == kQ4_K || t == kQ5_K || t == kMXFP4 ? GemvKernel::generic : GemvKernel::pipe;
+    const format::GgmlTypeInfo *row = format::ggml_type_row(type);
+    return row && row->gemv_lane == format::kGemvGeneric ? GemvKernel::generic : GemvKernel::pipe;
   }
   return want;
 }

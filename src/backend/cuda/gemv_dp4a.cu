@@ -3,6 +3,7 @@
 // read-only cache and multiplied with dp4a (gemv_dp4a.cuh); persistent blocks, a warp reuses
 // each piece of x for 1-4 rows. launch_gemv (gemv.cu) runs it for one token where the stream
 // kernel (gemv_stream.cu, the same arithmetic) does not fit or does not take the alignment.
+#include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/gemv_dp4a.cuh"
 #include "backend/cuda/gemv_families.hpp"
@@ -119,19 +120,14 @@ void launch_dp4a(const GemvArgs &args, cudaStream_t stream) {
 bool gemv_dp4a_covers(uint32_t type, const GemvArgs &args) {
   const int t = static_cast<int>(type);
   const uintptr_t align = t == kQ3_K ? 1 : 3;
-  return (t == kMXFP4 || t == kQ2_K || t == kQ3_K) && args.k % 256 == 0 && args.n_tok == 1 &&
+  return format::ggml_gemv_family(type, format::kGemvDp4a) && args.k % 256 == 0 && args.n_tok == 1 &&
          dp4a_smem_bytes(args.k) <= kDp4aMaxSmem &&
          (args.w_ptrs != nullptr || (reinterpret_cast<uintptr_t>(args.w) & align) == 0);
 }
 
 void launch_gemv_dp4a(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
-  switch (static_cast<int>(type)) {
-    case kMXFP4: return launch_dp4a<kMXFP4>(args, stream);
-    case kQ2_K: return launch_dp4a<kQ2_K>(args, stream);
-    case kQ3_K: return launch_dp4a<kQ3_K>(args, stream);
-    default:
-      throw Error(Status::unsupported, "launch_gemv_dp4a: ggml type id " + std::to_string(type) + " has no dp4a GEMV kernel");
-  }
+  dispatch_gemv_family<format::kGemvDp4a>(type, "launch_gemv_dp4a",
+                                          [&](auto tag) { launch_dp4a<decltype(tag)::value>(args, stream); });
 }
 
 }  // namespace ep::backend::cuda

@@ -5,6 +5,7 @@
 // fragments (block scales folded in where they are small integers) and mma.sync m16n8k16
 // accumulates in f32. The 8 mma columns are the tokens: one mma serves 1..8 tokens (more tokens
 // only shorten the x phases). launch_gemv (gemv.cu) runs it for 2..8 tokens.
+#include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/gemv_families.hpp"
 #include "backend/cuda/kernels.hpp"
@@ -460,19 +461,13 @@ void launch_mma_tokens(const GemvArgs &args, cudaStream_t stream) {
 }  // namespace
 
 bool gemv_mma_covers(uint32_t type, int64_t k) {
-  const int t = static_cast<int>(type);
-  return (t == kMXFP4 || t == kQ2_K || t == kQ3_K) && k % kMmaChunk == 0;
+  return format::ggml_gemv_family(type, format::kGemvMma) && k % kMmaChunk == 0;
 }
 
 void launch_gemv_mma(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
-  switch (static_cast<int>(type)) {
-    case kMXFP4: return launch_mma_tokens<kMXFP4, 4, 4, 1>(args, stream);
-    case kQ2_K: return launch_mma_tokens<kQ2_K, 4, 4, 1>(args, stream);
-    case kQ3_K: return launch_mma_tokens<kQ3_K, 4, 4, 1>(args, stream);
-    default:
-      throw Error(Status::unsupported,
-                  "launch_gemv_mma: ggml type id " + std::to_string(type) + " has no tensor-core GEMV kernel");
-  }
+  dispatch_gemv_family<format::kGemvMma>(type, "launch_gemv_mma", [&](auto tag) {
+    launch_mma_tokens<decltype(tag)::value, 4, 4, 1>(args, stream);
+  });
 }
 
 }  // namespace ep::backend::cuda

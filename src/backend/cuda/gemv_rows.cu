@@ -8,6 +8,7 @@
 // subtraction (2^23 + 128 + q − (2^23 + 128)), with each block's scale applied once to its sum.
 // One token of q8_0 runs a warp-coalesced variant instead (gemv_q8_0_warp_kernel, below).
 // launch_gemv (gemv.cu) runs them for these types when gemv_rows_covers() says so.
+#include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/gemv_families.hpp"
 #include "backend/cuda/kernels.hpp"
@@ -293,7 +294,7 @@ void launch_type(const GemvArgs &a, cudaStream_t stream) {
 bool gemv_rows_covers(uint32_t type, const GemvArgs &args) {
   const int t = static_cast<int>(type);
   const int64_t values = t == kQ8_0 ? 256 : 32;
-  if (t != kQ8_0 && t != kF32 && t != kF16 && t != kBF16) return false;
+  if (!format::ggml_gemv_family(type, format::kGemvRows)) return false;
   if (args.k % values != 0) return false;
   // every matrix 16-byte aligned: a single `w` checked here, a table of matrices by its caller
   if (args.w_ptrs) return args.w_ptrs_aligned16;
@@ -301,13 +302,8 @@ bool gemv_rows_covers(uint32_t type, const GemvArgs &args) {
 }
 
 void launch_gemv_rows(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
-  switch (static_cast<int>(type)) {
-    case kQ8_0: launch_type<kQ8_0>(args, stream); break;
-    case kF32: launch_type<kF32>(args, stream); break;
-    case kF16: launch_type<kF16>(args, stream); break;
-    case kBF16: launch_type<kBF16>(args, stream); break;
-    default: throw Error(Status::unsupported, "launch_gemv_rows: type " + std::to_string(type) + " has no row kernel");
-  }
+  dispatch_gemv_family<format::kGemvRows>(type, "launch_gemv_rows",
+                                          [&](auto tag) { launch_type<decltype(tag)::value>(args, stream); });
   EP_CUDA_CHECK_LAUNCH("gemv_rows_kernel");
 }
 

@@ -13,6 +13,7 @@
 // into the integer dots (q2_K: a row's whole item in integers, mins included) and the q3_K high
 // bit merged into the 2-bit field. launch_gemv (gemv.cu) runs it for one token on matrices of at
 // least 2048 rows wherever it fits.
+#include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/gemv_dp4a.cuh"
 #include "backend/cuda/gemv_families.hpp"
@@ -619,6 +620,7 @@ void launch_stream(const GemvArgs &args, cudaStream_t stream) {
 // stream: what dp4a covers, with x and one ring per warp in shared memory
 bool gemv_stream_covers(uint32_t type, const GemvArgs &args) {
   const int t = static_cast<int>(type);
+  if (!format::ggml_gemv_family(type, format::kGemvStream)) return false;
   if (t == kIQ2_XXS)  // its blocks are read as 16-bit halves and aligned words: 2-byte aligned rows
     return args.n_tok == 1 && args.k % 256 == 0 && stream_smem_bytes<kIQ2_XXS>(args.k) <= kStreamMaxSmem &&
            (args.w_ptrs != nullptr || (reinterpret_cast<uintptr_t>(args.w) & 1) == 0);
@@ -634,14 +636,8 @@ bool gemv_stream_covers(uint32_t type, const GemvArgs &args) {
 }
 
 void launch_gemv_stream(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
-  switch (static_cast<int>(type)) {
-    case kMXFP4: return launch_stream<kMXFP4>(args, stream);
-    case kQ2_K: return launch_stream<kQ2_K>(args, stream);
-    case kQ3_K: return launch_stream<kQ3_K>(args, stream);
-    case kIQ2_XXS: return launch_stream<kIQ2_XXS>(args, stream);
-    default:
-      throw Error(Status::unsupported, "launch_gemv_stream: ggml type id " + std::to_string(type) + " has no stream GEMV kernel");
-  }
+  dispatch_gemv_family<format::kGemvStream>(type, "launch_gemv_stream",
+                                            [&](auto tag) { launch_stream<decltype(tag)::value>(args, stream); });
 }
 
 }  // namespace ep::backend::cuda

@@ -1,6 +1,7 @@
 // Device-side decoding of ggml blocks, 32 values ("one unit") at a time, bit-exact with ggml's
 // dequantize_row_* (products and differences are rounded separately: no FMA contraction).
-// Weights of plain types (f32, f16, bf16) are treated as blocks of 32 values.
+// Weights of plain types (f32, f16, bf16) are treated as blocks of 32 values. The decoders here are
+// those of the GEMV types (GgmlCompute::gemv); dequant_unit.cuh has the dequantization-only ones.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,27 +10,38 @@
 #include <cstdint>
 
 #include "backend/iq2xxs_table.hpp"
+#include "format/ggml_type.hpp"
 
 namespace ep::backend::cuda::quant {
 
-// ggml type ids (format/ggml_type.hpp)
+// Short names of the ggml type ids the kernels specialise on; the ids, block sizes and which
+// kernels a type has are format::kGgmlTypes' (dispatch.cuh).
 enum : int {
-  kF32 = 0, kF16 = 1, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
-  kIQ2_XXS = 16, kBF16 = 30, kMXFP4 = 39,
+  kF32 = static_cast<int>(format::GgmlType::f32), kF16 = static_cast<int>(format::GgmlType::f16),
+  kBF16 = static_cast<int>(format::GgmlType::bf16), kQ8_0 = static_cast<int>(format::GgmlType::q8_0),
+  kQ4_0 = static_cast<int>(format::GgmlType::q4_0), kQ4_1 = static_cast<int>(format::GgmlType::q4_1),
+  kQ5_0 = static_cast<int>(format::GgmlType::q5_0), kQ5_1 = static_cast<int>(format::GgmlType::q5_1),
+  kQ2_K = static_cast<int>(format::GgmlType::q2_k), kQ3_K = static_cast<int>(format::GgmlType::q3_k),
+  kQ4_K = static_cast<int>(format::GgmlType::q4_k), kQ5_K = static_cast<int>(format::GgmlType::q5_k),
+  kQ6_K = static_cast<int>(format::GgmlType::q6_k), kMXFP4 = static_cast<int>(format::GgmlType::mxfp4),
+  kIQ2_XXS = static_cast<int>(format::GgmlType::iq2_xxs), kIQ2_XS = static_cast<int>(format::GgmlType::iq2_xs),
+  kIQ2_S = static_cast<int>(format::GgmlType::iq2_s), kIQ3_XXS = static_cast<int>(format::GgmlType::iq3_xxs),
+  kIQ3_S = static_cast<int>(format::GgmlType::iq3_s), kIQ1_S = static_cast<int>(format::GgmlType::iq1_s),
+  kIQ1_M = static_cast<int>(format::GgmlType::iq1_m), kIQ4_NL = static_cast<int>(format::GgmlType::iq4_nl),
+  kIQ4_XS = static_cast<int>(format::GgmlType::iq4_xs),
 };
 
-template <int T> struct Traits;
-template <> struct Traits<kF32> { static constexpr int elems = 32, bytes = 128; };
-template <> struct Traits<kF16> { static constexpr int elems = 32, bytes = 64; };
-template <> struct Traits<kBF16> { static constexpr int elems = 32, bytes = 64; };
-template <> struct Traits<kQ8_0> { static constexpr int elems = 32, bytes = 34; };
-template <> struct Traits<kMXFP4> { static constexpr int elems = 32, bytes = 17; };
-template <> struct Traits<kQ2_K> { static constexpr int elems = 256, bytes = 84; };
-template <> struct Traits<kQ3_K> { static constexpr int elems = 256, bytes = 110; };
-template <> struct Traits<kQ4_K> { static constexpr int elems = 256, bytes = 144; };
-template <> struct Traits<kQ5_K> { static constexpr int elems = 256, bytes = 176; };
-template <> struct Traits<kQ6_K> { static constexpr int elems = 256, bytes = 210; };
-template <> struct Traits<kIQ2_XXS> { static constexpr int elems = 256, bytes = 66; };
+/// A type's block as the kernels see it, from its table row: `bytes` bytes hold `elems` values,
+/// a whole number of 32-value units. Plain types (one value per ggml block) are read as blocks of
+/// 32 values.
+template <int T>
+struct Traits {
+  static constexpr const format::GgmlTypeInfo *row = format::ggml_type_row(static_cast<uint32_t>(T));
+  static_assert(row != nullptr && row->compute != format::GgmlCompute::none,
+                "Traits<T>: T is not a type with compute kernels in format::kGgmlTypes");
+  static constexpr int elems = row->block_elems == 1 ? 32 : static_cast<int>(row->block_elems);
+  static constexpr int bytes = static_cast<int>(row->block_elems == 1 ? 32 * row->block_bytes : row->block_bytes);
+};
 
 __device__ __forceinline__ uint32_t u16_at(const uint8_t *p) { return p[0] | (uint32_t(p[1]) << 8); }
 __device__ __forceinline__ uint32_t u32_at(const uint8_t *p) {

@@ -501,8 +501,9 @@ pub struct ModelOptions {
     pub direct_io: Option<bool>,
     /// Where packs built from sources go (`None`: `$XDG_CACHE_HOME/expertpack`).
     pub pack_dir: Option<PathBuf>,
-    /// Never build or rebuild a pack (NotFound / Stale instead).
-    pub no_pack_build: bool,
+    /// `Some(false)`: never build or rebuild a pack (NotFound / Stale instead); `None`: the
+    /// library's default (build a missing pack, rebuild a stale one).
+    pub pack_build: Option<bool>,
     /// Read every routed expert into memory at open instead of serving them from a pack.
     pub resident_experts: bool,
     /// Threads of the CPU backend; 0: `EP_CPU_THREADS`, else the hardware concurrency (results
@@ -600,7 +601,9 @@ impl Model {
             Some(false) => 0,
         };
         o.pack_dir = pack_dir.as_ref().map_or(ptr::null(), |d| d.as_ptr());
-        o.pack_build = if options.no_pack_build { 0 } else { 1 };
+        if let Some(v) = options.pack_build {
+            o.pack_build = v as i32;
+        }
         o.resident_experts = options.resident_experts as i32;
         let policy = match &options.cache_policy {
             Some(p) => Some(c_string(p, "cache_policy")?),

@@ -133,7 +133,7 @@ fn bad_token_is_invalid_argument() {
 #[test]
 fn missing_model_is_not_found_and_names_the_file() {
     let missing = PathBuf::from(env("EP_TEST_DIR")).join("no-such-model.gguf");
-    let opts = ModelOptions { no_pack_build: true, ..Default::default() };
+    let opts = ModelOptions { pack_build: Some(false), ..Default::default() };
     let e = Model::open(&missing, &opts).err().expect("opening a missing file must fail");
     assert_eq!(e.status, Status::NotFound);
     assert!(e.message.contains("no-such-model.gguf"), "message: {}", e.message);

@@ -1,0 +1,67 @@
+// The options of opening a model: the one internal form of the C API's ep_model_options, with
+// its field names and its defaults (ep_model_options_init fills the C struct from a
+// default-constructed ModelOptions). Validated once, by Engine::open (validate_model_options);
+// the store's part (store::StoreSettings) goes unchanged to the store-backed expert provider.
+//
+// Adding an option: its field in include/expertpack/model.h (appended), its field here with the
+// default, its row in EP_MODEL_OPTION_FIELDS (capi's conversions both ways are made from it), its
+// check in validate_model_options if it has one, the flag table in tools/cli/model_flags.hpp,
+// the bindings, and its row in docs/c-api.md's options table.
+#pragma once
+
+#include "store/store_settings.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace ep::engine {
+
+/// Where a model runs.
+enum class DeviceChoice : uint8_t {
+  automatic = 0,  ///< the CUDA device when it exists and the architecture runs there, else the CPU (logged)
+  cpu = 1,
+  cuda = 2,  ///< Status::no_device without one, Status::unsupported for a CPU-only architecture
+};
+
+struct ModelOptions {
+  DeviceChoice device = DeviceChoice::automatic;
+  int32_t device_index = 0;       ///< CUDA device ordinal
+  int32_t cpu_threads = 0;        ///< CPU backend threads (0 .. 4096); 0 = EP_CPU_THREADS, else the hardware concurrency
+  std::string pack_dir;           ///< packs built for sources; "" = default_pack_dir()
+  bool pack_build = true;         ///< build a missing pack, rebuild a stale one
+  bool resident_experts = false;  ///< every routed expert read from the source at open (no pack)
+  /// No pack: the routed experts are read from the source through a source index (see
+  /// pack_resolution.hpp); not with resident_experts, nor with a pack as the path.
+  bool no_pack = false;
+  store::StoreSettings store;     ///< the expert cache, the host tier and the reads
+  std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;  ///< while a pack is built
+};
+
+/// The fields that cross the C API by value: X(ep_model_options field, ModelOptions member).
+/// The C API converts each both ways by its types (a 0/1 int32_t flag to bool, a string to
+/// std::string with NULL = the default, ep_device_kind to DeviceChoice); progress and its payload
+/// are bound by hand.
+#define EP_MODEL_OPTION_FIELDS(X)                                                                   \
+  X(device, device)                                                                                 \
+  X(device_index, device_index)                                                                     \
+  X(cache_budget_bytes, store.cache_budget_bytes)                                                   \
+  X(staging_slots, store.staging_slots)                                                             \
+  X(queue_depth, store.queue_depth)                                                                 \
+  X(read_splits, store.read_splits)                                                                 \
+  X(direct_io, store.direct_io)                                                                     \
+  X(pack_dir, pack_dir)                                                                             \
+  X(pack_build, pack_build)                                                                         \
+  X(resident_experts, resident_experts)                                                             \
+  X(cpu_threads, cpu_threads)                                                                       \
+  X(host_cache_bytes, store.host_cache_bytes)                                                       \
+  X(overlap_reads, store.overlap_reads)                                                             \
+  X(prefetch, store.prefetch)                                                                       \
+  X(cache_policy, store.cache_policy)                                                               \
+  X(no_pack, no_pack)
+
+/// Throws ep::Error(Status::invalid_argument) naming the field (its C name), the value and what
+/// it takes, for any value out of range or any two options that exclude each other.
+void validate_model_options(const ModelOptions &options);
+
+}  // namespace ep::engine
