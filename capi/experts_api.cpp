@@ -190,6 +190,7 @@ EP_API ep_status ep_experts_info(ep_experts_properties *out_properties, const ep
     p.host_slots = x.num_host_slots();
     p.device = x.on_cuda() ? EP_DEVICE_CUDA : EP_DEVICE_CPU;
     p.device_index = x.on_cuda() ? x.cuda_device() : -1;
+    p.slots_address = reinterpret_cast<uint64_t>(x.slots_base());
     copy_out(out_properties, p, kExpertsPropertiesV1, "ep_experts_properties");
   });
 }
@@ -268,6 +269,7 @@ EP_API ep_status ep_experts_lease_info(ep_experts_lease_properties *out_info, co
     i.hits = x.acquisition.hits;
     i.misses = x.acquisition.misses;
     i.host_hits = x.acquisition.host_hits;
+    i.slots = x.slots.data();
     copy_out(out_info, i, kLeaseInfoV1, "ep_experts_lease_properties");
   });
 }

@@ -181,6 +181,12 @@ typedef struct ep_experts_properties {
   uint64_t host_slots;              /**< Experts the host-RAM tier holds (0: no tier). */
   ep_device_kind device;            /**< Where the experts live: #EP_DEVICE_CPU (host memory) or #EP_DEVICE_CUDA. */
   int32_t device_index;             /**< The CUDA device's ordinal with #EP_DEVICE_CUDA; -1 in host memory. */
+  uint64_t slots_address;           /**< Address of the cache's slot 0 (device memory with #EP_DEVICE_CUDA): slot s lies at
+                                         slots_address + s × slot_bytes, so kernels that index one stacked tensor of
+                                         experts (llama.cpp's mul_mat_id, an expert_map of vLLM's fused MoE) can view
+                                         the cache as cache_slots experts of slot_bytes each, with a lease's slot
+                                         indices (ep_experts_lease_properties::slots) as the expert ids. Valid while
+                                         the store is open. */
 } ep_experts_properties;
 
 /**
@@ -278,6 +284,8 @@ typedef struct ep_experts_lease_properties {
   uint32_t misses;                  /**< Distinct experts that were not (read from the disk, or copied from the host tier). */
   uint32_t host_hits;               /**< Misses served from the host tier. */
   uint32_t reserved;                /**< Zero. */
+  const uint32_t *slots;            /**< Host array of @c n_ids slot indices: id i's object is slot slots[i] of the cache
+                                         (ep_experts_properties::slots_address + slots[i] × slot_bytes). */
 } ep_experts_lease_properties;
 
 /**

@@ -142,6 +142,14 @@ std::unique_ptr<LinkedExperts> LinkedExperts::open(const std::string &path, cons
                      : options.direct_io ? io::DirectMode::direct
                                          : io::DirectMode::buffered;
   x->store_ = std::make_unique<store::ExpertStore>(std::move(so), std::move(device));
+  // The slots as one array (what stacked-tensor kernels index): both store devices allocate them
+  // so; checked, since the device interface does not promise it.
+  store::StoreDevice &dev = x->store_->device();
+  x->slots_base_ = dev.slot_ptr(0);
+  for (uint32_t s = 1; s < x->store_->num_slots(); ++s)
+    if (dev.slot_ptr(s) != dev.slot_ptr(0) + static_cast<uint64_t>(s) * x->store_->slot_bytes())
+      fail(Status::internal, "{}: the {} store's slot {} is not at slot 0 + {} x {} bytes", rm.pack, dev.name(), s, s,
+           x->store_->slot_bytes());
 #ifdef EP_HAVE_CUDA
   if (cuda) {
     x->acquired_ = std::make_unique<gpu::StreamOrder>(options.device_index);
@@ -200,6 +208,7 @@ std::unique_ptr<LinkedExperts::Lease> LinkedExperts::acquire(uint32_t layer, std
   }
 #endif
   const size_t n = ids.size();
+  for (const store::SlotRef &ref : lease->acquisition.refs) lease->slots.push_back(ref.slot);
   lease->roles.resize(3 * n);
   for (size_t r = 0; r < 3; ++r)
     for (size_t i = 0; i < n; ++i)

@@ -87,6 +87,7 @@ class LinkedExperts {
     store::Acquisition acquisition;
     std::vector<int32_t> ids;            ///< as given
     std::vector<const void *> roles;     ///< role-major: roles[r * n + i]
+    std::vector<uint32_t> slots;         ///< per id: its slot
   };
   /// Acquires @p ids of @p layer for work on @p stream (a cudaStream_t on CUDA; must be null in
   /// host memory). Throws Status::invalid_argument naming the layer and position of a bad id.
@@ -110,6 +111,8 @@ class LinkedExperts {
   uint64_t slot_bytes() const { return store_->slot_bytes(); }
   uint32_t num_slots() const { return store_->num_slots(); }
   uint32_t num_host_slots() const { return store_->num_host_slots(); }
+  /// Slot 0's address; slot s is at + s × slot_bytes() (checked at open).
+  const void *slots_base() const { return slots_base_; }
   /// Throws Status::invalid_argument for a layer out of range.
   const LayerLayout &layout(uint32_t layer) const;
 
@@ -126,6 +129,7 @@ class LinkedExperts {
   bool prefetch_ = false;
   int cuda_device_ = -1;
   void *store_stream_ = nullptr;  // the store's compute stream (CUDA)
+  const void *slots_base_ = nullptr;
   std::mutex bridge_mutex_;       // the events below are re-recorded per call
   std::unique_ptr<gpu::StreamOrder> acquired_, released_;
 };

@@ -96,6 +96,8 @@ void acquire_and_check(ep_experts *x, uint32_t layer, const std::vector<int32_t>
     for (int r = 0; r < EP_EXPERT_ROLES; ++r) {
       const void *role = li.roles[static_cast<size_t>(r) * ids.size() + i];
       CHECK(role == static_cast<const uint8_t *>(li.objects[i]) + lay.roles[r].offset);
+      REQUIRE(li.slots[i] < p.cache_slots);
+      CHECK(li.objects[i] == reinterpret_cast<const uint8_t *>(p.slots_address) + li.slots[i] * p.slot_bytes);
       if (li.device_table) CHECK(li.device_table[static_cast<size_t>(r) * ids.size() + i] == role);
       const Slice s = slice(p.first_layer + layer, static_cast<uint32_t>(ids[i]), r);
       REQUIRE(s.bytes == lay.roles[r].bytes);

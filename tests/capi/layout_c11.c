@@ -98,7 +98,8 @@ _Static_assert(sizeof(ep_experts_options) == 120, "ep_experts_options size");
 _Static_assert(offsetof(ep_experts_properties, num_layers) == 8, "ep_experts_properties.num_layers");
 _Static_assert(offsetof(ep_experts_properties, slot_bytes) == 40, "ep_experts_properties.slot_bytes");
 _Static_assert(offsetof(ep_experts_properties, device) == 64, "ep_experts_properties.device");
-_Static_assert(sizeof(ep_experts_properties) == 72, "ep_experts_properties size");
+_Static_assert(offsetof(ep_experts_properties, slots_address) == 72, "ep_experts_properties.slots_address");
+_Static_assert(sizeof(ep_experts_properties) == 80, "ep_experts_properties size");
 _Static_assert(offsetof(ep_expert_role_layout, ne) == 8, "ep_expert_role_layout.ne");
 _Static_assert(offsetof(ep_expert_role_layout, offset) == 24, "ep_expert_role_layout.offset");
 _Static_assert(offsetof(ep_expert_role_layout, bytes) == 40, "ep_expert_role_layout.bytes");
@@ -112,6 +113,7 @@ _Static_assert(offsetof(ep_experts_lease_properties, objects) == 24, "ep_experts
 _Static_assert(offsetof(ep_experts_lease_properties, roles) == 32, "ep_experts_lease_properties.roles");
 _Static_assert(offsetof(ep_experts_lease_properties, device_table) == 40, "ep_experts_lease_properties.device_table");
 _Static_assert(offsetof(ep_experts_lease_properties, hits) == 48, "ep_experts_lease_properties.hits");
-_Static_assert(sizeof(ep_experts_lease_properties) == 64, "ep_experts_lease_properties size");
+_Static_assert(offsetof(ep_experts_lease_properties, slots) == 64, "ep_experts_lease_properties.slots");
+_Static_assert(sizeof(ep_experts_lease_properties) == 72, "ep_experts_lease_properties size");
 
 int main(void) { return 0; }

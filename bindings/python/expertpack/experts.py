@@ -60,7 +60,7 @@ class _ExpertsProperties(Structure):
                 ("num_experts", c_uint32), ("num_roles", c_uint32), ("top_k", c_uint32),
                 ("max_experts_per_acquire", c_uint32), ("max_table_ids", c_uint32), ("tokens_per_acquire", c_uint32),
                 ("slot_bytes", c_uint64), ("cache_slots", c_uint64), ("host_slots", c_uint64), ("device", c_int32),
-                ("device_index", c_int32)]
+                ("device_index", c_int32), ("slots_address", c_uint64)]
 
 
 class _RoleLayout(Structure):
@@ -76,7 +76,8 @@ class _LayerLayout(Structure):
 class _LeaseProperties(Structure):
     _fields_ = [("struct_size", c_size_t), ("layer", c_uint32), ("n_ids", c_uint32), ("ids", POINTER(c_int32)),
                 ("objects", POINTER(c_void_p)), ("roles", POINTER(c_void_p)), ("device_table", c_void_p),
-                ("hits", c_uint32), ("misses", c_uint32), ("host_hits", c_uint32), ("reserved", c_uint32)]
+                ("hits", c_uint32), ("misses", c_uint32), ("host_hits", c_uint32), ("reserved", c_uint32),
+                ("slots", POINTER(c_uint32))]
 
 
 _ep_experts_options_init = _fn("ep_experts_options_init", None, c_void_p, optional=True)
@@ -111,6 +112,7 @@ class ExpertsInfo:
     host_slots: int
     device: str  # "cpu" (host memory) or "cuda"
     device_index: int
+    slots_address: int  # slot s of the cache lies at slots_address + s * slot_bytes
 
 
 @dataclass
@@ -240,7 +242,7 @@ class Experts(_Handle):
         _check(_ep_experts_info(byref(p), self._ptr()), "ep_experts_info")
         return ExpertsInfo(p.num_layers, p.first_layer, p.num_experts, p.num_roles, p.top_k, p.max_experts_per_acquire,
                            p.max_table_ids, p.tokens_per_acquire, p.slot_bytes, p.cache_slots, p.host_slots,
-                           {1: "cpu", 2: "cuda"}.get(p.device, str(p.device)), p.device_index)
+                           {1: "cpu", 2: "cuda"}.get(p.device, str(p.device)), p.device_index, p.slots_address)
 
     def layout(self, layer: int) -> LayerLayout:
         """Where each role of layer ``layer``'s expert objects lies, and what it is."""
@@ -377,6 +379,7 @@ class Lease:
         self.layer = p.layer
         self.ids = [p.ids[i] for i in range(n)]
         self.objects = [p.objects[i] or 0 for i in range(n)]
+        self.slots = [p.slots[i] for i in range(n)]  # id i's object is slot slots[i] of the cache
         self.roles = [[p.roles[r * n + i] or 0 for i in range(n)] for r in range(3)]
         self.device_table = p.device_table or None
         self.hits, self.misses, self.host_hits = p.hits, p.misses, p.host_hits

@@ -63,6 +63,7 @@ class ExpertsTest(unittest.TestCase):
                         self.assertIsNotNone(lease.device_table)
                     lay = store.layout(layer)
                     for i, e in enumerate(lease.ids):
+                        self.assertEqual(lease.objects[i], info.slots_address + lease.slots[i] * info.slot_bytes)
                         for r in ep.Role:
                             self.assertEqual(lease.address(i, r), lease.objects[i] + lay.roles[r].offset)
                             got = bytes(lease.view(i, r))
