@@ -108,17 +108,6 @@ std::unique_ptr<LinkedExperts> LinkedExperts::open(const std::string &path, cons
     }
     device = std::make_unique<store::HostDevice>(host);
   }
-  const uint32_t E = pf.num_experts(), K = x->top_k_;
-  uint32_t tokens = options.tokens_per_acquire;
-  if (tokens == 0) {
-    const uint64_t slot = io::align_up(x->pack_->max_object_bytes(), io::kDirectAlignment);
-    const uint64_t free = device->free_bytes();
-    const uint64_t budget = std::min(options.cache_bytes, free > reserve ? free - reserve : 0);
-    const uint64_t slots = std::min<uint64_t>(budget / slot, static_cast<uint64_t>(E) * pf.num_layers());
-    tokens = static_cast<uint32_t>(std::clamp<uint64_t>(slots / K, 1, (E + K - 1) / K));
-  }
-  x->tokens_ = tokens;
-  x->max_unique_ = static_cast<uint32_t>(std::min<uint64_t>(static_cast<uint64_t>(K) * tokens, E));
   x->prefetch_ = options.prefetch;
 
   store::StoreOptions so;
@@ -127,8 +116,9 @@ std::unique_ptr<LinkedExperts> LinkedExperts::open(const std::string &path, cons
   so.objects = x->pack_;
   so.cache_bytes = options.cache_bytes;
   so.reserve_bytes = reserve;
-  so.top_k = K;
-  so.tokens_per_acquire = tokens;
+  so.top_k = x->top_k_;
+  // 0: the store's one slot budget decides how many tokens an acquire covers.
+  so.tokens_per_acquire = options.tokens_per_acquire;
   so.policy = options.policy;
   so.host_cache_bytes = options.host_cache_bytes;
   so.prefetch = options.prefetch;
@@ -142,6 +132,10 @@ std::unique_ptr<LinkedExperts> LinkedExperts::open(const std::string &path, cons
                      : options.direct_io ? io::DirectMode::direct
                                          : io::DirectMode::buffered;
   x->store_ = std::make_unique<store::ExpertStore>(std::move(so), std::move(device));
+  x->max_unique_ = x->store_->max_unique();
+  // What 0 resolved to: the store took top_k × tokens distinct ids, clamped to every expert of a
+  // layer, so the tokens are the ceiling of max_unique / top_k.
+  x->tokens_ = options.tokens_per_acquire ? options.tokens_per_acquire : (x->max_unique_ + x->top_k_ - 1) / x->top_k_;
   // The slots as one array (what stacked-tensor kernels index): both store devices allocate them
   // so; checked, since the device interface does not promise it.
   store::StoreDevice &dev = x->store_->device();
