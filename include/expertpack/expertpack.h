@@ -7,7 +7,7 @@
  * NVMe SSD in an *Expert Pack* and only the experts the router selects are read.
  *
  * The umbrella header: it includes status.h (version, export macro, status codes, log levels)
- * and every area header (pack, model, store, text).
+ * and every area header (pack, model, store, text, experts).
  *
  * Conventions (docs/c-api.md has the full text):
  * - Every function that can fail returns an ::ep_status: #EP_OK (0) or a negative error code.
@@ -136,5 +136,6 @@ EP_API ep_status ep_cuda_device_count(int32_t *out_count);
 #include "expertpack/model.h"
 #include "expertpack/store.h"
 #include "expertpack/text.h"
+#include "expertpack/experts.h"
 
 #endif /* EXPERTPACK_H */

@@ -81,4 +81,39 @@ _Static_assert(offsetof(ep_store_stats, host_hits) == 120, "ep_store_stats.host_
 _Static_assert(offsetof(ep_store_stats, prefetch_used) == 168, "ep_store_stats.prefetch_used");
 _Static_assert(sizeof(ep_store_stats) == 176, "ep_store_stats size");
 
+/* experts.h */
+_Static_assert(sizeof(ep_expert_role) == 4, "ep_expert_role is 32 bits");
+_Static_assert(offsetof(ep_experts_options, device) == 8, "ep_experts_options.device");
+_Static_assert(offsetof(ep_experts_options, cache_budget_bytes) == 16, "ep_experts_options.cache_budget_bytes");
+_Static_assert(offsetof(ep_experts_options, direct_io) == 36, "ep_experts_options.direct_io");
+_Static_assert(offsetof(ep_experts_options, pack_dir) == 40, "ep_experts_options.pack_dir");
+_Static_assert(offsetof(ep_experts_options, progress) == 56, "ep_experts_options.progress");
+_Static_assert(offsetof(ep_experts_options, host_cache_bytes) == 72, "ep_experts_options.host_cache_bytes");
+_Static_assert(offsetof(ep_experts_options, cache_policy) == 88, "ep_experts_options.cache_policy");
+_Static_assert(offsetof(ep_experts_options, tokens_per_acquire) == 96, "ep_experts_options.tokens_per_acquire");
+_Static_assert(offsetof(ep_experts_options, stats_path) == 104, "ep_experts_options.stats_path");
+_Static_assert(offsetof(ep_experts_options, stats_every) == 112, "ep_experts_options.stats_every");
+_Static_assert(offsetof(ep_experts_options, top_k) == 116, "ep_experts_options.top_k");
+_Static_assert(sizeof(ep_experts_options) == 120, "ep_experts_options size");
+_Static_assert(offsetof(ep_experts_properties, num_layers) == 8, "ep_experts_properties.num_layers");
+_Static_assert(offsetof(ep_experts_properties, slot_bytes) == 40, "ep_experts_properties.slot_bytes");
+_Static_assert(offsetof(ep_experts_properties, device) == 64, "ep_experts_properties.device");
+_Static_assert(offsetof(ep_experts_properties, slots_address) == 72, "ep_experts_properties.slots_address");
+_Static_assert(sizeof(ep_experts_properties) == 80, "ep_experts_properties size");
+_Static_assert(offsetof(ep_expert_role_layout, ne) == 8, "ep_expert_role_layout.ne");
+_Static_assert(offsetof(ep_expert_role_layout, offset) == 24, "ep_expert_role_layout.offset");
+_Static_assert(offsetof(ep_expert_role_layout, bytes) == 40, "ep_expert_role_layout.bytes");
+_Static_assert(sizeof(ep_expert_role_layout) == 48, "ep_expert_role_layout size");
+_Static_assert(offsetof(ep_experts_layer_layout, object_bytes) == 24, "ep_experts_layer_layout.object_bytes");
+_Static_assert(offsetof(ep_experts_layer_layout, roles) == 32, "ep_experts_layer_layout.roles");
+_Static_assert(sizeof(ep_experts_layer_layout) == 176, "ep_experts_layer_layout size");
+_Static_assert(offsetof(ep_experts_lease_properties, layer) == 8, "ep_experts_lease_properties.layer");
+_Static_assert(offsetof(ep_experts_lease_properties, ids) == 16, "ep_experts_lease_properties.ids");
+_Static_assert(offsetof(ep_experts_lease_properties, objects) == 24, "ep_experts_lease_properties.objects");
+_Static_assert(offsetof(ep_experts_lease_properties, roles) == 32, "ep_experts_lease_properties.roles");
+_Static_assert(offsetof(ep_experts_lease_properties, device_table) == 40, "ep_experts_lease_properties.device_table");
+_Static_assert(offsetof(ep_experts_lease_properties, hits) == 48, "ep_experts_lease_properties.hits");
+_Static_assert(offsetof(ep_experts_lease_properties, slots) == 64, "ep_experts_lease_properties.slots");
+_Static_assert(sizeof(ep_experts_lease_properties) == 72, "ep_experts_lease_properties size");
+
 int main(void) { return 0; }

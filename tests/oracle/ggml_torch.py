@@ -89,6 +89,8 @@ class Gguf:
 
 # ---- dequantization -------------------------------------------------------------------------
 def _u8(torch, buf, device):
+    if isinstance(buf, torch.Tensor):  # bytes already in a uint8 tensor (examples/pytorch: a store's slot)
+        return buf.reshape(-1).to(device)
     return torch.frombuffer(bytearray(buf), dtype=torch.uint8).to(device)
 
 

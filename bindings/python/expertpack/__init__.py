@@ -1,7 +1,8 @@
 """Python bindings of libexpertpack (ctypes, no compiled extension).
 
 The shared library is found, in order, at ``$EXPERTPACK_LIB`` (a file path), in
-``$EXPERTPACK_LIB_DIR``, next to this package, then by the system loader (``libexpertpack.so.0``).
+``$EXPERTPACK_LIB_DIR``, next to this package, in ``pkg-config --variable=libdir expertpack``, then by
+the system loader (``libexpertpack.so.0``).
 
 Errors raise :class:`ExpertPackError` (a subclass per status, e.g. :class:`NotFoundError`),
 carrying ``status`` (the C ``ep_status`` value) and ``message`` (``ep_last_error()``).
@@ -45,12 +46,22 @@ def _find_library() -> str:
     if os.environ.get("EXPERTPACK_LIB_DIR"):
         dirs.append(os.environ["EXPERTPACK_LIB_DIR"])
     dirs.append(os.path.dirname(os.path.abspath(__file__)))
-    for d in dirs:
+    for d in dirs + _pkg_config_libdir():
         for n in names:
             p = os.path.join(d, n)
             if os.path.exists(p):
                 return p
     return "libexpertpack.so.0"
+
+
+def _pkg_config_libdir() -> list:
+    """``pkg-config --variable=libdir expertpack`` (an installed library), or nothing."""
+    import shutil
+    import subprocess
+    if not shutil.which("pkg-config"):
+        return []
+    r = subprocess.run(["pkg-config", "--variable=libdir", "expertpack"], capture_output=True, text=True)
+    return [r.stdout.strip()] if r.returncode == 0 and r.stdout.strip() else []
 
 
 _lib = ctypes.CDLL(_find_library())
@@ -1162,3 +1173,9 @@ class Pack(_Handle):
         o = _PackObjectInfo()
         _check(_ep_pack_object(byref(o), self._ptr(), layer, expert), "ep_pack_object")
         return PackObject(o.offset, o.bytes, list(o.role_offset), list(o.role_bytes), list(o.role_ggml_type))
+
+
+# experts.h (0.3): the expert store alone, for engines with their own kernels (expertpack/experts.py)
+from .experts import (HAVE_EXPERTS, Experts, ExpertsInfo, LayerLayout, Lease, Role, RoleLayout)  # noqa: E402
+
+__all__ += ["Experts", "Lease", "Role", "ExpertsInfo", "RoleLayout", "LayerLayout", "HAVE_EXPERTS"]
