@@ -467,7 +467,6 @@ uint32_t ExpertStore::pin_hits(uint32_t layer, const std::vector<uint32_t> &uniq
   uint32_t hits = 0;
   for (std::size_t i = 0; i < unique.size(); ++i) {
     const cache::Key key = cache::make_key(layer, unique[i]);
-    if (host_) host_->count_request(key);
     if (auto s = cache_->find(key)) {
       ++hits;
       cache_->touch(key, tick);
@@ -608,6 +607,13 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
   std::vector<uint32_t> slot_of(unique.size());
   std::vector<size_t> misses;
   Held held;
+  // The policies see the request first (sglang-lfu counts it); more than one token's picks is
+  // SGLang's is_prefill.
+  std::vector<cache::Key> keys(unique.size());
+  for (std::size_t i = 0; i < unique.size(); ++i) keys[i] = cache::make_key(layer, unique[i]);
+  const bool prefill = ids.size() > options_.top_k;
+  cache_->request(keys, prefill);
+  if (host_) host_->count_requests(keys, prefill);
   const uint32_t hits = pin_hits(layer, unique, tick, slot_of, misses, held);
   std::vector<size_t> hit_index;
   for (size_t i = 0, j = 0; i < unique.size(); ++i) {
