@@ -215,3 +215,32 @@ TEST_CASE("ep-bench e2e --no-pack: the experts read from the GGUF through a sour
   for (size_t i = 0; i < 2; ++i)
     CHECK(direct.at("requests").at(i).at("cache_misses") == packed.at("requests").at(i).at("cache_misses"));
 }
+
+TEST_CASE("ep-bench e2e --replay-trace: a routing trace's picks in place of the router's") {
+  ep::test::TempDir dir;
+  const std::string gguf = synth(dir, "m", "1", 3);
+  const std::string trace = std::string(EP_TEST_DATA_DIR) + "/traces/bigmoeonedge-route-trace-2026-07-15/qwen.route.csv";
+  auto e2e = [&](const std::string &name, const std::string &extra) {
+    const std::string report = dir / (name + ".json");
+    const std::string cmd = std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --workload '" + EP_WORKLOAD_FILE +
+                            "' --requests 1 --max-new 3 --ignore-eos --device cpu --cache-mib 1 --io-seconds 0 --pack-dir '" +
+                            (dir / "packs") + "' --json '" + report + "' " + extra + " >/dev/null 2>&1";
+    REQUIRE(run(cmd) == 0);
+    return load(report);
+  };
+  const auto routed = e2e("routed", "--mode ours,sglang");
+  const auto replayed = e2e("replayed", "--mode ours,sglang --replay-trace '" + trace + "'");
+  CHECK(routed.at("replay_trace").is_null());
+  for (const char *mode : {"ours", "sglang"}) {
+    const auto &m = replayed.at("modes").at(mode);
+    CHECK(m.at("replay_trace") == trace);
+    CHECK(m.at("all").at("generated_tokens").get<uint64_t>() == 3);
+    // Other experts than the router's: another hit count (model_route_replay_test checks the ids).
+    CHECK(m.at("all").at("cache_hits") != routed.at("modes").at(mode).at("all").at("cache_hits"));
+  }
+  // Refused: replay with prefetch (its hints predict the router's picks), a missing trace.
+  CHECK(run(std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --device cpu --prefetch --replay-trace '" + trace +
+            "' --pack-dir '" + (dir / "packs") + "' >/dev/null 2>&1") != 0);
+  CHECK(run(std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --device cpu --replay-trace '" + (dir / "none.csv") +
+            "' --pack-dir '" + (dir / "packs") + "' >/dev/null 2>&1") != 0);
+}

@@ -6,10 +6,16 @@
 // O_DIRECT bandwidth measured in the same run on the same pack (raw_loop_gbps, as `ep-bench io`
 // does), and efficiency = bound / measured time. --mode ours,sglang runs the workload once per
 // mode in the same process (the published SGLang algorithm on this engine beside ours) and
-// prints them side by side.
+// prints them side by side. --replay-trace FILE: every MoE layer's picks come from a recorded
+// routing trace instead of the router (engine/trace_replay.hpp: the mapping onto the model), the
+// compute unchanged.
 #include "bench_common.hpp"
 
+#include "cache/trace.hpp"
+#include "capi/model_internal.hpp"
 #include "core/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/trace_replay.hpp"
 #include "format/gguf.hpp"
 #include "format/pack_file.hpp"
 #include "io/file.hpp"
@@ -24,6 +30,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string_view>
 #include <string>
 #include <vector>
@@ -293,6 +301,17 @@ int cmd_e2e(const Args &args) {
   ep_chat_options_init(&chat);
   if (args.options.count("thinking")) chat.thinking = static_cast<int32_t>(args.number("thinking", -1));
 
+  // Read once: each mode replays the trace from its start on a fresh model.
+  const std::string replay_path = args.get("replay-trace", "");
+  std::optional<cache::Trace> replay_trace;
+  if (!replay_path.empty()) {
+    for (const Mode &mode : modes)
+      if (mode.prefetch)
+        fail(Status::invalid_argument, "--replay-trace with mode {}: prefetch predicts the router's picks, not the replayed ones",
+             mode.name);
+    replay_trace = cache::read_trace(replay_path);
+  }
+
   const double io_seconds = args.number("io-seconds", 5);
   const auto io_depth = static_cast<uint32_t>(args.number("io-depth", 32));
   std::vector<double> disk_runs;
@@ -315,6 +334,9 @@ int cmd_e2e(const Args &args) {
     run.pack_path = pack_c;
     ep_model_properties_init(&run.props);
     check(ep_model_info(&run.props, h.model), "model info");
+    if (replay_trace)
+      capi::model_engine(*h.model).set_route_override(
+          std::make_shared<engine::TraceReplay>(*replay_trace, run.props.num_experts, run.props.experts_per_token));
     if (args.options.count("tokenizer")) check(ep_tokenizer_open(&h.tok, args.options.at("tokenizer").c_str()), "open tokenizer");
     else check(ep_tokenizer_open_model(&h.tok, h.model), "open the model's tokenizer");
     ep_store_stats st0;
@@ -427,6 +449,7 @@ int cmd_e2e(const Args &args) {
     j["pack"] = run.pack_path;
     j["no_pack"] = mopt.no_pack != 0;
     j["workload"] = workload_path;
+    j["replay_trace"] = replay_path.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(replay_path);
     j["device"] = args.get("device", "auto");
     j["architecture"] = run.props.architecture;
     j["layers"] = run.props.num_layers;
