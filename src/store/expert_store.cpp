@@ -402,6 +402,7 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
     // Per-expert completion: this expert's copy starts now, while other reads continue. Only
     // bytes that checked out are ever copied to a slot.
     device_->copy_to_slot(slot, l->staging, segments);
+    if (l->prefetch) totals_.prefetch_read_bytes += l->bytes;
     totals_.h2d_bytes += l->bytes;
     totals_.resident_bytes += l->bytes;
     slot_payload_bytes_[slot] = l->bytes;
@@ -473,6 +474,7 @@ uint32_t ExpertStore::pin_hits(uint32_t layer, const std::vector<uint32_t> &uniq
       ++pins_[*s];
       slot_of[i] = *s;
       if (prefetched_[*s]) {
+        if (prefetched_[*s] == kPrefetchRead) totals_.prefetch_used_read_bytes += options_.objects->object_bytes(layer, unique[i]);
         prefetched_[*s] = 0;
         ++totals_.prefetch_used;
       }
@@ -798,7 +800,7 @@ void ExpertStore::hint(uint32_t layer, std::span<const uint32_t> ids) {
     const auto s = place(key, tick_, true);
     if (h) --host_pins_[*h];
     if (!s) break;  // every slot holds a pick of the current token (or is pinned)
-    prefetched_[*s] = 1;
+    prefetched_[*s] = h ? kPrefetchPromoted : kPrefetchRead;
     ++totals_.prefetch_issued;
     if (h) {
       promote(key, *h, *s);

@@ -33,6 +33,8 @@ std::string stats_to_json(const StoreStats &s) {
   j["host_slots"] = s.host_slots;
   j["prefetch_issued"] = s.prefetch_issued;
   j["prefetch_used"] = s.prefetch_used;
+  j["prefetch_read_bytes"] = s.prefetch_read_bytes;
+  j["prefetch_used_read_bytes"] = s.prefetch_used_read_bytes;
   return j.dump();
 }
 

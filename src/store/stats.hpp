@@ -28,6 +28,8 @@ struct StoreStats {
   uint64_t host_slots = 0;       ///< slots of the host tier (0: no tier)
   uint64_t prefetch_issued = 0;  ///< experts loaded ahead of their acquire from a hint (reads and promotions)
   uint64_t prefetch_used = 0;    ///< prefetched experts an acquire then asked for
+  uint64_t prefetch_read_bytes = 0;       ///< pack bytes read for hints (part of pack_read_bytes)
+  uint64_t prefetch_used_read_bytes = 0;  ///< of those, the bytes of experts an acquire then asked for
 };
 
 /// {"acquires":...,"pack_reads":...} (every field above).

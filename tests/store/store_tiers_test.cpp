@@ -416,6 +416,11 @@ TEST_CASE("prefetch hints: spare staging only, never a slot of the current token
     store.release(a);
     CHECK(store.stats().prefetch_used == 2);
     CHECK(store.stats().pack_reads <= 3);
+    // Bytes: 4 and 5 were read by the hint and then asked for; 6 may still be in flight.
+    CHECK(store.stats().prefetch_used_read_bytes == 2 * spec().object_bytes);
+    CHECK(store.stats().prefetch_read_bytes >= 2 * spec().object_bytes);
+    CHECK(store.stats().prefetch_read_bytes <= 3 * spec().object_bytes);
+    CHECK(store.stats().prefetch_read_bytes <= store.stats().pack_read_bytes);
     // Fill the slots with this token's picks (the last num_layers acquires): a hint evicts none.
     for (uint32_t l = 0; l < 4; ++l) store.release(store.acquire(l, std::vector<uint32_t>{10, 11}));
     const auto before = store.resident();

@@ -112,6 +112,10 @@ TEST_CASE("ep-bench e2e: two requests on a tiny synthetic model, cold cache") {
   CHECK(std::abs(measured - all.at("seconds").get<double>()) <= 1e-9);
   const double eff = j.at("efficiency").get<double>();
   CHECK(std::abs(eff - bound / measured) <= 1e-9 + 1e-6 * eff);
+  // Without prefetch every byte read was asked for.
+  CHECK(j.at("prefetch_read_bytes").get<uint64_t>() == 0);
+  CHECK(j.at("prefetch_wasted_bytes").get<uint64_t>() == 0);
+  CHECK(j.at("used_ssd_bytes") == all.at("ssd_bytes"));
   // Each request's SSD bytes split at its first token; decode's own bound and efficiency come
   // from decode's bytes and time (1 MiB of slots: the generation steps miss too).
   uint64_t decode_bytes = 0;
@@ -178,6 +182,17 @@ TEST_CASE("ep-bench e2e --mode ours,sglang: both in one run, side by side, the s
   for (const auto *m : {&ours, &sglang}) CHECK(m->at("all").at("generated_tokens").get<uint64_t>() == 8);
   // The host tier serves some misses: fewer pack bytes than the same slots without it.
   CHECK(ours.at("host_hits").get<uint64_t>() > 0);
+  // Efficiency counts the used bytes only: the prefetch reads no acquire asked for are left out.
+  const uint64_t read = ours.at("all").at("ssd_bytes").get<uint64_t>(), wasted = ours.at("prefetch_wasted_bytes").get<uint64_t>();
+  CHECK(ours.at("prefetch_read_bytes").get<uint64_t>() > 0);
+  CHECK(wasted <= ours.at("prefetch_read_bytes").get<uint64_t>());
+  CHECK(ours.at("used_ssd_bytes").get<uint64_t>() == read - wasted);
+  CHECK(ours.at("decode_used_ssd_bytes").get<uint64_t>() ==
+        ours.at("all").at("decode_ssd_bytes").get<uint64_t>() - std::min(wasted, ours.at("all").at("decode_ssd_bytes").get<uint64_t>()));
+  const double disk = ours.at("disk_gbps").get<double>();
+  const double bound = static_cast<double>(read - wasted) / (disk * 1e9);
+  CHECK(std::abs(ours.at("io_bound_seconds").get<double>() - bound) <= 1e-9 + 1e-6 * bound);
+  CHECK(sglang.at("prefetch_wasted_bytes").get<uint64_t>() == 0);
   // A mode that does not exist is refused.
   CHECK(run(std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --mode vllm --device cpu --pack-dir '" + (dir / "packs") +
             "' >/dev/null 2>&1") != 0);

@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "engine/trace_replay.hpp"
+#include "store/stats.hpp"
 #include "format/gguf.hpp"
 #include "format/pack_file.hpp"
 #include "io/file.hpp"
@@ -233,6 +234,10 @@ struct ModeRun {
   double open_seconds = 0;
   std::vector<RequestResult> results;
   ep_store_stats stats{};  // at the end
+  /// Pack bytes read for prefetch hints that no acquire of the run asked for (the store's
+  /// prefetch_read_bytes - prefetch_used_read_bytes at the end: the mode's model is fresh).
+  uint64_t prefetch_wasted_bytes = 0;
+  uint64_t prefetch_read_bytes = 0;
   ep_model_properties props{};
   std::string pack_path;
 };
@@ -404,6 +409,9 @@ int cmd_e2e(const Args &args) {
     }
     ep_store_stats_init(&run.stats);
     check(ep_model_store_stats(&run.stats, h.model), "store stats");
+    const store::StoreStats internal = capi::model_engine(*h.model).store_stats();
+    run.prefetch_read_bytes = internal.prefetch_read_bytes;
+    run.prefetch_wasted_bytes = internal.prefetch_read_bytes - internal.prefetch_used_read_bytes;
     runs.push_back(std::move(run));
   }
   if (io_seconds > 0 && !disk_runs.empty()) {
@@ -431,12 +439,19 @@ int cmd_e2e(const Args &args) {
     std::vector<Summary> sums;
     for (const auto &d : datasets) sums.push_back(summarize(d, results));
     const Summary all = summarize("all", results);
-    const double bound_seconds = disk_gbps > 0 ? static_cast<double>(all.read_bytes) / (disk_gbps * 1e9) : 0;
+    // Efficiency counts only the bytes that were used: prefetch reads no acquire asked for are
+    // waste, reported beside it. The store counts them per run, not per phase, so a run's whole
+    // waste is taken from its decode bytes (a prompt pass's unused prefetches too): the decode
+    // figure is a lower bound where prefetch is on, exact where it is off.
+    const uint64_t wasted = run.prefetch_wasted_bytes;
+    const uint64_t used_bytes = all.read_bytes - std::min(wasted, all.read_bytes);
+    const uint64_t decode_used_bytes = all.decode_read_bytes - std::min(wasted, all.decode_read_bytes);
+    const double bound_seconds = disk_gbps > 0 ? static_cast<double>(used_bytes) / (disk_gbps * 1e9) : 0;
     const double efficiency = all.seconds > 0 ? bound_seconds / all.seconds : 0;
-    // Decode alone: its own SSD bytes against its own time (the prompt passes read far more per token).
-    const double decode_bound_tps =
-        disk_gbps > 0 && all.decode_bytes_per_token() > 0 ? disk_gbps * 1e9 / all.decode_bytes_per_token() : 0;
-    const double decode_bound_seconds = disk_gbps > 0 ? static_cast<double>(all.decode_read_bytes) / (disk_gbps * 1e9) : 0;
+    // Decode alone: its own used SSD bytes against its own time (the prompt passes read far more per token).
+    const double decode_used_per_token = all.generated_tokens ? static_cast<double>(decode_used_bytes) / all.generated_tokens : 0;
+    const double decode_bound_tps = disk_gbps > 0 && decode_used_per_token > 0 ? disk_gbps * 1e9 / decode_used_per_token : 0;
+    const double decode_bound_seconds = disk_gbps > 0 ? static_cast<double>(decode_used_bytes) / (disk_gbps * 1e9) : 0;
     const double decode_efficiency = all.decode_seconds > 0 ? decode_bound_seconds / all.decode_seconds : 0;
 
     nlohmann::ordered_json j;
@@ -467,6 +482,10 @@ int cmd_e2e(const Args &args) {
     j["disk_gbps"] = disk_gbps;
     j["disk_runs_gbps"] = disk_runs;
     j["disk_object_bytes"] = block;
+    j["used_ssd_bytes"] = used_bytes;
+    j["prefetch_read_bytes"] = run.prefetch_read_bytes;
+    j["prefetch_wasted_bytes"] = wasted;
+    j["decode_used_ssd_bytes"] = decode_used_bytes;
     j["io_bound_seconds"] = bound_seconds;
     j["measured_seconds"] = all.seconds;
     j["efficiency"] = efficiency;
@@ -539,10 +558,11 @@ int cmd_e2e(const Args &args) {
     if (run.mode.prefetch)
       std::printf("prefetch: %llu issued, %llu used\n", static_cast<unsigned long long>(st1.prefetch_issued),
                   static_cast<unsigned long long>(st1.prefetch_used));
-    std::printf("disk (raw O_DIRECT, %llu B reads, depth %u): %.3f GB/s; SSD miss bytes %.3f GB\n",
-                static_cast<unsigned long long>(block), io_depth, disk_gbps, static_cast<double>(all.read_bytes) / 1e9);
-    std::printf("I/O bound %.2f s vs measured %.2f s (prefill + decode): efficiency %.3f\n", bound_seconds, all.seconds,
-                efficiency);
+    std::printf("disk (raw O_DIRECT, %llu B reads, depth %u): %.3f GB/s; SSD bytes %.3f GB, of them unused prefetch %.3f GB\n",
+                static_cast<unsigned long long>(block), io_depth, disk_gbps, static_cast<double>(all.read_bytes) / 1e9,
+                static_cast<double>(wasted) / 1e9);
+    std::printf("I/O bound of the used bytes %.2f s vs measured %.2f s (prefill + decode): efficiency %.3f\n", bound_seconds,
+                all.seconds, efficiency);
     std::printf("decode only: I/O bound %.2f s vs measured %.2f s: efficiency %.3f; decode bound %.3f tok/s\n\n",
                 decode_bound_seconds, all.decode_seconds, decode_efficiency, decode_bound_tps);
   }
