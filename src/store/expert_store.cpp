@@ -205,6 +205,7 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   totals_.cache_slots = budget.slots;
   totals_.slot_bytes = slot_bytes_;
   totals_.host_slots = host_slots_;
+  totals_.layers.resize(layout.num_layers());
   trace_.name = "ep_store";
   trace_.num_layers = layout.num_layers();
   trace_.num_experts = layout.num_experts();
@@ -403,6 +404,9 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
     // bytes that checked out are ever copied to a slot.
     device_->copy_to_slot(slot, l->staging, segments);
     if (l->prefetch) totals_.prefetch_read_bytes += l->bytes;
+    LayerStats &per_layer = totals_.layers[cache::key_layer(l->key)];
+    ++per_layer.pack_reads;
+    per_layer.pack_read_bytes += l->bytes;
     totals_.h2d_bytes += l->bytes;
     totals_.resident_bytes += l->bytes;
     slot_payload_bytes_[slot] = l->bytes;
@@ -628,6 +632,10 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
   totals_.cache_hits += hits;
   totals_.cache_misses += misses.size();
   totals_.host_hits += host_hits;
+  LayerStats &per_layer = totals_.layers[layer];
+  per_layer.cache_hits += hits;
+  per_layer.cache_misses += misses.size();
+  per_layer.host_hits += host_hits;
   if (host_) totals_.host_misses += misses.size() - host_hits;
   ++totals_.acquires;
   for (std::size_t i = 0; i < unique.size(); ++i) {

@@ -112,6 +112,16 @@ TEST_CASE("ep-bench e2e: two requests on a tiny synthetic model, cold cache") {
   CHECK(std::abs(measured - all.at("seconds").get<double>()) <= 1e-9);
   const double eff = j.at("efficiency").get<double>();
   CHECK(std::abs(eff - bound / measured) <= 1e-9 + 1e-6 * eff);
+  // Hash- and score-routed layers apart (the tiny preset: DeepSeek-V4's first layer routes by
+  // token id): together they are the run's counts.
+  const auto &hash = j.at("layer_groups").at("hash_routed"), &score = j.at("layer_groups").at("score_routed");
+  CHECK(hash.at("layers").get<uint64_t>() >= 1);
+  CHECK(hash.at("layers").get<uint64_t>() + score.at("layers").get<uint64_t>() == 3);
+  CHECK(hash.at("cache_hits").get<uint64_t>() + score.at("cache_hits").get<uint64_t>() == all.at("cache_hits").get<uint64_t>());
+  CHECK(hash.at("cache_misses").get<uint64_t>() + score.at("cache_misses").get<uint64_t>() ==
+        all.at("cache_misses").get<uint64_t>());
+  CHECK(hash.at("pack_read_bytes").get<uint64_t>() + score.at("pack_read_bytes").get<uint64_t>() ==
+        all.at("ssd_bytes").get<uint64_t>());
   // Without prefetch every byte read was asked for.
   CHECK(j.at("prefetch_read_bytes").get<uint64_t>() == 0);
   CHECK(j.at("prefetch_wasted_bytes").get<uint64_t>() == 0);

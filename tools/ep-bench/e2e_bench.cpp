@@ -16,11 +16,11 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "engine/trace_replay.hpp"
-#include "store/stats.hpp"
 #include "format/gguf.hpp"
 #include "format/pack_file.hpp"
 #include "io/file.hpp"
 #include "store/pack_object_map.hpp"
+#include "store/stats.hpp"
 
 #include "expertpack/expertpack.h"
 
@@ -105,6 +105,49 @@ uint64_t gguf_expert_bytes(const std::string &path) {
   } catch (const std::exception &) {
     return 0;
   }
+}
+
+/// How many leading MoE layers route by token id (DeepSeek-V4's hash_layer_count; the Kimi family
+/// routes every layer by score); -1 when the source does not say (not a GGUF of a known
+/// architecture). MoE layer l is the store's layer l (DeepSeek-V4's blocks all have experts).
+int64_t hash_routed_layers(const std::string &source) {
+  try {
+    const auto set = format::GgufSet::open(source);
+    const format::GgufValue *arch = set.find("general.architecture");
+    if (!arch || arch->type != format::GgufType::string) return -1;
+    if (arch->s.starts_with("kimi")) return 0;
+    if (arch->s != "deepseek4") return -1;
+    const format::GgufValue *n = set.find(arch->s + ".hash_layer_count");
+    if (!n) return -1;
+    return n->type == format::GgufType::i32 || n->type == format::GgufType::i64 ? n->i : static_cast<int64_t>(n->u);
+  } catch (const Error &) {
+    return -1;  // a safetensors source: not told apart
+  }
+}
+
+/// The store's per-layer counts summed over MoE layers [begin, end).
+nlohmann::ordered_json layer_group_json(const std::vector<store::LayerStats> &layers, size_t begin, size_t end,
+                                        uint64_t generated_tokens) {
+  store::LayerStats sum;
+  for (size_t l = begin; l < std::min(end, layers.size()); ++l) {
+    sum.cache_hits += layers[l].cache_hits;
+    sum.cache_misses += layers[l].cache_misses;
+    sum.host_hits += layers[l].host_hits;
+    sum.pack_reads += layers[l].pack_reads;
+    sum.pack_read_bytes += layers[l].pack_read_bytes;
+  }
+  nlohmann::ordered_json j;
+  j["layers"] = std::min(end, layers.size()) - std::min(begin, layers.size());
+  j["cache_hits"] = sum.cache_hits;
+  j["cache_misses"] = sum.cache_misses;
+  j["hit_rate"] = sum.cache_hits + sum.cache_misses
+                      ? static_cast<double>(sum.cache_hits) / static_cast<double>(sum.cache_hits + sum.cache_misses)
+                      : 0.0;
+  j["host_hits"] = sum.host_hits;
+  j["pack_reads"] = sum.pack_reads;
+  j["pack_read_bytes"] = sum.pack_read_bytes;
+  j["pack_read_bytes_per_token"] = generated_tokens ? static_cast<double>(sum.pack_read_bytes) / generated_tokens : 0.0;
+  return j;
 }
 
 struct RequestResult {
@@ -238,6 +281,8 @@ struct ModeRun {
   /// prefetch_read_bytes - prefetch_used_read_bytes at the end: the mode's model is fresh).
   uint64_t prefetch_wasted_bytes = 0;
   uint64_t prefetch_read_bytes = 0;
+  std::vector<store::LayerStats> layers;  ///< the store's per-layer counts at the end
+  int64_t hash_layers = -1;               ///< hash_routed_layers() of the source
   ep_model_properties props{};
   std::string pack_path;
 };
@@ -411,6 +456,8 @@ int cmd_e2e(const Args &args) {
     check(ep_model_store_stats(&run.stats, h.model), "store stats");
     const store::StoreStats internal = capi::model_engine(*h.model).store_stats();
     run.prefetch_read_bytes = internal.prefetch_read_bytes;
+    run.layers = internal.layers;
+    run.hash_layers = hash_routed_layers(capi::model_engine(*h.model).source_path());
     run.prefetch_wasted_bytes = internal.prefetch_read_bytes - internal.prefetch_used_read_bytes;
     runs.push_back(std::move(run));
   }
@@ -501,6 +548,15 @@ int cmd_e2e(const Args &args) {
     j["host_resident_bytes"] = st1.host_resident_bytes;
     j["prefetch_issued"] = st1.prefetch_issued;
     j["prefetch_used"] = st1.prefetch_used;
+    // Hash- and score-routed layers apart (the whole run, prompt passes included), where the
+    // source tells which are which.
+    if (run.hash_layers >= 0) {
+      const auto n_hash = static_cast<size_t>(run.hash_layers);
+      j["layer_groups"]["hash_routed"] = layer_group_json(run.layers, 0, n_hash, all.generated_tokens);
+      j["layer_groups"]["score_routed"] = layer_group_json(run.layers, n_hash, run.layers.size(), all.generated_tokens);
+    } else {
+      j["layer_groups"] = nullptr;
+    }
     j["all"] = summary_json(all);
     for (const auto &sm : sums) j["datasets"][sm.name] = summary_json(sm);
     auto rows = nlohmann::ordered_json::array();
@@ -555,6 +611,13 @@ int cmd_e2e(const Args &args) {
       std::printf("host tier: %llu hits, %llu misses, %llu demotions, %.1f MiB resident\n",
                   static_cast<unsigned long long>(st1.host_hits), static_cast<unsigned long long>(st1.host_misses),
                   static_cast<unsigned long long>(st1.demotions), static_cast<double>(st1.host_resident_bytes) / static_cast<double>(mib));
+    if (run.hash_layers >= 0)
+      for (const char *group : {"hash_routed", "score_routed"}) {
+        const auto &g = reports.back().json["layer_groups"][group];
+        std::printf("%s layers (%llu, whole run): hit rate %.4f, %.2f MB read per generated token\n", group,
+                    static_cast<unsigned long long>(g["layers"].get<uint64_t>()), g["hit_rate"].get<double>(),
+                    g["pack_read_bytes_per_token"].get<double>() / 1e6);
+      }
     if (run.mode.prefetch)
       std::printf("prefetch: %llu issued, %llu used\n", static_cast<unsigned long long>(st1.prefetch_issued),
                   static_cast<unsigned long long>(st1.prefetch_used));
