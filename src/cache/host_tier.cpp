@@ -5,6 +5,11 @@ namespace ep::cache {
 HostTier::HostTier(uint32_t num_slots, std::unique_ptr<Policy> policy, uint32_t admit_requests)
     : slots_(num_slots, std::move(policy)), admit_requests_(admit_requests) {}
 
+void HostTier::count_requests(std::span<const Key> keys, bool prefill) {
+  for (Key key : keys) ++requests_[key];
+  slots_.request(keys, prefill);
+}
+
 uint32_t HostTier::requests(Key key) const {
   auto it = requests_.find(key);
   return it == requests_.end() ? 0 : it->second;

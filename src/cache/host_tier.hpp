@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <unordered_map>
 
 namespace ep::cache {
@@ -33,8 +34,9 @@ class HostTier {
   uint32_t resident() const { return slots_.resident(); }
   Policy &policy() { return slots_.policy(); }
 
-  /// An acquire asked for @p key (whichever tier holds it): counts towards its admission.
-  void count_request(Key key) { ++requests_[key]; }
+  /// An acquire asked for @p keys (distinct; whichever tier holds them): counts towards their
+  /// admission, and the tier's policy sees the request as the slots' does (SlotCache::request).
+  void count_requests(std::span<const Key> keys, bool prefill);
   uint32_t requests(Key key) const;
   /// The tier slot holding @p key, if any.
   std::optional<uint32_t> find(Key key) const { return slots_.find(key); }

@@ -33,38 +33,72 @@ std::optional<Key> LruPolicy::choose_victim(const std::function<bool(Key)> &evic
   return std::nullopt;
 }
 
-// ---- SGLang-compatible LFU/LRU --------------------------------------------------------------
+// ---- SGLang's LFU ---------------------------------------------------------------------------
+// sgl-project/sglang, python/sglang/srt/layers/moe/expert_pack.py. ExpertPackStore.acquire
+// raises _key_frequency[key] (capped at 255) for each distinct key of the acquire before any
+// lookup, for hits and misses alike, and never erases an entry; a hit moves the key to the end
+// of the recency order, a miss takes the key's count into its slot and appends it there.
+// _victim_slot scans the resident keys from the least recently used (from the most recently
+// used when is_prefill, which its caller sets when the acquire covers more than one token),
+// skips the acquire's own keys and keeps the first one of strictly lower frequency.
+void SglangLfuPolicy::on_request(std::span<const Key> keys, bool prefill) {
+  prefill_ = prefill;
+  for (Key key : keys) {
+    uint32_t &f = frequency_[key];
+    const uint32_t next = std::min(kMaxFrequency, f + 1);
+    auto it = resident_.find(key);
+    if (it != resident_.end() && next != f) {
+      order_.erase(Rank{f, it->second, key});
+      order_.insert(Rank{next, it->second, key});
+    }
+    f = next;
+  }
+}
+
 void SglangLfuPolicy::on_hit(Key key, uint64_t tick) {
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return;
-  order_.erase(Rank{it->second.frequency, it->second.tick, key});
-  it->second.frequency = std::min(kMaxFrequency, it->second.frequency + 1);
-  it->second.tick = tick;
-  order_.insert(Rank{it->second.frequency, it->second.tick, key});
+  auto it = resident_.find(key);
+  if (it == resident_.end()) return;
+  const uint32_t f = frequency(key);
+  order_.erase(Rank{f, it->second, key});
+  it->second = tick;
+  order_.insert(Rank{f, tick, key});
 }
 
 void SglangLfuPolicy::on_insert(Key key, uint64_t tick) {
-  if (entries_.count(key)) return on_hit(key, tick);
-  entries_[key] = Entry{1, tick};
-  order_.insert(Rank{1, tick, key});
+  if (resident_.count(key)) return on_hit(key, tick);
+  resident_[key] = tick;
+  order_.insert(Rank{frequency(key), tick, key});
 }
 
 void SglangLfuPolicy::on_evict(Key key) {
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return;
-  order_.erase(Rank{it->second.frequency, it->second.tick, key});
-  entries_.erase(it);
+  auto it = resident_.find(key);
+  if (it == resident_.end()) return;
+  order_.erase(Rank{frequency(key), it->second, key});
+  resident_.erase(it);  // the count stays in frequency_
 }
 
 std::optional<Key> SglangLfuPolicy::choose_victim(const std::function<bool(Key)> &evictable) const {
-  for (const auto &rank : order_)
-    if (evictable(std::get<2>(rank))) return std::get<2>(rank);
-  return std::nullopt;
+  if (!prefill_) {
+    for (const auto &rank : order_)
+      if (evictable(std::get<2>(rank))) return std::get<2>(rank);
+    return std::nullopt;
+  }
+  // Prefill: the lowest frequency that has an evictable key, and its most recently used one.
+  std::optional<Key> best;
+  uint32_t best_frequency = 0;
+  for (const auto &[f, tick, key] : order_) {
+    if (best && f != best_frequency) break;
+    if (evictable(key)) {
+      best = key;
+      best_frequency = f;
+    }
+  }
+  return best;
 }
 
 uint32_t SglangLfuPolicy::frequency(Key key) const {
-  auto it = entries_.find(key);
-  return it == entries_.end() ? 0 : it->second.frequency;
+  auto it = frequency_.find(key);
+  return it == frequency_.end() ? 0 : it->second;
 }
 
 // ---- decay ----------------------------------------------------------------------------------

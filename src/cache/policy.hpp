@@ -3,10 +3,13 @@
 // slot a kernel may still read) and asks the policy for the best victim among those.
 //
 //  - lru:        least recently used.
-//  - sglang-lfu: SGLang-compatible LFU/LRU — a per-resident-key frequency counter that
-//                saturates at 255 and never decays; every miss is admitted (inserted with
-//                frequency 1); the victim is the lowest frequency, ties broken by LRU. The
-//                counter is dropped on eviction.
+//  - sglang-lfu: SGLang's rule as its ExpertPackStore has it (sgl-project/sglang,
+//                python/sglang/srt/layers/moe/expert_pack.py: ExpertPackStore.acquire and
+//                _victim_slot): every acquire counts each key it asks for once (on_request),
+//                saturating at 255, never decayed, and the count outlives the key's eviction,
+//                so a re-admitted key takes its kept count; every miss is admitted; the victim
+//                is the least frequent evictable key, the least recently used of those in an
+//                acquire of one token, the most recently used in one of several (prefill).
 //  - decay:      the project's own: an exponentially decaying frequency (half-life in ticks),
 //                remembered for evicted keys too, recency as the tie-break; with `bypass` a
 //                key never seen before (a one-off cold expert) is admitted on probation: it is
@@ -23,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -35,6 +39,12 @@ class Policy {
  public:
   virtual ~Policy() = default;
   virtual std::string_view name() const = 0;
+  /// An acquire asks for @p keys (distinct), before the on_hit / on_insert of each of them;
+  /// @p prefill: it covers more than one token. Only request-counting policies use it.
+  virtual void on_request(std::span<const Key> keys, bool prefill) {
+    (void)keys;
+    (void)prefill;
+  }
   /// A resident key was requested.
   virtual void on_hit(Key key, uint64_t tick) = 0;
   /// A missed key became resident.
@@ -62,21 +72,23 @@ class SglangLfuPolicy final : public Policy {
  public:
   static constexpr uint32_t kMaxFrequency = 255;
   std::string_view name() const override { return "sglang-lfu"; }
+  void on_request(std::span<const Key> keys, bool prefill) override;
   void on_hit(Key key, uint64_t tick) override;
   void on_insert(Key key, uint64_t tick) override;
   void on_evict(Key key) override;
   std::optional<Key> choose_victim(const std::function<bool(Key)> &evictable) const override;
-  /// The frequency of a resident key (0 if not resident), for tests.
+  /// How often @p key was asked for (at most kMaxFrequency), resident or not; 0 if never.
   uint32_t frequency(Key key) const;
+  bool resident(Key key) const { return resident_.count(key) > 0; }
 
  private:
-  struct Entry {
-    uint32_t frequency;
-    uint64_t tick;
-  };
+  // Recency is (tick, key): the keys of one acquire share its tick and are ordered by key, as
+  // SGLang's acquire touches them in sorted order.
   using Rank = std::tuple<uint32_t, uint64_t, Key>;  // (frequency, last use, key)
-  std::unordered_map<Key, Entry> entries_;
+  std::unordered_map<Key, uint32_t> frequency_;      // every key ever asked for
+  std::unordered_map<Key, uint64_t> resident_;       // resident key -> last use
   std::set<Rank> order_;
+  bool prefill_ = false;                             // the current acquire's
 };
 
 struct DecayOptions {

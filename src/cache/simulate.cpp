@@ -33,6 +33,7 @@ struct Forward final : Policy {
   Policy &p;
   explicit Forward(Policy &inner) : p(inner) {}
   std::string_view name() const override { return p.name(); }
+  void on_request(std::span<const Key> k, bool prefill) override { p.on_request(k, prefill); }
   void on_hit(Key k, uint64_t t) override { p.on_hit(k, t); }
   void on_insert(Key k, uint64_t t) override { p.on_insert(k, t); }
   void on_evict(Key k) override { p.on_evict(k); }
@@ -62,8 +63,11 @@ SimResult replay(const Trace &trace, Policy &policy_in, uint32_t slots, HostTier
     r.unique_keys += keys.size();
     std::vector<Key> missing;
     std::vector<uint32_t> used;
+    // As the store decides it: more than one token's picks (ExpertStore::acquire).
+    const bool prefill = access.prefill || access.experts.size() > trace.top_k;
+    cache.request(keys, prefill);
+    if (host) host->count_requests(keys, prefill);
     for (Key k : keys) {
-      if (host) host->count_request(k);
       if (auto s = cache.find(k)) {
         ++r.hits;
         cache.touch(k, tick);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -28,6 +29,9 @@ class SlotCache {
 
   /// The slot holding @p key, if resident.
   std::optional<uint32_t> find(Key key) const;
+  /// An acquire asks for @p keys (distinct), before their find / touch / place: the policy
+  /// counts the request (Policy::on_request). @p prefill: the acquire covers more than one token.
+  void request(std::span<const Key> keys, bool prefill) { policy_->on_request(keys, prefill); }
   /// Records a hit on a resident key.
   void touch(Key key, uint64_t tick);
 

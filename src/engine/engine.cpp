@@ -123,4 +123,17 @@ store::StoreStats Engine::store_stats() const {
 
 uint64_t Engine::expert_read_bytes() const { return packed_ ? store_stats().pack_read_bytes : 0; }
 
+void Engine::set_route_override(std::shared_ptr<experts::RouteOverride> route) {
+  if (!packed_)
+    fail(Status::invalid_argument, "{}: replayed expert picks need the experts served from a pack; this model holds them in memory",
+         source_path_);
+  if (route && packed_->wants_hints())
+    fail(Status::invalid_argument,
+         "{}: replayed expert picks and prefetch: the prefetch hints predict the router's picks, not the replayed ones (open "
+         "without prefetch)",
+         source_path_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  packed_->set_route_override(std::move(route));
+}
+
 }  // namespace ep::engine

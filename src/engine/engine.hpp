@@ -8,6 +8,7 @@
 #include "backend/backend.hpp"
 #include "engine/model_options.hpp"
 #include "model/causal_lm.hpp"
+#include "experts/route_override.hpp"
 #include "store/stats.hpp"
 
 #include <cstdint>
@@ -47,6 +48,11 @@ class Engine {
   store::StoreStats store_stats() const;
   /// Routed-expert bytes read from the pack so far (0 with resident experts).
   uint64_t expert_read_bytes() const;
+  /// Benchmark-only: every MoE layer's picks come from @p route instead of the router from the
+  /// next forward pass on (experts/route_override.hpp; engine/trace_replay.hpp replays a trace);
+  /// null restores the router. Status::invalid_argument with resident experts (the benchmark
+  /// measures the streamed path) and with prefetch (its hints predict the router's picks).
+  void set_route_override(std::shared_ptr<experts::RouteOverride> route);
 
   /// What sessions run on; every call on them holds mutex().
   model::CausalLm &lm() { return *lm_; }

@@ -16,11 +16,14 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 namespace ep::experts {
+
+class RouteOverride;
 
 /// One role (gate, up or down) of a layer's experts as a model's source stacks them: n_experts
 /// matrices of ne1 rows of ne0 values of one ggml type.
@@ -98,8 +101,13 @@ class ExpertProvider {
     return static_cast<float *>(staged_rows_.get());
   }
 
+  /// Benchmark-only picks that replace the router's (experts/route_override.hpp); null: none.
+  void set_route_override(std::shared_ptr<RouteOverride> route) { route_override_ = std::move(route); }
+  RouteOverride *route_override() const { return route_override_.get(); }
+
  private:
   backend::DeviceBuffer staged_rows_;
+  std::shared_ptr<RouteOverride> route_override_;
 };
 
 }  // namespace ep::experts

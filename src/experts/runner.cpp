@@ -1,6 +1,7 @@
 #include "experts/runner.hpp"
 
 #include "core/error.hpp"
+#include "experts/route_override.hpp"
 
 #include <algorithm>
 #include <span>
@@ -64,6 +65,8 @@ void run_expert_major(backend::Backend &be, ExpertProvider &experts, const MoeSt
 MoeStep start_moe(backend::Backend &be, ExpertProvider &experts, const MoeLayer &layer) {
   if (!layer.route) fail(Status::internal, "experts: MoE layer {} has no router", layer.layer);
   const Routed own = layer.route(false);
+  // A benchmark's replayed picks take the router's place before anything reads them.
+  if (RouteOverride *route = experts.route_override()) apply_route_override(be, *route, layer.layer, own.ids);
   // Prefetch: the next MoE block's router on this layer's input predicts its picks.
   Routed next;
   const bool hinted = layer.next_layer >= 0 && experts.wants_hints();

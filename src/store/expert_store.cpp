@@ -205,6 +205,7 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   totals_.cache_slots = budget.slots;
   totals_.slot_bytes = slot_bytes_;
   totals_.host_slots = host_slots_;
+  totals_.layers.resize(layout.num_layers());
   trace_.name = "ep_store";
   trace_.num_layers = layout.num_layers();
   trace_.num_experts = layout.num_experts();
@@ -402,6 +403,10 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
     // Per-expert completion: this expert's copy starts now, while other reads continue. Only
     // bytes that checked out are ever copied to a slot.
     device_->copy_to_slot(slot, l->staging, segments);
+    if (l->prefetch) totals_.prefetch_read_bytes += l->bytes;
+    LayerStats &per_layer = totals_.layers[cache::key_layer(l->key)];
+    ++per_layer.pack_reads;
+    per_layer.pack_read_bytes += l->bytes;
     totals_.h2d_bytes += l->bytes;
     totals_.resident_bytes += l->bytes;
     slot_payload_bytes_[slot] = l->bytes;
@@ -467,13 +472,13 @@ uint32_t ExpertStore::pin_hits(uint32_t layer, const std::vector<uint32_t> &uniq
   uint32_t hits = 0;
   for (std::size_t i = 0; i < unique.size(); ++i) {
     const cache::Key key = cache::make_key(layer, unique[i]);
-    if (host_) host_->count_request(key);
     if (auto s = cache_->find(key)) {
       ++hits;
       cache_->touch(key, tick);
       ++pins_[*s];
       slot_of[i] = *s;
       if (prefetched_[*s]) {
+        if (prefetched_[*s] == kPrefetchRead) totals_.prefetch_used_read_bytes += options_.objects->object_bytes(layer, unique[i]);
         prefetched_[*s] = 0;
         ++totals_.prefetch_used;
       }
@@ -608,6 +613,13 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
   std::vector<uint32_t> slot_of(unique.size());
   std::vector<size_t> misses;
   Held held;
+  // The policies see the request first (sglang-lfu counts it); more than one token's picks is
+  // SGLang's is_prefill.
+  std::vector<cache::Key> keys(unique.size());
+  for (std::size_t i = 0; i < unique.size(); ++i) keys[i] = cache::make_key(layer, unique[i]);
+  const bool prefill = ids.size() > options_.top_k;
+  cache_->request(keys, prefill);
+  if (host_) host_->count_requests(keys, prefill);
   const uint32_t hits = pin_hits(layer, unique, tick, slot_of, misses, held);
   std::vector<size_t> hit_index;
   for (size_t i = 0, j = 0; i < unique.size(); ++i) {
@@ -620,6 +632,10 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
   totals_.cache_hits += hits;
   totals_.cache_misses += misses.size();
   totals_.host_hits += host_hits;
+  LayerStats &per_layer = totals_.layers[layer];
+  per_layer.cache_hits += hits;
+  per_layer.cache_misses += misses.size();
+  per_layer.host_hits += host_hits;
   if (host_) totals_.host_misses += misses.size() - host_hits;
   ++totals_.acquires;
   for (std::size_t i = 0; i < unique.size(); ++i) {
@@ -792,7 +808,7 @@ void ExpertStore::hint(uint32_t layer, std::span<const uint32_t> ids) {
     const auto s = place(key, tick_, true);
     if (h) --host_pins_[*h];
     if (!s) break;  // every slot holds a pick of the current token (or is pinned)
-    prefetched_[*s] = 1;
+    prefetched_[*s] = h ? kPrefetchPromoted : kPrefetchRead;
     ++totals_.prefetch_issued;
     if (h) {
       promote(key, *h, *s);

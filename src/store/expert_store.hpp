@@ -250,7 +250,8 @@ class ExpertStore {
   std::vector<uint64_t> generation_;
   std::vector<uint64_t> slot_payload_bytes_;
   std::vector<uint64_t> last_tick_;       // per slot: the last acquire that asked for it
-  std::vector<uint8_t> prefetched_;       // per slot: loaded by a hint, not asked for since
+  static constexpr uint8_t kPrefetchRead = 1, kPrefetchPromoted = 2;
+  std::vector<uint8_t> prefetched_;       // per slot: loaded by a hint (read or promoted), not asked for since
   std::vector<std::unique_ptr<Load>> loads_;  // per slot: the read in flight into it, if any
   std::deque<uint32_t> queued_;           // slots whose read waits for a staging slot (demand first)
   std::vector<uint32_t> free_staging_;

@@ -33,6 +33,15 @@ std::string stats_to_json(const StoreStats &s) {
   j["host_slots"] = s.host_slots;
   j["prefetch_issued"] = s.prefetch_issued;
   j["prefetch_used"] = s.prefetch_used;
+  j["prefetch_read_bytes"] = s.prefetch_read_bytes;
+  j["prefetch_used_read_bytes"] = s.prefetch_used_read_bytes;
+  j["layers"] = nlohmann::ordered_json::array();
+  for (const LayerStats &l : s.layers)
+    j["layers"].push_back({{"cache_hits", l.cache_hits},
+                           {"cache_misses", l.cache_misses},
+                           {"host_hits", l.host_hits},
+                           {"pack_reads", l.pack_reads},
+                           {"pack_read_bytes", l.pack_read_bytes}});
   return j.dump();
 }
 

@@ -3,8 +3,18 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ep::store {
+
+/// One layer's share of StoreStats' counts.
+struct LayerStats {
+  uint64_t cache_hits = 0;
+  uint64_t cache_misses = 0;
+  uint64_t host_hits = 0;
+  uint64_t pack_reads = 0;       ///< objects read that landed (demand and prefetch)
+  uint64_t pack_read_bytes = 0;  ///< their payload bytes
+};
 
 struct StoreStats {
   uint64_t acquires = 0;
@@ -28,6 +38,9 @@ struct StoreStats {
   uint64_t host_slots = 0;       ///< slots of the host tier (0: no tier)
   uint64_t prefetch_issued = 0;  ///< experts loaded ahead of their acquire from a hint (reads and promotions)
   uint64_t prefetch_used = 0;    ///< prefetched experts an acquire then asked for
+  uint64_t prefetch_read_bytes = 0;       ///< pack bytes read for hints (part of pack_read_bytes)
+  uint64_t prefetch_used_read_bytes = 0;  ///< of those, the bytes of experts an acquire then asked for
+  std::vector<LayerStats> layers;         ///< per layer of the pack
 };
 
 /// {"acquires":...,"pack_reads":...} (every field above).

@@ -4,10 +4,15 @@
 
 #include "cache/budget.hpp"
 #include "cache/policy.hpp"
+#include "cache/simulate.hpp"
 #include "cache/slot_cache.hpp"
 #include "core/error.hpp"
 
+#include <algorithm>
+#include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 using namespace ep;
 using namespace ep::cache;
@@ -29,42 +34,189 @@ TEST_CASE("LRU evicts the least recently used evictable key", "[cache]") {
   CHECK(p.choose_victim(any) == Key{3});
 }
 
-TEST_CASE("SGLang LFU: frequency saturates at 255, no decay, ties by LRU, counter dropped on eviction", "[cache]") {
+TEST_CASE("SGLang LFU: requests counted up to 255, no decay, ties by LRU, the count kept through eviction", "[cache]") {
   SglangLfuPolicy p;
+  const Key k10[] = {10};
+  p.on_request(k10, false);
   p.on_insert(10, 1);
-  for (uint64_t t = 2; t < 400; ++t) p.on_hit(10, t);
+  for (uint64_t t = 2; t < 400; ++t) {
+    p.on_request(k10, false);
+    p.on_hit(10, t);
+  }
   CHECK(p.frequency(10) == 255);
 
+  const Key k20[] = {20}, k21[] = {21};
+  p.on_request(k20, false);
   p.on_insert(20, 500);
+  p.on_request(k21, false);
   p.on_insert(21, 501);
   // Equal frequency 1: the least recently used goes first.
   CHECK(p.choose_victim(any) == Key{20});
+  p.on_request(k20, false);
   p.on_hit(20, 502);
   CHECK(p.choose_victim(any) == Key{21});
 
-  // No decay: key 30 used 5 times long ago beats key 31 used 4 times just now.
-  p.on_insert(30, 600);
-  for (uint64_t t = 601; t < 605; ++t) p.on_hit(30, t);
-  p.on_insert(31, 100000);
-  for (uint64_t t = 100001; t < 100004; ++t) p.on_hit(31, t);
+  // No decay: key 30 asked for 5 times long ago beats key 31 asked for 4 times just now.
+  const Key k30[] = {30}, k31[] = {31};
+  for (uint64_t t = 600; t < 605; ++t) {
+    p.on_request(k30, false);
+    if (t == 600) p.on_insert(30, t);
+    else p.on_hit(30, t);
+  }
+  for (uint64_t t = 100000; t < 100004; ++t) {
+    p.on_request(k31, false);
+    if (t == 100000) p.on_insert(31, t);
+    else p.on_hit(31, t);
+  }
   CHECK(p.frequency(30) == 5);
   CHECK(p.frequency(31) == 4);
   CHECK(p.choose_victim([](Key k) { return k == 30 || k == 31; }) == Key{31});
 
+  // Eviction keeps the count; re-admission takes it, and the request that re-admits counts.
   p.on_evict(30);
-  CHECK(p.frequency(30) == 0);
+  CHECK_FALSE(p.resident(30));
+  CHECK(p.frequency(30) == 5);
+  p.on_request(k30, false);
   p.on_insert(30, 200000);
-  CHECK(p.frequency(30) == 1);
+  CHECK(p.frequency(30) == 6);
+  CHECK(p.choose_victim([](Key k) { return k == 30 || k == 31; }) == Key{31});
+  // A request counts once however many tokens asked for the key: the keys come distinct.
+  const Key both[] = {30, 31};
+  p.on_request(both, true);
+  CHECK(p.frequency(30) == 7);
+  CHECK(p.frequency(31) == 5);
 }
 
-TEST_CASE("SGLang LFU through SlotCache admits every miss", "[cache]") {
-  SlotCache c(2, make_policy("sglang-lfu"));
-  for (Key k = 0; k < 50; ++k) {
-    auto placed = c.place(k, k + 1, [](uint32_t) { return true; });
-    REQUIRE(placed.has_value());
-    CHECK(c.find(k) == placed->slot);
+namespace {
+
+/// The textbook weak LFU, the rule the store's sglang-lfu had before it followed SGLang's code:
+/// a key starts at 1 when admitted, +1 per hit, and its count is forgotten on eviction; ties by
+/// least recent use. Here only to show that the trace below tells the two rules apart.
+class WeakLfu final : public Policy {
+ public:
+  std::string_view name() const override { return "weak-lfu"; }
+  void on_hit(Key key, uint64_t tick) override {
+    auto &e = entries_.at(key);
+    e = {e.first + 1, tick};
   }
-  CHECK(c.resident() == 2);
+  void on_insert(Key key, uint64_t tick) override { entries_[key] = {1, tick}; }
+  void on_evict(Key key) override { entries_.erase(key); }
+  std::optional<Key> choose_victim(const std::function<bool(Key)> &evictable) const override {
+    std::optional<Key> best;
+    for (const auto &[key, e] : entries_)
+      if (evictable(key) && (!best || e < entries_.at(*best) || (e == entries_.at(*best) && key < *best))) best = key;
+    return best;
+  }
+
+ private:
+  std::map<Key, std::pair<uint32_t, uint64_t>> entries_;  // key -> (count, last use)
+};
+
+/// One access's outcome per key in key order: "h" for a hit, else the evicted key ("-" for a
+/// free slot), as SlotCache decides it with the access's keys protected (the store's rule).
+std::vector<std::string> steps(SlotCache &c, const std::vector<std::vector<uint32_t>> &accesses, uint32_t top_k) {
+  std::vector<std::string> out;
+  uint64_t tick = 0;
+  for (const auto &ids : accesses) {
+    ++tick;
+    std::vector<Key> keys;
+    for (uint32_t e : ids) keys.push_back(make_key(0, e));
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    c.request(keys, ids.size() > top_k);
+    std::set<uint32_t> protect;
+    std::vector<Key> missing;
+    for (Key k : keys) {
+      if (auto s = c.find(k)) {
+        c.touch(k, tick);
+        protect.insert(*s);
+      } else {
+        missing.push_back(k);
+      }
+    }
+    std::string step;
+    for (Key k : keys) {
+      if (std::find(missing.begin(), missing.end(), k) == missing.end()) {
+        step += "h";
+        continue;
+      }
+      auto p = c.place(k, tick, [&](uint32_t s) { return !protect.count(s); });
+      REQUIRE(p.has_value());
+      protect.insert(p->slot);
+      step += p->evicted ? std::to_string(key_expert(*p->evicted)) : std::string("-");
+    }
+    out.push_back(step);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sglang-lfu gives SGLang's hits and victims where the weak LFU differs", "[cache]") {
+  // Two slots, one token per access (top-1). Experts 1 and 2 are asked for twice before 3
+  // comes; 2 is evicted, comes back with its kept count of 2 under SGLang's rule (1 under the
+  // weak LFU), and from there on the two rules evict different experts.
+  const std::vector<std::vector<uint32_t>> trace = {{1}, {1}, {2}, {3}, {2}, {3}, {1}, {2}, {1}, {3}};
+  SlotCache sglang(2, make_policy("sglang-lfu"));
+  // Requests so far per expert, at each step (SGLang's _key_frequency):
+  //  1:{1}  2:{1:2}  3:{1:2,2:1}  4:{3:1} evicts 2 (1 < 2)  5:{2:2} evicts 3 (3:1 < 1:2)
+  //  6:{3:2} evicts 1 (1:2 and 2:2 tie; 1 is older)  7:{1:3} evicts 2 (2:2 and 3:2 tie; 2 is older)
+  //  8:{2:3} evicts 3 (3:2 < 1:3)  9: 1 hit (1:4)  10:{3:3} evicts 2 (2:3 < 1:4)
+  const std::vector<std::string> expected = {"-", "h", "-", "2", "3", "1", "2", "3", "h", "2"};
+  CHECK(steps(sglang, trace, 1) == expected);
+  auto &p = dynamic_cast<SglangLfuPolicy &>(sglang.policy());
+  CHECK(p.frequency(make_key(0, 1)) == 4);
+  CHECK(p.frequency(make_key(0, 2)) == 3);  // not resident, count kept
+  CHECK_FALSE(p.resident(make_key(0, 2)));
+  CHECK(p.frequency(make_key(0, 3)) == 3);
+
+  // The weak LFU on the same trace: at step 6 the returning 2 has 1 against 1's 2, so 2 goes,
+  // and at step 7 expert 1 is a hit.
+  SlotCache weak(2, std::make_unique<WeakLfu>());
+  const std::vector<std::string> weak_steps = {"-", "h", "-", "2", "3", "2", "h", "3", "h", "2"};
+  CHECK(steps(weak, trace, 1) == weak_steps);
+  CHECK(weak_steps != expected);
+
+  // The simulator replays the same rule: 2 hits, 8 misses (2 into free slots), 6 evictions.
+  Trace t;
+  t.num_layers = 1;
+  t.num_experts = 4;
+  t.top_k = 1;
+  t.object_bytes = {100};
+  for (const auto &ids : trace) t.accesses.push_back({0, ids, false});
+  auto policy = make_policy("sglang-lfu");
+  const SimResult r = simulate(t, *policy, 2);
+  CHECK(r.hits == 2);
+  CHECK(r.misses == 8);
+  CHECK(r.evictions == 6);
+  CHECK(r.bytes_read == 800);
+}
+
+TEST_CASE("sglang-lfu: an acquire of several tokens evicts the most recently used of the least frequent", "[cache]") {
+  // SGLang's _victim_slot scans newest first when is_prefill (more than one token): of
+  // experts 1, 2, 3 asked for once each, a one-token acquire evicts 1, a two-token one 3.
+  for (const bool prefill : {false, true}) {
+    SlotCache c(3, make_policy("sglang-lfu"));
+    const std::vector<uint32_t> next = prefill ? std::vector<uint32_t>{4, 4} : std::vector<uint32_t>{4};
+    CHECK(steps(c, {{1}, {2}, {3}, next}, 1) == std::vector<std::string>{"-", "-", "-", prefill ? "3" : "1"});
+  }
+  // Frequency still comes first in prefill: 3 asked for twice survives, 2 is the newest of the
+  // least frequent.
+  SlotCache c(3, make_policy("sglang-lfu"));
+  CHECK(steps(c, {{1}, {2}, {3}, {3}, {4, 4}}, 1) == std::vector<std::string>{"-", "-", "-", "h", "2"});
+  // In the simulator, a trace access of more than top_k ids is such an acquire.
+  Trace t;
+  t.num_layers = 1;
+  t.num_experts = 5;
+  t.top_k = 1;
+  t.object_bytes = {100};
+  t.accesses = {{0, {1}, false}, {0, {2}, false}, {0, {3}, false}, {0, {4, 4}, false}, {0, {1}, false}, {0, {2}, false}};
+  auto policy = make_policy("sglang-lfu");
+  const SimResult r = simulate(t, *policy, 3);
+  // The two-token acquire took 3, so 1 and 2 hit; had it taken 1 (the one-token rule), 1 would
+  // miss and evict 2, and nothing would hit.
+  CHECK(r.hits == 2);
+  CHECK(r.misses == 4);
 }
 
 TEST_CASE("decay: old popularity fades, recency breaks ties", "[cache]") {

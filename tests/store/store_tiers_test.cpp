@@ -142,6 +142,24 @@ TEST_CASE("host tier: demotions and promotions keep every byte right; stats add 
     CHECK(s.cache_misses == s.host_hits + s.host_misses);
     CHECK(s.pack_reads == s.host_misses);
     CHECK(s.h2d_bytes == s.cache_misses * spec().object_bytes);
+    // The same counts per layer: only layers 0 and 1 were asked for.
+    REQUIRE(s.layers.size() == spec().num_layers);
+    uint64_t hits = 0, misses = 0, host_hits = 0, reads = 0, read_bytes = 0;
+    for (const LayerStats &l : s.layers) {
+      hits += l.cache_hits;
+      misses += l.cache_misses;
+      host_hits += l.host_hits;
+      reads += l.pack_reads;
+      read_bytes += l.pack_read_bytes;
+    }
+    CHECK(hits == s.cache_hits);
+    CHECK(misses == s.cache_misses);
+    CHECK(host_hits == s.host_hits);
+    CHECK(reads == s.pack_reads);
+    CHECK(read_bytes == s.pack_read_bytes);
+    CHECK(s.layers[0].cache_misses > 0);
+    CHECK(s.layers[1].cache_misses > 0);
+    CHECK(s.layers[2].cache_hits + s.layers[2].cache_misses + s.layers[2].pack_reads == 0);
     // The slots decide alone: the tier changes where a miss comes from, not which keys miss.
     CHECK(s.cache_hits == p.cache_hits);
     CHECK(s.cache_misses == p.cache_misses);
@@ -416,6 +434,11 @@ TEST_CASE("prefetch hints: spare staging only, never a slot of the current token
     store.release(a);
     CHECK(store.stats().prefetch_used == 2);
     CHECK(store.stats().pack_reads <= 3);
+    // Bytes: 4 and 5 were read by the hint and then asked for; 6 may still be in flight.
+    CHECK(store.stats().prefetch_used_read_bytes == 2 * spec().object_bytes);
+    CHECK(store.stats().prefetch_read_bytes >= 2 * spec().object_bytes);
+    CHECK(store.stats().prefetch_read_bytes <= 3 * spec().object_bytes);
+    CHECK(store.stats().prefetch_read_bytes <= store.stats().pack_read_bytes);
     // Fill the slots with this token's picks (the last num_layers acquires): a hint evicts none.
     for (uint32_t l = 0; l < 4; ++l) store.release(store.acquire(l, std::vector<uint32_t>{10, 11}));
     const auto before = store.resident();

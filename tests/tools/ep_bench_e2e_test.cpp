@@ -112,6 +112,20 @@ TEST_CASE("ep-bench e2e: two requests on a tiny synthetic model, cold cache") {
   CHECK(std::abs(measured - all.at("seconds").get<double>()) <= 1e-9);
   const double eff = j.at("efficiency").get<double>();
   CHECK(std::abs(eff - bound / measured) <= 1e-9 + 1e-6 * eff);
+  // Hash- and score-routed layers apart (the tiny preset: DeepSeek-V4's first layer routes by
+  // token id): together they are the run's counts.
+  const auto &hash = j.at("layer_groups").at("hash_routed"), &score = j.at("layer_groups").at("score_routed");
+  CHECK(hash.at("layers").get<uint64_t>() >= 1);
+  CHECK(hash.at("layers").get<uint64_t>() + score.at("layers").get<uint64_t>() == 3);
+  CHECK(hash.at("cache_hits").get<uint64_t>() + score.at("cache_hits").get<uint64_t>() == all.at("cache_hits").get<uint64_t>());
+  CHECK(hash.at("cache_misses").get<uint64_t>() + score.at("cache_misses").get<uint64_t>() ==
+        all.at("cache_misses").get<uint64_t>());
+  CHECK(hash.at("pack_read_bytes").get<uint64_t>() + score.at("pack_read_bytes").get<uint64_t>() ==
+        all.at("ssd_bytes").get<uint64_t>());
+  // Without prefetch every byte read was asked for.
+  CHECK(j.at("prefetch_read_bytes").get<uint64_t>() == 0);
+  CHECK(j.at("prefetch_wasted_bytes").get<uint64_t>() == 0);
+  CHECK(j.at("used_ssd_bytes") == all.at("ssd_bytes"));
   // Each request's SSD bytes split at its first token; decode's own bound and efficiency come
   // from decode's bytes and time (1 MiB of slots: the generation steps miss too).
   uint64_t decode_bytes = 0;
@@ -178,6 +192,17 @@ TEST_CASE("ep-bench e2e --mode ours,sglang: both in one run, side by side, the s
   for (const auto *m : {&ours, &sglang}) CHECK(m->at("all").at("generated_tokens").get<uint64_t>() == 8);
   // The host tier serves some misses: fewer pack bytes than the same slots without it.
   CHECK(ours.at("host_hits").get<uint64_t>() > 0);
+  // Efficiency counts the used bytes only: the prefetch reads no acquire asked for are left out.
+  const uint64_t read = ours.at("all").at("ssd_bytes").get<uint64_t>(), wasted = ours.at("prefetch_wasted_bytes").get<uint64_t>();
+  CHECK(ours.at("prefetch_read_bytes").get<uint64_t>() > 0);
+  CHECK(wasted <= ours.at("prefetch_read_bytes").get<uint64_t>());
+  CHECK(ours.at("used_ssd_bytes").get<uint64_t>() == read - wasted);
+  CHECK(ours.at("decode_used_ssd_bytes").get<uint64_t>() ==
+        ours.at("all").at("decode_ssd_bytes").get<uint64_t>() - std::min(wasted, ours.at("all").at("decode_ssd_bytes").get<uint64_t>()));
+  const double disk = ours.at("disk_gbps").get<double>();
+  const double bound = static_cast<double>(read - wasted) / (disk * 1e9);
+  CHECK(std::abs(ours.at("io_bound_seconds").get<double>() - bound) <= 1e-9 + 1e-6 * bound);
+  CHECK(sglang.at("prefetch_wasted_bytes").get<uint64_t>() == 0);
   // A mode that does not exist is refused.
   CHECK(run(std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --mode vllm --device cpu --pack-dir '" + (dir / "packs") +
             "' >/dev/null 2>&1") != 0);
@@ -214,4 +239,33 @@ TEST_CASE("ep-bench e2e --no-pack: the experts read from the GGUF through a sour
   CHECK(direct.at("all").at("ssd_bytes").get<uint64_t>() >= packed.at("all").at("ssd_bytes").get<uint64_t>());
   for (size_t i = 0; i < 2; ++i)
     CHECK(direct.at("requests").at(i).at("cache_misses") == packed.at("requests").at(i).at("cache_misses"));
+}
+
+TEST_CASE("ep-bench e2e --replay-trace: a routing trace's picks in place of the router's") {
+  ep::test::TempDir dir;
+  const std::string gguf = synth(dir, "m", "1", 3);
+  const std::string trace = std::string(EP_TEST_DATA_DIR) + "/traces/bigmoeonedge-route-trace-2026-07-15/qwen.route.csv";
+  auto e2e = [&](const std::string &name, const std::string &extra) {
+    const std::string report = dir / (name + ".json");
+    const std::string cmd = std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --workload '" + EP_WORKLOAD_FILE +
+                            "' --requests 1 --max-new 3 --ignore-eos --device cpu --cache-mib 1 --io-seconds 0 --pack-dir '" +
+                            (dir / "packs") + "' --json '" + report + "' " + extra + " >/dev/null 2>&1";
+    REQUIRE(run(cmd) == 0);
+    return load(report);
+  };
+  const auto routed = e2e("routed", "--mode ours,sglang");
+  const auto replayed = e2e("replayed", "--mode ours,sglang --replay-trace '" + trace + "'");
+  CHECK(routed.at("replay_trace").is_null());
+  for (const char *mode : {"ours", "sglang"}) {
+    const auto &m = replayed.at("modes").at(mode);
+    CHECK(m.at("replay_trace") == trace);
+    CHECK(m.at("all").at("generated_tokens").get<uint64_t>() == 3);
+    // Other experts than the router's: another hit count (model_route_replay_test checks the ids).
+    CHECK(m.at("all").at("cache_hits") != routed.at("modes").at(mode).at("all").at("cache_hits"));
+  }
+  // Refused: replay with prefetch (its hints predict the router's picks), a missing trace.
+  CHECK(run(std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --device cpu --prefetch --replay-trace '" + trace +
+            "' --pack-dir '" + (dir / "packs") + "' >/dev/null 2>&1") != 0);
+  CHECK(run(std::string(EP_BENCH_EXE) + " e2e --model '" + gguf + "' --device cpu --replay-trace '" + (dir / "none.csv") +
+            "' --pack-dir '" + (dir / "packs") + "' >/dev/null 2>&1") != 0);
 }

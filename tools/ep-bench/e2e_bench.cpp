@@ -6,14 +6,21 @@
 // O_DIRECT bandwidth measured in the same run on the same pack (raw_loop_gbps, as `ep-bench io`
 // does), and efficiency = bound / measured time. --mode ours,sglang runs the workload once per
 // mode in the same process (the published SGLang algorithm on this engine beside ours) and
-// prints them side by side.
+// prints them side by side. --replay-trace FILE: every MoE layer's picks come from a recorded
+// routing trace instead of the router (engine/trace_replay.hpp: the mapping onto the model), the
+// compute unchanged.
 #include "bench_common.hpp"
 
+#include "cache/trace.hpp"
+#include "capi/model_internal.hpp"
 #include "core/error.hpp"
+#include "engine/engine.hpp"
+#include "engine/trace_replay.hpp"
 #include "format/gguf.hpp"
 #include "format/pack_file.hpp"
 #include "io/file.hpp"
 #include "store/pack_object_map.hpp"
+#include "store/stats.hpp"
 
 #include "expertpack/expertpack.h"
 
@@ -24,6 +31,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string_view>
 #include <string>
 #include <vector>
@@ -96,6 +105,49 @@ uint64_t gguf_expert_bytes(const std::string &path) {
   } catch (const std::exception &) {
     return 0;
   }
+}
+
+/// How many leading MoE layers route by token id (DeepSeek-V4's hash_layer_count; the Kimi family
+/// routes every layer by score); -1 when the source does not say (not a GGUF of a known
+/// architecture). MoE layer l is the store's layer l (DeepSeek-V4's blocks all have experts).
+int64_t hash_routed_layers(const std::string &source) {
+  try {
+    const auto set = format::GgufSet::open(source);
+    const format::GgufValue *arch = set.find("general.architecture");
+    if (!arch || arch->type != format::GgufType::string) return -1;
+    if (arch->s.starts_with("kimi")) return 0;
+    if (arch->s != "deepseek4") return -1;
+    const format::GgufValue *n = set.find(arch->s + ".hash_layer_count");
+    if (!n) return -1;
+    return n->type == format::GgufType::i32 || n->type == format::GgufType::i64 ? n->i : static_cast<int64_t>(n->u);
+  } catch (const Error &) {
+    return -1;  // a safetensors source: not told apart
+  }
+}
+
+/// The store's per-layer counts summed over MoE layers [begin, end).
+nlohmann::ordered_json layer_group_json(const std::vector<store::LayerStats> &layers, size_t begin, size_t end,
+                                        uint64_t generated_tokens) {
+  store::LayerStats sum;
+  for (size_t l = begin; l < std::min(end, layers.size()); ++l) {
+    sum.cache_hits += layers[l].cache_hits;
+    sum.cache_misses += layers[l].cache_misses;
+    sum.host_hits += layers[l].host_hits;
+    sum.pack_reads += layers[l].pack_reads;
+    sum.pack_read_bytes += layers[l].pack_read_bytes;
+  }
+  nlohmann::ordered_json j;
+  j["layers"] = std::min(end, layers.size()) - std::min(begin, layers.size());
+  j["cache_hits"] = sum.cache_hits;
+  j["cache_misses"] = sum.cache_misses;
+  j["hit_rate"] = sum.cache_hits + sum.cache_misses
+                      ? static_cast<double>(sum.cache_hits) / static_cast<double>(sum.cache_hits + sum.cache_misses)
+                      : 0.0;
+  j["host_hits"] = sum.host_hits;
+  j["pack_reads"] = sum.pack_reads;
+  j["pack_read_bytes"] = sum.pack_read_bytes;
+  j["pack_read_bytes_per_token"] = generated_tokens ? static_cast<double>(sum.pack_read_bytes) / generated_tokens : 0.0;
+  return j;
 }
 
 struct RequestResult {
@@ -225,6 +277,12 @@ struct ModeRun {
   double open_seconds = 0;
   std::vector<RequestResult> results;
   ep_store_stats stats{};  // at the end
+  /// Pack bytes read for prefetch hints that no acquire of the run asked for (the store's
+  /// prefetch_read_bytes - prefetch_used_read_bytes at the end: the mode's model is fresh).
+  uint64_t prefetch_wasted_bytes = 0;
+  uint64_t prefetch_read_bytes = 0;
+  std::vector<store::LayerStats> layers;  ///< the store's per-layer counts at the end
+  int64_t hash_layers = -1;               ///< hash_routed_layers() of the source
   ep_model_properties props{};
   std::string pack_path;
 };
@@ -293,6 +351,17 @@ int cmd_e2e(const Args &args) {
   ep_chat_options_init(&chat);
   if (args.options.count("thinking")) chat.thinking = static_cast<int32_t>(args.number("thinking", -1));
 
+  // Read once: each mode replays the trace from its start on a fresh model.
+  const std::string replay_path = args.get("replay-trace", "");
+  std::optional<cache::Trace> replay_trace;
+  if (!replay_path.empty()) {
+    for (const Mode &mode : modes)
+      if (mode.prefetch)
+        fail(Status::invalid_argument, "--replay-trace with mode {}: prefetch predicts the router's picks, not the replayed ones",
+             mode.name);
+    replay_trace = cache::read_trace(replay_path);
+  }
+
   const double io_seconds = args.number("io-seconds", 5);
   const auto io_depth = static_cast<uint32_t>(args.number("io-depth", 32));
   std::vector<double> disk_runs;
@@ -315,6 +384,9 @@ int cmd_e2e(const Args &args) {
     run.pack_path = pack_c;
     ep_model_properties_init(&run.props);
     check(ep_model_info(&run.props, h.model), "model info");
+    if (replay_trace)
+      capi::model_engine(*h.model).set_route_override(
+          std::make_shared<engine::TraceReplay>(*replay_trace, run.props.num_experts, run.props.experts_per_token));
     if (args.options.count("tokenizer")) check(ep_tokenizer_open(&h.tok, args.options.at("tokenizer").c_str()), "open tokenizer");
     else check(ep_tokenizer_open_model(&h.tok, h.model), "open the model's tokenizer");
     ep_store_stats st0;
@@ -382,6 +454,11 @@ int cmd_e2e(const Args &args) {
     }
     ep_store_stats_init(&run.stats);
     check(ep_model_store_stats(&run.stats, h.model), "store stats");
+    const store::StoreStats internal = capi::model_engine(*h.model).store_stats();
+    run.prefetch_read_bytes = internal.prefetch_read_bytes;
+    run.layers = internal.layers;
+    run.hash_layers = hash_routed_layers(capi::model_engine(*h.model).source_path());
+    run.prefetch_wasted_bytes = internal.prefetch_read_bytes - internal.prefetch_used_read_bytes;
     runs.push_back(std::move(run));
   }
   if (io_seconds > 0 && !disk_runs.empty()) {
@@ -409,12 +486,19 @@ int cmd_e2e(const Args &args) {
     std::vector<Summary> sums;
     for (const auto &d : datasets) sums.push_back(summarize(d, results));
     const Summary all = summarize("all", results);
-    const double bound_seconds = disk_gbps > 0 ? static_cast<double>(all.read_bytes) / (disk_gbps * 1e9) : 0;
+    // Efficiency counts only the bytes that were used: prefetch reads no acquire asked for are
+    // waste, reported beside it. The store counts them per run, not per phase, so a run's whole
+    // waste is taken from its decode bytes (a prompt pass's unused prefetches too): the decode
+    // figure is a lower bound where prefetch is on, exact where it is off.
+    const uint64_t wasted = run.prefetch_wasted_bytes;
+    const uint64_t used_bytes = all.read_bytes - std::min(wasted, all.read_bytes);
+    const uint64_t decode_used_bytes = all.decode_read_bytes - std::min(wasted, all.decode_read_bytes);
+    const double bound_seconds = disk_gbps > 0 ? static_cast<double>(used_bytes) / (disk_gbps * 1e9) : 0;
     const double efficiency = all.seconds > 0 ? bound_seconds / all.seconds : 0;
-    // Decode alone: its own SSD bytes against its own time (the prompt passes read far more per token).
-    const double decode_bound_tps =
-        disk_gbps > 0 && all.decode_bytes_per_token() > 0 ? disk_gbps * 1e9 / all.decode_bytes_per_token() : 0;
-    const double decode_bound_seconds = disk_gbps > 0 ? static_cast<double>(all.decode_read_bytes) / (disk_gbps * 1e9) : 0;
+    // Decode alone: its own used SSD bytes against its own time (the prompt passes read far more per token).
+    const double decode_used_per_token = all.generated_tokens ? static_cast<double>(decode_used_bytes) / all.generated_tokens : 0;
+    const double decode_bound_tps = disk_gbps > 0 && decode_used_per_token > 0 ? disk_gbps * 1e9 / decode_used_per_token : 0;
+    const double decode_bound_seconds = disk_gbps > 0 ? static_cast<double>(decode_used_bytes) / (disk_gbps * 1e9) : 0;
     const double decode_efficiency = all.decode_seconds > 0 ? decode_bound_seconds / all.decode_seconds : 0;
 
     nlohmann::ordered_json j;
@@ -427,6 +511,7 @@ int cmd_e2e(const Args &args) {
     j["pack"] = run.pack_path;
     j["no_pack"] = mopt.no_pack != 0;
     j["workload"] = workload_path;
+    j["replay_trace"] = replay_path.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(replay_path);
     j["device"] = args.get("device", "auto");
     j["architecture"] = run.props.architecture;
     j["layers"] = run.props.num_layers;
@@ -444,6 +529,10 @@ int cmd_e2e(const Args &args) {
     j["disk_gbps"] = disk_gbps;
     j["disk_runs_gbps"] = disk_runs;
     j["disk_object_bytes"] = block;
+    j["used_ssd_bytes"] = used_bytes;
+    j["prefetch_read_bytes"] = run.prefetch_read_bytes;
+    j["prefetch_wasted_bytes"] = wasted;
+    j["decode_used_ssd_bytes"] = decode_used_bytes;
     j["io_bound_seconds"] = bound_seconds;
     j["measured_seconds"] = all.seconds;
     j["efficiency"] = efficiency;
@@ -459,6 +548,15 @@ int cmd_e2e(const Args &args) {
     j["host_resident_bytes"] = st1.host_resident_bytes;
     j["prefetch_issued"] = st1.prefetch_issued;
     j["prefetch_used"] = st1.prefetch_used;
+    // Hash- and score-routed layers apart (the whole run, prompt passes included), where the
+    // source tells which are which.
+    if (run.hash_layers >= 0) {
+      const auto n_hash = static_cast<size_t>(run.hash_layers);
+      j["layer_groups"]["hash_routed"] = layer_group_json(run.layers, 0, n_hash, all.generated_tokens);
+      j["layer_groups"]["score_routed"] = layer_group_json(run.layers, n_hash, run.layers.size(), all.generated_tokens);
+    } else {
+      j["layer_groups"] = nullptr;
+    }
     j["all"] = summary_json(all);
     for (const auto &sm : sums) j["datasets"][sm.name] = summary_json(sm);
     auto rows = nlohmann::ordered_json::array();
@@ -513,13 +611,21 @@ int cmd_e2e(const Args &args) {
       std::printf("host tier: %llu hits, %llu misses, %llu demotions, %.1f MiB resident\n",
                   static_cast<unsigned long long>(st1.host_hits), static_cast<unsigned long long>(st1.host_misses),
                   static_cast<unsigned long long>(st1.demotions), static_cast<double>(st1.host_resident_bytes) / static_cast<double>(mib));
+    if (run.hash_layers >= 0)
+      for (const char *group : {"hash_routed", "score_routed"}) {
+        const auto &g = reports.back().json["layer_groups"][group];
+        std::printf("%s layers (%llu, whole run): hit rate %.4f, %.2f MB read per generated token\n", group,
+                    static_cast<unsigned long long>(g["layers"].get<uint64_t>()), g["hit_rate"].get<double>(),
+                    g["pack_read_bytes_per_token"].get<double>() / 1e6);
+      }
     if (run.mode.prefetch)
       std::printf("prefetch: %llu issued, %llu used\n", static_cast<unsigned long long>(st1.prefetch_issued),
                   static_cast<unsigned long long>(st1.prefetch_used));
-    std::printf("disk (raw O_DIRECT, %llu B reads, depth %u): %.3f GB/s; SSD miss bytes %.3f GB\n",
-                static_cast<unsigned long long>(block), io_depth, disk_gbps, static_cast<double>(all.read_bytes) / 1e9);
-    std::printf("I/O bound %.2f s vs measured %.2f s (prefill + decode): efficiency %.3f\n", bound_seconds, all.seconds,
-                efficiency);
+    std::printf("disk (raw O_DIRECT, %llu B reads, depth %u): %.3f GB/s; SSD bytes %.3f GB, of them unused prefetch %.3f GB\n",
+                static_cast<unsigned long long>(block), io_depth, disk_gbps, static_cast<double>(all.read_bytes) / 1e9,
+                static_cast<double>(wasted) / 1e9);
+    std::printf("I/O bound of the used bytes %.2f s vs measured %.2f s (prefill + decode): efficiency %.3f\n", bound_seconds,
+                all.seconds, efficiency);
     std::printf("decode only: I/O bound %.2f s vs measured %.2f s: efficiency %.3f; decode bound %.3f tok/s\n\n",
                 decode_bound_seconds, all.decode_seconds, decode_efficiency, decode_bound_tps);
   }
