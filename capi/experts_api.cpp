@@ -8,6 +8,7 @@
 #include <expertpack/experts.h>
 
 #include "capi/guard.hpp"
+#include "capi/store_stats.hpp"
 #include "engine/engine.hpp"
 #include "engine/linked_experts.hpp"
 
@@ -45,33 +46,6 @@ ep::engine::DeviceChoice device_choice(ep_device_kind kind, const char *fn) {
 
 void check_flag(int32_t value, const char *fn, const char *name) {
   if (value < 0 || value > 1) ep::fail(ep::Status::invalid_argument, "{}: {} {} (expected 0 or 1)", fn, name, value);
-}
-
-ep_store_stats to_c(const ep::store::StoreStats &t) {
-  ep_store_stats s;
-  ep_store_stats_init(&s);
-  s.acquires = t.acquires;
-  s.pack_reads = t.pack_reads;
-  s.pack_read_bytes = t.pack_read_bytes;
-  s.pack_read_ns = t.pack_read_ns;
-  s.cache_hits = t.cache_hits;
-  s.cache_misses = t.cache_misses;
-  s.cache_evictions = t.cache_evictions;
-  s.resident_experts = t.resident_experts;
-  s.resident_bytes = t.resident_bytes;
-  s.h2d_bytes = t.h2d_bytes;
-  s.io_errors = t.io_errors;
-  s.fallback_count = t.fallback_count;
-  s.cache_slots = t.cache_slots;
-  s.slot_bytes = t.slot_bytes;
-  s.host_hits = t.host_hits;
-  s.host_misses = t.host_misses;
-  s.demotions = t.demotions;
-  s.host_resident_bytes = t.host_resident_bytes;
-  s.host_slots = t.host_slots;
-  s.prefetch_issued = t.prefetch_issued;
-  s.prefetch_used = t.prefetch_used;
-  return s;
 }
 
 /// Copies @p value into @p out up to out->struct_size (checked), keeping the caller's size.
@@ -300,7 +274,7 @@ EP_API ep_status ep_experts_stats(ep_store_stats *out_stats, const ep_experts *e
     ep::capi::require_arg(out_stats, fn, "out_stats");
     ep::capi::require_arg(experts, fn, "experts");
     std::shared_lock lock(experts->shared->mutex);
-    copy_out(out_stats, to_c(experts->shared->experts->stats()), kStoreStatsV1, "ep_store_stats");
+    copy_out(out_stats, ep::capi::to_c_store_stats(experts->shared->experts->stats()), kStoreStatsV1, "ep_store_stats");
   });
 }
 

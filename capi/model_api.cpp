@@ -3,6 +3,7 @@
 #include <expertpack/expertpack.h>
 
 #include "capi/guard.hpp"
+#include "capi/store_stats.hpp"
 #include "capi/model_internal.hpp"
 #include "engine/engine.hpp"
 #include "engine/generate.hpp"
@@ -202,32 +203,7 @@ EP_API ep_status ep_model_store_stats(ep_store_stats *out_stats, const ep_model 
     ep::capi::require_arg(out_stats, fn, "out_stats");
     ep::capi::require_arg(model, fn, "model");
     ep::capi::check_struct_size(out_stats->struct_size, kStoreStatsV1, sizeof(ep_store_stats), "ep_store_stats");
-    ep_store_stats s;
-    ep_store_stats_init(&s);
-    {
-      const ep::store::StoreStats t = model->engine->store_stats();
-      s.acquires = t.acquires;
-      s.pack_reads = t.pack_reads;
-      s.pack_read_bytes = t.pack_read_bytes;
-      s.pack_read_ns = t.pack_read_ns;
-      s.cache_hits = t.cache_hits;
-      s.cache_misses = t.cache_misses;
-      s.cache_evictions = t.cache_evictions;
-      s.resident_experts = t.resident_experts;
-      s.resident_bytes = t.resident_bytes;
-      s.h2d_bytes = t.h2d_bytes;
-      s.io_errors = t.io_errors;
-      s.fallback_count = t.fallback_count;
-      s.cache_slots = t.cache_slots;
-      s.slot_bytes = t.slot_bytes;
-      s.host_hits = t.host_hits;
-      s.host_misses = t.host_misses;
-      s.demotions = t.demotions;
-      s.host_resident_bytes = t.host_resident_bytes;
-      s.host_slots = t.host_slots;
-      s.prefetch_issued = t.prefetch_issued;
-      s.prefetch_used = t.prefetch_used;
-    }
+    ep_store_stats s = ep::capi::to_c_store_stats(model->engine->store_stats());
     s.struct_size = out_stats->struct_size;
     std::memcpy(out_stats, &s, std::min(out_stats->struct_size, sizeof(s)));
   });

@@ -2,6 +2,7 @@
 #include <expertpack/expertpack.h>
 
 #include "capi/guard.hpp"
+#include "capi/store_stats.hpp"
 #include "core/error.hpp"
 
 #include <nlohmann/json.hpp>
@@ -80,3 +81,30 @@ EP_API ep_status ep_store_stats_read_file(ep_store_stats *out_stats, const char 
 }
 
 }  // extern "C"
+
+ep_store_stats ep::capi::to_c_store_stats(const ep::store::StoreStats &t) {
+  ep_store_stats s;
+  ep_store_stats_init(&s);
+  s.acquires = t.acquires;
+  s.pack_reads = t.pack_reads;
+  s.pack_read_bytes = t.pack_read_bytes;
+  s.pack_read_ns = t.pack_read_ns;
+  s.cache_hits = t.cache_hits;
+  s.cache_misses = t.cache_misses;
+  s.cache_evictions = t.cache_evictions;
+  s.resident_experts = t.resident_experts;
+  s.resident_bytes = t.resident_bytes;
+  s.h2d_bytes = t.h2d_bytes;
+  s.io_errors = t.io_errors;
+  s.fallback_count = t.fallback_count;
+  s.cache_slots = t.cache_slots;
+  s.slot_bytes = t.slot_bytes;
+  s.host_hits = t.host_hits;
+  s.host_misses = t.host_misses;
+  s.demotions = t.demotions;
+  s.host_resident_bytes = t.host_resident_bytes;
+  s.host_slots = t.host_slots;
+  s.prefetch_issued = t.prefetch_issued;
+  s.prefetch_used = t.prefetch_used;
+  return s;
+}
