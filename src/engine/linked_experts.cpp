@@ -17,6 +17,16 @@
 
 namespace ep::engine {
 
+#ifdef EP_HAVE_CUDA
+struct LinkedExperts::StreamOrders {
+  explicit StreamOrders(int device) : acquired(device), released(device) {}
+  gpu::StreamOrder acquired;  ///< the caller's stream after the store's (an acquire's copies)
+  gpu::StreamOrder released;  ///< the store's stream after the caller's (a release's readers)
+};
+#else
+struct LinkedExperts::StreamOrders {};
+#endif
+
 namespace {
 
 /// The layout of layer @p l: every expert's roles must agree (one layout per layer: the host's
@@ -146,13 +156,13 @@ std::unique_ptr<LinkedExperts> LinkedExperts::open(const std::string &path, cons
            x->store_->slot_bytes());
 #ifdef EP_HAVE_CUDA
   if (cuda) {
-    x->acquired_ = std::make_unique<gpu::StreamOrder>(options.device_index);
-    x->released_ = std::make_unique<gpu::StreamOrder>(options.device_index);
+    x->orders_ = std::make_unique<StreamOrders>(options.device_index);
   }
 #endif
   return x;
 }
 
+LinkedExperts::LinkedExperts() = default;
 LinkedExperts::~LinkedExperts() = default;
 
 const LayerLayout &LinkedExperts::layout(uint32_t layer) const {
@@ -194,7 +204,7 @@ std::unique_ptr<LinkedExperts::Lease> LinkedExperts::acquire(uint32_t layer, std
     // published table are queued there.
     try {
       std::lock_guard lock(bridge_mutex_);
-      acquired_->order(stream, store_stream_);
+      orders_->acquired.order(stream, store_stream_);
     } catch (...) {
       store_->release(lease->acquisition);
       throw;
@@ -224,7 +234,7 @@ void LinkedExperts::release(Lease &lease, void *stream) {
     // The slots' `last_use` events go on the store's stream: it waits for the host's work first.
     // Should that fail, the experts stay pinned: the host's kernels may still read them.
     std::lock_guard lock(bridge_mutex_);
-    released_->order(store_stream_, stream);
+    orders_->released.order(store_stream_, stream);
   }
 #endif
   store_->release(lease.acquisition);

@@ -27,10 +27,6 @@
 #include <string>
 #include <vector>
 
-namespace ep::gpu {
-class StreamOrder;
-}  // namespace ep::gpu
-
 namespace ep::store {
 class PackObjectMap;
 }  // namespace ep::store
@@ -117,7 +113,7 @@ class LinkedExperts {
   const LayerLayout &layout(uint32_t layer) const;
 
  private:
-  LinkedExperts() = default;
+  LinkedExperts();
   void check_stream(void *stream, const char *what) const;
   void check_ids(uint32_t layer, std::span<const int32_t> ids, const char *what) const;
 
@@ -131,7 +127,9 @@ class LinkedExperts {
   void *store_stream_ = nullptr;  // the store's compute stream (CUDA)
   const void *slots_base_ = nullptr;
   std::mutex bridge_mutex_;       // the events below are re-recorded per call
-  std::unique_ptr<gpu::StreamOrder> acquired_, released_;
+  /// The events that order the store's stream and a caller's (CUDA builds; empty otherwise).
+  struct StreamOrders;
+  std::unique_ptr<StreamOrders> orders_;
 };
 
 }  // namespace ep::engine
