@@ -98,11 +98,11 @@ EP_API ep_status ep_experts_open(ep_experts **out_experts, const char *path, con
     ep::engine::LinkedExpertsOptions lo;
     lo.device = device_choice(opts.device, fn);
     lo.device_index = opts.device_index;
-    lo.cache_bytes = opts.cache_budget_bytes ? opts.cache_budget_bytes : UINT64_MAX;
-    lo.staging_slots = opts.staging_slots;
-    lo.queue_depth = opts.queue_depth;
-    lo.read_splits = opts.read_splits;
-    lo.direct_io = opts.direct_io;
+    lo.store.cache_budget_bytes = opts.cache_budget_bytes;
+    lo.store.staging_slots = opts.staging_slots;
+    lo.store.queue_depth = opts.queue_depth;
+    lo.store.read_splits = opts.read_splits;
+    lo.store.direct_io = opts.direct_io;
     if (opts.pack_dir) lo.placement.pack_dir = opts.pack_dir;
     lo.placement.build = opts.pack_build != 0;
     lo.placement.source_index = opts.no_pack != 0;
@@ -111,9 +111,9 @@ EP_API ep_status ep_experts_open(ep_experts **out_experts, const char *path, con
       void *payload = opts.progress_payload;
       lo.placement.progress = [cb, payload](uint64_t done, uint64_t total) { cb(done, total, payload); };
     }
-    lo.host_cache_bytes = opts.host_cache_bytes;
-    lo.prefetch = opts.prefetch != 0;
-    if (opts.cache_policy) lo.policy = opts.cache_policy;
+    lo.store.host_cache_bytes = opts.host_cache_bytes;
+    lo.store.prefetch = opts.prefetch != 0;
+    if (opts.cache_policy) lo.store.cache_policy = opts.cache_policy;
     lo.tokens_per_acquire = opts.tokens_per_acquire;
     if (opts.stats_path) lo.stats_path = opts.stats_path;
     lo.stats_every = opts.stats_every;

@@ -81,8 +81,8 @@ bool use_cuda(DeviceChoice choice, int32_t index) {
 
 std::unique_ptr<LinkedExperts> LinkedExperts::open(const std::string &path, const LinkedExpertsOptions &options) {
   if (options.device_index < 0) fail(Status::invalid_argument, "device_index {} (expected >= 0)", options.device_index);
-  if (options.direct_io < -1 || options.direct_io > 1)
-    fail(Status::invalid_argument, "direct_io {} (expected -1, 0 or 1)", options.direct_io);
+  if (options.store.direct_io < -1 || options.store.direct_io > 1)
+    fail(Status::invalid_argument, "direct_io {} (expected -1, 0 or 1)", options.store.direct_io);
   if (options.stats_every && options.stats_path.empty())
     fail(Status::invalid_argument, "stats_every {} without stats_path (where would the counters go?)", options.stats_every);
   const bool cuda = use_cuda(options.device, options.device_index);
@@ -109,37 +109,37 @@ std::unique_ptr<LinkedExperts> LinkedExperts::open(const std::string &path, cons
     x->cuda_device_ = options.device_index;
     device = store::make_cuda_device(options.device_index, nullptr);
     x->store_stream_ = store::cuda_compute_stream(*device);
-    reserve = options.cache_bytes == UINT64_MAX ? options.cuda_reserve_bytes : 0;
+    reserve = options.store.cache_budget_bytes == 0 ? options.cuda_reserve_bytes : 0;
   } else {
     store::HostDevice::Options host;
-    if (options.cache_bytes == UINT64_MAX) {
+    if (options.store.cache_budget_bytes == 0) {
       const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
       if (pages > 0 && page > 0) host.free_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
     }
     device = std::make_unique<store::HostDevice>(host);
   }
-  x->prefetch_ = options.prefetch;
+  x->prefetch_ = options.store.prefetch;
 
   store::StoreOptions so;
   so.pack_path = rm.pack;
   so.data_paths = pf.data_files();
   so.objects = x->pack_;
-  so.cache_bytes = options.cache_bytes;
+  so.cache_bytes = options.store.cache_budget_bytes;
   so.reserve_bytes = reserve;
   so.top_k = x->top_k_;
   // 0: the store's one slot budget decides how many tokens an acquire covers.
   so.tokens_per_acquire = options.tokens_per_acquire;
-  so.policy = options.policy;
-  so.host_cache_bytes = options.host_cache_bytes;
-  so.prefetch = options.prefetch;
+  so.policy = options.store.cache_policy;
+  so.host_cache_bytes = options.store.host_cache_bytes;
+  so.prefetch = options.store.prefetch;
   so.stats_path = options.stats_path;
   so.stats_every = options.stats_every;
   so.table_rows = 3;  // gate, up and down addresses per id
-  if (options.staging_slots) so.staging_slots = options.staging_slots;
-  if (options.queue_depth) so.reader.queue_depth = options.queue_depth;
-  if (options.read_splits) so.reader.read_splits = options.read_splits;
-  so.reader.direct = options.direct_io < 0 ? io::DirectMode::automatic
-                     : options.direct_io ? io::DirectMode::direct
+  if (options.store.staging_slots) so.staging_slots = options.store.staging_slots;
+  if (options.store.queue_depth) so.reader.queue_depth = options.store.queue_depth;
+  if (options.store.read_splits) so.reader.read_splits = options.store.read_splits;
+  so.reader.direct = options.store.direct_io < 0 ? io::DirectMode::automatic
+                     : options.store.direct_io ? io::DirectMode::direct
                                          : io::DirectMode::buffered;
   x->store_ = std::make_unique<store::ExpertStore>(std::move(so), std::move(device));
   x->max_unique_ = x->store_->max_unique();

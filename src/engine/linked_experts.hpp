@@ -18,6 +18,7 @@
 #include "engine/pack_resolution.hpp"
 #include "format/ggml_type.hpp"
 #include "store/expert_store.hpp"
+#include "store/store_settings.hpp"
 
 #include <array>
 #include <cstdint>
@@ -38,16 +39,13 @@ enum class DeviceChoice : uint8_t;
 struct LinkedExpertsOptions {
   DeviceChoice device{};             ///< automatic: the CUDA device when it exists, else host memory
   int32_t device_index = 0;
-  uint64_t cache_bytes = UINT64_MAX; ///< UINT64_MAX: every expert (host: at most half the RAM; CUDA: free VRAM − reserve)
+  /// The cache, host tier and reads under ep_model_options' names and defaults (a cache budget of 0
+  /// is every expert: on the host at most half the RAM, on CUDA the free VRAM less the reserve;
+  /// prefetch: accept hint()s). overlap_reads does not apply: an acquire returns once its reads
+  /// have landed.
+  store::StoreSettings store;
   uint64_t cuda_reserve_bytes = uint64_t{2} << 30;  ///< left free on the GPU when the budget is "all of it"
-  uint32_t staging_slots = 0;        ///< 0: the store's default
-  uint32_t queue_depth = 0;          ///< 0: the reader's default
-  uint32_t read_splits = 0;          ///< 0: the reader's default
-  int direct_io = -1;                ///< 1 O_DIRECT, 0 buffered, -1 automatic
   PackPlacement placement;           ///< where a source's pack (or source index) is found or built
-  uint64_t host_cache_bytes = 0;     ///< host-RAM tier below the slots (0 = none)
-  bool prefetch = false;             ///< accept hint()s
-  std::string policy = "decay";
   uint32_t tokens_per_acquire = 1;   ///< 0: as many as the budget holds top_k experts for
   std::string stats_path;            ///< JSON stats file ("" = none)
   uint32_t stats_every = 0;          ///< write it every N acquires (0 = at close only)
