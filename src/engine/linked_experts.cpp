@@ -10,7 +10,6 @@
 #include "gpu/stream_order.hpp"
 #endif
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <optional>
@@ -101,46 +100,25 @@ std::unique_ptr<LinkedExperts> LinkedExperts::open(const std::string &path, cons
     fail(Status::invalid_argument, "{}: top_k {} with {} experts per layer", rm.pack, x->top_k_, pf.num_experts());
   for (uint32_t l = 0; l < pf.num_layers(); ++l) x->layouts_.push_back(layer_layout(pf, l));
 
-  // Sizing as a model's store (PackedExperts): "all of it" is at most half the physical memory
-  // on the host, the free memory less a reserve on a GPU; an explicit budget is taken as given.
-  std::unique_ptr<store::StoreDevice> device;
-  uint64_t reserve = 0;
+  // Sized as a model's store (PackedExperts): store::configure_store.
+  store::StoreOptions so;
+  std::unique_ptr<store::StoreDevice> device =
+      store::configure_store(options.store, cuda ? options.device_index : -1, nullptr, options.cuda_reserve_bytes, so);
   if (cuda) {
     x->cuda_device_ = options.device_index;
-    device = store::make_cuda_device(options.device_index, nullptr);
     x->store_stream_ = store::cuda_compute_stream(*device);
-    reserve = options.store.cache_budget_bytes == 0 ? options.cuda_reserve_bytes : 0;
-  } else {
-    store::HostDevice::Options host;
-    if (options.store.cache_budget_bytes == 0) {
-      const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-      if (pages > 0 && page > 0) host.free_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
-    }
-    device = std::make_unique<store::HostDevice>(host);
   }
   x->prefetch_ = options.store.prefetch;
 
-  store::StoreOptions so;
   so.pack_path = rm.pack;
   so.data_paths = pf.data_files();
   so.objects = x->pack_;
-  so.cache_bytes = options.store.cache_budget_bytes;
-  so.reserve_bytes = reserve;
   so.top_k = x->top_k_;
   // 0: the store's one slot budget decides how many tokens an acquire covers.
   so.tokens_per_acquire = options.tokens_per_acquire;
-  so.policy = options.store.cache_policy;
-  so.host_cache_bytes = options.store.host_cache_bytes;
-  so.prefetch = options.store.prefetch;
   so.stats_path = options.stats_path;
   so.stats_every = options.stats_every;
   so.table_rows = 3;  // gate, up and down addresses per id
-  if (options.store.staging_slots) so.staging_slots = options.store.staging_slots;
-  if (options.store.queue_depth) so.reader.queue_depth = options.store.queue_depth;
-  if (options.store.read_splits) so.reader.read_splits = options.store.read_splits;
-  so.reader.direct = options.store.direct_io < 0 ? io::DirectMode::automatic
-                     : options.store.direct_io ? io::DirectMode::direct
-                                         : io::DirectMode::buffered;
   x->store_ = std::make_unique<store::ExpertStore>(std::move(so), std::move(device));
   x->max_unique_ = x->store_->max_unique();
   // What 0 resolved to: the store took top_k × tokens distinct ids, clamped to every expert of a

@@ -8,7 +8,6 @@
 #include "store/expert_store.hpp"
 #include "store/pack_object_map.hpp"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <span>
@@ -94,36 +93,16 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
     layouts_.push_back(lay);
   }
   const uint32_t K = static_cast<uint32_t>(top_k);
-  // "All of it" on the host device means at most half the physical memory (a full-size model's
-  // experts do not fit in RAM); on a GPU, its free memory less a reserve for activations. An
-  // explicit budget is taken as given.
-  const bool all = options.store.cache_budget_bytes == 0;
-  std::unique_ptr<store::StoreDevice> device;
-  uint64_t reserve = 0;
-  if (options.cuda_device >= 0) {
-    device = store::make_cuda_device(options.cuda_device, options.cuda_stream);
-    reserve = all ? options.cuda_reserve_bytes : 0;
-  } else {
-    store::HostDevice::Options host;
-    if (all) {
-      const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-      if (pages > 0 && page > 0) host.free_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
-    }
-    device = std::make_unique<store::HostDevice>(host);
-  }
   store::StoreOptions so;
+  std::unique_ptr<store::StoreDevice> device =
+      store::configure_store(options.store, options.cuda_device, options.cuda_stream, options.cuda_reserve_bytes, so);
   so.pack_path = pack_path;
   so.data_paths = pf.data_files();
   so.objects = pack_;
-  so.cache_bytes = options.store.cache_budget_bytes;
-  so.reserve_bytes = reserve;
   so.top_k = K;
   // As many tokens per acquire as the slots hold top_k experts for (the store's one budget,
   // cache::compute_budget): the step's distinct experts beyond that go expert-major.
   so.tokens_per_acquire = 0;
-  so.policy = options.store.cache_policy;
-  so.host_cache_bytes = options.store.host_cache_bytes;
-  so.prefetch = options.store.prefetch;
   so.stats_path = options.stats_path;
   overlap_reads_ = options.store.overlap_reads;
   prefetch_ = options.store.prefetch;
@@ -131,12 +110,6 @@ PackedExperts::PackedExperts(const std::string &pack_path, const std::vector<Exp
   // decode MoE kernels read), for steps of up to table_tokens tokens.
   so.table_rows = 3;
   so.table_ids = static_cast<uint32_t>(std::max<int64_t>(options.table_tokens, 1) * top_k);
-  if (options.store.staging_slots) so.staging_slots = options.store.staging_slots;
-  if (options.store.queue_depth) so.reader.queue_depth = options.store.queue_depth;
-  if (options.store.read_splits) so.reader.read_splits = options.store.read_splits;
-  so.reader.direct = options.store.direct_io < 0 ? io::DirectMode::automatic
-                     : options.store.direct_io ? io::DirectMode::direct
-                                         : io::DirectMode::buffered;
   so.reader.seam = options.seam;
   store_ = std::make_unique<store::ExpertStore>(std::move(so), std::move(device));
   max_unique_ = store_->max_unique();

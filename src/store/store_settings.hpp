@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace ep::store {
@@ -25,5 +26,18 @@ struct StoreSettings {
   bool prefetch = false;           ///< read the next layer's predicted experts into spare I/O capacity
   std::string cache_policy = "decay";  ///< lru, sglang-lfu, decay, decay-bypass (the host tier uses the same)
 };
+
+class StoreDevice;
+struct StoreOptions;
+
+/// Sets @p options from @p settings: the cache budget, the policy, the host tier, prefetch, and
+/// the staging slots and reader settings where they are not 0 (automatic: the store's and the
+/// reader's defaults stay), and returns the device an ExpertStore with those options runs on:
+/// @p cuda_device >= 0, that CUDA device, ordered on @p cuda_stream (a cudaStream_t; null: the
+/// device makes its own), with @p cuda_reserve_bytes kept free (options.reserve_bytes) when the
+/// budget is every expert; otherwise host memory, of which every expert may take at most half the
+/// physical memory. An explicit budget is taken as given on either.
+std::unique_ptr<StoreDevice> configure_store(const StoreSettings &settings, int cuda_device, void *cuda_stream,
+                                             uint64_t cuda_reserve_bytes, StoreOptions &options);
 
 }  // namespace ep::store
