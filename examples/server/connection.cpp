@@ -12,9 +12,6 @@
 
 namespace ep_server {
 
-namespace {
-
-/// The numeric host and port of a socket address, as httplib writes them (getnameinfo).
 bool host_port(const sockaddr_storage &a, socklen_t len, std::string &host, int &port) {
   char h[NI_MAXHOST], p[NI_MAXSERV];
   if (getnameinfo(reinterpret_cast<const sockaddr *>(&a), len, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV) != 0)
@@ -23,8 +20,6 @@ bool host_port(const sockaddr_storage &a, socklen_t len, std::string &host, int 
   port = std::atoi(p);
   return true;
 }
-
-}  // namespace
 
 ConnectionProbe::ConnectionProbe(const std::string &local_addr, int local_port, const std::string &remote_addr, int remote_port) {
   if (local_port <= 0 || remote_port <= 0) return;

@@ -6,9 +6,15 @@
 // httplib's, and it stays open while the handler runs, since the same thread closes it after.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <string>
 
 namespace ep_server {
+
+/// The numeric host and port of socket address @p a (@p len bytes), as httplib writes them
+/// (getnameinfo with NI_NUMERICHOST | NI_NUMERICSERV); false when it cannot be converted.
+bool host_port(const sockaddr_storage &a, socklen_t len, std::string &host, int &port);
 
 class ConnectionProbe {
  public:

@@ -1,5 +1,7 @@
 #include "http_server.hpp"
 
+#include "connection.hpp"
+
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,15 +19,6 @@ namespace ep_server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-bool numeric_host_port(const sockaddr_storage &a, socklen_t len, std::string &host, int &port) {
-  char h[NI_MAXHOST], p[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr *>(&a), len, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return false;
-  host = h;
-  port = std::atoi(p);
-  return true;
-}
 
 /// Waits until @p fd has @p events or @p deadline passes; false on the deadline, an error, or
 /// once @p listener is closed (the server stops: a connection waiting for a slow client ends).
@@ -100,12 +93,12 @@ class DeadlineStream final : public httplib::Stream {
   void get_remote_ip_and_port(std::string &ip, int &port) const override {
     sockaddr_storage a{};
     socklen_t len = sizeof a;
-    if (getpeername(fd_, reinterpret_cast<sockaddr *>(&a), &len) != 0 || !numeric_host_port(a, len, ip, port)) port = 0;
+    if (getpeername(fd_, reinterpret_cast<sockaddr *>(&a), &len) != 0 || !host_port(a, len, ip, port)) port = 0;
   }
   void get_local_ip_and_port(std::string &ip, int &port) const override {
     sockaddr_storage a{};
     socklen_t len = sizeof a;
-    if (getsockname(fd_, reinterpret_cast<sockaddr *>(&a), &len) != 0 || !numeric_host_port(a, len, ip, port)) port = 0;
+    if (getsockname(fd_, reinterpret_cast<sockaddr *>(&a), &len) != 0 || !host_port(a, len, ip, port)) port = 0;
   }
   socket_t socket() const override { return fd_; }
 
@@ -142,7 +135,7 @@ std::string peer_address(int fd) {
   socklen_t len = sizeof a;
   std::string host;
   int port = 0;
-  if (getpeername(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0 || !numeric_host_port(a, len, host, port)) return {};
+  if (getpeername(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0 || !host_port(a, len, host, port)) return {};
   return host;
 }
 

@@ -129,6 +129,23 @@ _TOKEN_FN = CFUNCTYPE(c_int, c_int32, c_uint32, c_void_p)
 _PROGRESS_FN = CFUNCTYPE(None, c_uint64, c_uint64, c_void_p)
 
 
+def _progress_callback(progress, errors):
+    """A C progress callback calling @p progress(done, total), or None without one. An exception the
+    Python callback raises is kept in @p errors (the caller re-raises it after the C call) and
+    stops further calls."""
+    if progress is None:
+        return None
+
+    def on_progress(done, total, _payload):
+        if errors:
+            return
+        try:
+            progress(int(done), int(total))
+        except BaseException as e:  # noqa: BLE001 - re-raised after the call
+            errors.append(e)
+    return _PROGRESS_FN(on_progress)
+
+
 class _LogOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("min_level", c_int32), ("callback", _LOG_FN), ("payload", c_void_p)]
 
@@ -718,15 +735,8 @@ class Model(_Handle):
                                        f"({opts.struct_size}-byte ep_model_options) predates it", "ep_model_open")
             setattr(opts, name, value)
         errors = []
-        if progress is not None:
-            def on_progress(done, total, _payload):
-                if errors:
-                    return
-                try:
-                    progress(int(done), int(total))
-                except BaseException as e:  # noqa: BLE001 - re-raised after the call
-                    errors.append(e)
-            c_progress = _PROGRESS_FN(on_progress)
+        c_progress = _progress_callback(progress, errors)
+        if c_progress is not None:
             opts.progress = c_progress
         _check(_ep_model_open(byref(self._h), _path(path), byref(opts)), "ep_model_open")
         if errors:

@@ -27,7 +27,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, byref, c_char_p, c_int32, c_i
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
-from . import (_PROGRESS_FN, Device, Status, StoreStats, UnsupportedError, _check, _defaults, _fn, _Handle,
+from . import (_PROGRESS_FN, _progress_callback, Device, Status, StoreStats, UnsupportedError, _check, _defaults, _fn, _Handle,
                _out_struct, _path, _store_stats_struct, _StoreStats)
 
 __all__ = ["Experts", "Lease", "Role", "ExpertsInfo", "RoleLayout", "LayerLayout", "HAVE_EXPERTS", "GGML_TYPE_NAMES"]
@@ -216,15 +216,8 @@ class Experts(_Handle):
         opts.stats_every = stats_every
         opts.top_k = top_k
         errors = []
-        if progress is not None:
-            def on_progress(done, total, _payload):
-                if errors:
-                    return
-                try:
-                    progress(int(done), int(total))
-                except BaseException as e:  # noqa: BLE001 - re-raised after the call
-                    errors.append(e)
-            c_progress = _PROGRESS_FN(on_progress)
+        c_progress = _progress_callback(progress, errors)
+        if c_progress is not None:
             opts.progress = c_progress
         _check(_ep_experts_open(byref(self._h), _path(path), byref(opts)), "ep_experts_open")
         if errors:
