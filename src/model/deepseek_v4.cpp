@@ -69,8 +69,21 @@ struct DeepseekV4Model::Step {
 /// all of them at once, the attention per sequence.
 struct DeepseekV4Model::Batch {
   int64_t n = 0;
-  Tensor tokens_dev;  // i32 [n]
+  Tensor tokens_dev, pos_dev;  // i32 [n]
   std::vector<Step> seqs;
+};
+
+/// A layer's attention projections of every token of a pass ([rows, n], token t's rows at column
+/// t): what each sequence's attention core reads at its offset. Null where the layer has no such
+/// input (no compressor on sliding layers; no indexer outside CSA layers, nor while no token of
+/// the pass has more compressed entries than the indexer keeps).
+struct DeepseekV4Model::AttentionProjections {
+  float *q = nullptr;                                // [hd, H, n]: normed, RoPE
+  float *kv = nullptr;                               // [hd, n]: normed, RoPE
+  float *comp_kv = nullptr, *comp_gate = nullptr;    // [width, n]: the compressor's inputs
+  float *index_kv = nullptr, *index_gate = nullptr;  // [width, n]: the indexer's compressor's inputs
+  float *index_q = nullptr;                          // [I, IH, n]: RoPE
+  float *index_w = nullptr;                          // [IH, n]: scaled by IH^-1/2
 };
 
 namespace {
@@ -299,21 +312,22 @@ void DeepseekV4Model::mm(const Tensor &w, const float *x, int64_t k, int64_t n, 
   be_.matmul(w, dev_f32(dv, xp, {kp, n}), dev_f32(dv, y, {w.ne[1], n}));
 }
 
-void DeepseekV4Model::compress(int64_t il, bool indexer, const float *x, const Step &s, CompressorState &st) {
+void DeepseekV4Model::compress(int64_t il, bool indexer, const float *kv_in, const float *gate_in, const Step &s,
+                               CompressorState &st) {
   const DeepseekV4Config &c = cfg_;
   const Device dv = be_.device();
   Scratch &sc = *site_scratch_;
   const Weights::Comp &W = indexer ? w_->layers[static_cast<size_t>(il)].idx_comp : w_->layers[static_cast<size_t>(il)].comp;
   const bool overlap = c.attn_kind[static_cast<size_t>(il)] == AttnKind::csa;
   const int64_t d = indexer ? c.index_head_dim : c.head_dim, cw = overlap ? 2 : 1, width = cw * d;
-  const int64_t m = c.compress_ratio[static_cast<size_t>(il)], D = c.hidden, n = s.n;
+  const int64_t m = c.compress_ratio[static_cast<size_t>(il)], n = s.n;
   // The pending rows of earlier calls, then this call's projections: [rows][width].
   const int64_t rows = st.buf_rows + n;
   float *kv = sc.f32(width * rows), *gate = sc.f32(width * rows);
   copy_f32(be_, kv, static_cast<const float *>(st.buf_kv.get()), st.buf_rows * width);
   copy_f32(be_, gate, static_cast<const float *>(st.buf_gate.get()), st.buf_rows * width);
-  mm(W.kv, x, D, n, kv + st.buf_rows * width);
-  mm(W.gate, x, D, n, gate + st.buf_rows * width);
+  copy_f32(be_, kv + st.buf_rows * width, kv_in, n * width);
+  copy_f32(be_, gate + st.buf_rows * width, gate_in, n * width);
   const int64_t n_win = rows / m;
   if (n_win > 0) {
     // The position bias on every closed window's gates.
@@ -382,34 +396,74 @@ void DeepseekV4Model::compress(int64_t il, bool indexer, const float *x, const S
   }
 }
 
-void DeepseekV4Model::attention(int64_t il, const float *x, const Step &s, LayerState &st, float *out) {
+void DeepseekV4Model::project_attention(int64_t il, const float *x, const Batch &b, AttentionProjections &p) {
   const DeepseekV4Config &c = cfg_;
   const Device dv = be_.device();
   Scratch &sc = *site_scratch_;
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
-  const int64_t D = c.hidden, H = c.n_heads, hd = c.head_dim, R = c.q_lora_rank, G = c.o_groups, O = c.o_lora_rank, n = s.n;
+  const int64_t D = c.hidden, H = c.n_heads, hd = c.head_dim, R = c.q_lora_rank, n = b.n;
   const AttnKind kind = c.attn_kind[static_cast<size_t>(il)];
-  const int64_t ratio = c.compress_ratio[static_cast<size_t>(il)];
   const bool compressed = kind != AttnKind::sliding;
   const backend::RopeParams rp = rope_params(c, compressed, hd, false);
   // query: low-rank, weighted norm, per-head unweighted norm, RoPE
-  float *qa = sc.f32(R * n), *qr = sc.f32(R * n), *q = sc.f32(H * hd * n);
+  float *qa = sc.f32(R * n), *qr = sc.f32(R * n);
+  p.q = sc.f32(H * hd * n);
   mm(L.q_a, x, D, n, qa);
   be_.rms_norm(dev_f32(dv, qa, {R, n}), &L.q_a_norm, c.rms_eps, dev_f32(dv, qr, {R, n}));
-  mm(L.q_b, qr, R, n, q);
-  be_.rms_norm(dev_f32(dv, q, {hd, H * n}), nullptr, c.rms_eps, dev_f32(dv, q, {hd, H * n}));
-  be_.rope(dev_f32(dv, q, {hd, H, n}), s.pos_dev, rp, dev_f32(dv, q, {hd, H, n}));
+  mm(L.q_b, qr, R, n, p.q);
+  be_.rms_norm(dev_f32(dv, p.q, {hd, H * n}), nullptr, c.rms_eps, dev_f32(dv, p.q, {hd, H * n}));
+  be_.rope(dev_f32(dv, p.q, {hd, H, n}), b.pos_dev, rp, dev_f32(dv, p.q, {hd, H, n}));
+  // this pass's key rows: weighted norm, RoPE
+  float *kv0 = sc.f32(hd * n);
+  p.kv = sc.f32(hd * n);
+  mm(L.kv, x, D, n, kv0);
+  be_.rms_norm(dev_f32(dv, kv0, {hd, n}), &L.kv_norm, c.rms_eps, dev_f32(dv, p.kv, {hd, n}));
+  be_.rope(dev_f32(dv, p.kv, {hd, 1, n}), b.pos_dev, rp, dev_f32(dv, p.kv, {hd, 1, n}));
+  if (!compressed) return;
+  const int64_t cw = kind == AttnKind::csa ? 2 : 1;
+  p.comp_kv = sc.f32(cw * hd * n);
+  p.comp_gate = sc.f32(cw * hd * n);
+  mm(L.comp.kv, x, D, n, p.comp_kv);
+  mm(L.comp.gate, x, D, n, p.comp_gate);
+  if (kind != AttnKind::csa) return;
+  const int64_t I = c.index_head_dim, IH = c.index_n_heads;
+  p.index_kv = sc.f32(cw * I * n);
+  p.index_gate = sc.f32(cw * I * n);
+  mm(L.idx_comp.kv, x, D, n, p.index_kv);
+  mm(L.idx_comp.gate, x, D, n, p.index_gate);
+  // The indexer's query and head weights, where some token of the pass sees more compressed
+  // entries than the indexer keeps (token t at position P sees (P + 1) / ratio of them).
+  const int64_t ratio = c.compress_ratio[static_cast<size_t>(il)];
+  bool need_index = false;
+  for (const Step &st : b.seqs)
+    for (int64_t t = 0; t < st.n && !need_index; ++t) need_index = (st.pos[t] + 1) / ratio > c.index_topk;
+  if (!need_index) return;
+  p.index_q = sc.f32(IH * I * n);
+  p.index_w = sc.f32(IH * n);
+  mm(L.idx_q_b, qr, R, n, p.index_q);
+  be_.rope(dev_f32(dv, p.index_q, {I, IH, n}), b.pos_dev, rope_params(c, true, I, false), dev_f32(dv, p.index_q, {I, IH, n}));
+  mm(L.idx_proj, x, D, n, p.index_w);
+  be_.scale(dev_f32(dv, p.index_w, {IH, n}), 1.0f / std::sqrt(static_cast<float>(IH)), dev_f32(dv, p.index_w, {IH, n}));
+}
+
+void DeepseekV4Model::attention_core(int64_t il, const AttentionProjections &p, const Step &s, LayerState &st, float *att) {
+  const DeepseekV4Config &c = cfg_;
+  const Device dv = be_.device();
+  Scratch &sc = *site_scratch_;
+  const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
+  const int64_t H = c.n_heads, hd = c.head_dim, n = s.n, o = s.offset;
+  const AttnKind kind = c.attn_kind[static_cast<size_t>(il)];
+  const int64_t ratio = c.compress_ratio[static_cast<size_t>(il)];
+  const bool compressed = kind != AttnKind::sliding;
+  const int64_t cw = kind == AttnKind::csa ? 2 : 1;
   // compressed entries first (the keys buffer needs their count)
-  if (compressed) compress(il, false, x, s, st.comp);
+  if (compressed) compress(il, false, p.comp_kv + o * cw * hd, p.comp_gate + o * cw * hd, s, st.comp);
   const int64_t n_comp = compressed ? st.comp.n_entries : 0;
   // keys: the kept window rows, this call's rows, the compressed entries
   const int64_t n_win = static_cast<int64_t>(st.window_pos.size()), n_raw = n_win + n, n_keys = n_raw + n_comp;
   float *keys = sc.f32(hd * n_keys);
   copy_f32(be_, keys, static_cast<const float *>(st.window.get()), n_win * hd);
-  float *kv0 = sc.f32(hd * n), *kv = keys + n_win * hd;
-  mm(L.kv, x, D, n, kv0);
-  be_.rms_norm(dev_f32(dv, kv0, {hd, n}), &L.kv_norm, c.rms_eps, dev_f32(dv, kv, {hd, n}));
-  be_.rope(dev_f32(dv, kv, {hd, 1, n}), s.pos_dev, rp, dev_f32(dv, kv, {hd, 1, n}));
+  copy_f32(be_, keys + n_win * hd, p.kv + o * hd, n * hd);
   copy_f32(be_, keys + n_raw * hd, static_cast<const float *>(st.comp.entries.get()), n_comp * hd);
   // Visibility [n_keys][n]: the window by position; compressed entry w once w < (P+1)/ratio
   // (HCA: all of those; CSA: the indexer's top index_topk of them, marked on the device).
@@ -433,25 +487,23 @@ void DeepseekV4Model::attention(int64_t il, const float *x, const Step &s, Layer
   be_.upload(vis_d, vis.data(), vis.size());
   const Tensor vis_t = dev_i8(dv, vis_d, {n_keys, n});
   if (kind == AttnKind::csa) {
-    compress(il, true, x, s, st.index);
+    const int64_t IH = c.index_n_heads, I = c.index_head_dim;
+    compress(il, true, p.index_kv + o * cw * I, p.index_gate + o * cw * I, s, st.index);
     if (st.index.n_entries != n_comp)
       fail(Status::internal, "layer {}: indexer has {} entries, compressor {}", il, st.index.n_entries, n_comp);
     if (need_index) {
+      if (!p.index_q) fail(Status::internal, "layer {}: a token needs the indexer, but the pass made no indexer projections", il);
       // score[e, t] = Σ_h w_h·ReLU(q_h·k_e)·I^-½ over the entries token t may see, top index_topk
-      const int64_t IH = c.index_n_heads, I = c.index_head_dim, k = std::min<int64_t>(c.index_topk, n_comp);
-      float *qi = sc.f32(IH * I * n), *wts = sc.f32(IH * n), *scores = sc.f32(n_comp * n), *top_v = sc.f32(k * n);
+      const int64_t k = std::min<int64_t>(c.index_topk, n_comp);
+      float *scores = sc.f32(n_comp * n), *top_v = sc.f32(k * n);
       int32_t *top_i = sc.i32(k * n);
-      mm(L.idx_q_b, qr, R, n, qi);
-      be_.rope(dev_f32(dv, qi, {I, IH, n}), s.pos_dev, rope_params(c, true, I, false), dev_f32(dv, qi, {I, IH, n}));
-      mm(L.idx_proj, x, D, n, wts);
-      be_.scale(dev_f32(dv, wts, {IH, n}), 1.0f / std::sqrt(static_cast<float>(IH)), dev_f32(dv, wts, {IH, n}));
       std::vector<int8_t> ivis(static_cast<size_t>(n * n_comp), 0);
       for (int64_t t = 0; t < n; ++t)
         if (valid[static_cast<size_t>(t)] > c.index_topk)  // the others already see all of theirs
           std::fill_n(ivis.data() + t * n_comp, valid[static_cast<size_t>(t)], int8_t{1});
       int8_t *ivis_d = sc.i8(n * n_comp);
       be_.upload(ivis_d, ivis.data(), ivis.size());
-      be_.indexer_scores(dev_f32(dv, qi, {I, IH, n}), dev_f32(dv, wts, {IH, n}),
+      be_.indexer_scores(dev_f32(dv, p.index_q + o * IH * I, {I, IH, n}), dev_f32(dv, p.index_w + o * IH, {IH, n}),
                          dev_f32(dv, static_cast<const float *>(st.index.entries.get()), {I, n_comp}),
                          dev_i8(dv, ivis_d, {n_comp, n}), 1.0f / std::sqrt(static_cast<float>(I)),
                          dev_f32(dv, scores, {n_comp, n}));
@@ -459,11 +511,33 @@ void DeepseekV4Model::attention(int64_t il, const float *x, const Step &s, Layer
       be_.set_visible(dev_i32(dv, top_i, {k, n}), dev_f32(dv, top_v, {k, n}), n_raw, vis_t);
     }
   }
-  float *att = sc.f32(hd * H * n);
-  be_.attention_sinks(dev_f32(dv, q, {hd, H, n}), dev_f32(dv, keys, {hd, n_keys}), vis_t, L.sinks,
+  be_.attention_sinks(dev_f32(dv, p.q + o * H * hd, {hd, H, n}), dev_f32(dv, keys, {hd, n_keys}), vis_t, L.sinks,
                       1.0f / std::sqrt(static_cast<float>(hd)), dev_f32(dv, att, {hd, H, n}));
+  // keep the last W − 1 raw rows for the next call
+  const int64_t keep = std::min<int64_t>(n_raw, std::max<int64_t>(c.sliding_window - 1, 0));
+  if (keep > 0) copy_f32(be_, ensure(be_, st.window, std::max<int64_t>(c.sliding_window - 1, 1) * hd), keys + (n_raw - keep) * hd, keep * hd);
+  st.window_pos.assign(key_pos.begin() + (n_raw - keep), key_pos.begin() + n_raw);
+}
+
+void DeepseekV4Model::attention(int64_t il, const float *x, const Batch &b, float *out) {
+  const DeepseekV4Config &c = cfg_;
+  const Device dv = be_.device();
+  Scratch &sc = *site_scratch_;
+  const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
+  const int64_t H = c.n_heads, hd = c.head_dim, G = c.o_groups, O = c.o_lora_rank, n = b.n;
+  const bool compressed = c.attn_kind[static_cast<size_t>(il)] != AttnKind::sliding;
+  AttentionProjections p;
+  project_attention(il, x, b, p);
+  // The core per sequence (its own state and positions); the scratch it takes is reused by the
+  // next sequence (ops are ordered on the stream).
+  float *att = sc.f32(hd * H * n);
+  const BackendScratch::Mark mark = sc.mark();
+  for (const Step &st : b.seqs) {
+    attention_core(il, p, st, st.state->layers[static_cast<size_t>(il)], att + st.offset * hd * H);
+    sc.release(mark);
+  }
   // inverse RoPE at the query positions, then the grouped low-rank output
-  be_.rope(dev_f32(dv, att, {hd, H, n}), s.pos_dev, rope_params(c, compressed, hd, true), dev_f32(dv, att, {hd, H, n}));
+  be_.rope(dev_f32(dv, att, {hd, H, n}), b.pos_dev, rope_params(c, compressed, hd, true), dev_f32(dv, att, {hd, H, n}));
   // (o_a's rows may be zero-padded to gin_p values: see Loader::matrix)
   const int64_t gin = H * hd / G, gin_p = L.o_a.ne[0];
   float *oa = sc.f32(G * O * n);
@@ -485,10 +559,6 @@ void DeepseekV4Model::attention(int64_t il, const float *x, const Step &s, Layer
     }
   }
   mm(L.o_b, oa, G * O, n, out);
-  // keep the last W − 1 raw rows for the next call
-  const int64_t keep = std::min<int64_t>(n_raw, std::max<int64_t>(c.sliding_window - 1, 0));
-  if (keep > 0) copy_f32(be_, ensure(be_, st.window, std::max<int64_t>(c.sliding_window - 1, 1) * hd), keys + (n_raw - keep) * hd, keep * hd);
-  st.window_pos.assign(key_pos.begin() + (n_raw - keep), key_pos.begin() + n_raw);
 }
 
 void DeepseekV4Model::moe(int64_t il, const float *x, const Batch &s, float *out) {
@@ -559,13 +629,7 @@ void DeepseekV4Model::hc_site(int64_t il, bool ffn, float *h, const Batch &b) {
   if (ffn) {
     moe(il, xin, b, y);
   } else {
-    // Attention per sequence (its own state and positions); the scratch it takes is reused by the
-    // next sequence (ops are ordered on the stream).
-    const BackendScratch::Mark mark = sc.mark();
-    for (const Step &st : b.seqs) {
-      attention(il, xin + st.offset * D, st, st.state->layers[static_cast<size_t>(il)], y + st.offset * D);
-      sc.release(mark);
-    }
+    attention(il, xin, b, y);
   }
   const Tensor streams = dev_f32(dv, h, {D, hc, n});
   be_.hc_expand(streams, dev_f32(dv, y, {D, n}), post_t, comb_t, streams);
@@ -613,6 +677,7 @@ Tensor DeepseekV4Model::forward_batch(std::span<const int32_t> tokens, std::span
   Batch b;
   b.n = n;
   b.tokens_dev = dev_i32(dv, tok_d, {n});
+  b.pos_dev = dev_i32(dv, pos_d, {n});
   for (int64_t i = 0; i < S; ++i) {
     Step st;
     st.offset = offsets[static_cast<size_t>(i)];

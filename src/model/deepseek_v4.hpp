@@ -81,8 +81,9 @@ class DeepseekV4Model {
   backend::Tensor forward(const int32_t *tokens, int64_t n, DeepseekV4State &state, LogitRows rows);
   /// One forward pass over several sequences: sequence i is tokens[offsets[i] .. offsets[i+1])
   /// at states[i] (distinct states of this model). The per-token work runs over every token at
-  /// once (one acquire of the union of the routed experts per MoE layer), the attention per
-  /// sequence: each sequence's results are those of forward() on it alone. Logits as forward(),
+  /// once (the attention's projections too, and one acquire of the union of the routed experts
+  /// per MoE layer), the attention's core per sequence: each sequence's results are those of
+  /// forward() on it alone (bit for bit on the CPU). Logits as forward(),
   /// with LogitRows::last giving each sequence's last token: [vocab, sequences] (or [vocab] for
   /// one sequence).
   backend::Tensor forward_batch(std::span<const int32_t> tokens, std::span<const int64_t> offsets,
@@ -106,8 +107,16 @@ class DeepseekV4Model {
   struct Scratch;
   struct Step;
   struct Batch;
-  void attention(int64_t il, const float *x, const Step &step, LayerState &st, float *out);
-  void compress(int64_t il, bool indexer, const float *x, const Step &step, CompressorState &st);
+  struct AttentionProjections;
+  /// The attention of layer @p il over every sequence of @p batch: the per-token projections
+  /// (queries, keys, compressor and indexer inputs) and the output projections run once over all
+  /// tokens; the core (windows, compressed entries, indexer, softmax) per sequence on its state.
+  void attention(int64_t il, const float *x, const Batch &batch, float *out);
+  void project_attention(int64_t il, const float *x, const Batch &batch, AttentionProjections &p);
+  void attention_core(int64_t il, const AttentionProjections &p, const Step &step, LayerState &st, float *att);
+  /// Appends a sequence's compressor rows (@p kv, @p gate: [width, step.n], projected from its
+  /// tokens) to @p st, closing every window they complete into a compressed entry.
+  void compress(int64_t il, bool indexer, const float *kv, const float *gate, const Step &step, CompressorState &st);
   void moe(int64_t il, const float *x, const Batch &batch, float *out);
   void hc_site(int64_t il, bool ffn, float *h, const Batch &batch);
   /// y[w.ne1, n] = w · x[k, n]; zero-pads x when w's rows were padded past k (Loader::matrix).
