@@ -275,7 +275,7 @@ void KimiModel::check_state(const KimiState &state) const {
   }
 }
 
-void KimiModel::kda(int64_t il, const float *x, int64_t n, KimiLayerState &st, float *out) {
+void KimiModel::kda(int64_t il, const float *x, int64_t n, std::span<const MixerSeq> seqs, float *out) {
   const KimiConfig &c = cfg_;
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
   const Device dv = be_.device();
@@ -283,13 +283,14 @@ void KimiModel::kda(int64_t il, const float *x, int64_t n, KimiLayerState &st, f
   sc.reset();
   const int64_t D = c.hidden, KH = c.kda_heads, dk = c.kda_head_dim, Di = c.kda_inner(), hist = c.conv_kernel - 1;
   const Tensor xt = dev_f32(dv, x, {D, n});
-  // q, k, v: projection, then the short convolution + SiLU continuing each one's state rows
-  float *proj = sc.f32(Di * n), *qkv[3] = {sc.f32(Di * n), sc.f32(Di * n), sc.f32(Di * n)};
+  // q, k, v: projection, then the short convolution + SiLU continuing each sequence's state rows
+  float *proj[3] = {sc.f32(Di * n), sc.f32(Di * n), sc.f32(Di * n)}, *qkv[3] = {sc.f32(Di * n), sc.f32(Di * n), sc.f32(Di * n)};
   const Tensor *w3[3] = {&L.wq, &L.wk, &L.wv};
   for (int64_t j = 0; j < 3; ++j) {
-    be_.matmul(*w3[j], xt, dev_f32(dv, proj, {Di, n}));
-    be_.short_conv_silu(dev_f32(dv, proj, {Di, n}), L.conv[j], dev_f32(dv, st.conv.f32() + j * hist * Di, {Di, hist}),
-                        dev_f32(dv, qkv[j], {Di, n}));
+    be_.matmul(*w3[j], xt, dev_f32(dv, proj[j], {Di, n}));
+    for (const MixerSeq &s : seqs)
+      be_.short_conv_silu(dev_f32(dv, proj[j] + s.offset * Di, {Di, s.n}), L.conv[j],
+                          dev_f32(dv, s.state->conv.f32() + j * hist * Di, {Di, hist}), dev_f32(dv, qkv[j] + s.offset * Di, {Di, s.n}));
   }
   // decay, beta, output gate
   float *fa = sc.f32(dk * n), *g = sc.f32(Di * n), *beta = sc.f32(KH * n), *gate = sc.f32(Di * n), *o = sc.f32(Di * n);
@@ -309,15 +310,20 @@ void KimiModel::kda(int64_t il, const float *x, int64_t n, KimiLayerState &st, f
   be_.l2_normalize(q_rows, 1e-6f, 1.0f / std::sqrt(static_cast<float>(dk)), q_rows);
   be_.l2_normalize(k_rows, 1e-6f, 1.0f, k_rows);
   be_.sigmoid(dev_f32(dv, beta, {KH, n}), dev_f32(dv, beta, {KH, n}));
-  // the recurrence over the n tokens in order, then the gated norm per head
-  be_.kda_recurrence(dev_f32(dv, qkv[0], {dk, KH, n}), dev_f32(dv, qkv[1], {dk, KH, n}), dev_f32(dv, qkv[2], {dk, KH, n}), g3,
-                     dev_f32(dv, beta, {KH, n}), dev_f32(dv, st.S.f32(), {dk, dk, KH}), dev_f32(dv, o, {dk, KH, n}));
+  // the recurrence over each sequence's tokens in order, on its state; then the gated norm per head
+  for (const MixerSeq &s : seqs) {
+    const int64_t at = s.offset * Di;
+    be_.kda_recurrence(dev_f32(dv, qkv[0] + at, {dk, KH, s.n}), dev_f32(dv, qkv[1] + at, {dk, KH, s.n}),
+                       dev_f32(dv, qkv[2] + at, {dk, KH, s.n}), dev_f32(dv, g + at, {dk, KH, s.n}),
+                       dev_f32(dv, beta + s.offset * KH, {KH, s.n}), dev_f32(dv, s.state->S.f32(), {dk, dk, KH}),
+                       dev_f32(dv, o + at, {dk, KH, s.n}));
+  }
   const Tensor o_rows = dev_f32(dv, o, {dk, KH * n});
   be_.gated_rms_norm(o_rows, L.o_norm, dev_f32(dv, gate, {dk, KH * n}), c.rms_eps, o_rows);
   be_.matmul(L.wo, dev_f32(dv, o, {Di, n}), dev_f32(dv, out, {D, n}));
 }
 
-void KimiModel::mla(int64_t il, const float *x, int64_t n, int64_t n_past, KimiLayerState &st, float *out) {
+void KimiModel::mla(int64_t il, const float *x, int64_t n, std::span<const MixerSeq> seqs, float *out) {
   const KimiConfig &c = cfg_;
   const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
   const Device dv = be_.device();
@@ -342,31 +348,36 @@ void KimiModel::mla(int64_t il, const float *x, int64_t n, int64_t n_past, KimiL
               static_cast<uint64_t>(n));
   be_.rms_norm(dev_f32(dv, lat, {KVL, n}), &L.kv_a_norm, c.rms_eps, dev_f32(dv, lat, {KVL, n}));
   be_.matmul(L.kv_b, dev_f32(dv, lat, {KVL, n}), dev_f32(dv, kv, {H * (NOPE + VH), n}));
-  // the cache grows by doubling; a copy keeps the rows so far
-  if (n_past + n > st.capacity) {
-    const int64_t cap = std::max<int64_t>({n_past + n, 2 * st.capacity, 16});
-    StateBuffer keys(be_, static_cast<uint64_t>(cap * H * QK) * 4), values(be_, static_cast<uint64_t>(cap * H * VH) * 4);
-    if (n_past > 0) {
-      be_.copy(dev_f32(dv, st.keys.f32(), {n_past * H * QK}), dev_f32(dv, keys.f32(), {n_past * H * QK}));
-      be_.copy(dev_f32(dv, st.values.f32(), {n_past * H * VH}), dev_f32(dv, values.f32(), {n_past * H * VH}));
-    }
-    st.keys = std::move(keys);
-    st.values = std::move(values);
-    st.capacity = cap;
-  }
-  // keys (t, h) = [kv nope part | the shared un-rotated dims], values (t, h) = kv value part
-  float *keys_new = st.keys.f32() + n_past * H * QK, *values_new = st.values.f32() + n_past * H * VH;
-  const uint64_t kv_pitch = static_cast<uint64_t>(NOPE + VH) * 4, rows = static_cast<uint64_t>(n * H);
-  if (NOPE > 0) be_.copy_2d(keys_new, static_cast<uint64_t>(QK) * 4, kv, kv_pitch, static_cast<uint64_t>(NOPE) * 4, rows);
-  if (ROPE > 0)
-    for (int64_t h = 0; h < H; ++h)
-      be_.copy_2d(keys_new + h * QK + NOPE, static_cast<uint64_t>(H * QK) * 4, ckv + KVL, static_cast<uint64_t>(KVL + ROPE) * 4,
-                  static_cast<uint64_t>(ROPE) * 4, static_cast<uint64_t>(n));
-  be_.copy_2d(values_new, static_cast<uint64_t>(VH) * 4, kv + NOPE, kv_pitch, static_cast<uint64_t>(VH) * 4, rows);
   float *att = sc.f32(H * VH * n);
-  be_.causal_attention(dev_f32(dv, q, {QK, H, n}), dev_f32(dv, st.keys.f32(), {QK, H, n_past + n}),
-                       dev_f32(dv, st.values.f32(), {VH, H, n_past + n}), n_past, 1.0f / std::sqrt(static_cast<float>(QK)),
-                       dev_f32(dv, att, {VH, H, n}));
+  for (const MixerSeq &s : seqs) {
+    KimiLayerState &st = *s.state;
+    const int64_t n_past = s.n_past, m = s.n;
+    // the cache grows by doubling; a copy keeps the rows so far
+    if (n_past + m > st.capacity) {
+      const int64_t cap = std::max<int64_t>({n_past + m, 2 * st.capacity, 16});
+      StateBuffer keys(be_, static_cast<uint64_t>(cap * H * QK) * 4), values(be_, static_cast<uint64_t>(cap * H * VH) * 4);
+      if (n_past > 0) {
+        be_.copy(dev_f32(dv, st.keys.f32(), {n_past * H * QK}), dev_f32(dv, keys.f32(), {n_past * H * QK}));
+        be_.copy(dev_f32(dv, st.values.f32(), {n_past * H * VH}), dev_f32(dv, values.f32(), {n_past * H * VH}));
+      }
+      st.keys = std::move(keys);
+      st.values = std::move(values);
+      st.capacity = cap;
+    }
+    // keys (t, h) = [kv nope part | the shared un-rotated dims], values (t, h) = kv value part
+    float *keys_new = st.keys.f32() + n_past * H * QK, *values_new = st.values.f32() + n_past * H * VH;
+    const float *kv_s = kv + s.offset * H * (NOPE + VH), *ckv_s = ckv + s.offset * (KVL + ROPE);
+    const uint64_t kv_pitch = static_cast<uint64_t>(NOPE + VH) * 4, rows = static_cast<uint64_t>(m * H);
+    if (NOPE > 0) be_.copy_2d(keys_new, static_cast<uint64_t>(QK) * 4, kv_s, kv_pitch, static_cast<uint64_t>(NOPE) * 4, rows);
+    if (ROPE > 0)
+      for (int64_t h = 0; h < H; ++h)
+        be_.copy_2d(keys_new + h * QK + NOPE, static_cast<uint64_t>(H * QK) * 4, ckv_s + KVL, static_cast<uint64_t>(KVL + ROPE) * 4,
+                    static_cast<uint64_t>(ROPE) * 4, static_cast<uint64_t>(m));
+    be_.copy_2d(values_new, static_cast<uint64_t>(VH) * 4, kv_s + NOPE, kv_pitch, static_cast<uint64_t>(VH) * 4, rows);
+    be_.causal_attention(dev_f32(dv, q + s.offset * H * QK, {QK, H, m}), dev_f32(dv, st.keys.f32(), {QK, H, n_past + m}),
+                         dev_f32(dv, st.values.f32(), {VH, H, n_past + m}), n_past, 1.0f / std::sqrt(static_cast<float>(QK)),
+                         dev_f32(dv, att + s.offset * H * VH, {VH, H, m}));
+  }
   if (L.attn_gate.data) {  // K3: the output gate σ(W_gate·x) per head and value dim
     float *gt = sc.f32(H * VH * n);
     const Tensor gt_t = dev_f32(dv, gt, {H * VH, n}), att_t = dev_f32(dv, att, {H * VH, n});
@@ -488,16 +499,20 @@ Tensor KimiModel::forward_batch(std::span<const int32_t> tokens_in, std::span<co
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const Weights::Layer &L = w_->layers[static_cast<size_t>(il)];
     be_.rms_norm(B > 0 ? mix(L.attn_res) : ht, &L.attn_norm, c.rms_eps, xt);
-    // the mixer per sequence (its own state); the rest over every token at once
+    // the mixer: its projections over every token at once, its state's part per sequence
+    std::vector<MixerSeq> seqs(static_cast<size_t>(S));
     for (int64_t i = 0; i < S; ++i) {
       KimiState &state = *states[static_cast<size_t>(i)];
-      KimiLayerState &st = state.layers[static_cast<size_t>(il)];
-      const int64_t o = offsets[static_cast<size_t>(i)], len = offsets[static_cast<size_t>(i) + 1] - o;
-      if (c.mixer[static_cast<size_t>(il)] == KimiMixer::kda)
-        kda(il, xn + o * D, len, st, y + o * D);
-      else
-        mla(il, xn + o * D, len, state.n_past, st, y + o * D);
+      MixerSeq &m = seqs[static_cast<size_t>(i)];
+      m.offset = offsets[static_cast<size_t>(i)];
+      m.n = offsets[static_cast<size_t>(i) + 1] - m.offset;
+      m.n_past = state.n_past;
+      m.state = &state.layers[static_cast<size_t>(il)];
     }
+    if (c.mixer[static_cast<size_t>(il)] == KimiMixer::kda)
+      kda(il, xn, n, seqs, y);
+    else
+      mla(il, xn, n, seqs, y);
     if (B > 0 && il % B == 0) {
       // the raw layer input is banked; the stream restarts from the attention output
       be_.copy(dev_f32(dv, h, {D * n}), dev_f32(dv, bank + n_banked * D * n, {D * n}));

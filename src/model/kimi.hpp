@@ -77,9 +77,10 @@ class KimiModel {
   /// After an exception the state is partly updated and must be discarded. One forward() at a
   /// time per model (it reuses the model's scratch buffers in backend memory).
   /// One forward pass over several sequences: sequence i is tokens[offsets[i] .. offsets[i+1])
-  /// at states[i] (distinct states of this model). The mixers run per sequence, everything else
-  /// over every token at once (one acquire of the union of the routed experts per MoE layer):
-  /// each sequence's results are those of forward() on it alone. Logits as forward(), with
+  /// at states[i] (distinct states of this model). The mixers' stateful parts run per sequence,
+  /// everything else (their projections too) over every token at once (one acquire of the union of
+  /// the routed experts per MoE layer): each sequence's results are those of forward() on it
+  /// alone (bit for bit on the CPU). Logits as forward(), with
   /// LogitRows::last giving each sequence's last token: [vocab, sequences] ([vocab] for one).
   backend::Tensor forward_batch(std::span<const int32_t> tokens, std::span<const int64_t> offsets,
                                 std::span<KimiState *const> states, LogitRows rows);
@@ -102,9 +103,18 @@ class KimiModel {
   struct Weights;
 
  private:
-  // x and out are [hidden, n] f32 in backend memory.
-  void kda(int64_t il, const float *x, int64_t n, KimiLayerState &st, float *out);
-  void mla(int64_t il, const float *x, int64_t n, int64_t n_past, KimiLayerState &st, float *out);
+  /// One sequence of a pass, as a mixer sees it: its tokens' columns, its position and its state.
+  struct MixerSeq {
+    int64_t offset = 0;  ///< first column of the pass
+    int64_t n = 0;       ///< columns
+    int64_t n_past = 0;  ///< tokens the state holds before the pass
+    KimiLayerState *state = nullptr;
+  };
+  // x and out are [hidden, n] f32 in backend memory, the sequences' columns back to back. The
+  // projections run once over every column, the state's part (short convolutions and the
+  // recurrence; the cache and the causal attention) per sequence.
+  void kda(int64_t il, const float *x, int64_t n, std::span<const MixerSeq> seqs, float *out);
+  void mla(int64_t il, const float *x, int64_t n, std::span<const MixerSeq> seqs, float *out);
   void ffn(int64_t il, const float *x, int64_t n, float *out);
   void check_state(const KimiState &state) const;
 
