@@ -6,6 +6,12 @@
 // ep_session_sample so that the last step has finished too). Reported: prefill and decode tok/s,
 // best and median over the repetitions after the warm-up ones.
 //
+// Batched decode (--batch "1,2,4,8"): per batch size B, B fresh sessions get prompts of
+// --prompt-tokens tokens (each its own slice of the text) in one ep_sessions_append, then
+// --gen-tokens steps of one token each: every session samples (greedy) and one ep_sessions_append
+// runs the B tokens together, as a serving loop does. Reported per B: aggregate decode tok/s
+// (B x tokens / time), the step time, and the ratio to B = 1.
+//
 // Against the hardware: the HBM device-to-device copy bandwidth measured in the same run
 // (before the model is opened and after it is closed) and the bytes one decode token touches,
 // from the GGUF's tensor sizes:
@@ -51,6 +57,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -190,6 +197,37 @@ Timing run_once(ep_model *model, const std::vector<int32_t> &prompt, uint32_t ge
   t.generated = st.generated_tokens;
   if (t.generated != gen) fail(Status::internal, "generated {} tokens, asked for {}", t.generated, gen);
   return t;
+}
+
+/// @p b sessions stepped together (see the file comment): the decode time of @p gen steps.
+double run_batch_once(ep_model *model, const std::vector<std::vector<int32_t>> &prompts, uint32_t gen) {
+  const size_t b = prompts.size();
+  std::vector<std::unique_ptr<Session>> owned;
+  std::vector<ep_session *> ss;
+  for (size_t i = 0; i < b; ++i) {
+    owned.push_back(std::make_unique<Session>(model));
+    ss.push_back(owned.back()->s);
+  }
+  ep_generate_options g;
+  ep_generate_options_init(&g);
+  g.temperature = 0;
+  std::vector<const int32_t *> ptrs;
+  std::vector<size_t> counts;
+  for (const auto &p : prompts) {
+    ptrs.push_back(p.data());
+    counts.push_back(p.size());
+  }
+  check(ep_sessions_append(ss.data(), ptrs.data(), counts.data(), b), "batched prompt pass");
+  std::vector<int32_t> next(b);
+  for (size_t i = 0; i < b; ++i) check(ep_session_sample(&next[i], ss[i], &g), "sample after the prompt");
+  const std::vector<size_t> ones(b, 1);
+  const auto t0 = Clock::now();
+  for (uint32_t step = 0; step < gen; ++step) {
+    for (size_t i = 0; i < b; ++i) ptrs[i] = &next[i];
+    check(ep_sessions_append(ss.data(), ptrs.data(), ones.data(), b), "batched decode step");
+    for (size_t i = 0; i < b; ++i) check(ep_session_sample(&next[i], ss[i], &g), "sample");
+  }
+  return seconds_since(t0);
 }
 
 /// Deterministic plain ASCII text of about @p bytes bytes (words and sentences).
@@ -366,6 +404,20 @@ int cmd_compute(const Args &args) {
   const auto gen = static_cast<uint32_t>(args.number("gen-tokens", 128));
   const int reps = static_cast<int>(args.number("reps", 3));
   const int warmup = static_cast<int>(args.number("warmup", 1));
+  std::vector<uint32_t> batches;
+  {
+    const std::string list = args.get("batch", "");
+    for (size_t at = 0; at < list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      const std::string item = list.substr(at, comma - at);
+      char *end = nullptr;
+      const unsigned long v = std::strtoul(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || v < 1 || v > 256)
+        fail(Status::invalid_argument, "--batch: '{}' is not a batch size from 1 to 256 (a comma-separated list, e.g. 1,2,4,8)", item);
+      batches.push_back(static_cast<uint32_t>(v));
+      at = comma + 1;
+    }
+  }
   const std::string ds4_exe = args.get("ds4-bench", "");
   const int ds4_reps = static_cast<int>(args.number("ds4-reps", reps));
   if (prompt_tokens < 1 || gen < 1 || reps < 1 || warmup < 0 || ds4_reps < 1)
@@ -455,6 +507,32 @@ int cmd_compute(const Args &args) {
     std::fprintf(stderr, "ep-bench compute: run %d/%d: prefill %.1f tok/s, decode %.2f tok/s\n", r + 1, reps, prefill_tps.values.back(),
                  decode_tps.values.back());
   }
+  // Batched decode: each session's prompt is its own slice of a longer token sequence.
+  std::vector<Series> batch_tps(batches.size());
+  if (!batches.empty()) {
+    const uint32_t most = *std::max_element(batches.begin(), batches.end());
+    std::vector<int32_t> pool;
+    if (has_tokenizer) {
+      for (size_t text_bytes = text.size() * 2 + 64; pool.size() < static_cast<size_t>(prompt_tokens) * (most + 1) && text_bytes < (1u << 28); text_bytes *= 2)
+        pool = tokenize(h.tok, make_text(text_bytes));
+    } else {
+      for (uint64_t i = 0; i < static_cast<uint64_t>(prompt_tokens) * (most + 1); ++i)
+        pool.push_back(static_cast<int32_t>((i * 7919 + 11) % std::max<uint32_t>(1, props.vocab_size)));
+    }
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      std::vector<std::vector<int32_t>> prompts;
+      for (uint32_t i = 0; i < batches[bi]; ++i)
+        prompts.emplace_back(pool.begin() + static_cast<std::ptrdiff_t>(i) * prompt_tokens,
+                             pool.begin() + static_cast<std::ptrdiff_t>(i + 1) * prompt_tokens);
+      for (int w = 0; w < warmup; ++w) run_batch_once(h.model, prompts, std::min<uint32_t>(gen, 16));
+      for (int r = 0; r < reps; ++r) {
+        const double sec = run_batch_once(h.model, prompts, gen);
+        batch_tps[bi].values.push_back(static_cast<double>(batches[bi]) * gen / sec);
+        std::fprintf(stderr, "ep-bench compute: batch %u run %d/%d: %.1f tok/s aggregate\n", batches[bi], r + 1, reps,
+                     batch_tps[bi].values.back());
+      }
+    }
+  }
   h.close();
 
 #ifdef EP_HAVE_CUDA
@@ -493,6 +571,13 @@ int cmd_compute(const Args &args) {
   j["open_seconds"] = open_seconds;
   j["ours"] = {{"prefill_tps", prefill_tps.json()}, {"decode_tps", decode_tps.json()}, 
                {"decode_ms_per_token", {{"best", 1e3 / decode_tps.best()}, {"median", decode_ms_median}}}};
+  if (!batches.empty()) {
+    Json rows = Json::array();
+    for (size_t bi = 0; bi < batches.size(); ++bi)
+      rows.push_back({{"sessions", batches[bi]}, {"aggregate_decode_tps", batch_tps[bi].json()},
+                      {"step_ms_median", 1e3 * batches[bi] / batch_tps[bi].median()}});
+    j["batched_decode"] = rows;
+  }
   j["decode_bytes_per_token"] = {{"total", bytes.total()},
                                  {"dense", bytes.dense},
                                  {"lookup_rows", bytes.lookup_rows},
@@ -572,6 +657,15 @@ int cmd_compute(const Args &args) {
   else
     std::printf("no HBM bound on the %s backend: decode %.4f ms/token (median)\n", device.c_str(), decode_ms_median);
 
+  if (!batches.empty()) {
+    std::printf("batched decode (sessions stepped together, %u tokens each after a %d-token prompt; %d runs):\n", gen, prompt_tokens, reps);
+    std::printf("%10s %22s %16s %18s\n", "sessions", "aggregate tok/s (med)", "step ms (med)", "x one session");
+    const double one = batches.front() == 1 ? batch_tps.front().median() : 0;
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      const double med = batch_tps[bi].median();
+      std::printf("%10u %22.1f %16.3f %18s\n", batches[bi], med, 1e3 * batches[bi] / med, one > 0 ? fmt::format("{:.2f}", med / one).c_str() : "-");
+    }
+  }
   if (with_peer && !peer_ok) {
     std::fprintf(stderr, "ep-bench compute: ds4 failed: %s\nwork files kept in %s\n", peer.error.c_str(), work_dir.c_str());
     return 1;
