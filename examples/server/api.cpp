@@ -95,7 +95,6 @@ struct Answer {
 /// The tool calls of one answer as they are parsed out of its content (ParsedRequest::tools).
 struct ToolCalls {
   ToolCallParser parser;
-  std::vector<std::string> ids;  // per call
 
   explicit ToolCalls(const ParsedRequest &c) : parser(c.tool_format, c.parallel_tool_calls) {
     if (!c.tool_prime.empty()) parser.prime(c.tool_prime);
@@ -107,10 +106,7 @@ struct ToolCalls {
       json fn = {{"arguments", c.arguments}};
       json item = {{"index", c.index}};
       if (!c.name.empty()) {
-        std::string id = new_id("call");
-        id[4] = '_';
-        ids.push_back(id);
-        item["id"] = id;
+        item["id"] = "call_" + new_id("call").substr(5);  // OpenAI's spelling: call_<random>
         item["type"] = "function";
         fn["name"] = c.name;
       }

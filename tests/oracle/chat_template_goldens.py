@@ -125,6 +125,9 @@ def tool_conversations():
         ("tool_choice_required", [m("user", "Weather in Paris?")], TOOLS, "required"),
         ("tool_choice_none", [m("user", "Weather in Paris?")], TOOLS, "none"),
         ("tool_choice_auto", [m("user", "Weather in Paris?")], TOOLS, "auto"),
+        ("named_messages", [{"role": "system", "content": "Rules.", "name": "ops"},
+                            {"role": "user", "content": "Hi", "name": "eve \"e\" & co"},
+                            {"role": "assistant", "content": "Hello", "name": "bot"}, m("user", "Go")], TOOLS[:1], None),
     ]
 
 

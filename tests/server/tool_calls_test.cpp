@@ -1,7 +1,7 @@
 // The tool-call parser (examples/server/tool_calls.cpp) on hand-written model outputs in the
 // DeepSeek-V4 and Kimi-K3 formats: content, calls and their arguments; every output also fed
-// cut at every byte, and in two pieces at every pair of cuts for the short ones, where the
-// concatenated deltas must equal the whole parse (the streamed answer equals the whole answer).
+// one byte at a time, and in two pieces cut at every byte, where the concatenated deltas must
+// equal the whole parse (the streamed answer equals the whole answer).
 #include "support/catch.hpp"
 #include "tool_calls.hpp"
 
