@@ -5,8 +5,12 @@
 #include "capi/guard.hpp"
 #include "capi/model_internal.hpp"
 #include "engine/text.hpp"
+#include "tokenizer/utf8.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -25,7 +29,7 @@ namespace {
 using ep::tokenizer::ChatTemplate;
 
 constexpr size_t kTokenizerPropertiesV1 = sizeof(ep_tokenizer_properties);
-constexpr size_t kChatOptionsV1 = sizeof(ep_chat_options);
+constexpr size_t kChatOptionsV1 = offsetof(ep_chat_options, tools_json);  // before the tool fields
 
 void fill_text(char *out, size_t capacity, size_t *out_length, const std::string &s, const char *fn) {
   ep::capi::require_arg(out_length, fn, "out_length");
@@ -39,7 +43,8 @@ void fill_text(char *out, size_t capacity, size_t *out_length, const std::string
   }
 }
 
-ep::engine::ChatOptions read_chat_options(const ep_chat_options *options, const char *fn) {
+/// The caller's options over the defaults (fields past its struct_size keep theirs).
+ep_chat_options copy_chat_options(const ep_chat_options *options) {
   ep_chat_options o;
   ep_chat_options_init(&o);
   if (options) {
@@ -47,6 +52,11 @@ ep::engine::ChatOptions read_chat_options(const ep_chat_options *options, const 
     std::memcpy(&o, options, std::min(options->struct_size, sizeof(ep_chat_options)));
     o.struct_size = sizeof(ep_chat_options);
   }
+  return o;
+}
+
+ep::engine::ChatOptions read_chat_options(const ep_chat_options *options, const char *fn) {
+  const ep_chat_options o = copy_chat_options(options);
   ep::engine::ChatOptions co;
   switch (o.chat_template) {
     case EP_CHAT_TEMPLATE_AUTO: break;
@@ -61,17 +71,65 @@ ep::engine::ChatOptions read_chat_options(const ep_chat_options *options, const 
     ep::fail(ep::Status::invalid_argument, "{}: add_generation_prompt {} (expected 0 or 1)", fn, o.add_generation_prompt);
   if (o.thinking >= 0) co.thinking = o.thinking != 0;
   co.add_generation_prompt = o.add_generation_prompt != 0;
+  if (o.tools_json) co.tools_json = o.tools_json;
+  if (o.tool_choice) {
+    co.tool_choice = o.tool_choice;
+    if (co.tool_choice != "auto" && co.tool_choice != "none" && co.tool_choice != "required")
+      ep::fail(ep::Status::invalid_argument, "{}: tool_choice '{}' (expected NULL, auto, none or required)", fn, co.tool_choice);
+  }
   return co;
 }
 
-std::vector<ep::engine::ChatMessage> read_messages(const ep_chat_message *messages, size_t n, const char *fn) {
+/// One message's tool fields (ep_chat_options::message_tools_json) into @p m.
+void read_message_tools(ep::engine::ChatMessage &m, const char *text, size_t i, const char *fn) {
+  using ojson = nlohmann::ordered_json;
+  const ojson j = ojson::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    ep::fail(ep::Status::invalid_argument, "{}: message_tools_json[{}] is not a JSON object", fn, i);
+  const auto str = [&](const ojson &v, const std::string &field) {
+    if (!v.is_string()) ep::fail(ep::Status::invalid_argument, "{}: message_tools_json[{}].{} must be a string, got {}", fn, i, field, v.type_name());
+    return v.get<std::string>();
+  };
+  for (const auto &[key, v] : j.items()) {
+    if (v.is_null()) continue;
+    if (key == "tool_call_id") {
+      m.tool_call_id = str(v, key);
+    } else if (key == "name") {
+      m.name = str(v, key);
+    } else if (key == "tool_calls") {
+      if (!v.is_array()) ep::fail(ep::Status::invalid_argument, "{}: message_tools_json[{}].tool_calls must be an array", fn, i);
+      for (size_t c = 0; c < v.size(); ++c) {
+        const std::string at = "tool_calls[" + std::to_string(c) + "]";
+        const ojson &call = v[c];
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+          ep::fail(ep::Status::invalid_argument, "{}: message_tools_json[{}].{} must be an object with a 'function' object", fn, i, at);
+        const ojson &f = call["function"];
+        ep::tokenizer::ToolCall tc;
+        if (call.contains("id") && !call["id"].is_null()) tc.id = str(call["id"], at + ".id");
+        if (!f.contains("name")) ep::fail(ep::Status::invalid_argument, "{}: message_tools_json[{}].{}.function has no name", fn, i, at);
+        tc.name = str(f["name"], at + ".function.name");
+        if (f.contains("arguments") && !f["arguments"].is_null())
+          tc.arguments = f["arguments"].is_string() ? f["arguments"].get<std::string>() : f["arguments"].dump();
+        m.tool_calls.push_back(std::move(tc));
+      }
+    } else {
+      ep::fail(ep::Status::invalid_argument, "{}: message_tools_json[{}] has the field '{}' (expected tool_calls, tool_call_id, name)", fn, i,
+               key);
+    }
+  }
+}
+
+std::vector<ep::engine::ChatMessage> read_messages(const ep_chat_message *messages, size_t n, const ep_chat_options *options,
+                                                   const char *fn) {
   if (n) ep::capi::require_arg(messages, fn, "messages");
+  const ep_chat_options o = copy_chat_options(options);
   std::vector<ep::engine::ChatMessage> out(n);
   for (size_t i = 0; i < n; ++i) {
     if (!messages[i].role) ep::fail(ep::Status::invalid_argument, "{}: messages[{}].role is NULL", fn, i);
     out[i].role = messages[i].role;
     if (messages[i].content) out[i].content = messages[i].content;
     if (messages[i].reasoning_content) out[i].reasoning = messages[i].reasoning_content;
+    if (o.message_tools_json && o.message_tools_json[i]) read_message_tools(out[i], o.message_tools_json[i], i, fn);
   }
   return out;
 }
@@ -202,8 +260,21 @@ EP_API ep_status ep_chat_render(char *out_text, size_t capacity, size_t *out_len
     ep::capi::require_arg(out_length, fn, "out_length");
     ep::capi::require_arg(tokenizer, fn, "tokenizer");
     const ep::engine::ChatOptions o = read_chat_options(options, fn);
-    const std::vector<ep::engine::ChatMessage> msgs = read_messages(messages, n_messages, fn);
+    const std::vector<ep::engine::ChatMessage> msgs = read_messages(messages, n_messages, options, fn);
     fill_text(out_text, capacity, out_length, ep::engine::render_chat(*tokenizer->t, msgs, o), fn);
+  });
+}
+
+EP_API ep_status ep_chat_tool_call_prefix(char *out_text, size_t capacity, size_t *out_length, const ep_tokenizer *tokenizer,
+                                          const char *name, const ep_chat_options *options) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_length, fn, "out_length");
+    ep::capi::require_arg(tokenizer, fn, "tokenizer");
+    const ep::engine::ChatOptions o = read_chat_options(options, fn);
+    const std::string n = name ? name : "";
+    if (const size_t bad = ep::tokenizer::utf8_first_invalid(n); bad != n.size())
+      ep::fail(ep::Status::invalid_argument, "{}: name is not valid UTF-8 (byte {})", fn, bad);
+    fill_text(out_text, capacity, out_length, ep::engine::tool_call_prefix(*tokenizer->t, o, n), fn);
   });
 }
 
@@ -233,7 +304,7 @@ EP_API ep_status ep_generate_chat(ep_generate_stats *out_stats, ep_session *sess
     if (!n_messages) ep::fail(ep::Status::invalid_argument, "{}: no messages", fn);
     ep::capi::check_generate_stats(out_stats);
     const ep::engine::ChatOptions co = read_chat_options(chat_options, fn);
-    const std::vector<ep::engine::ChatMessage> msgs = read_messages(messages, n_messages, fn);
+    const std::vector<ep::engine::ChatMessage> msgs = read_messages(messages, n_messages, chat_options, fn);
     const ep::engine::GenerateParams params = ep::capi::generate_params(ep::capi::read_generate_options(options, fn));
     with_stats(out_stats, [&](ep::engine::GenerateStats &st) {
       ep::engine::generate_chat(ep::capi::session_of(*session), *tokenizer->t, msgs, co, params, text_sink(callback, payload), st);

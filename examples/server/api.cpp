@@ -2,6 +2,7 @@
 
 #include "connection.hpp"
 #include "job.hpp"
+#include "tool_calls.hpp"
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -91,14 +92,61 @@ struct Answer {
   std::string chunk_object() const { return chat ? "chat.completion.chunk" : "text_completion"; }
 };
 
-json full_answer(const Answer &a, const Job::Delta &text, const JobResult &r) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason_name(r.finish)}, {"logprobs", nullptr}};
+/// The tool calls of one answer as they are parsed out of its content (ParsedRequest::tools).
+struct ToolCalls {
+  ToolCallParser parser;
+
+  explicit ToolCalls(const ParsedRequest &c) : parser(c.tool_format, c.parallel_tool_calls) {
+    if (!c.tool_prime.empty()) parser.prime(c.tool_prime);
+  }
+  /// OpenAI's delta objects of @p d's calls (a call's first piece: its id, type and name).
+  json deltas(const ToolDelta &d) {
+    json out = json::array();
+    for (const ToolCallDelta &c : d.calls) {
+      json fn = {{"arguments", c.arguments}};
+      json item = {{"index", c.index}};
+      if (!c.name.empty()) {
+        item["id"] = "call_" + new_id("call").substr(5);  // OpenAI's spelling: call_<random>
+        item["type"] = "function";
+        fn["name"] = c.name;
+      }
+      item["function"] = std::move(fn);
+      out.push_back(std::move(item));
+    }
+    return out;
+  }
+};
+
+/// finish_reason: "tool_calls" when the model stopped after making calls.
+std::string finish_reason_of(const JobResult &r, const ToolCalls *tools) {
+  if (tools && tools->parser.calls() > 0 && r.finish == FinishReason::stop) return "tool_calls";
+  return finish_reason_name(r.finish);
+}
+
+json full_answer(const Answer &a, const Job::Delta &text, const JobResult &r, ToolCalls *tools) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}};
   if (a.chat) {
     json msg = {{"role", "assistant"}, {"content", text.content}};
+    if (tools) {
+      ToolDelta d;
+      tools->parser.push(text.content, d);
+      tools->parser.finish(d);
+      json calls = json::array();
+      for (const json &piece : tools->deltas(d)) {
+        if (piece.contains("id"))
+          calls.push_back({{"id", piece["id"]}, {"type", "function"}, {"function", {{"name", piece["function"]["name"]}, {"arguments", ""}}}});
+        calls[piece["index"].get<size_t>()]["function"]["arguments"] =
+            calls[piece["index"].get<size_t>()]["function"]["arguments"].get<std::string>() + piece["function"]["arguments"].get<std::string>();
+      }
+      msg["content"] = d.content.empty() && !calls.empty() ? json(nullptr) : json(d.content);
+      if (!calls.empty()) msg["tool_calls"] = std::move(calls);
+    }
     if (!text.reasoning.empty()) msg["reasoning_content"] = text.reasoning;
     choice["message"] = std::move(msg);
+    choice["finish_reason"] = finish_reason_of(r, tools);  // after the parsing: its calls decide
   } else {
     choice["text"] = text.content;
+    choice["finish_reason"] = finish_reason_name(r.finish);
   }
   return {{"id", a.id},
           {"object", a.object()},
@@ -127,7 +175,23 @@ struct Streamer {
   Answer answer;
   bool include_usage = false;
   ConnectionProbe probe;
+  std::shared_ptr<ToolCalls> tools;  // null: no tools
   bool started = false;
+
+  /// The chunks of the content's text (through the tool-call parser with tools).
+  std::string content_chunks(const std::string &content, bool end) {
+    std::string out;
+    if (!tools) {
+      if (!content.empty()) out += sse(chunk(answer, {{"content", content}}, nullptr, include_usage));
+      return out;
+    }
+    ToolDelta d;
+    tools->parser.push(content, d);
+    if (end) tools->parser.finish(d);
+    if (!d.content.empty()) out += sse(chunk(answer, {{"content", d.content}}, nullptr, include_usage));
+    if (!d.calls.empty()) out += sse(chunk(answer, {{"tool_calls", tools->deltas(d)}}, nullptr, include_usage));
+    return out;
+  }
 
   /// One call of the content provider: waits a little for output and writes it.
   bool pump(httplib::DataSink &sink) {
@@ -140,7 +204,7 @@ struct Streamer {
     const bool done = job->wait_take(100ms, d);
     if (answer.chat) {
       if (!d.reasoning.empty()) out += sse(chunk(answer, {{"reasoning_content", d.reasoning}}, nullptr, include_usage));
-      if (!d.content.empty()) out += sse(chunk(answer, {{"content", d.content}}, nullptr, include_usage));
+      out += content_chunks(d.content, done && job->result().finish != FinishReason::error);
     } else if (!d.content.empty()) {
       out += sse(chunk(answer, d.content, nullptr, include_usage));
     }
@@ -149,7 +213,7 @@ struct Streamer {
       if (r.finish == FinishReason::error) {
         out += sse(error_json(r.error_status, r.error_message));
       } else {
-        out += sse(chunk(answer, answer.chat ? json::object() : json(""), finish_reason_name(r.finish), include_usage));
+        out += sse(chunk(answer, answer.chat ? json::object() : json(""), finish_reason_of(r, tools.get()), include_usage));
         if (include_usage) {
           json u = {{"id", answer.id},         {"object", answer.chunk_object()}, {"created", answer.created}, {"model", answer.model},
                     {"choices", json::array()}, {"usage", usage_json(r.usage)},    {"timings", timings_json(r.usage)}};
@@ -176,11 +240,13 @@ struct Streamer {
 
 /// Runs a parsed request: queues it and answers, streamed or whole.
 void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Response &res, ParsedRequest c, bool chat) {
+  std::shared_ptr<ToolCalls> tools = c.tools ? std::make_shared<ToolCalls>(c) : nullptr;
   auto job = std::make_shared<Job>(std::move(c.job));
   if (!ctx.scheduler->submit(job)) throw ApiError{503, "the server is shutting down", "", "shutting_down"};
   Answer a{chat, new_id(chat ? "chatcmpl" : "cmpl"), ctx.model_name, unix_now()};
   if (c.stream) {
-    auto s = std::make_shared<Streamer>(Streamer{job, a, c.include_usage, ConnectionProbe(req.local_addr, req.local_port, req.remote_addr, req.remote_port)});
+    auto s = std::make_shared<Streamer>(
+        Streamer{job, a, c.include_usage, ConnectionProbe(req.local_addr, req.local_port, req.remote_addr, req.remote_port), tools});
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream", [s](size_t, httplib::DataSink &sink) { return s->pump(sink); },
@@ -202,7 +268,7 @@ void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Respon
   if (r.finish == FinishReason::error) throw ApiError{r.error_status, r.error_message, "", ""};
   res.set_header("X-Prefill-Expert-Bytes", std::to_string(r.usage.prefill_expert_bytes));
   res.set_header("X-Cached-Tokens", std::to_string(r.usage.cached_tokens));
-  send_json(res, full_answer(a, text, r));
+  send_json(res, full_answer(a, text, r, tools.get()));
 }
 
 /// A request's body, read as it arrives and refused (413) as soon as it passes the limit: a

@@ -28,6 +28,8 @@ struct JobRequest {
   bool ignore_eos = false;           ///< do not stop at EOS / end of turn
   bool split_reasoning = false;      ///< route thinking-marker spans to the reasoning channel (chat)
   bool start_in_reasoning = false;   ///< the prompt opened a thinking block (thinking on)
+  bool tool_markup = false;          ///< the content keeps the tool-call format's markup tokens as text (tools offered)
+  bool start_in_tool_calls = false;  ///< the prompt began a tool call (Kimi-K3: its response is closed)
 };
 
 enum class FinishReason { stop, length, cancelled, error };

@@ -1,5 +1,7 @@
 #include "reasoning.hpp"
 
+#include <algorithm>
+
 namespace ep_server {
 
 namespace {
@@ -33,14 +35,31 @@ ThinkingMarkers ThinkingMarkers::of(const ep_tokenizer *tokenizer, ep_chat_templ
     m.tag_close = token_id(tokenizer, "<|close|>");
     m.tag_sep = token_id(tokenizer, "<|sep|>");
   }
+  const std::vector<int32_t> candidates = chat_template == EP_CHAT_TEMPLATE_KIMI_K3 ? std::vector<int32_t>{m.tag_open, m.tag_close, m.tag_sep}
+                                                                                     : std::vector<int32_t>{token_id(tokenizer, "｜DSML｜")};
+  for (const int32_t id : candidates) {
+    if (id < 0) continue;
+    // Special: a text stream leaves it out (its text with special tokens skipped is empty).
+    size_t n = 0;
+    if (ep_detokenize(nullptr, 0, &n, tokenizer, &id, 1, EP_DETOKENIZE_SKIP_SPECIAL) == EP_OK && n == 0) m.tool_markup.push_back(id);
+  }
   return m;
 }
 
-ReasoningSplitter::ReasoningSplitter(const ThinkingMarkers &markers, const ep_tokenizer *tokenizer, bool start_in_reasoning)
-    : m_(markers), tokenizer_(tokenizer), channel_(start_in_reasoning ? Channel::reasoning : Channel::content) {}
+bool ThinkingMarkers::is_tool_markup(int32_t token) const {
+  return std::find(tool_markup.begin(), tool_markup.end(), token) != tool_markup.end();
+}
+
+ReasoningSplitter::ReasoningSplitter(const ThinkingMarkers &markers, const ep_tokenizer *tokenizer, bool start_in_reasoning, bool tool_calls,
+                                     bool start_in_tool_calls)
+    : m_(markers), tokenizer_(tokenizer), channel_(start_in_reasoning ? Channel::reasoning : Channel::content) {
+  tool_calls_ = tool_calls;
+  if (start_in_tool_calls && m_.tag_sep >= 0) answer_over_ = true;  // Kimi-K3: the prompt closed the response
+}
 
 Channel ReasoningSplitter::route(int32_t token) {
   constexpr size_t kLongestTag = 32;  // tokens; a longer "tag" is not one: give up on it
+  if (answer_over_ && tool_calls_) return Channel::content;  // the tool calls, markup and all
   if (in_tag_) {
     if (token == m_.tag_sep) {
       end_tag();

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -107,8 +108,8 @@ void check_parameters(const json &body, bool chat) {
                                                   "top_logprobs", "thinking", "chat_template_kwargs"};
   static const std::set<std::string> completion_only = {"prompt", "echo", "suffix", "best_of"};
   static const std::map<std::string, std::string> refused = {
-      {"functions", "function calling is not supported"},
-      {"function_call", "function calling is not supported"},
+      {"functions", "the legacy 'functions' are not supported: declare them in 'tools' ({\"type\": \"function\", \"function\": ...})"},
+      {"function_call", "the legacy 'function_call' is not supported: use 'tool_choice'"},
       {"reasoning_effort", "'reasoning_effort' is not supported: use 'thinking' (true or false)"},
       {"audio", "audio output is not supported"},
       {"prediction", "predicted outputs are not supported"},
@@ -223,7 +224,36 @@ void check_prompt_length(const RequestContext &ctx, size_t n, const char *param)
 
 struct Message {
   std::string role, content, reasoning;
+  std::string tools_json;  ///< the message's tool fields for ep_chat_options::message_tools_json (empty: none)
 };
+
+/// An assistant message's tool_calls, checked: [{"id", "type": "function", "function": {"name", "arguments"}}].
+json parse_tool_calls(const json &calls, const std::string &at) {
+  const std::string param = at + ".tool_calls";
+  if (!calls.is_array()) throw ApiError{400, "'" + param + "' must be an array", param, "invalid_type"};
+  json out = json::array();
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const json &call = calls[c];
+    const std::string cat = param + "[" + std::to_string(c) + "]";
+    if (!call.is_object()) throw ApiError{400, "'" + cat + "' must be an object", cat, "invalid_type"};
+    const Fields cf(call);
+    for (const auto &[key, value] : call.items())
+      if (!value.is_null() && key != "id" && key != "type" && key != "function")
+        throw ApiError{400, "'" + cat + "." + key + "' is not supported", cat + "." + key, "unsupported"};
+    if (const auto type = cf.string("type"); type && *type != "function")
+      throw ApiError{400, "'" + cat + ".type' must be \"function\"", cat + ".type", "invalid_value"};
+    const json *f = cf.object("function");
+    if (!f) throw ApiError{400, "'" + cat + ".function' is required", cat + ".function", "missing"};
+    const Fields ff(*f);
+    const auto name = ff.string("name");
+    if (!name || name->empty()) throw ApiError{400, "'" + cat + ".function.name' is required", cat + ".function.name", "missing"};
+    const auto arguments = ff.string("arguments");
+    out.push_back({{"id", cf.string("id").value_or("")},
+                   {"type", "function"},
+                   {"function", {{"name", *name}, {"arguments", arguments.value_or("{}")}}}});
+  }
+  return out;
+}
 
 std::string content_text(const json &content, size_t index) {
   const std::string param = "messages[" + std::to_string(index) + "].content";
@@ -253,7 +283,8 @@ std::vector<Message> parse_messages(const Fields &f) {
     if (!m.is_object()) throw ApiError{400, "'" + at + "' must be an object", at, "invalid_type"};
     const Fields mf(m);
     for (const auto &[key, value] : m.items())
-      if (!value.is_null() && key != "role" && key != "content" && key != "reasoning_content" && key != "tool_calls")
+      if (!value.is_null() && key != "role" && key != "content" && key != "reasoning_content" && key != "tool_calls" && key != "tool_call_id" &&
+          key != "name")
         throw ApiError{400, "'" + at + "." + key + "' is not supported", at + "." + key, "unsupported"};
     const auto role = mf.string("role");
     if (!role) throw ApiError{400, "'" + at + ".role' is required", at + ".role", "missing"};
@@ -266,22 +297,59 @@ std::vector<Message> parse_messages(const Fields &f) {
       throw ApiError{400, "'" + at + ".content' is required for a '" + msg.role + "' message", at + ".content", "missing"};
     msg.content = c == m.end() ? std::string() : content_text(*c, i);
     msg.reasoning = mf.string("reasoning_content").value_or("");
-    if (const json *tc = mf.get("tool_calls"); tc && !(tc->is_array() && tc->empty()))
-      throw ApiError{400, "'" + at + ".tool_calls': tool calls are not supported", at + ".tool_calls", "unsupported"};
+    json tools = json::object();
+    if (const json *tc = mf.get("tool_calls")) {
+      if (msg.role != "assistant")
+        throw ApiError{400, "'" + at + ".tool_calls': only an assistant message has tool calls", at + ".tool_calls", "invalid_value"};
+      if (!(tc->is_array() && tc->empty())) tools["tool_calls"] = parse_tool_calls(*tc, at);
+    }
+    if (const auto id = mf.string("tool_call_id")) {
+      if (msg.role != "tool")
+        throw ApiError{400, "'" + at + ".tool_call_id': only a tool message answers a tool call", at + ".tool_call_id", "invalid_value"};
+      tools["tool_call_id"] = *id;
+    } else if (msg.role == "tool") {
+      throw ApiError{400, "'" + at + ".tool_call_id' is required for a 'tool' message", at + ".tool_call_id", "missing"};
+    }
+    if (const auto name = mf.string("name")) tools["name"] = *name;
+    if (!tools.empty()) msg.tools_json = tools.dump();
     out.push_back(std::move(msg));
   }
   return out;
 }
 
-/// The conversation rendered by the model's chat template.
-std::string render(const RequestContext &ctx, const std::vector<Message> &messages, int thinking, bool generation_prompt) {
-  std::vector<ep_chat_message> cm;
-  for (const Message &m : messages) cm.push_back({m.role.c_str(), m.content.c_str(), m.reasoning.empty() ? nullptr : m.reasoning.c_str()});
+/// What a request asks of tools (parse_tools()).
+struct ToolRequest {
+  std::string tools_json;     ///< the tools rendered (empty: none offered)
+  std::string choice = "auto";  ///< auto, none, required, or "function" (a named one)
+  std::string function;       ///< the named function
+  bool parallel = true;
+};
+
+ep_chat_options chat_options(const RequestContext &ctx, const ToolRequest &tools, int thinking, bool generation_prompt) {
   ep_chat_options co;
   ep_chat_options_init(&co);
   co.chat_template = ctx.chat_template;
   co.thinking = thinking;
   co.add_generation_prompt = generation_prompt ? 1 : 0;
+  if (!tools.tools_json.empty()) {
+    co.tools_json = tools.tools_json.c_str();
+    // Kimi-K3's template has a note for "required" (a named function is forced by the prompt instead).
+    if (tools.choice == "required" || tools.choice == "auto") co.tool_choice = tools.choice.c_str();
+  }
+  return co;
+}
+
+/// The conversation rendered by the model's chat template.
+std::string render(const RequestContext &ctx, const std::vector<Message> &messages, const ToolRequest &tools, int thinking,
+                   bool generation_prompt) {
+  std::vector<ep_chat_message> cm;
+  std::vector<const char *> tool_fields;
+  for (const Message &m : messages) {
+    cm.push_back({m.role.c_str(), m.content.c_str(), m.reasoning.empty() ? nullptr : m.reasoning.c_str()});
+    tool_fields.push_back(m.tools_json.empty() ? nullptr : m.tools_json.c_str());
+  }
+  ep_chat_options co = chat_options(ctx, tools, thinking, generation_prompt);
+  co.message_tools_json = tool_fields.data();
   size_t n = 0;
   if (ep_chat_render(nullptr, 0, &n, ctx.tokenizer, cm.data(), cm.size(), &co) != EP_OK)
     throw ApiError{400, std::string("cannot render the conversation: ") + ep_last_error(), "messages", "invalid_value"};
@@ -303,14 +371,73 @@ int parse_thinking(const Fields &f, const RequestContext &ctx) {
   return ctx.chat_template == EP_CHAT_TEMPLATE_KIMI_K3 ? 1 : 0;  // the templates' defaults
 }
 
+/// tools, tool_choice and parallel_tool_calls, checked.
+ToolRequest parse_tools(const Fields &f) {
+  ToolRequest t;
+  const json *tools = f.get("tools");
+  if (!tools || (tools->is_array() && tools->empty())) return t;
+  if (!tools->is_array()) throw ApiError{400, "'tools' must be an array", "tools", "invalid_type"};
+  std::set<std::string> names;
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const json &tool = (*tools)[i];
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    if (!tool.is_object()) throw ApiError{400, "'" + at + "' must be an object", at, "invalid_type"};
+    const Fields tf(tool);
+    const auto type = tf.string("type");
+    if (type != "function") throw ApiError{400, "'" + at + ".type': only \"function\" tools are supported", at + ".type", "unsupported"};
+    for (const auto &[key, value] : tool.items())
+      if (!value.is_null() && key != "type" && key != "function")
+        throw ApiError{400, "'" + at + "." + key + "' is not supported", at + "." + key, "unsupported"};
+    const json *fn = tf.object("function");
+    if (!fn) throw ApiError{400, "'" + at + ".function' is required", at + ".function", "missing"};
+    for (const auto &[key, value] : fn->items())
+      if (!value.is_null() && key != "name" && key != "description" && key != "parameters" && key != "strict")
+        throw ApiError{400, "'" + at + ".function." + key + "' is not supported", at + ".function." + key, "unsupported"};
+    const Fields ff(*fn);
+    const auto name = ff.string("name");
+    if (!name || name->empty()) throw ApiError{400, "'" + at + ".function.name' is required", at + ".function.name", "missing"};
+    for (const char ch : *name)
+      if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == '.'))
+        throw ApiError{400, "'" + at + ".function.name' may hold only letters, digits, '_', '-' and '.'", at + ".function.name", "invalid_value"};
+    if (!names.insert(*name).second) throw ApiError{400, "two tools are named '" + *name + "'", at + ".function.name", "invalid_value"};
+    ff.string("description");
+    ff.object("parameters");
+    if (ff.boolean("strict").value_or(false))
+      throw ApiError{400, "'strict' function calling is not supported: arguments are not constrained by the schema", at + ".function.strict",
+                     "unsupported"};
+  }
+  if (const json *choice = f.get("tool_choice")) {
+    if (choice->is_string()) {
+      t.choice = choice->get<std::string>();
+      if (t.choice != "auto" && t.choice != "none" && t.choice != "required")
+        throw ApiError{400, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                       "tool_choice", "invalid_value"};
+    } else if (choice->is_object()) {
+      const Fields cf(*choice);
+      const json *fn = cf.object("function");
+      const auto name = fn ? Fields(*fn).string("name") : std::nullopt;
+      if (cf.string("type") != "function" || !name)
+        throw ApiError{400, "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice",
+                       "invalid_value"};
+      if (!names.count(*name)) throw ApiError{400, "'tool_choice' names '" + *name + "', which is not in 'tools'", "tool_choice", "invalid_value"};
+      t.choice = "function";
+      t.function = *name;
+    } else {
+      throw ApiError{400, "'tool_choice' must be a string or an object", "tool_choice", "invalid_type"};
+    }
+  }
+  t.parallel = f.boolean("parallel_tool_calls").value_or(true);
+  if (t.choice != "none") t.tools_json = tools->dump();
+  return t;
+}
+
 ParsedRequest parse_chat(const json &body, const RequestContext &ctx) {
   check_parameters(body, true);
   const Fields f(body);
   if (ctx.chat_template == EP_CHAT_TEMPLATE_NONE)
     throw ApiError{400, "this model's tokenizer has no chat template: use /v1/completions", "messages", "unsupported"};
   ParsedRequest c = parse_common(f, ctx);
-  if (const json *tools = f.get("tools"); tools && !(tools->is_array() && tools->empty()))
-    throw ApiError{400, "tools are not supported", "tools", "unsupported"};
+  const ToolRequest tools = parse_tools(f);
   if (const json *rf = f.object("response_format")) {
     const auto type = rf->find("type");
     if (type == rf->end() || *type != "text") throw ApiError{400, "only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported"};
@@ -319,19 +446,43 @@ ParsedRequest parse_chat(const json &body, const RequestContext &ctx) {
     throw ApiError{400, "'top_logprobs' is not supported", "top_logprobs", "unsupported"};
   std::vector<Message> messages = parse_messages(f);
   const int thinking = parse_thinking(f, ctx);
-  c.job.prompt = tokenize(ctx, render(ctx, messages, thinking, true), 0);
+  std::string prompt = render(ctx, messages, tools, thinking, true);
+  // A call the request demands is begun by the prompt: the format's call-section opener (and
+  // the function's name), as vLLM and SGLang do for these formats without a grammar.
+  std::string forced;
+  if (!tools.tools_json.empty() && (tools.choice == "required" || tools.choice == "function")) {
+    const ep_chat_options co = chat_options(ctx, tools, thinking, true);
+    const char *name = tools.choice == "function" ? tools.function.c_str() : nullptr;
+    size_t n = 0;
+    if (ep_chat_tool_call_prefix(nullptr, 0, &n, ctx.tokenizer, name, &co) != EP_OK)
+      throw ApiError{400, std::string("cannot begin the tool call: ") + ep_last_error(), "tool_choice", "invalid_value"};
+    forced.resize(n + 1);
+    if (ep_chat_tool_call_prefix(forced.data(), forced.size(), &n, ctx.tokenizer, name, &co) != EP_OK)
+      throw ApiError{400, std::string("cannot begin the tool call: ") + ep_last_error(), "tool_choice", "invalid_value"};
+    forced.resize(n);
+  }
+  c.job.prompt = tokenize(ctx, prompt + forced, 0);
   check_prompt_length(ctx, c.job.prompt.size(), "messages");
+  if (!tools.tools_json.empty()) {
+    c.tools = true;
+    c.tool_format = ctx.chat_template == EP_CHAT_TEMPLATE_KIMI_K3 ? ToolFormat::kimi_k3 : ToolFormat::deepseek_v4;
+    c.parallel_tool_calls = tools.parallel;
+    const std::string opener = c.tool_format == ToolFormat::kimi_k3 ? "<|open|>tools<|sep|>" : "<｜DSML｜tool_calls>";
+    if (!forced.empty()) c.tool_prime = forced.substr(forced.find(opener));
+    c.job.tool_markup = true;
+    c.job.start_in_tool_calls = !forced.empty();
+  }
   // The state a next turn can continue from: where this prompt and the rendering of the
   // conversation with an answer and one more user message part (DeepSeek-V4 renders an earlier
   // answer without its thinking, so the two part just after the assistant's marker).
-  messages.push_back({"assistant", "", ""});
-  messages.push_back({"user", "", ""});
-  const std::vector<int32_t> next = tokenize(ctx, render(ctx, messages, thinking, false), 0);
+  messages.push_back({"assistant", "", "", ""});
+  messages.push_back({"user", "", "", ""});
+  const std::vector<int32_t> next = tokenize(ctx, render(ctx, messages, tools, thinking, false), 0);
   size_t common = 0;
   while (common < next.size() && common < c.job.prompt.size() && next[common] == c.job.prompt[common]) ++common;
   c.job.snapshot_at = common;
   c.job.split_reasoning = true;
-  c.job.start_in_reasoning = thinking == 1;
+  c.job.start_in_reasoning = thinking == 1 && forced.empty();  // a forced call closes the thinking first
   return c;
 }
 

@@ -7,6 +7,7 @@
 #include <expertpack/expertpack.h>
 
 #include "job.hpp"
+#include "tool_calls.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -48,6 +49,10 @@ struct ParsedRequest {
   JobRequest job;
   bool stream = false;
   bool include_usage = false;
+  bool tools = false;                  ///< parse tool calls out of the content (tools offered, tool_choice not none)
+  ToolFormat tool_format = ToolFormat::deepseek_v4;
+  bool parallel_tool_calls = true;
+  std::string tool_prime;              ///< the prompt's forced call opening, from the section opener on (ToolCallParser::prime)
 };
 
 /// POST /v1/chat/completions: @p body parsed, checked and rendered; throws ApiError.

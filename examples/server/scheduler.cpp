@@ -159,7 +159,7 @@ void Scheduler::start(std::shared_ptr<Job> job) {
   }
   slot->content.reset(content);
   slot->reasoning.reset(reasoning);
-  if (r.split_reasoning) slot->splitter.emplace(markers_, tokenizer_, r.start_in_reasoning);
+  if (r.split_reasoning) slot->splitter.emplace(markers_, tokenizer_, r.start_in_reasoning, r.tool_markup, r.start_in_tool_calls);
   slot->last_channel = r.start_in_reasoning ? Channel::reasoning : Channel::content;
   metrics_.job_admitted(slot->usage.prompt_tokens, slot->usage.cached_tokens);
   if (slot->pos == r.prompt.size()) {  // the whole prompt was kept: its logits are in the fork
@@ -196,6 +196,28 @@ bool Scheduler::on_token(Slot &slot, int32_t token) {
     ++slot.usage.reasoning_tokens;
     Sink sink{slot.job.get(), Channel::reasoning};
     ep_text_stream_push(slot.reasoning.get(), token, on_text, &sink, nullptr);
+  } else if (channel == Channel::content && r.tool_markup && markers_.is_tool_markup(token)) {
+    // A special token of the tool-call markup: a text stream leaves it out, so the text before
+    // it is let out (a fresh stream goes on after it) and its own text follows.
+    Sink sink{slot.job.get(), Channel::content};
+    int32_t stopped = 0;
+    ep_text_stream_finish(slot.content.get(), on_text, &sink, &stopped);
+    if (stopped) {
+      finish(slot, FinishReason::stop);
+      return false;
+    }
+    std::vector<const char *> stops;
+    for (const std::string &s : r.stop) stops.push_back(s.c_str());
+    ep_text_stream *fresh = nullptr;
+    if (ep_text_stream_open(&fresh, tokenizer_, stops.data(), stops.size()) != EP_OK) {
+      log_error(api_error("text stream"));
+      fail(slot, 500, "the server could not open a text stream; its log has the details");
+      return false;
+    }
+    slot.content.reset(fresh);
+    char text[64];
+    size_t n = 0;
+    if (ep_detokenize(text, sizeof text, &n, tokenizer_, &token, 1, 0) == EP_OK && n < sizeof text) slot.job->emit(Channel::content, {text, n});
   } else if (channel == Channel::content) {
     Sink sink{slot.job.get(), Channel::content};
     int32_t stopped = 0;

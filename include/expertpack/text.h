@@ -150,9 +150,11 @@ EP_API ep_status ep_tokenize(int32_t *out_ids, size_t capacity, size_t *out_coun
 EP_API ep_status ep_detokenize(char *out_text, size_t capacity, size_t *out_length, const ep_tokenizer *tokenizer,
                                const int32_t *ids, size_t n_ids, uint32_t flags);
 
-/** One chat message. All strings are UTF-8 and NUL-terminated. */
+/** One chat message. All strings are UTF-8 and NUL-terminated. A message's tool fields
+ *  (an assistant's tool calls, a tool message's tool_call_id and name) are in
+ *  ep_chat_options::message_tools_json. */
 typedef struct ep_chat_message {
-  const char *role;              /**< "system", "user", "assistant" (DeepSeek-V4 also: "developer", "tool"). */
+  const char *role;              /**< "system", "user", "assistant", "tool" (DeepSeek-V4 also: "developer"). */
   const char *content;           /**< The text; NULL = empty. */
   const char *reasoning_content; /**< Assistant messages: the thinking text shown when thinking is on; NULL = none. */
 } ep_chat_message;
@@ -163,6 +165,19 @@ typedef struct ep_chat_options {
   ep_chat_template chat_template;  /**< Default: #EP_CHAT_TEMPLATE_AUTO. */
   int32_t thinking;                /**< 1 = thinking on, 0 = off, -1 = the template's default. Default: -1. */
   int32_t add_generation_prompt;   /**< 1 = end with the assistant's opening (and the thinking opener). Default: 1. */
+  /** The tools offered, rendered in the template's own tool format: OpenAI's `tools` array as
+   *  JSON text (`[{"type": "function", "function": {"name", "description", "parameters"}}]`).
+   *  Default: NULL (none). */
+  const char *tools_json;
+  /** NULL, or one entry per message (as many as the messages passed): NULL, or a JSON object
+   *  text with the message's tool fields as OpenAI's chat API spells them: an assistant's
+   *  `tool_calls` (`[{"id", "type": "function", "function": {"name", "arguments"}}]`, the
+   *  arguments a JSON object's text or an object), a tool message's `tool_call_id`, and `name`.
+   *  Default: NULL. */
+  const char *const *message_tools_json;
+  /** OpenAI's tool_choice as the template sees it: NULL, "auto", "none" or "required" (Kimi-K3
+   *  renders a note for "none" and "required"). Default: NULL (not passed). */
+  const char *tool_choice;
 } ep_chat_options;
 
 /**
@@ -172,8 +187,28 @@ typedef struct ep_chat_options {
 EP_API void ep_chat_options_init(ep_chat_options *options);
 
 /**
+ * @brief Text that, appended to a generation prompt ep_chat_render() made with @p options,
+ *        starts the assistant's turn with a tool call in the template's own format (the
+ *        call-section opener, and the call's opening with @p name when it is not NULL or
+ *        empty; with thinking on, an empty thinking block first). This is how a host forces a
+ *        call (OpenAI's tool_choice "required" or a named function) without a grammar: the
+ *        arguments the model then writes are not constrained by the function's schema.
+ * @param[out] out_text   Buffer of @p capacity bytes, NUL-terminated on return (may be NULL when capacity is 0).
+ * @param capacity        Bytes the buffer holds (the text needs *out_length + 1).
+ * @param[out] out_length The text's length in bytes, without the NUL.
+ * @param tokenizer       Open tokenizer (the #EP_CHAT_TEMPLATE_AUTO choice).
+ * @param name            The function to call, or NULL / "" for any.
+ * @param options         NULL for the defaults, or filled by ep_chat_options_init() (its template and thinking are used).
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, @p name not valid UTF-8); #EP_ERR_STRUCT_SIZE;
+ *         #EP_ERR_UNSUPPORTED (no template known for the tokenizer).
+ */
+EP_API ep_status ep_chat_tool_call_prefix(char *out_text, size_t capacity, size_t *out_length, const ep_tokenizer *tokenizer,
+                                          const char *name, const ep_chat_options *options);
+
+/**
  * @brief Renders a conversation with a chat template, exactly as transformers' apply_chat_template
- *        renders llama.cpp's template text (tool calls and images are not supported).
+ *        renders llama.cpp's template text, tool declarations, calls and results included
+ *        (images are not supported).
  * @param[out] out_text   Buffer of @p capacity bytes, NUL-terminated on return (may be NULL when capacity is 0).
  * @param capacity        Bytes the buffer holds (the text needs *out_length + 1).
  * @param[out] out_length The rendered text's length in bytes, without the NUL.
@@ -182,7 +217,9 @@ EP_API void ep_chat_options_init(ep_chat_options *options);
  * @param n_messages      Number of messages.
  * @param options         NULL for the defaults, or filled by ep_chat_options_init().
  * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, unknown role, text that is not valid
- *         UTF-8); #EP_ERR_STRUCT_SIZE; #EP_ERR_UNSUPPORTED (no template known for the tokenizer).
+ *         UTF-8, tools or tool fields that are not the JSON described in ::ep_chat_options, a
+ *         tool message Kimi-K3 cannot name); #EP_ERR_STRUCT_SIZE; #EP_ERR_UNSUPPORTED (no
+ *         template known for the tokenizer).
  */
 EP_API ep_status ep_chat_render(char *out_text, size_t capacity, size_t *out_length, const ep_tokenizer *tokenizer,
                                 const ep_chat_message *messages, size_t n_messages, const ep_chat_options *options);

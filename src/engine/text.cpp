@@ -126,22 +126,34 @@ std::unique_ptr<ChatTokenizer> open_model_tokenizer(const Engine &engine) {
   return t;
 }
 
-std::string render_chat(const ChatTokenizer &t, std::span<const ChatMessage> messages, const ChatOptions &o) {
+namespace {
+
+tokenizer::ChatTemplate template_of(const ChatTokenizer &t, const ChatOptions &o) {
   const std::optional<tokenizer::ChatTemplate> which = o.chat_template ? o.chat_template : t.chat;
   if (!which)
     fail(Status::unsupported, "no chat template is known for this tokenizer ({}); pick one in ep_chat_options",
          t.tok.describe());
-  std::vector<tokenizer::ChatMessage> msgs(messages.size());
-  for (size_t i = 0; i < messages.size(); ++i) {
-    msgs[i].role = messages[i].role;
-    msgs[i].content = messages[i].content;
-    msgs[i].reasoning = messages[i].reasoning;
-  }
+  return *which;
+}
+
+tokenizer::ChatRenderOptions render_options(const ChatTokenizer &t, const ChatOptions &o) {
   tokenizer::ChatRenderOptions ro;
   ro.add_generation_prompt = o.add_generation_prompt;
   if (o.thinking) ro.thinking = *o.thinking;
   ro.bos_token = t.bos_text;
-  return tokenizer::render_chat(*which, msgs, ro);
+  ro.tools_json = o.tools_json;
+  ro.tool_choice = o.tool_choice;
+  return ro;
+}
+
+}  // namespace
+
+std::string render_chat(const ChatTokenizer &t, std::span<const ChatMessage> messages, const ChatOptions &o) {
+  return tokenizer::render_chat(template_of(t, o), messages, render_options(t, o));
+}
+
+std::string tool_call_prefix(const ChatTokenizer &t, const ChatOptions &o, std::string_view name) {
+  return tokenizer::tool_call_prefix(template_of(t, o), render_options(t, o), name);
 }
 
 void generate_text(Session &session, const ChatTokenizer &t, std::span<const int32_t> prompt, const GenerateParams &params_in,

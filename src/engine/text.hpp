@@ -39,17 +39,20 @@ std::unique_ptr<ChatTokenizer> open_tokenizer(const std::string &path);
 /// tokenizer names none.
 std::unique_ptr<ChatTokenizer> open_model_tokenizer(const Engine &engine);
 
-/// One chat message (roles as the templates know them: system, user, assistant, tool).
-struct ChatMessage {
-  std::string role, content, reasoning;
-};
+/// One chat message (roles as the templates know them: system, user, assistant, tool), its tool
+/// calls and tool-result fields included.
+using ChatMessage = tokenizer::ChatMessage;
 struct ChatOptions {
   std::optional<tokenizer::ChatTemplate> chat_template;  ///< none: the tokenizer's (Status::unsupported without one)
   std::optional<bool> thinking;                          ///< none: the template's default
   bool add_generation_prompt = true;
+  std::string tools_json;   ///< tokenizer::ChatRenderOptions::tools_json
+  std::string tool_choice;  ///< tokenizer::ChatRenderOptions::tool_choice
 };
 /// The conversation as the template renders it.
 std::string render_chat(const ChatTokenizer &t, std::span<const ChatMessage> messages, const ChatOptions &options);
+/// tokenizer::tool_call_prefix of the template @p options (or the tokenizer) names.
+std::string tool_call_prefix(const ChatTokenizer &t, const ChatOptions &options, std::string_view name);
 
 /// Receives generated text in pieces; return nonzero to cancel.
 using TextSink = std::function<int(std::string_view text)>;

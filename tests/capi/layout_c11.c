@@ -74,7 +74,10 @@ _Static_assert(sizeof(ep_tokenizer_properties) == 32, "ep_tokenizer_properties s
 _Static_assert(offsetof(ep_chat_message, content) == 8, "ep_chat_message.content");
 _Static_assert(sizeof(ep_chat_message) == 24, "ep_chat_message size");
 _Static_assert(offsetof(ep_chat_options, thinking) == 12, "ep_chat_options.thinking");
-_Static_assert(sizeof(ep_chat_options) == 24, "ep_chat_options size");
+_Static_assert(offsetof(ep_chat_options, tools_json) == 24, "ep_chat_options.tools_json (appended in 0.4)");
+_Static_assert(offsetof(ep_chat_options, message_tools_json) == 32, "ep_chat_options.message_tools_json");
+_Static_assert(offsetof(ep_chat_options, tool_choice) == 40, "ep_chat_options.tool_choice");
+_Static_assert(sizeof(ep_chat_options) == 48, "ep_chat_options size");
 _Static_assert(offsetof(ep_store_stats, acquires) == 8, "ep_store_stats.acquires");
 _Static_assert(offsetof(ep_store_stats, slot_bytes) == 112, "ep_store_stats.slot_bytes");
 _Static_assert(offsetof(ep_store_stats, host_hits) == 120, "ep_store_stats.host_hits (first appended field)");

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <list>
 #include <string>
@@ -226,6 +227,85 @@ TEST_CASE("text api: chat rendering through the C API equals the C++ renderer", 
   o.chat_template = EP_CHAT_TEMPLATE_AUTO;
   o.struct_size = 3;
   CHECK(ep_chat_render(buf, sizeof buf, &len, t, msgs, 1, &o) == EP_ERR_STRUCT_SIZE);
+  ep_tokenizer_close(t);
+}
+
+namespace {
+
+std::string render_c(const ep_tokenizer *t, const ep_chat_message *msgs, size_t n, const ep_chat_options *o) {
+  size_t len = 0;
+  REQUIRE(ep_chat_render(nullptr, 0, &len, t, msgs, n, o) == EP_OK);
+  std::string text(len + 1, '\0');
+  REQUIRE(ep_chat_render(text.data(), text.size(), &len, t, msgs, n, o) == EP_OK);
+  text.resize(len);
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("text api: tools, tool calls and tool results through the C API equal the C++ renderer", "[text][capi]") {
+  ep_tokenizer *t = nullptr;
+  REQUIRE(ep_tokenizer_open(&t, ep_test::deepseek_tokenizer_path().c_str()) == EP_OK);
+  const char *tools = R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
+  const ep_chat_message msgs[] = {{"user", "Weather?", nullptr}, {"assistant", nullptr, nullptr}, {"tool", "21 C", nullptr}};
+  const char *fields[] = {
+      nullptr,
+      R"({"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"days\": 2}"}}]})",
+      R"({"tool_call_id": "c1"})"};
+  ep::tokenizer::ChatMessage a{"assistant", "", ""};
+  a.tool_calls.push_back({"c1", "get_weather", R"({"city": "Oslo", "days": 2})"});
+  ep::tokenizer::ChatMessage r{"tool", "21 C", ""};
+  r.tool_call_id = "c1";
+  const std::vector<ep::tokenizer::ChatMessage> cm = {{"user", "Weather?", ""}, a, r};
+  for (const ep_chat_template tmpl : {EP_CHAT_TEMPLATE_DEEPSEEK_V4, EP_CHAT_TEMPLATE_KIMI_K3}) {
+    ep_chat_options o;
+    ep_chat_options_init(&o);
+    CHECK(o.tools_json == nullptr);
+    CHECK(o.message_tools_json == nullptr);
+    CHECK(o.tool_choice == nullptr);
+    o.chat_template = tmpl;
+    o.tools_json = tools;
+    o.message_tools_json = fields;
+    o.tool_choice = "required";
+    ep::tokenizer::ChatRenderOptions ro;
+    ro.tools_json = tools;
+    ro.tool_choice = "required";
+    const auto which = tmpl == EP_CHAT_TEMPLATE_KIMI_K3 ? ep::tokenizer::ChatTemplate::kimi_k3 : ep::tokenizer::ChatTemplate::deepseek_v4;
+    const std::string text = render_c(t, msgs, 3, &o);
+    CHECK(text == ep::tokenizer::render_chat(which, cm, ro));
+    CHECK(text.find(tmpl == EP_CHAT_TEMPLATE_KIMI_K3 ? "<|open|>argument key=\"days\" type=\"number\"<|sep|>2" : "string=\"false\">2<") !=
+          std::string::npos);
+    // The forced call's opening.
+    size_t len = 0;
+    REQUIRE(ep_chat_tool_call_prefix(nullptr, 0, &len, t, "get_weather", &o) == EP_OK);
+    std::string prefix(len + 1, '\0');
+    REQUIRE(ep_chat_tool_call_prefix(prefix.data(), prefix.size(), &len, t, "get_weather", &o) == EP_OK);
+    prefix.resize(len);
+    CHECK(prefix == ep::tokenizer::tool_call_prefix(which, ro, "get_weather"));
+  }
+  // Tool fields that are not what the options say are errors naming them.
+  ep_chat_options o;
+  ep_chat_options_init(&o);
+  const char *not_object[] = {nullptr, "[1]", nullptr};
+  o.message_tools_json = not_object;
+  size_t len = 0;
+  CHECK(ep_chat_render(nullptr, 0, &len, t, msgs, 3, &o) == EP_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(ep_last_error()).find("message_tools_json[1]") != std::string::npos);
+  const char *unknown[] = {nullptr, R"({"refusal": "no"})", nullptr};
+  o.message_tools_json = unknown;
+  CHECK(ep_chat_render(nullptr, 0, &len, t, msgs, 3, &o) == EP_ERR_INVALID_ARGUMENT);
+  o.message_tools_json = nullptr;
+  o.tool_choice = "sometimes";
+  CHECK(ep_chat_render(nullptr, 0, &len, t, msgs, 1, &o) == EP_ERR_INVALID_ARGUMENT);
+  o.tool_choice = nullptr;
+  o.tools_json = "{";
+  CHECK(ep_chat_render(nullptr, 0, &len, t, msgs, 1, &o) == EP_ERR_INVALID_ARGUMENT);
+  CHECK(ep_chat_tool_call_prefix(nullptr, 0, nullptr, t, "f", nullptr) == EP_ERR_INVALID_ARGUMENT);
+  // A caller built against the options before the tool fields is still served.
+  ep_chat_options old;
+  ep_chat_options_init(&old);
+  old.struct_size = offsetof(ep_chat_options, tools_json);
+  CHECK(ep_chat_render(nullptr, 0, &len, t, msgs, 1, &old) == EP_OK);
   ep_tokenizer_close(t);
 }
 

@@ -11,6 +11,12 @@ The first line is a header naming the renderer and versions. tests/tokenizer/cha
 renders the same cases in C++ and requires byte-identical text.
 
   python3 tests/oracle/chat_template_goldens.py --out tests/data/tokenizer/chat_goldens.jsonl
+  python3 tests/oracle/chat_template_goldens.py --tools --out tests/data/tokenizer/chat_tool_goldens.jsonl
+
+--tools renders the conversations with tools (declarations, assistant tool calls, tool results,
+tool_choice) instead; its records also carry "tools" and "tool_choice" (null: not passed). Tool
+call arguments are passed as mappings, as vLLM passes them to a template after parsing OpenAI's
+JSON-string arguments.
 
 Needs transformers (it uses transformers.utils.chat_template_utils); with --allow-jinja2 it
 falls back to a plain jinja2 environment configured as transformers configures it (for a
@@ -61,6 +67,70 @@ def conversations():
     ]
 
 
+def call(cid, name, args):
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def tool_msg(cid, content, name=None):
+    d = {"role": "tool", "tool_call_id": cid, "content": content}
+    if name is not None:
+        d["name"] = name
+    return d
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "location": {"type": "string", "description": "City name, e.g. Paris"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["location"]}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web — returns «snippets» ✓",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 10, "default": 3},
+            "Filters": {"type": "object", "properties": {"lang": {"type": "array", "items": {"type": "string"}}}},
+            "ratio": {"type": "number", "default": 0.25}, "exact": {"type": "boolean"}},
+            "required": ["query"]}}},
+]
+
+
+def tool_conversations():
+    """(name, messages, tools, tool_choice) with tools; every one renders with both templates."""
+    weather = call("call_1", "get_weather", {"location": "Paris", "unit": "celsius"})
+    search = call("call_2", "search", {"query": "a \"quoted\" & <tag>\nline", "limit": 3,
+                                       "Filters": {"lang": ["en", "fr"]}, "ratio": 0.5, "exact": True, "none": None})
+    return [
+        ("tools_offered", [m("system", "You are a helpful assistant."), m("user", "Weather in Paris?")], TOOLS, None),
+        ("tools_no_system", [m("user", "Weather in Paris?")], TOOLS[:1], None),
+        ("tool_round_trip", [m("user", "Weather in Paris?"),
+                             {"role": "assistant", "content": "", "tool_calls": [weather]},
+                             tool_msg("call_1", '{"temp": 21, "sky": "clear"}')], TOOLS, None),
+        ("tool_round_trip_answered", [m("user", "Weather in Paris?"),
+                                      {"role": "assistant", "content": "Let me check.", "tool_calls": [weather],
+                                       "reasoning_content": "The user wants weather."},
+                                      tool_msg("call_1", "21 C"), m("assistant", "It is 21 C in Paris."),
+                                      m("user", "Thanks!")], TOOLS, None),
+        ("parallel_calls", [m("system", "Be brief."), m("user", "Weather and news?"),
+                            {"role": "assistant", "content": None, "tool_calls": [weather, search]},
+                            tool_msg("call_2", "no results"), tool_msg("call_1", "21 C")], TOOLS, None),
+        ("tool_results_by_order", [m("user", "Go"),
+                                   {"role": "assistant", "content": "", "tool_calls": [weather, search]},
+                                   {"role": "tool", "content": "first"}, {"role": "tool", "content": "second"}],
+         TOOLS, None),
+        ("tool_result_named", [m("user", "Go"), {"role": "assistant", "content": "", "tool_calls": [weather]},
+                               tool_msg("other", "named result", name="get_weather")], TOOLS, None),
+        ("history_calls_without_tools", [m("user", "Go"), {"role": "assistant", "content": "", "tool_calls": [weather]},
+                                         tool_msg("call_1", "21 C"), m("user", "And now?")], None, None),
+        ("tool_choice_required", [m("user", "Weather in Paris?")], TOOLS, "required"),
+        ("tool_choice_none", [m("user", "Weather in Paris?")], TOOLS, "none"),
+        ("tool_choice_auto", [m("user", "Weather in Paris?")], TOOLS, "auto"),
+        ("named_messages", [{"role": "system", "content": "Rules.", "name": "ops"},
+                            {"role": "user", "content": "Hi", "name": "eve \"e\" & co"},
+                            {"role": "assistant", "content": "Hello", "name": "bot"}, m("user", "Go")], TOOLS[:1], None),
+    ]
+
+
 def make_renderer(allow_jinja2):
     try:
         import transformers
@@ -104,12 +174,31 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--allow-jinja2", action="store_true")
+    ap.add_argument("--tools", action="store_true", help="the conversations with tools (chat_tool_goldens.jsonl)")
     a = ap.parse_args()
     render, renderer = make_renderer(a.allow_jinja2)
     templates = {k: open(os.path.join(TEMPLATES, f), encoding="utf-8").read() for k, f in FILES.items()}
     lines = [json.dumps({"header": True, "renderer": renderer, "python": sys.version.split()[0]}, ensure_ascii=False)]
     n = 0
-    for tname, ttext in templates.items():
+    if a.tools:
+        for tname, ttext in templates.items():
+            for name, messages, tools, tool_choice in tool_conversations():
+                for thinking in (None, False, True):
+                    for add_gen in (True, False):
+                        kwargs = {"bos_token": BOS}
+                        if thinking is not None:
+                            kwargs["thinking"] = thinking
+                        if tools is not None:
+                            kwargs["tools"] = tools
+                        if tool_choice is not None:
+                            kwargs["tool_choice"] = tool_choice
+                        text = render(ttext, [dict(x) for x in messages], add_gen, kwargs)
+                        lines.append(json.dumps({"template": tname, "case": name, "messages": messages, "tools": tools,
+                                                 "tool_choice": tool_choice, "add_generation_prompt": add_gen,
+                                                 "thinking": thinking, "thinking_effort": None, "text": text},
+                                                ensure_ascii=False))
+                        n += 1
+    for tname, ttext in ({} if a.tools else templates).items():
         for name, messages, kimi_ok in conversations():
             if tname == "kimi-k3" and not kimi_ok:
                 continue

@@ -1,6 +1,8 @@
 // The official openai npm client against ep-server: models, chat and completions, whole and
 // streamed (the streamed text equals the whole one for greedy requests), usage with
-// stream_options.include_usage, and the client's error classes for refused requests.
+// stream_options.include_usage, tool calls (a named tool_choice, whole and streamed, the SDK
+// folding the streamed deltas; a tool message round trip), and the client's error classes for
+// refused requests.
 //   node openai_client.cjs BASE_URL API_KEY OPENAI_PACKAGE_DIR
 'use strict';
 const assert = require('node:assert/strict');
@@ -62,6 +64,50 @@ async function main() {
   let ctext = '';
   for await (const chunk of await client.completions.create({ ...completion, stream: true })) ctext += chunk.choices[0]?.text ?? '';
   assert.equal(ctext, c.choices[0].text);
+
+  // Tool calls. The demo model writes no meaningful arguments: the structure is checked (the
+  // parsing of real calls is server_tool_calls_test's).
+  const tools = [{
+    type: 'function',
+    function: { name: 'get_weather', description: 'The weather in a city', parameters: { type: 'object', properties: { location: { type: 'string' } }, required: ['location'] } },
+  }];
+  const toolChat = {
+    model: 'demo-kjv',
+    messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+    tools,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    temperature: 0,
+    max_tokens: 6,
+  };
+  const called = await client.chat.completions.create(toolChat);
+  const calls = called.choices[0].message.tool_calls;
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].type, 'function');
+  assert.ok(calls[0].id.startsWith('call_'));
+  assert.equal(calls[0].function.name, 'get_weather');
+  assert.equal(typeof JSON.parse(calls[0].function.arguments), 'object');
+  assert.ok(['tool_calls', 'length'].includes(called.choices[0].finish_reason), called.choices[0].finish_reason);
+  // Streamed, folded by the SDK's own stream helper: the same call.
+  const folded = await client.chat.completions.stream(toolChat).finalChatCompletion();
+  const streamedCalls = folded.choices[0].message.tool_calls;
+  assert.equal(streamedCalls.length, 1);
+  assert.equal(streamedCalls[0].function.name, 'get_weather');
+  assert.equal(streamedCalls[0].function.arguments, calls[0].function.arguments);
+  assert.equal(folded.choices[0].finish_reason, called.choices[0].finish_reason);
+  // The call and its result sent back.
+  const answered = await client.chat.completions.create({
+    model: 'demo-kjv',
+    messages: [...toolChat.messages, called.choices[0].message, { role: 'tool', tool_call_id: calls[0].id, content: '21 C and clear' }],
+    tools,
+    temperature: 0,
+    max_tokens: 4,
+  });
+  assert.equal(answered.choices[0].message.role, 'assistant');
+  assert.ok(answered.usage.prompt_tokens > called.usage.prompt_tokens);
+  await assert.rejects(
+    client.chat.completions.create({ ...toolChat, tool_choice: { type: 'function', function: { name: 'fly' } } }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'tool_choice',
+  );
 
   await assert.rejects(client.chat.completions.create({ ...chat, model: 'gpt-nothing' }), (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
   await assert.rejects(client.chat.completions.create({ ...chat, temperature: 'hot' }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'temperature');

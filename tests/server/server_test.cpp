@@ -995,7 +995,7 @@ TEST_CASE("ep-server: a parameter the server would not act on is refused by name
       {&completions, {{"messages", json::array()}}, "unknown_parameter", "messages"},
       {&chat, {{"messages", json::array({{{"role", "user"}, {"content", nullptr}}})}}, "missing", "messages[0].content"},
       {&chat, {{"messages", json::array({{{"role", "user"}}})}}, "missing", "messages[0].content"},
-      {&chat, {{"messages", json::array({{{"role", "user"}, {"content", "x"}, {"name", "eve"}}})}}, "unsupported", "messages[0].name"},
+      {&chat, {{"messages", json::array({{{"role", "user"}, {"content", "x"}, {"refusal", "no"}}})}}, "unsupported", "messages[0].refusal"},
   };
   for (const Case &c : cases) {
     json body = *c.path == chat ? good_chat : good_completion;
@@ -1154,5 +1154,192 @@ TEST_CASE("ep-server: /tokenize, /detokenize and /props", "[api]") {
   CHECK(p.body.at("limits").at("max_tokens") == 64);
   CHECK(p.body.at("default_generation_settings").at("temperature") == 1.0);
   CHECK(p.body.at("vocab_size").get<int>() > 0);
+  CHECK(server.stop() == 0);
+}
+
+// ---- tool calls ------------------------------------------------------------------------------
+
+namespace {
+
+json weather_tools() {
+  return json::array({{{"type", "function"},
+                       {"function",
+                        {{"name", "get_weather"},
+                         {"description", "The weather in a city"},
+                         {"parameters", {{"type", "object"}, {"properties", {{"location", {{"type", "string"}}}}}, {"required", {"location"}}}}}}},
+                      {{"type", "function"}, {"function", {{"name", "now"}, {"parameters", {{"type", "object"}, {"properties", json::object()}}}}}}});
+}
+
+/// The tool calls of a streamed answer, folded from their deltas (checking their shape: a
+/// call's first delta has its id, type and name; its later ones only argument pieces).
+json streamed_tool_calls(const StreamReply &s, std::string *content, std::string *finish) {
+  json calls = json::array();
+  for (size_t i = 0; i + 1 < s.data.size(); ++i) {
+    const json c = json::parse(s.data[i]);
+    if (c.at("choices").empty()) continue;
+    const json &ch = c.at("choices").at(0);
+    const json &d = ch.at("delta");
+    if (d.contains("content")) *content += d.at("content").get<std::string>();
+    if (!ch.at("finish_reason").is_null()) *finish = ch.at("finish_reason").get<std::string>();
+    if (!d.contains("tool_calls")) continue;
+    for (const json &t : d.at("tool_calls")) {
+      INFO(t.dump());
+      const size_t index = t.at("index").get<size_t>();
+      if (index == calls.size()) {
+        REQUIRE(t.contains("id"));
+        CHECK(t.at("type") == "function");
+        REQUIRE(t.at("function").contains("name"));
+        calls.push_back({{"id", t.at("id")}, {"type", "function"}, {"function", {{"name", t.at("function").at("name")}, {"arguments", ""}}}});
+      } else {
+        REQUIRE(index + 1 == calls.size());
+        CHECK_FALSE(t.contains("id"));
+      }
+      std::string args = calls[index]["function"]["arguments"].get<std::string>();
+      calls[index]["function"]["arguments"] = args + t.at("function").value("arguments", "");
+    }
+  }
+  return calls;
+}
+
+}  // namespace
+
+TEST_CASE("ep-server: tool calls: a named tool_choice, streamed and whole; a tool message round trip", "[tools]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--parallel", "2"}));
+  Http http(server.port());
+  const std::string chat = "/v1/chat/completions";
+  json body = chat_body({{"user", "What is the weather in Paris?"}}, 6);
+  body["tools"] = weather_tools();
+  body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+
+  // The demo model writes no meaningful arguments: the call's structure is checked here (its
+  // parsing, on hand-written outputs, in server_tool_calls_test).
+  const Reply whole = http.post(chat, body);
+  REQUIRE(whole.status == 200);
+  INFO(whole.body.dump());
+  const json &msg = whole.body.at("choices").at(0).at("message");
+  REQUIRE(msg.contains("tool_calls"));
+  REQUIRE(msg.at("tool_calls").size() == 1);
+  const json &call = msg.at("tool_calls").at(0);
+  CHECK(call.at("type") == "function");
+  CHECK(call.at("id").get<std::string>().rfind("call_", 0) == 0);
+  CHECK(call.at("function").at("name") == "get_weather");
+  const json args = json::parse(call.at("function").at("arguments").get<std::string>());
+  CHECK(args.is_object());
+  const std::string finish = whole.body.at("choices").at(0).at("finish_reason").get<std::string>();
+  CHECK((finish == "tool_calls" || finish == "length"));
+
+  body["stream"] = true;
+  const StreamReply streamed = http.stream(chat, body);
+  REQUIRE(streamed.status == 200);
+  std::string content, stream_finish;
+  const json calls = streamed_tool_calls(streamed, &content, &stream_finish);
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0].at("function") == call.at("function"));  // greedy: the same call, piece by piece
+  CHECK(content == (msg.at("content").is_null() ? std::string() : msg.at("content").get<std::string>()));
+  CHECK(stream_finish == finish);
+
+  // tool_choice "required": a call to one of the tools, the model's pick (any, or none when it
+  // writes no name: then its text is the content).
+  body.erase("stream");
+  body["tool_choice"] = "required";
+  const Reply required = http.post(chat, body);
+  REQUIRE(required.status == 200);
+  const json &rmsg = required.body.at("choices").at(0).at("message");
+  if (rmsg.contains("tool_calls"))
+    for (const json &c : rmsg.at("tool_calls")) CHECK(json::parse(c.at("function").at("arguments").get<std::string>()).is_object());
+
+  // The call and its result rendered back: the next turn continues the first turn's kept state.
+  json round = chat_body({{"user", "What is the weather in Paris?"}}, 4);
+  round["tools"] = weather_tools();
+  round["messages"].push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array({call})}});
+  round["messages"].push_back({{"role", "tool"}, {"tool_call_id", call.at("id")}, {"content", "21 C and clear"}});
+  const Reply answered = http.post(chat, round);
+  REQUIRE(answered.status == 200);
+  CHECK(answered.body.at("usage").at("prompt_tokens_details").at("cached_tokens").get<int>() > 0);
+  json shorter = round;
+  shorter["messages"].back()["content"] = "21";
+  const Reply less = http.post(chat, shorter);
+  REQUIRE(less.status == 200);
+  CHECK(answered.body.at("usage").at("prompt_tokens").get<int>() > less.body.at("usage").at("prompt_tokens").get<int>());
+
+  // tool_choice "none": the tools are not offered (the prompt is the one without them), no call is parsed.
+  json none = chat_body({{"user", "What is the weather in Paris?"}}, 4);
+  const Reply plain = http.post(chat, none);
+  none["tools"] = weather_tools();
+  none["tool_choice"] = "none";
+  const Reply without = http.post(chat, none);
+  REQUIRE(plain.status == 200);
+  REQUIRE(without.status == 200);
+  CHECK(without.body.at("usage").at("prompt_tokens") == plain.body.at("usage").at("prompt_tokens"));
+  CHECK_FALSE(without.body.at("choices").at(0).at("message").contains("tool_calls"));
+  CHECK(chat_text(without) == chat_text(plain));
+  none["tool_choice"] = "auto";
+  const Reply offered = http.post(chat, none);
+  REQUIRE(offered.status == 200);
+  CHECK(offered.body.at("usage").at("prompt_tokens").get<int>() > plain.body.at("usage").at("prompt_tokens").get<int>());
+
+  // What the server cannot honour is refused by name.
+  struct Case {
+    json patch;
+    std::string code, param;
+  };
+  const json tools = weather_tools();
+  const std::vector<Case> cases = {
+      {{{"tools", json::array({{{"type", "custom"}, {"custom", {{"name", "x"}}}}})}}, "unsupported", "tools[0].type"},
+      {{{"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"strict", true}}}}})}}, "unsupported", "tools[0].function.strict"},
+      {{{"tools", json::array({{{"type", "function"}, {"function", {{"description", "no name"}}}}})}}, "missing", "tools[0].function.name"},
+      {{{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "fly"}}}}}}, "invalid_value", "tool_choice"},
+      {{{"tools", tools}, {"tool_choice", "sometimes"}}, "invalid_value", "tool_choice"},
+      {{{"tools", tools}, {"parallel_tool_calls", "yes"}}, "invalid_type", "parallel_tool_calls"},
+      {{{"functions", json::array({{{"name", "f"}}})}}, "unsupported", "functions"},
+      {{{"messages", json::array({{{"role", "user"}, {"content", "x"}}, {{"role", "tool"}, {"content", "r"}}})}}, "missing", "messages[1].tool_call_id"},
+      {{{"messages", json::array({{{"role", "user"}, {"content", "x"}, {"tool_calls", json::array({call})}}})}}, "invalid_value", "messages[0].tool_calls"},
+      {{{"messages", json::array({{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"tool_calls", json::array({{{"type", "function"}, {"function", {{"arguments", "{}"}}}}})}}})}},
+       "missing", "messages[1].tool_calls[0].function.name"},
+  };
+  for (const Case &c : cases) {
+    json b = chat_body(kJohn, 2);
+    b.merge_patch(c.patch);
+    INFO(c.patch.dump());
+    check_error(http.post(chat, b), 400, c.code, c.param);
+  }
+  // Arguments DeepSeek-V4's template cannot read (not a JSON object) are a 400 naming the messages.
+  json bad_args = round;
+  bad_args["messages"][1]["tool_calls"][0]["function"]["arguments"] = "not json";
+  check_error(http.post(chat, bad_args), 400, "invalid_value", "messages");
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: tool calls in Kimi-K3's format", "[tools]") {
+  ep::test::TempDir dir;
+  const std::string model = write_kimi_model(dir);
+  ep::test::ServerProcess server(EP_SERVER_EXE, {"--model", model, "--device", "cpu", "--resident-experts", "--cpu-threads", "2"});
+  Http http(server.port());
+  json body = chat_body({{"user", "Weather?"}}, 6);
+  body["model"] = "k3-tiny";
+  body["tools"] = weather_tools();
+  body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "now"}}}};
+  body["parallel_tool_calls"] = false;
+  const Reply whole = http.post("/v1/chat/completions", body);
+  REQUIRE(whole.status == 200);
+  INFO(whole.body.dump());
+  const json &msg = whole.body.at("choices").at(0).at("message");
+  REQUIRE(msg.contains("tool_calls"));
+  REQUIRE(msg.at("tool_calls").size() == 1);
+  CHECK(msg.at("tool_calls").at(0).at("function").at("name") == "now");
+  CHECK(json::parse(msg.at("tool_calls").at(0).at("function").at("arguments").get<std::string>()).is_object());
+  body["stream"] = true;
+  std::string content, finish;
+  const json calls = streamed_tool_calls(http.stream("/v1/chat/completions", body), &content, &finish);
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0].at("function") == msg.at("tool_calls").at(0).at("function"));
+  // A tool message answers the call by its id; Kimi-K3 names it after the call.
+  json round = chat_body({{"user", "Weather?"}}, 3);
+  round["model"] = "k3-tiny";
+  round["tools"] = weather_tools();
+  round["messages"].push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", msg.at("tool_calls")}});
+  round["messages"].push_back({{"role", "tool"}, {"tool_call_id", msg.at("tool_calls").at(0).at("id")}, {"content", "noon"}});
+  CHECK(http.post("/v1/chat/completions", round).status == 200);
   CHECK(server.stop() == 0);
 }
