@@ -6,6 +6,7 @@
 #include "backend/cpu_backend.hpp"
 #include "core/error.hpp"
 #include "model/deepseek_v4.hpp"
+#include "support/batched_forward.hpp"
 #include "testkit/deepseek_v4_gguf.hpp"
 
 #include <unistd.h>
@@ -121,65 +122,22 @@ TEST_CASE("deepseek_v4 synthetic: Flash-shaped spec has the real dimensions", "[
 
 TEST_CASE("deepseek_v4 synthetic: a batched pass equals each sequence alone, bit for bit on the CPU",
           "[model][deepseek_v4][synthetic][batch]") {
-  // Three sequences stepped together, one chunk each per pass: prompts of 5, 23 and 1 tokens, then
-  // one token per pass. Their positions cross the sliding window (16), close compressor windows
-  // (ratios 4 and 16) and pass the indexer's threshold (ratio 4, top 4: from position 19) at
-  // different passes, so one pass holds sequences that need the indexer beside ones that do not.
+  // Three sequences stepped together: prompts of 5, 23 and 1 tokens, then one token per pass.
+  // Their positions cross the sliding window (16), close compressor windows (ratios 4 and 16) and
+  // pass the indexer's threshold (ratio 4, top 4: from position 19) at different passes, so one
+  // pass holds sequences that need the indexer beside ones that do not.
   ep::testkit::DeepseekV4SyntheticSpec spec;
   const fs::path path = temp_file("batch");
   ep::testkit::write_deepseek_v4_synthetic_gguf(spec, path.string());
   ep::backend::CpuBackend cpu;
   auto model = ep::model::DeepseekV4Model::open(path.string(), cpu);
   const int64_t V = model->config().vocab;
-  constexpr int kSeqs = 3, kPasses = 20;
-  const int64_t first[kSeqs] = {5, 23, 1};
-  auto chunk = [&](int s, int pass) { return pass == 0 ? first[s] : int64_t{1}; };
-  std::vector<std::vector<int32_t>> tokens(kSeqs);
-  for (int s = 0; s < kSeqs; ++s)
-    for (int64_t t = 0; t < first[s] + kPasses - 1; ++t) tokens[s].push_back(static_cast<int32_t>((t * 37 + 11 + s * 101) % V));
-
-  // Alone: each sequence's chunks in order on its own state; every row's logits.
-  std::vector<std::vector<float>> alone(kSeqs);
-  for (int s = 0; s < kSeqs; ++s) {
-    auto st = model->new_state();
-    int64_t at = 0;
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int64_t n = chunk(s, pass);
-      std::vector<float> rows(static_cast<size_t>(n * V));
-      model->forward(tokens[s].data() + at, n, st, rows.data());
-      alone[s].insert(alone[s].end(), rows.begin(), rows.end());
-      at += n;
-    }
-  }
-  // Together: one forward_batch per pass over the three states.
-  std::vector<ep::model::DeepseekV4State> states;
-  for (int s = 0; s < kSeqs; ++s) states.push_back(model->new_state());
-  std::vector<ep::model::DeepseekV4State *> ptrs;
-  for (auto &st : states) ptrs.push_back(&st);
-  std::vector<std::vector<float>> together(kSeqs);
-  std::vector<int64_t> at(kSeqs, 0);
-  for (int pass = 0; pass < kPasses; ++pass) {
-    std::vector<int32_t> all;
-    std::vector<int64_t> offsets{0};
-    for (int s = 0; s < kSeqs; ++s) {
-      const int64_t n = chunk(s, pass);
-      all.insert(all.end(), tokens[s].begin() + at[s], tokens[s].begin() + at[s] + n);
-      offsets.push_back(static_cast<int64_t>(all.size()));
-    }
-    const ep::backend::Tensor out = model->forward_batch(all, offsets, ptrs, ep::model::LogitRows::all);
-    REQUIRE(out.ne[0] == V);
-    REQUIRE(out.ne[1] == static_cast<int64_t>(all.size()));
-    const float *rows = out.as<float>();
-    for (int s = 0; s < kSeqs; ++s) {
-      together[s].insert(together[s].end(), rows + offsets[static_cast<size_t>(s)] * V, rows + offsets[static_cast<size_t>(s) + 1] * V);
-      at[s] += chunk(s, pass);
-    }
-  }
-  for (int s = 0; s < kSeqs; ++s) {
-    INFO("sequence " << s);
-    REQUIRE(together[s].size() == alone[s].size());
-    for (float x : together[s]) REQUIRE(std::isfinite(x));
-    CHECK(std::memcmp(together[s].data(), alone[s].data(), alone[s].size() * sizeof(float)) == 0);
-  }
+  const std::vector<int64_t> first = {5, 23, 1};
+  constexpr int kPasses = 20;
+  std::vector<std::vector<int32_t>> tokens(first.size());
+  for (size_t s = 0; s < first.size(); ++s)
+    for (int64_t t = 0; t < first[s] + kPasses - 1; ++t)
+      tokens[s].push_back(static_cast<int32_t>((t * 37 + 11 + static_cast<int64_t>(s) * 101) % V));
+  ep::test::check_batched_equals_alone(*model, tokens, first, kPasses);
   fs::remove(path);
 }

@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "format/gguf.hpp"
 #include "model/kimi.hpp"
+#include "support/batched_forward.hpp"
 #include "support/kimi_golden.hpp"
 #include "model/weight_catalog.hpp"
 
@@ -250,59 +251,20 @@ TEST_CASE("kimi_k3: every switchable K3 feature changes the logits", "[model][ki
 }
 
 TEST_CASE("kimi: a batched pass equals each sequence alone, bit for bit on the CPU", "[model][kimi_linear][kimi_k3][batch]") {
-  // Three sequences stepped together, one chunk each per pass (prompts of 5, 23 and 1 tokens, then
-  // one token per pass), on each golden model (KDA and MLA layers; K3's output gate and AttnRes).
+  // Three sequences stepped together (prompts of 5, 23 and 1 tokens, then one token per pass) on
+  // each golden model: KDA and MLA layers; K3's output gate and AttnRes.
   ep::backend::CpuBackend cpu;
   const std::pair<const char *, const char *> models[] = {{"kimi_a", "kimi_linear"}, {"kimi_b", "kimi_linear"}, {"k3_a", "kimi_k3"}};
   for (const auto &[name, dir] : models) {
     INFO(name);
     const Golden g = load_golden(name, dir);
     auto model = KimiModel::open(g.gguf, cpu);
-    const int64_t V = g.vocab, S_tok = g.n_tokens;
-    constexpr int kSeqs = 3, kPasses = 12;
-    const int64_t first[kSeqs] = {5, 23, 1};
-    auto chunk = [&](int s, int pass) { return pass == 0 ? first[s] : int64_t{1}; };
-    std::vector<std::vector<int32_t>> tokens(kSeqs);
-    for (int s = 0; s < kSeqs; ++s)
-      for (int64_t t = 0; t < first[s] + kPasses - 1; ++t) tokens[s].push_back(g.tokens[static_cast<size_t>((t + 7 * s) % S_tok)]);
-    std::vector<std::vector<float>> alone(kSeqs), together(kSeqs);
-    for (int s = 0; s < kSeqs; ++s) {
-      KimiState st = model->new_state();
-      int64_t at = 0;
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const int64_t n = chunk(s, pass);
-        std::vector<float> rows(static_cast<size_t>(n * V));
-        model->forward(tokens[s].data() + at, n, st, rows.data());
-        alone[s].insert(alone[s].end(), rows.begin(), rows.end());
-        at += n;
-      }
-    }
-    std::vector<KimiState> states;
-    for (int s = 0; s < kSeqs; ++s) states.push_back(model->new_state());
-    std::vector<KimiState *> ptrs;
-    for (auto &st : states) ptrs.push_back(&st);
-    std::vector<int64_t> at(kSeqs, 0);
-    for (int pass = 0; pass < kPasses; ++pass) {
-      std::vector<int32_t> all;
-      std::vector<int64_t> offsets{0};
-      for (int s = 0; s < kSeqs; ++s) {
-        all.insert(all.end(), tokens[s].begin() + at[s], tokens[s].begin() + at[s] + chunk(s, pass));
-        offsets.push_back(static_cast<int64_t>(all.size()));
-      }
-      const ep::backend::Tensor out = model->forward_batch(all, offsets, ptrs, ep::model::LogitRows::all);
-      REQUIRE(out.ne[0] == V);
-      REQUIRE(out.ne[1] == static_cast<int64_t>(all.size()));
-      const float *rows = out.as<float>();
-      for (int s = 0; s < kSeqs; ++s) {
-        together[s].insert(together[s].end(), rows + offsets[static_cast<size_t>(s)] * V, rows + offsets[static_cast<size_t>(s) + 1] * V);
-        at[s] += chunk(s, pass);
-      }
-    }
-    for (int s = 0; s < kSeqs; ++s) {
-      INFO("sequence " << s);
-      REQUIRE(together[s].size() == alone[s].size());
-      for (float x : together[s]) REQUIRE(std::isfinite(x));
-      CHECK(std::memcmp(together[s].data(), alone[s].data(), alone[s].size() * sizeof(float)) == 0);
-    }
+    const std::vector<int64_t> first = {5, 23, 1};
+    constexpr int kPasses = 12;
+    std::vector<std::vector<int32_t>> tokens(first.size());
+    for (size_t s = 0; s < first.size(); ++s)
+      for (int64_t t = 0; t < first[s] + kPasses - 1; ++t)
+        tokens[s].push_back(g.tokens[static_cast<size_t>((t + 7 * static_cast<int64_t>(s)) % g.n_tokens)]);
+    ep::test::check_batched_equals_alone(*model, tokens, first, kPasses);
   }
 }
