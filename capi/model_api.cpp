@@ -392,4 +392,19 @@ EP_API ep_status ep_session_tokens(int32_t *out_tokens, size_t capacity, size_t 
   });
 }
 
+EP_API ep_status ep_session_state_bytes(uint64_t *out_bytes, const ep_session *session) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_bytes, fn, "out_bytes");
+    ep::capi::require_arg(session, fn, "session");
+    *out_bytes = session->session->state_bytes();
+  });
+}
+
+EP_API ep_status ep_session_set_draw_count(ep_session *session, uint64_t draw_count) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(session, fn, "session");
+    session->session->set_draw_count(draw_count);
+  });
+}
+
 }  // extern "C"

@@ -20,8 +20,8 @@ enum class Channel { content, reasoning, markup };
 
 struct JobRequest {
   std::vector<int32_t> prompt;       ///< token ids to append before generating (at least one)
-  size_t snapshot_at = 0;            ///< prompt position whose state a later request may continue from (0: the prompt's end);
-                                     ///< the finished session is kept too when this is the prompt's end
+  size_t snapshot_at = 0;            ///< prompt position where a later request (the conversation's next turn) parts from this
+                                     ///< prompt (0: the prompt's end): the prefix cache keeps the last block boundary before it
   ep_generate_options sampling{};    ///< temperature, top_k, top_p, min_p, seed, repetition penalty (read by ep_session_sample)
   uint32_t max_tokens = 16;          ///< tokens to generate at most (>= 1)
   std::vector<std::string> stop;     ///< stop strings of the content
@@ -38,7 +38,7 @@ const char *finish_reason_name(FinishReason r);
 /// Token counts and costs of one finished request.
 struct Usage {
   uint32_t prompt_tokens = 0;
-  uint32_t cached_tokens = 0;       ///< prompt tokens continued from a kept session (not run again)
+  uint32_t cached_tokens = 0;       ///< prompt tokens continued from a kept prefix state (not run again)
   uint32_t completion_tokens = 0;   ///< sampled tokens, a final stop token included
   uint32_t reasoning_tokens = 0;    ///< of those, in the reasoning channel
   uint64_t prefill_expert_bytes = 0;  ///< pack bytes read by the steps that ran this prompt (shared with the sequences batched with it)

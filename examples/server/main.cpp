@@ -7,8 +7,8 @@
 // GET /metrics (Prometheus text). Connections: http_server.hpp (deadlines, a cap per client
 // address, no port sharing). Up to --parallel
 // requests decode together in one forward pass per step (continuous batching, scheduler.hpp);
-// a conversation's next turn continues from the kept state of the previous one
-// (session_cache.hpp). docs/server.md has the whole story.
+// a request whose prompt starts with a kept prefix (a conversation's next turn, a shared system
+// prompt) continues from its state (the prefix cache, session_cache.hpp). docs/server.md has the whole story.
 #include <expertpack/expertpack.h>
 
 #include "api.hpp"
@@ -54,7 +54,8 @@ const char *kUsage =
     "serving:\n"
     "  --prefill-chunk N  prompt tokens of one request per step (default 64)\n"
     "  --step-tokens N    prompt tokens of all requests per step (default 256)\n"
-    "  --session-cache N  sessions kept for reuse by later requests (default 8; 0 = none)\n"
+    "  --prefix-cache-mib M  model memory for prompt-prefix states kept for later requests (default 1024;\n"
+    "                     0 = off); its blocks are --prefill-chunk tokens\n"
     "  --thinking 0|1     chat thinking when a request does not say (default: the template's)\n"
     "  --temp T           temperature when a request does not say (default 1)\n"
     "  --top-p P          top_p when a request does not say (default 1)\n"
@@ -143,7 +144,7 @@ int main(int argc, char **argv) {
     else if (a == "--tokenizer") tokenizer_path = next();
     else if (a == "--prefill-chunk") sopt.prefill_chunk = static_cast<uint32_t>(parse_uint(a, next(), 1, 1 << 20));
     else if (a == "--step-tokens") sopt.step_tokens = static_cast<uint32_t>(parse_uint(a, next(), 1, 1 << 24));
-    else if (a == "--session-cache") sopt.session_cache = parse_uint(a, next(), 0, 1 << 16);
+    else if (a == "--prefix-cache-mib") sopt.prefix_cache_bytes = static_cast<uint64_t>(parse_double(a, next(), 0, 1 << 24) * 1048576.0);
     else if (a == "--thinking") ctx.thinking = static_cast<int>(parse_uint(a, next(), 0, 1));
     else if (a == "--temp") ctx.temperature = static_cast<float>(parse_double(a, next(), 0, 2));
     else if (a == "--top-p") ctx.top_p = static_cast<float>(parse_double(a, next(), 1e-6, 1));

@@ -89,11 +89,9 @@ void Metrics::set_store(const ep_store_stats &stats) {
   store_ = stats;
 }
 
-void Metrics::set_session_cache(size_t entries, size_t capacity, uint64_t evictions) {
+void Metrics::set_prefix_cache(const PrefixCache::Stats &stats) {
   std::lock_guard<std::mutex> lock(mu_);
-  cache_entries_ = entries;
-  cache_capacity_ = capacity;
-  cache_evictions_ = evictions;
+  prefix_cache_ = stats;
 }
 
 void Metrics::requests_recomputed(size_t n) {
@@ -137,8 +135,8 @@ std::string Metrics::render() const {
     value(o, std::string("ep_server_requests_finished_total{reason=\"") + r + "\"}", it == finished_.end() ? uint64_t{0} : it->second);
   }
   metric(o, "ep_server_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", prompt_tokens_);
-  metric(o, "ep_server_prompt_tokens_cached_total", "counter", "Prompt tokens continued from kept sessions instead of run again.", cached_tokens_);
-  metric(o, "ep_server_requests_reused_total", "counter", "Requests that continued from a kept session.", reused_requests_);
+  metric(o, "ep_server_prompt_tokens_cached_total", "counter", "Prompt tokens continued from kept prefix states instead of run again.", cached_tokens_);
+  metric(o, "ep_server_requests_reused_total", "counter", "Requests that continued from a kept prefix state.", reused_requests_);
   metric(o, "ep_server_completion_tokens_total", "counter", "Tokens generated (sampled).", completion_tokens_);
   metric(o, "ep_server_reasoning_tokens_total", "counter", "Generated tokens in the reasoning channel.", reasoning_tokens_);
 
@@ -174,9 +172,18 @@ std::string Metrics::render() const {
   value(o, "ep_server_connection_timeouts_total{phase=\"header\"}", header_timeouts_);
   value(o, "ep_server_connection_timeouts_total{phase=\"body\"}", body_timeouts_);
 
-  metric(o, "ep_server_session_cache_entries", "gauge", "Kept sessions.", cache_entries_);
-  metric(o, "ep_server_session_cache_capacity", "gauge", "Kept sessions at most.", cache_capacity_);
-  metric(o, "ep_server_session_cache_evictions_total", "counter", "Kept sessions dropped to make room.", cache_evictions_);
+  const PrefixCache::Stats &pc = prefix_cache_;
+  metric(o, "ep_server_prefix_cache_hits_total", "counter", "Requests that continued from a kept prefix state.", pc.hits);
+  metric(o, "ep_server_prefix_cache_misses_total", "counter", "Requests that found no kept prefix of their prompt (with the cache on).", pc.misses);
+  metric(o, "ep_server_prefix_cache_hit_tokens_total", "counter", "Prompt tokens those hits did not run.", pc.hit_tokens);
+  metric(o, "ep_server_prefix_cache_inserts_total", "counter", "Prefix states kept.", pc.inserts);
+  metric(o, "ep_server_prefix_cache_evictions_total", "counter", "Kept prefix states dropped (least recently used) to make room.", pc.evictions);
+  metric(o, "ep_server_prefix_cache_rejected_total", "counter", "Prefix states not kept because one alone exceeds the budget.", pc.rejected);
+  metric(o, "ep_server_prefix_cache_fork_failures_total", "counter",
+         "Copies of a prefix state (to keep it, or for a request to continue it) the model refused for want of memory.", pc.fork_failures);
+  metric(o, "ep_server_prefix_cache_entries", "gauge", "Kept prefix states.", pc.entries);
+  metric(o, "ep_server_prefix_cache_bytes", "gauge", "Model device memory the kept prefix states hold (ep_session_state_bytes).", pc.bytes);
+  metric(o, "ep_server_prefix_cache_budget_bytes", "gauge", "Their budget (--prefix-cache-mib; 0: the cache is off).", pc.budget_bytes);
 
   metric(o, "ep_store_acquires_total", "counter", "Calls that asked for one layer's routed experts.", store_.acquires);
   metric(o, "ep_store_pack_reads_total", "counter", "Reads of expert bytes (one per expert from a pack, one per role from source files).", store_.pack_reads);

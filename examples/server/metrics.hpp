@@ -1,11 +1,12 @@
 // The server's counters, rendered as Prometheus text for GET /metrics: HTTP requests, the
-// scheduler's steps (sequences and tokens per step), requests' tokens, the kept sessions, and
+// scheduler's steps (sequences and tokens per step), requests' tokens, the prefix cache, and
 // the model's expert store (ep_model_store_stats, as the scheduler last read it).
 #pragma once
 
 #include <expertpack/expertpack.h>
 
 #include "job.hpp"
+#include "session_cache.hpp"
 
 #include <array>
 #include <cstdint>
@@ -33,7 +34,7 @@ class Metrics {
   void job_finished(FinishReason reason, const Usage &usage);
   void set_load(size_t running, size_t waiting);
   void set_store(const ep_store_stats &stats);
-  void set_session_cache(size_t entries, size_t capacity, uint64_t evictions);
+  void set_prefix_cache(const PrefixCache::Stats &stats);
   /// A batched step failed and @p n of its requests were run again without the failing ones.
   void requests_recomputed(size_t n);
   /// A request the model failed on alone (an expert it routes to could not be read).
@@ -67,8 +68,7 @@ class Metrics {
   uint64_t completion_tokens_ = 0, reasoning_tokens_ = 0;
   size_t running_ = 0, waiting_ = 0;
   ep_store_stats store_{};
-  size_t cache_entries_ = 0, cache_capacity_ = 0;
-  uint64_t cache_evictions_ = 0;
+  PrefixCache::Stats prefix_cache_;
   uint64_t recomputed_ = 0, model_errors_ = 0, connections_refused_ = 0, header_timeouts_ = 0, body_timeouts_ = 0;
 };
 

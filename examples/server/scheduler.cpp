@@ -12,6 +12,11 @@ using Clock = std::chrono::steady_clock;
 
 double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
+/// The prompt tokens of the chunk that starts at @p pos: up to the next multiple of @p chunk (the
+/// prefix cache's blocks), so that a prompt is cut the same way whether it starts from the
+/// beginning or from a kept block boundary.
+size_t chunk_at(size_t pos, size_t prompt_size, size_t chunk) { return std::min(chunk - pos % chunk, prompt_size - pos); }
+
 /// Where a text stream's pieces go: one channel of one job.
 struct Sink {
   Job *job;
@@ -45,7 +50,7 @@ void log_error(const std::string &what) {
 
 Scheduler::Scheduler(ep_model *model, const ep_tokenizer *tokenizer, const ThinkingMarkers &markers, const SchedulerOptions &options,
                      Metrics &metrics)
-    : model_(model), tokenizer_(tokenizer), markers_(markers), options_(options), metrics_(metrics), cache_(options.session_cache) {
+    : model_(model), tokenizer_(tokenizer), markers_(markers), options_(options), metrics_(metrics), cache_(options.prefill_chunk, options.prefix_cache_bytes) {
   ep_tokenizer_properties tp;
   ep_tokenizer_properties_init(&tp);
   if (ep_tokenizer_info(&tp, tokenizer) == EP_OK) {
@@ -58,7 +63,7 @@ Scheduler::Scheduler(ep_model *model, const ep_tokenizer *tokenizer, const Think
     last_read_bytes_ = s.pack_read_bytes;
     metrics_.set_store(s);
   }
-  metrics_.set_session_cache(0, cache_.capacity(), 0);
+  metrics_.set_prefix_cache(cache_.stats());
   thread_ = std::thread([this] { run(); });
 }
 
@@ -90,7 +95,7 @@ void Scheduler::publish_load() {
     waiting = pending_.size();
   }
   metrics_.set_load(slots_.size(), waiting);
-  metrics_.set_session_cache(cache_.size(), cache_.capacity(), cache_.evictions());
+  metrics_.set_prefix_cache(cache_.stats());
 }
 
 void Scheduler::run() {
@@ -133,11 +138,10 @@ void Scheduler::start(std::shared_ptr<Job> job) {
     metrics_.job_finished(FinishReason::cancelled, slot->usage);
     return;
   }
-  SessionCache::Fork fork = cache_.fork_longest_prefix(r.prompt);
+  PrefixCache::Fork fork = cache_.fork_longest_prefix(r.prompt);
   if (fork.session) {
     slot->session = std::move(fork.session);
     slot->pos = slot->reused = fork.length;
-    slot->draws = fork.draws;
   } else {
     ep_session *s = nullptr;
     if (ep_session_open(&s, model_) != EP_OK) {
@@ -148,6 +152,7 @@ void Scheduler::start(std::shared_ptr<Job> job) {
     slot->session.reset(s);
   }
   slot->usage.cached_tokens = static_cast<uint32_t>(slot->reused);
+  slot->keep_at = cache_.plan(r.prompt, slot->pos, r.snapshot_at ? r.snapshot_at : r.prompt.size());
   std::vector<const char *> stops;
   for (const std::string &s : r.stop) stops.push_back(s.c_str());
   ep_text_stream *content = nullptr, *reasoning = nullptr;
@@ -252,19 +257,6 @@ void Scheduler::finish(Slot &slot, FinishReason reason) {
   }
   slot.job->finish(reason, slot.usage);
   metrics_.job_finished(reason, slot.usage);
-  // The finished session is worth keeping only when its prompt is a prefix of the next turn's
-  // rendering; otherwise (DeepSeek-V4 drops the generation prompt's thinking markers from an
-  // answered turn) only the snapshot can be continued.
-  const JobRequest &r = slot.job->request();
-  const bool continuable = r.snapshot_at == 0 || r.snapshot_at == r.prompt.size();
-  if ((reason == FinishReason::stop || reason == FinishReason::length) && continuable && cache_.capacity()) {
-    size_t n = 0;
-    if (ep_session_tokens(nullptr, 0, &n, slot.session.get()) == EP_OK && n > 0) {
-      std::vector<int32_t> tokens(n);
-      if (ep_session_tokens(tokens.data(), tokens.size(), &n, slot.session.get()) == EP_OK)
-        cache_.put(std::move(tokens), std::move(slot.session), slot.draws);
-    }
-  }
   slot.session.reset();
 }
 
@@ -279,26 +271,26 @@ ep_status Scheduler::recompute(Slot &slot) {
   if (ep_session_tokens(nullptr, 0, &n, slot.session.get()) != EP_OK) return EP_ERR_INTERNAL;
   std::vector<int32_t> history(n);
   if (n && ep_session_tokens(history.data(), history.size(), &n, slot.session.get()) != EP_OK) return EP_ERR_INTERNAL;
-  // From a kept session that is a prefix of them, when its sampler has not drawn past this one's.
-  SessionCache::Fork from = cache_.fork_longest_prefix(history);
-  if (!from.session || from.draws > slot.draws) {
+  // From a kept state that is a prefix of its prompt (of the prompt only: generated tokens ran
+  // one at a time, and a kept state ran them as a prompt chunk).
+  const JobRequest &r = slot.job->request();
+  const size_t prompt_end = std::min(history.size(), r.prompt.size());
+  PrefixCache::Fork from = cache_.fork_longest_prefix(std::span<const int32_t>(history.data(), prompt_end), false);
+  if (!from.session) {
     ep_session *fresh = nullptr;
     if (ep_session_open(&fresh, model_) != EP_OK) return EP_ERR_OUT_OF_MEMORY;
-    from = {SessionPtr(fresh), 0, 0};
+    from = {SessionPtr(fresh), 0};
   }
   ep_session *one = from.session.get();
   auto append = [&](const int32_t *tokens, size_t count) {
     const ep_status st = ep_sessions_append(&one, &tokens, &count, 1);
     return st;
   };
-  // The prompt in the chunks the step cuts it into (the same as the first time when the same
-  // kept session started it), each generated token by itself, then the failed step's tokens.
-  const JobRequest &r = slot.job->request();
-  const size_t prompt_end = std::min(history.size(), r.prompt.size());
+  // The prompt in the chunks the step cuts it into (aligned to the blocks, as the first time),
+  // each generated token by itself, then the failed step's tokens.
   size_t pos = from.length;
   while (pos < prompt_end) {
-    size_t k = std::min<size_t>(options_.prefill_chunk, prompt_end - pos);
-    if (r.snapshot_at > pos && r.snapshot_at < pos + k) k = r.snapshot_at - pos;
+    const size_t k = chunk_at(pos, prompt_end, options_.prefill_chunk);
     if (const ep_status st = append(history.data() + pos, k); st != EP_OK) return st;
     pos += k;
   }
@@ -306,12 +298,7 @@ ep_status Scheduler::recompute(Slot &slot) {
     if (const ep_status st = append(history.data() + pos, 1); st != EP_OK) return st;
   if (const ep_status st = append(slot.feed, slot.feed_count); st != EP_OK) return st;
   // The sampler's draw counter where it was, so that a seeded request draws as it would have.
-  ep_generate_options greedy;
-  ep_generate_options_init(&greedy);
-  for (uint64_t d = from.draws; d < slot.draws; ++d) {
-    int32_t ignored = -1;
-    if (const ep_status st = ep_session_sample(&ignored, one, &greedy); st != EP_OK) return st;
-  }
+  if (const ep_status st = ep_session_set_draw_count(one, slot.draws); st != EP_OK) return st;
   slot.session = std::move(from.session);
   return EP_OK;
 }
@@ -320,15 +307,6 @@ void Scheduler::fail(Slot &slot, int status, const std::string &message) {
   slot.job->fail(status, message, slot.usage);
   metrics_.job_finished(FinishReason::error, slot.usage);
   slot.session.reset();
-}
-
-void Scheduler::keep(const Slot &slot, size_t tokens) {
-  const std::vector<int32_t> &prompt = slot.job->request().prompt;
-  const std::span<const int32_t> prefix(prompt.data(), tokens);
-  if (cache_.contains(prefix)) return;
-  ep_session *copy = nullptr;
-  if (ep_session_fork(&copy, slot.session.get()) != EP_OK) return;  // reuse is an optimisation: go on without it
-  cache_.put(std::vector<int32_t>(prefix.begin(), prefix.end()), SessionPtr(copy), slot.draws);
 }
 
 void Scheduler::step() {
@@ -358,8 +336,7 @@ void Scheduler::step() {
     return false;
   });
 
-  // The next chunk of each prompt still being run, as the step's budget allows. A chunk ends at
-  // the snapshot point so the state there can be kept.
+  // The next chunk of each prompt still being run, as the step's budget allows.
   size_t prefill_tokens = 0, decode_tokens = 0;
   for (auto &s : slots_) {
     if (s->decoding) {
@@ -367,8 +344,7 @@ void Scheduler::step() {
       continue;
     }
     const JobRequest &r = s->job->request();
-    size_t n = std::min<size_t>(options_.prefill_chunk, r.prompt.size() - s->pos);
-    if (r.snapshot_at > s->pos && r.snapshot_at < s->pos + n) n = r.snapshot_at - s->pos;
+    const size_t n = chunk_at(s->pos, r.prompt.size(), options_.prefill_chunk);
     if (prefill_tokens > 0 && prefill_tokens + n > options_.step_tokens) continue;  // whole chunks only: waits for the next step
     s->feed = r.prompt.data() + s->pos;
     s->feed_count = n;
@@ -436,8 +412,8 @@ void Scheduler::step() {
     const JobRequest &r = s->job->request();
     s->usage.prefill_expert_bytes += rec.expert_bytes;
     s->pos += s->feed_count;
-    const size_t snapshot = r.snapshot_at ? r.snapshot_at : r.prompt.size();
-    if (cache_.capacity() && s->pos == snapshot && s->pos > s->reused) keep(*s, s->pos);
+    if (std::find(s->keep_at.begin(), s->keep_at.end(), s->pos) != s->keep_at.end())
+      cache_.offer(std::span<const int32_t>(r.prompt.data(), s->pos), s->session.get());
     if (s->pos == r.prompt.size()) {
       s->decoding = true;
       s->prefilled = now;

@@ -8,10 +8,13 @@
 // and a prompt's chunk boundaries depend only on the prompt and the session it continues from
 // (never on the other requests of a step).
 //
-// Conversations that do not re-read: when a prompt's prefill reaches its snapshot point
-// (JobRequest::snapshot_at) the session is forked into the SessionCache, and a finished
-// request's session is kept too; a later prompt that starts with a kept session's tokens
-// continues from a fork of it and runs only the rest (Usage::cached_tokens).
+// Prompts are prefilled in chunks aligned to multiples of prefill_chunk tokens, which are the
+// prefix cache's blocks (session_cache.hpp): at the block boundaries the cache plans for a
+// request (where its prompt parts from an earlier one, the last one before where its
+// conversation's next turn will part from it) the session's state is offered to the cache, and a
+// later prompt that starts with a kept prefix continues from a fork of it and runs only the rest
+// (Usage::cached_tokens). Because the chunks are the same with the cache on or off, a continued
+// request computes exactly what it would from the start.
 #pragma once
 
 #include <expertpack/expertpack.h>
@@ -35,9 +38,9 @@ namespace ep_server {
 
 struct SchedulerOptions {
   uint32_t parallel = 4;        ///< requests decoding together at most
-  uint32_t prefill_chunk = 64;  ///< prompt tokens of one request per step at most
+  uint32_t prefill_chunk = 64;  ///< prompt tokens of one request per step at most, and the prefix cache's block
   uint32_t step_tokens = 256;   ///< prompt tokens of all requests per step at most (the first chunk always runs)
-  size_t session_cache = 8;     ///< kept sessions (0: no reuse)
+  uint64_t prefix_cache_bytes = uint64_t(1024) << 20;  ///< the prefix cache's budget of kept state (0: no reuse)
 };
 
 class Scheduler {
@@ -59,8 +62,9 @@ class Scheduler {
     std::shared_ptr<Job> job;
     SessionPtr session;
     size_t pos = 0;       // prompt tokens the session holds
-    size_t reused = 0;    // of those, continued from a kept session
-    uint64_t draws = 0;   // the session's sampler draw counter (a kept session's draws and this request's)
+    size_t reused = 0;    // of those, continued from a kept state
+    uint64_t draws = 0;   // the session's sampler draw counter (this request's draws)
+    std::vector<size_t> keep_at;  // prompt positions (block boundaries) whose state goes to the cache
     bool decoding = false;
     int32_t next = -1;    // the token sampled this step
     const int32_t *feed = nullptr;
@@ -83,7 +87,6 @@ class Scheduler {
   /// Runs @p slot's session again by itself (a new session with its tokens, the step's own and
   /// its sampler's position) after a batched step failed; the model's status.
   ep_status recompute(Slot &slot);
-  void keep(const Slot &slot, size_t tokens);
   void publish_load();
 
   ep_model *model_;
@@ -100,7 +103,7 @@ class Scheduler {
 
   // The scheduler thread's own.
   std::vector<std::unique_ptr<Slot>> slots_;
-  SessionCache cache_;
+  PrefixCache cache_;
   uint64_t last_read_bytes_ = 0;
 
   std::thread thread_;  // last: starts after everything above is built

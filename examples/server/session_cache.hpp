@@ -1,52 +1,94 @@
-// Kept sessions, keyed by the tokens they hold, so that a request whose prompt starts with
-// those tokens continues from a copy (ep_session_fork) instead of running them again. Sessions
-// cannot be rolled back, so an entry is usable only when all of its tokens are a prefix of
-// the new prompt: the scheduler keeps the state at the point where a conversation's next
-// turn will diverge (JobRequest::snapshot_at) as well as finished sessions.
-// Least recently used entries go first. Used by the scheduler thread only.
+// The prefix cache: the model's state after token prefixes, kept across requests so that a
+// request whose prompt starts with a kept prefix (the next turn of an agent's conversation,
+// another user's request with the same system prompt) continues from a copy of it and runs only
+// the rest.
+//
+// Prompts are cut into blocks of a fixed token count (the scheduler's prefill chunk), and a
+// prefix of whole blocks is known by a hash chained over its blocks (block i's hash covers block
+// i's tokens and block i − 1's hash, so it names the whole prefix). A kept state sits at a block
+// boundary only: the scheduler prefills every prompt in chunks aligned to the blocks, with or
+// without the cache, so a request continued from a kept state computes exactly what it would
+// have from the start. (Neither model's state can be cut back: DeepSeek-V4's sliding window and
+// compressor rows and Kimi's linear-attention state only move forward, so a state is kept as it
+// passes the boundary.)
+//
+// The engine's state of a sequence is one object, not paged: a kept state is a whole session
+// (ep_session_fork) that costs its ep_session_state_bytes(), and two kept prefixes of one prompt
+// cost both. So the cache keeps few, chosen states: where a prompt parts from one seen before
+// (the end of a shared system prompt: the chains of recent prompts are remembered, hashes only)
+// and the last boundary before where the conversation's next turn will part from this prompt
+// (JobRequest::snapshot_at). The least recently used states go first when the byte budget is
+// reached. Nobody appends to a kept state: a request gets its own fork. Used by the scheduler
+// thread only.
 #pragma once
 
 #include "handles.hpp"
 
 #include <cstdint>
+#include <list>
 #include <span>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace ep_server {
 
-class SessionCache {
+class PrefixCache {
  public:
-  explicit SessionCache(size_t capacity) : capacity_(capacity) {}
+  /// @p block_tokens tokens per block (>= 1); @p budget_bytes of kept state at most (0: off).
+  PrefixCache(size_t block_tokens, uint64_t budget_bytes);
 
-  size_t capacity() const { return capacity_; }
-  size_t size() const { return entries_.size(); }
-  uint64_t evictions() const { return evictions_; }
+  bool enabled() const { return budget_bytes_ > 0; }
+  size_t block_tokens() const { return block_; }
 
-  /// A fork of a kept session.
-  struct Fork {
-    SessionPtr session;  ///< null: no entry fits
-    size_t length = 0;   ///< tokens it holds
-    uint64_t draws = 0;  ///< its sampler's draw counter (ep_session_sample calls it has seen, forks included)
+  struct Stats {
+    size_t entries = 0;
+    uint64_t bytes = 0, budget_bytes = 0;
+    uint64_t hits = 0, misses = 0;  ///< requests that continued a kept state / found none
+    uint64_t hit_tokens = 0;        ///< prompt tokens those requests did not run
+    uint64_t inserts = 0, evictions = 0;
+    uint64_t rejected = 0;          ///< states larger than the whole budget, not kept
+    uint64_t fork_failures = 0;     ///< forks (to keep a state or to continue one) the model refused: out of memory
   };
-  /// The longest entry whose tokens are a prefix of @p prompt, forked; an empty Fork when none
-  /// is. A fork that fails counts as no entry.
-  Fork fork_longest_prefix(std::span<const int32_t> prompt);
-  /// Keeps @p session (holding @p tokens, its sampler at draw @p draws); an entry with the same
-  /// tokens is replaced.
-  void put(std::vector<int32_t> tokens, SessionPtr session, uint64_t draws);
-  /// Whether an entry holds exactly @p tokens.
-  bool contains(std::span<const int32_t> tokens) const;
+  const Stats &stats() const { return stats_; }
+
+  /// A fork of a kept state.
+  struct Fork {
+    SessionPtr session;  ///< null: no kept state is a prefix of the prompt
+    size_t length = 0;   ///< tokens it holds (whole blocks)
+  };
+  /// The longest kept prefix of @p prompt, forked, with its sampler's draw counter at 0 (as a
+  /// new session's); an empty Fork when none is or the fork fails. @p count: a request's lookup
+  /// (hits and misses count), not a recomputation's.
+  Fork fork_longest_prefix(std::span<const int32_t> prompt, bool count = true);
+  /// Remembers the block chain of @p prompt, and returns the block boundaries (ascending, above
+  /// @p from) at which the scheduler should offer the prompt's state: where it parts from a prompt
+  /// seen before, and the last boundary at or before @p snapshot_at.
+  std::vector<size_t> plan(std::span<const int32_t> prompt, size_t from, size_t snapshot_at);
+  /// Offers the state of @p session, which holds exactly @p tokens (a whole number of blocks):
+  /// a fork of it is kept unless an entry holds them already or it alone exceeds the budget;
+  /// least recently used entries make room.
+  void offer(std::span<const int32_t> tokens, const ep_session *session);
 
  private:
+  /// The chained hashes of @p tokens' whole blocks: [i] names tokens [0, (i + 1) · block).
+  std::vector<uint64_t> chain(std::span<const int32_t> tokens) const;
+  bool seen(uint64_t hash) const { return seen_now_.contains(hash) || seen_before_.contains(hash); }
+
   struct Entry {
-    std::vector<int32_t> tokens;
+    std::vector<int32_t> tokens;  // checked on a hit: a hash names the prefix, the tokens prove it
     SessionPtr session;
-    uint64_t draws = 0;
-    uint64_t used = 0;
+    uint64_t bytes = 0;
+    std::list<uint64_t>::iterator lru;
   };
-  size_t capacity_;
-  uint64_t clock_ = 0, evictions_ = 0;
-  std::vector<Entry> entries_;
+  size_t block_;
+  uint64_t budget_bytes_;
+  std::unordered_map<uint64_t, Entry> entries_;  // by the chained hash of their tokens
+  std::list<uint64_t> lru_;                       // most recently used first
+  // Block hashes of recent prompts, in two generations: when the newer holds kSeenGeneration,
+  // the older is dropped and the newer takes its place.
+  std::unordered_set<uint64_t> seen_now_, seen_before_;
+  Stats stats_;
 };
 
 }  // namespace ep_server

@@ -388,6 +388,30 @@ EP_API ep_status ep_session_fork(ep_session **out_session, const ep_session *ses
  */
 EP_API ep_status ep_session_tokens(int32_t *out_tokens, size_t capacity, size_t *out_count, const ep_session *session);
 
+/**
+ * @brief The bytes of the model's device memory a session holds: its decode state as allocated
+ *        (KV, compressor and linear-attention state, with the room buffers that grow keep
+ *        ahead), its last logits, and the chat snapshot ep_generate_chat() keeps in it. A fork
+ *        (ep_session_fork()) holds as many. What a host that keeps sessions counts against its
+ *        memory budget.
+ * @param[out] out_bytes The byte count.
+ * @param session Open session.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument).
+ */
+EP_API ep_status ep_session_state_bytes(uint64_t *out_bytes, const ep_session *session);
+
+/**
+ * @brief Sets a session's sampler draw counter: the next ep_session_sample() makes draw
+ *        @p draw_count of its seed's sequence. A fresh session starts at 0 and each
+ *        ep_session_sample() (or generated token) advances it; ep_session_fork() copies it. A host
+ *        that continues a kept session for a new request sets 0, so a seeded request draws as
+ *        it would on a fresh session.
+ * @param session Open session.
+ * @param draw_count The counter's new value.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument).
+ */
+EP_API ep_status ep_session_set_draw_count(ep_session *session, uint64_t draw_count);
+
 /** @} */
 
 #ifdef __cplusplus

@@ -51,6 +51,12 @@ Session::~Session() {
 
 int64_t Session::length() const { return state_->n_past(); }
 
+uint64_t Session::state_bytes() const {
+  std::lock_guard<std::mutex> lock(engine_.mutex());
+  const uint64_t own = state_->state_bytes() + static_cast<uint64_t>(engine_.info().vocab) * sizeof(float);
+  return own + (snapshot_ ? snapshot_->state_->state_bytes() + static_cast<uint64_t>(engine_.info().vocab) * sizeof(float) : 0);
+}
+
 void Session::reset() {
   snapshot_.reset();
   std::lock_guard<std::mutex> lock(engine_.mutex());

@@ -49,6 +49,14 @@ class Session {
   int64_t length() const;
   /// Every token appended, in order.
   std::span<const int32_t> tokens() const { return tokens_; }
+  /// Bytes of backend memory the session holds: its decode state (as allocated), its last logits
+  /// and its kept snapshot's.
+  uint64_t state_bytes() const;
+  /// The sampler's draw counter: sample() calls so far (a fork's included).
+  uint64_t draw_count() const { return sample_counter_; }
+  /// Sets the draw counter: the next sample() is draw @p draws of its seed's sequence (0: as a
+  /// new session's first).
+  void set_draw_count(uint64_t draws) { sample_counter_ = draws; }
   /// True once a token was appended: sample() has logits to draw from.
   bool has_logits() const { return !tokens_.empty(); }
   /// Empties the session (a fresh state; the sampler's draw counter restarts; the kept snapshot

@@ -25,6 +25,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
+uint64_t buffer_bytes(const DeepseekV4State &s) {
+  uint64_t n = 0;
+  for (const LayerState &l : s.layers)
+    for (const CompressorState *c : {&l.comp, &l.index})
+      n += c->buf_kv.bytes() + c->buf_gate.bytes() + c->entries.bytes() + c->overlap_kv.bytes() + c->overlap_gate.bytes();
+  for (const LayerState &l : s.layers) n += l.window.bytes();
+  return n;
+}
+
+uint64_t buffer_bytes(const KimiState &s) {
+  uint64_t n = 0;
+  for (const KimiLayerState &l : s.layers) n += l.conv.bytes() + l.S.bytes() + l.keys.bytes() + l.values.bytes();
+  return n;
+}
+
 /// A model class's state (DeepseekV4State, KimiState) as an LmState.
 template <class State>
 class StateOf final : public LmState {
@@ -32,6 +47,7 @@ class StateOf final : public LmState {
   explicit StateOf(State s) : state(std::move(s)) {}
   int64_t n_past() const override { return state.n_past; }
   std::unique_ptr<LmState> clone() const override { return std::make_unique<StateOf>(state); }
+  uint64_t state_bytes() const override { return buffer_bytes(state); }
   State state;
 };
 

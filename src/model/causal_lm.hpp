@@ -35,6 +35,9 @@ class LmState {
   virtual int64_t n_past() const = 0;
   /// A copy of the state (its backend memory copied on the backend): the same sequence, forked.
   virtual std::unique_ptr<LmState> clone() const = 0;
+  /// Bytes of backend memory the state holds (allocated, not only in use: buffers that grow keep
+  /// room ahead), which a copy of it (clone()) holds too.
+  virtual uint64_t state_bytes() const = 0;
 };
 
 /// What a model is (ep_model_info()).

@@ -1,6 +1,6 @@
 // The model C API (include/expertpack/model.h) on the DeepSeek-V4 goldens: ep_score against
-// transformers, ep_generate against ep_score, cancellation, stop token, sampling determinism and
-// the argument / struct-size checks.
+// transformers, ep_generate against ep_score, cancellation, stop token, sampling determinism, a
+// session's state bytes and draw counter, and the argument / struct-size checks.
 #include "support/catch.hpp"
 
 #include <expertpack/expertpack.h>
@@ -195,6 +195,51 @@ TEST_CASE("model C API: generation follows the model's own scores", "[model][cap
   }
   CHECK(runs[0] == runs[1]);
   ep_session_close(t);
+  ep_session_close(s);
+}
+
+TEST_CASE("model C API: a session's state bytes and its sampler's draw counter", "[model][capi]") {
+  Fixture f;
+  const size_t V = 97, n_prompt = 20;
+  ep_session *s = nullptr;
+  REQUIRE(ep_session_open(&s, f.model) == EP_OK);
+  uint64_t empty = 0;
+  REQUIRE(ep_session_state_bytes(&empty, s) == EP_OK);
+  CHECK(empty >= V * sizeof(float));  // the last logits at least
+  const int32_t *tokens = f.tokens.data();
+  size_t count = n_prompt;
+  REQUIRE(ep_sessions_append(&s, &tokens, &count, 1) == EP_OK);
+  uint64_t full = 0;
+  REQUIRE(ep_session_state_bytes(&full, s) == EP_OK);
+  CHECK(full > empty);  // the compressed KV's entries grew
+  // A fork holds as many bytes.
+  ep_session *copy = nullptr;
+  REQUIRE(ep_session_fork(&copy, s) == EP_OK);
+  uint64_t copied = 0;
+  REQUIRE(ep_session_state_bytes(&copied, copy) == EP_OK);
+  CHECK(copied == full);
+
+  // Seeded draws from the same logits: a fork taken after them continues the sequence, and with
+  // its counter set to 0 repeats it from the start.
+  ep_generate_options o;
+  ep_generate_options_init(&o);
+  o.temperature = 1.5f;
+  o.seed = 11;
+  std::vector<int32_t> first(8), continued(8), again(8);
+  for (int32_t &t : first) REQUIRE(ep_session_sample(&t, s, &o) == EP_OK);
+  ep_session *later = nullptr;
+  REQUIRE(ep_session_fork(&later, s) == EP_OK);
+  for (int32_t &t : continued) REQUIRE(ep_session_sample(&t, later, &o) == EP_OK);
+  REQUIRE(ep_session_set_draw_count(later, 0) == EP_OK);
+  for (int32_t &t : again) REQUIRE(ep_session_sample(&t, later, &o) == EP_OK);
+  CHECK(again == first);
+  CHECK(continued != first);  // the counter, not the logits alone, decides a draw
+
+  CHECK(ep_session_state_bytes(nullptr, s) == EP_ERR_INVALID_ARGUMENT);
+  CHECK(ep_session_state_bytes(&full, nullptr) == EP_ERR_INVALID_ARGUMENT);
+  CHECK(ep_session_set_draw_count(nullptr, 0) == EP_ERR_INVALID_ARGUMENT);
+  ep_session_close(later);
+  ep_session_close(copy);
   ep_session_close(s);
 }
 

@@ -15,6 +15,7 @@ fi
 rm -rf "$work"
 mkdir -p "$work"
 source "$(dirname "${BASH_SOURCE[0]}")/start_server.sh"
-start_server "$server" "$model" "$work" --api-key test-key --parallel 4
+# Prefix-cache blocks of 8 tokens: the short first turn is a few blocks, which its next turn continues.
+start_server "$server" "$model" "$work" --api-key test-key --parallel 4 --prefill-chunk 8
 node "$(dirname "${BASH_SOURCE[0]}")/openai_client.cjs" "$url/v1" test-key "$node_dir/node_modules/openai"
 stop_server

@@ -1,7 +1,8 @@
 // ep-server end to end on the trained demo model (models/demo-kjv.gguf, DeepSeek-V4, CPU): the
 // OpenAI endpoints against the C API's own generation, continuous batching (concurrent greedy
 // requests answer as they do alone, and steps run several sequences), conversations that
-// continue the kept state of their previous turn (fewer expert bytes read), and robustness:
+// continue the kept state of their previous turn (fewer expert bytes read), the prefix cache
+// (hits, eviction, concurrent requests, each answering as without it), and robustness:
 // bad requests, disconnecting clients, a busy model, shutdown while a request runs. Every
 // server is stopped with SIGTERM and must exit 0 (under ASan/LSan: no leak).
 #include "support/catch.hpp"
@@ -377,7 +378,7 @@ TEST_CASE("ep-server: the OpenAI endpoints answer as the C API generates", "[api
 
 TEST_CASE("ep-server: eight concurrent greedy requests answer as each does alone", "[batching]") {
   ep::test::TempDir dir;
-  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--parallel", "8", "--session-cache", "0"}));
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--parallel", "8", "--prefix-cache-mib", "0"}));
   Http http(server.port());
   // Chats and completions of different lengths; one prompt longer than a prefill chunk, so its
   // chunks run in the same steps as the others' decoding; one runs long (ignore_eos) so the
@@ -449,7 +450,7 @@ TEST_CASE("ep-server: ep-run's model options (host tier, prefetch, policy) apply
   };
   auto answers = [&](std::vector<std::string> args, bool tiered) {
     // A cache of a few slots: evictions (demotions) happen, and there is room to prefetch into.
-    args.insert(args.end(), {"--parallel", "1", "--session-cache", "0", "--cache-mib", "0.3"});
+    args.insert(args.end(), {"--parallel", "1", "--prefix-cache-mib", "0", "--cache-mib", "0.3"});
     ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, args));
     Http http(server.port());
     std::vector<std::string> out;
@@ -485,6 +486,188 @@ TEST_CASE("ep-server: ep-run's model options (host tier, prefetch, policy) apply
   }
 }
 
+namespace {
+
+/// A system prompt of several hundred tokens (several prefix-cache blocks of 64).
+std::string long_system(const std::string &verse) {
+  std::string s = "Answer with the verse asked for, in the words of the King James Version.";
+  for (int i = 0; i < 8; ++i) s += " " + verse;
+  return s;
+}
+
+json seeded(json body, uint64_t seed) {
+  body["temperature"] = 0.9;
+  body["seed"] = seed;
+  return body;
+}
+
+int cached_tokens(const Reply &r) { return r.body.at("usage").at("prompt_tokens_details").at("cached_tokens").get<int>(); }
+
+}  // namespace
+
+TEST_CASE("ep-server: requests sharing a prefix continue its kept state and answer as without the cache", "[prefix]") {
+  ep::test::TempDir dir;
+  const std::string system = long_system("In the beginning God created the heaven and the earth, and the earth was without form, and void.");
+  // One user's request, a second user's with the same system prompt (the prefix is kept where the
+  // two part), a third's (continues it), a seeded one, and the first user's next turn. The user
+  // messages are longer than a block, so that the first request's kept state (its last block
+  // before the answer) is not a prefix of the others'.
+  auto user = [](const std::string &verse) {
+    std::string m = verse;
+    for (int i = 0; i < 4; ++i) m += " Quote it in full, then the verses around it, and say which book and chapter they come from.";
+    return m;
+  };
+  const json first = chat_body({{"system", system}, {"user", user("John 3:16")}}, 16);
+  const json second = chat_body({{"system", system}, {"user", user("Psalms 23:1")}}, 16);
+  const json third = chat_body({{"system", system}, {"user", user("Genesis 1:1")}}, 16);
+  const json fourth = seeded(chat_body({{"system", system}, {"user", user("Exodus 3:14")}}, 16), 5);
+  auto run = [&](bool cache) {
+    ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--prefix-cache-mib", cache ? "64" : "0"}));
+    Http http(server.port());
+    std::vector<Reply> r;
+    for (const json &b : {first, second, third, fourth}) {
+      r.push_back(http.post("/v1/chat/completions", b));
+      REQUIRE(r.back().status == 200);
+    }
+    json next = chat_body({{"system", system}, {"user", user("John 3:16")}, {"assistant", chat_text(r[0])}, {"user", "Psalms 23:1"}}, 16);
+    r.push_back(http.post("/v1/chat/completions", seeded(next, 9)));
+    REQUIRE(r.back().status == 200);
+    // Streamed usage reports the cached tokens too.
+    json streamed_usage;
+    json body = third;
+    body["stream_options"] = {{"include_usage", true}};
+    const std::string streamed = streamed_text(http.stream("/v1/chat/completions", body), true, &streamed_usage);
+    CHECK(streamed == chat_text(r[2]));
+    // (the third request's own state is kept now: the repeat continues it, past the shared part)
+    const int streamed_cached = streamed_usage.at("prompt_tokens_details").at("cached_tokens").get<int>();
+    if (cache) CHECK(streamed_cached > cached_tokens(r[2]));
+    else CHECK(streamed_cached == 0);
+    if (cache) {
+      CHECK(metric(http, "ep_server_prefix_cache_hits_total") >= 4);
+      CHECK(metric(http, "ep_server_prefix_cache_misses_total") == 2);  // the first two requests
+      CHECK(metric(http, "ep_server_prefix_cache_inserts_total") >= 2);
+      CHECK(metric(http, "ep_server_prefix_cache_bytes") > 0);
+      CHECK(metric(http, "ep_server_prefix_cache_budget_bytes") == 64.0 * 1048576);
+      CHECK(metric(http, "ep_server_prefix_cache_evictions_total") == 0);
+    } else {
+      CHECK(metric(http, "ep_server_prefix_cache_hits_total") == 0);
+      CHECK(metric(http, "ep_server_prefix_cache_entries") == 0);
+    }
+    CHECK(server.stop() == 0);
+    return r;
+  };
+  const std::vector<Reply> on = run(true), off = run(false);
+  for (size_t i = 0; i < on.size(); ++i) {
+    INFO("request " << i);
+    CHECK(chat_text(on[i]) == chat_text(off[i]));
+    CHECK(cached_tokens(off[i]) == 0);
+    CHECK(on[i].body.at("usage").at("prompt_tokens") == off[i].body.at("usage").at("prompt_tokens"));
+    CHECK(cached_tokens(on[i]) % 64 == 0);  // whole blocks
+  }
+  CHECK(cached_tokens(on[0]) == 0);
+  CHECK(cached_tokens(on[1]) == 0);  // the shared prefix is kept as the second request passes it
+  const int shared = cached_tokens(on[2]);
+  CHECK(shared >= 64 * 2);  // the system prompt's whole blocks
+  CHECK(shared < on[2].body.at("usage").at("prompt_tokens").get<int>() - 64);
+  CHECK(cached_tokens(on[3]) == shared);
+  // The next turn continues the first request's state up to its last block before the answer.
+  // (DeepSeek-V4 parts one or two tokens before the prompt's end: test "[reuse]").
+  CHECK(cached_tokens(on[4]) + 2 + 63 >= on[0].body.at("usage").at("prompt_tokens").get<int>());
+}
+
+TEST_CASE("ep-server: the prefix cache evicts the least recently used state under its budget", "[prefix]") {
+  ep::test::TempDir dir;
+  const json a = chat_body({{"system", long_system("And God said, Let there be light: and there was light.")}, {"user", "John 3:16"}}, 12);
+  const json b = chat_body({{"system", long_system("The LORD is my shepherd; I shall not want.")}, {"user", "John 3:16"}}, 12);
+  // The state bytes of each prompt's kept prefix, from a cache that holds both.
+  double bytes_a = 0, bytes_b = 0;
+  std::string alone_a, alone_b;
+  {
+    ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--prefix-cache-mib", "0"}));
+    Http http(server.port());
+    alone_a = chat_text(http.post("/v1/chat/completions", a));
+    alone_b = chat_text(http.post("/v1/chat/completions", b));
+    CHECK(server.stop() == 0);
+  }
+  {
+    ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--prefix-cache-mib", "64"}));
+    Http http(server.port());
+    REQUIRE(http.post("/v1/chat/completions", a).status == 200);
+    bytes_a = metric(http, "ep_server_prefix_cache_bytes");
+    REQUIRE(http.post("/v1/chat/completions", b).status == 200);
+    bytes_b = metric(http, "ep_server_prefix_cache_bytes") - bytes_a;
+    CHECK(metric(http, "ep_server_prefix_cache_entries") == 2);
+    CHECK(server.stop() == 0);
+  }
+  REQUIRE(bytes_a > 0);
+  REQUIRE(bytes_b > 0);
+  // A budget for one of them: b's state pushes a's out, and a, asked again, runs from the start
+  // (nothing cached) and answers as before.
+  const double budget = std::max(bytes_a, bytes_b) * 1.5;
+  REQUIRE(budget < bytes_a + bytes_b);
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--prefix-cache-mib", std::to_string(budget / 1048576.0)}));
+  Http http(server.port());
+  const Reply a1 = http.post("/v1/chat/completions", a);
+  const Reply b1 = http.post("/v1/chat/completions", b);
+  CHECK(metric(http, "ep_server_prefix_cache_evictions_total") == 1);
+  const Reply a2 = http.post("/v1/chat/completions", a);
+  CHECK(metric(http, "ep_server_prefix_cache_evictions_total") == 2);
+  CHECK(metric(http, "ep_server_prefix_cache_entries") == 1);
+  CHECK(metric(http, "ep_server_prefix_cache_bytes") <= budget);
+  for (const Reply *r : {&a1, &b1, &a2}) REQUIRE(r->status == 200);
+  CHECK(cached_tokens(a2) == 0);
+  CHECK(chat_text(a1) == alone_a);
+  CHECK(chat_text(b1) == alone_b);
+  CHECK(chat_text(a2) == alone_a);
+  // a is kept now: asked once more it continues its state.
+  const Reply a3 = http.post("/v1/chat/completions", a);
+  CHECK(cached_tokens(a3) > 0);
+  CHECK(chat_text(a3) == alone_a);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: concurrent requests sharing a kept prefix each answer as alone", "[prefix]") {
+  ep::test::TempDir dir;
+  const std::string system = long_system("Blessed are the poor in spirit: for theirs is the kingdom of heaven.");
+  const std::vector<std::string> verses = {"John 3:16", "Psalms 23:1", "Genesis 1:1", "Exodus 3:14"};
+  std::vector<json> bodies;
+  for (size_t i = 0; i < verses.size(); ++i) {
+    json b = chat_body({{"system", system}, {"user", verses[i]}}, 24);
+    bodies.push_back(i % 2 ? seeded(b, 40 + i) : b);
+  }
+  std::vector<std::string> alone;
+  {
+    ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--prefix-cache-mib", "0"}));
+    Http http(server.port());
+    for (const json &b : bodies) alone.push_back(chat_text(http.post("/v1/chat/completions", b)));
+    CHECK(server.stop() == 0);
+  }
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--prefix-cache-mib", "64", "--parallel", "4"}));
+  Http http(server.port());
+  // Two requests keep the system prompt's state (the second keeps it where the two part).
+  REQUIRE(http.post("/v1/chat/completions", bodies[0]).status == 200);
+  REQUIRE(http.post("/v1/chat/completions", bodies[1]).status == 200);
+  // Then all four at once, each continuing its own fork of the kept state, decoding together.
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Reply> replies(bodies.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < bodies.size(); ++i)
+      clients.emplace_back([&, i] {
+        Http h(server.port());
+        replies[i] = h.post("/v1/chat/completions", bodies[i]);
+      });
+    for (auto &c : clients) c.join();
+    for (size_t i = 0; i < bodies.size(); ++i) {
+      INFO("round " << round << ", request " << i);
+      REQUIRE(replies[i].status == 200);
+      CHECK(cached_tokens(replies[i]) >= 64 * 2);  // the system prompt's whole blocks, at least
+      CHECK(chat_text(replies[i]) == alone[i]);
+    }
+  }
+  CHECK(metric(http, "ep_server_steps_batched_total") > 0);
+  CHECK(server.stop() == 0);
+}
+
 TEST_CASE("ep-server: a conversation's next turn continues the kept state and reads fewer expert bytes", "[reuse]") {
   ep::test::TempDir dir;
   // A system prompt of a few hundred tokens, so that the whole conversation is several prefill
@@ -498,7 +681,7 @@ TEST_CASE("ep-server: a conversation's next turn continues the kept state and re
   };
   auto converse = [&](bool reuse, bool thinking) {
     std::vector<std::string> args = small;
-    args.insert(args.end(), {"--session-cache", reuse ? "8" : "0"});
+    args.insert(args.end(), {"--prefix-cache-mib", reuse ? "64" : "0"});
     ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, args));
     Http http(server.port());
     std::vector<std::pair<std::string, std::string>> conversation = {{"system", system}, {"user", "John 3:16"}};
@@ -525,10 +708,12 @@ TEST_CASE("ep-server: a conversation's next turn continues the kept state and re
     const json &u2 = kept.second.body.at("usage");
     const int first_prompt = u1.at("prompt_tokens").get<int>();
     const int cached = u2.at("prompt_tokens_details").at("cached_tokens").get<int>();
-    // The first turn's prompt up to its assistant marker is reused: DeepSeek-V4 renders the
-    // answered turn as `<｜Assistant｜></think>answer<eos>`, so only the generation prompt's
-    // thinking tokens after the marker (one or two) and what follows are run again.
-    CHECK(cached >= first_prompt - 2);
+    // The first turn's prompt up to the last block boundary before its assistant marker is
+    // reused: DeepSeek-V4 renders the answered turn as `<｜Assistant｜></think>answer<eos>`, so
+    // the generation prompt's thinking tokens after the marker (one or two) part the two, and
+    // the state is kept at whole blocks of 64 tokens.
+    CHECK(cached >= first_prompt - 2 - 63);
+    CHECK(cached % 64 == 0);
     CHECK(cached < u2.at("prompt_tokens").get<int>());
     CHECK(fresh.second.body.at("usage").at("prompt_tokens_details").at("cached_tokens") == 0);
     CHECK(fresh.second.body.at("usage").at("prompt_tokens") == u2.at("prompt_tokens"));
@@ -746,11 +931,12 @@ TEST_CASE("ep-server: the thinking markers split reasoning from the answer", "[r
   }
 }
 
-TEST_CASE("ep-server: a Kimi-K3 chat continues the whole first turn", "[kimi]") {
+TEST_CASE("ep-server: a Kimi-K3 chat continues the first turn's prompt", "[kimi]") {
   ep::test::TempDir dir;
   const std::string model = write_kimi_model(dir);
+  // Blocks of 4 tokens: the first prompt is a few blocks long.
   ep::test::ServerProcess server(EP_SERVER_EXE, {"--model", model, "--device", "cpu", "--resident-experts", "--cpu-threads", "2",
-                                                 "--parallel", "2"});
+                                                 "--parallel", "2", "--prefill-chunk", "4"});
   Http http(server.port());
   std::vector<std::pair<std::string, std::string>> conversation = {{"user", "Hello"}};
   json body = chat_body(conversation, 6);
@@ -765,10 +951,12 @@ TEST_CASE("ep-server: a Kimi-K3 chat continues the whole first turn", "[kimi]") 
   body["messages"][1]["reasoning_content"] = msg.value("reasoning_content", "");
   const Reply second = http.post("/v1/chat/completions", body);
   REQUIRE(second.status == 200);
-  // Kimi-K3 renders an answered turn as its generation prompt continued, so at least the whole
-  // first prompt is reused (the snapshot at its end).
-  CHECK(second.body.at("usage").at("prompt_tokens_details").at("cached_tokens").get<int>() >=
-        first.body.at("usage").at("prompt_tokens").get<int>());
+  // Kimi-K3 renders an answered turn as its generation prompt continued, so the whole first
+  // prompt is a prefix of the second: its state is kept at its last block boundary (its
+  // linear-attention state cannot be cut back, so it is kept as the prefill passes there).
+  const int cached = second.body.at("usage").at("prompt_tokens_details").at("cached_tokens").get<int>();
+  CHECK(cached + 3 >= first.body.at("usage").at("prompt_tokens").get<int>());
+  CHECK(cached % 4 == 0);
   CHECK(server.stop() == 0);
 }
 
@@ -1072,7 +1260,7 @@ TEST_CASE("ep-server: a corrupt expert fails only the requests that route to it"
 
   // One prompt token per step, so the long prompt below runs for many steps.
   ep::test::ServerProcess server(EP_SERVER_EXE, {"--model", kModel, "--device", "cpu", "--pack-dir", dir / "bad", "--no-pack-build",
-                                                 "--cpu-threads", "2", "--prefill-chunk", "1", "--session-cache", "0",
+                                                 "--cpu-threads", "2", "--prefill-chunk", "1", "--prefix-cache-mib", "0",
                                                  "--max-prompt-tokens", "8192"});
   Http http(server.port());
   CHECK(http.get("/health").body.at("status") == "ok");
