@@ -91,27 +91,72 @@ struct Answer {
   std::string chunk_object() const { return chat ? "chat.completion.chunk" : "text_completion"; }
 };
 
-json full_answer(const Answer &a, const Job::Delta &text, const JobResult &r) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason_name(r.finish)}, {"logprobs", nullptr}};
-  if (a.chat) {
-    json msg = {{"role", "assistant"}, {"content", text.content}};
-    if (!text.reasoning.empty()) msg["reasoning_content"] = text.reasoning;
-    choice["message"] = std::move(msg);
-  } else {
-    choice["text"] = text.content;
+json bytes_of(const std::string &text) {
+  json b = json::array();
+  for (const char ch : text) b.push_back(static_cast<unsigned char>(ch));
+  return b;
+}
+
+/// A chat choice's "logprobs": {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}.
+json chat_logprobs(const std::vector<TokenLogprob> &entries) {
+  json content = json::array();
+  for (const TokenLogprob &e : entries) {
+    json top = json::array();
+    for (const TokenLogprob::Alternative &a : e.top) top.push_back({{"token", a.token}, {"logprob", a.logprob}, {"bytes", bytes_of(a.token)}});
+    content.push_back({{"token", e.token}, {"logprob", e.logprob}, {"bytes", bytes_of(e.token)}, {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+/// A legacy completion choice's "logprobs": {tokens, token_logprobs, top_logprobs, text_offset};
+/// @p offset is where the first entry's text starts in the answer (advanced past the last).
+json completion_logprobs(const std::vector<TokenLogprob> &entries, size_t &offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob &e : entries) {
+    tokens.push_back(e.token);
+    lps.push_back(e.logprob);
+    json top = json::object();
+    for (const TokenLogprob::Alternative &a : e.top)
+      if (!top.contains(a.token)) top[a.token] = a.logprob;  // the likelier of two tokens with one text
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += e.token.size();
+  }
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)}, {"text_offset", std::move(offsets)}};
+}
+
+json full_answer(const Answer &a, const std::vector<Job::Delta> &texts, const JobResult &r, bool logprobs) {
+  json choices = json::array();
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const Job::Delta &text = texts[i];
+    const FinishReason reason = i < r.choices.size() ? r.choices[i] : r.finish;
+    json choice = {{"index", i}, {"finish_reason", finish_reason_name(reason)}, {"logprobs", nullptr}};
+    if (a.chat) {
+      json msg = {{"role", "assistant"}, {"content", text.content}};
+      if (!text.reasoning.empty()) msg["reasoning_content"] = text.reasoning;
+      choice["message"] = std::move(msg);
+      if (logprobs) choice["logprobs"] = chat_logprobs(text.logprobs);
+    } else {
+      choice["text"] = text.content;
+      size_t offset = 0;
+      if (logprobs) choice["logprobs"] = completion_logprobs(text.logprobs, offset);
+    }
+    choices.push_back(std::move(choice));
   }
   return {{"id", a.id},
           {"object", a.object()},
           {"created", a.created},
           {"model", a.model},
-          {"choices", json::array({choice})},
+          {"choices", std::move(choices)},
           {"usage", usage_json(r.usage)},
           {"timings", timings_json(r.usage)}};
 }
 
-/// One streamed chunk: @p delta holds the chat delta fields (chat) or the text (completions).
-json chunk(const Answer &a, const json &delta, const json &finish_reason, bool include_usage) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+/// One streamed chunk of answer @p index: @p delta holds the chat delta fields (chat) or the text
+/// (completions); @p logprobs the choice's "logprobs" (null without).
+json chunk(const Answer &a, size_t index, const json &delta, const json &finish_reason, bool include_usage,
+           const json &logprobs = nullptr) {
+  json choice = {{"index", index}, {"finish_reason", finish_reason}, {"logprobs", logprobs}};
   if (a.chat) choice["delta"] = delta;
   else choice["text"] = delta;
   json j = {{"id", a.id}, {"object", a.chunk_object()}, {"created", a.created}, {"model", a.model}, {"choices", json::array({choice})}};
@@ -128,28 +173,45 @@ struct Streamer {
   bool include_usage = false;
   ConnectionProbe probe;
   bool started = false;
+  std::vector<size_t> text_offsets;  // per answer: completions' text_offset of its next token
 
   /// One call of the content provider: waits a little for output and writes it.
   bool pump(httplib::DataSink &sink) {
+    const size_t n = job->request().n;
+    const bool logprobs = job->request().logprobs >= 0;
     std::string out;
     if (!started) {
       started = true;
-      if (answer.chat) out += sse(chunk(answer, {{"role", "assistant"}, {"content", ""}}, nullptr, include_usage));
+      text_offsets.assign(n, 0);
+      if (answer.chat)
+        for (size_t i = 0; i < n; ++i) out += sse(chunk(answer, i, {{"role", "assistant"}, {"content", ""}}, nullptr, include_usage));
     }
-    Job::Delta d;
-    const bool done = job->wait_take(100ms, d);
-    if (answer.chat) {
-      if (!d.reasoning.empty()) out += sse(chunk(answer, {{"reasoning_content", d.reasoning}}, nullptr, include_usage));
-      if (!d.content.empty()) out += sse(chunk(answer, {{"content", d.content}}, nullptr, include_usage));
-    } else if (!d.content.empty()) {
-      out += sse(chunk(answer, d.content, nullptr, include_usage));
+    std::vector<Job::Delta> deltas;
+    const bool done = job->wait_take(100ms, deltas);
+    for (size_t i = 0; i < deltas.size(); ++i) {
+      const Job::Delta &d = deltas[i];
+      // The tokens' log-probabilities go with the content that came with them (or the reasoning,
+      // or an empty content delta when their text is still held back).
+      const bool lp = logprobs && !d.logprobs.empty();
+      if (answer.chat) {
+        const bool lp_on_reasoning = lp && d.content.empty() && !d.reasoning.empty();
+        if (!d.reasoning.empty())
+          out += sse(chunk(answer, i, {{"reasoning_content", d.reasoning}}, nullptr, include_usage,
+                           lp_on_reasoning ? chat_logprobs(d.logprobs) : json(nullptr)));
+        if (!d.content.empty() || (lp && !lp_on_reasoning))
+          out += sse(chunk(answer, i, {{"content", d.content}}, nullptr, include_usage, lp ? chat_logprobs(d.logprobs) : json(nullptr)));
+      } else if (!d.content.empty() || lp) {
+        out += sse(chunk(answer, i, d.content, nullptr, include_usage, lp ? completion_logprobs(d.logprobs, text_offsets[i]) : json(nullptr)));
+      }
     }
     if (done) {
       const JobResult r = job->result();
       if (r.finish == FinishReason::error) {
         out += sse(error_json(r.error_status, r.error_message));
       } else {
-        out += sse(chunk(answer, answer.chat ? json::object() : json(""), finish_reason_name(r.finish), include_usage));
+        for (size_t i = 0; i < n; ++i)
+          out += sse(chunk(answer, i, answer.chat ? json::object() : json(""), finish_reason_name(i < r.choices.size() ? r.choices[i] : r.finish),
+                           include_usage));
         if (include_usage) {
           json u = {{"id", answer.id},         {"object", answer.chunk_object()}, {"created", answer.created}, {"model", answer.model},
                     {"choices", json::array()}, {"usage", usage_json(r.usage)},    {"timings", timings_json(r.usage)}};
@@ -180,7 +242,8 @@ void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Respon
   if (!ctx.scheduler->submit(job)) throw ApiError{503, "the server is shutting down", "", "shutting_down"};
   Answer a{chat, new_id(chat ? "chatcmpl" : "cmpl"), ctx.model_name, unix_now()};
   if (c.stream) {
-    auto s = std::make_shared<Streamer>(Streamer{job, a, c.include_usage, ConnectionProbe(req.local_addr, req.local_port, req.remote_addr, req.remote_port)});
+    auto s = std::make_shared<Streamer>(
+        Streamer{job, a, c.include_usage, ConnectionProbe(req.local_addr, req.local_port, req.remote_addr, req.remote_port), false, {}});
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream", [s](size_t, httplib::DataSink &sink) { return s->pump(sink); },
@@ -190,7 +253,7 @@ void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Respon
     return;
   }
   const ConnectionProbe probe(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-  Job::Delta text;
+  std::vector<Job::Delta> text;
   while (!job->wait_take(100ms, text)) {
     if (probe.client_gone()) {
       job->cancel();
@@ -202,7 +265,7 @@ void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Respon
   if (r.finish == FinishReason::error) throw ApiError{r.error_status, r.error_message, "", ""};
   res.set_header("X-Prefill-Expert-Bytes", std::to_string(r.usage.prefill_expert_bytes));
   res.set_header("X-Cached-Tokens", std::to_string(r.usage.cached_tokens));
-  send_json(res, full_answer(a, text, r));
+  send_json(res, full_answer(a, text, r, job->request().logprobs >= 0));
 }
 
 /// A request's body, read as it arrives and refused (413) as soon as it passes the limit: a

@@ -8,6 +8,9 @@
 // and a prompt's chunk boundaries depend only on the prompt and the session it continues from
 // (never on the other requests of a step).
 //
+// n answers of one request: the prompt runs once; when it is done its session is forked into
+// one slot per further answer, answer i sampling with the request's seed + i.
+//
 // Conversations that do not re-read: when a prompt's prefill reaches its snapshot point
 // (JobRequest::snapshot_at) the session is forked into the SessionCache, and a finished
 // request's session is kept too; a later prompt that starts with a kept session's tokens
@@ -61,6 +64,7 @@ class Scheduler {
     size_t pos = 0;       // prompt tokens the session holds
     size_t reused = 0;    // of those, continued from a kept session
     uint64_t draws = 0;   // the session's sampler draw counter (a kept session's draws and this request's)
+    size_t choice = 0;    // the answer this slot samples (JobRequest::n); answers after the first are forks
     bool decoding = false;
     int32_t next = -1;    // the token sampled this step
     const int32_t *feed = nullptr;
@@ -74,6 +78,13 @@ class Scheduler {
 
   void run();
   void start(std::shared_ptr<Job> job);
+  /// Opens @p slot's text streams and reasoning splitter; false (the slot failed) when it cannot.
+  bool open_streams(Slot &slot);
+  /// Once the first answer's prompt is run: forks of its session for the other answers.
+  std::vector<std::unique_ptr<Slot>> fork_answers(const Slot &first);
+  /// ep_session_sample (or, with JobRequest::logprobs, ep_session_sample_logprobs) with the
+  /// request's settings, its answer's seed and its logit bias; the log-probabilities go to the job.
+  ep_status sample(Slot &slot, int32_t &token);
   void step();
   bool on_token(Slot &slot, int32_t token);
   void finish(Slot &slot, FinishReason reason);
