@@ -366,13 +366,15 @@ EP_API ep_status ep_sessions_append(ep_session *const *sessions, const int32_t *
  * @brief Draws the next token of a session from the logits after its last token (on the
  *        model's device; only the token id comes back), with ep_generate()'s sampling settings.
  * The token is not appended: pass it to ep_sessions_append() (or ep_generate()) next. The
- * sampler's draw counter of the session advances, so a seeded sequence of draws repeats.
+ * sampler's draw counter of the session advances (not after a refusal), so a seeded sequence of
+ * draws repeats.
  * @param[out] out_token The token.
  * @param session Open session holding at least one token.
  * @param options NULL for the defaults (greedy), or filled by ep_generate_options_init(); its
- *        temperature, top_k, top_p, min_p, seed, repetition_penalty and repetition_window apply.
+ *        temperature, top_k, top_p, min_p, seed, repetition_penalty, repetition_window and
+ *        logit_bias apply.
  * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, an empty session, a bad sampling
- *         value); #EP_ERR_STRUCT_SIZE.
+ *         value or logit_bias entry, naming the token); #EP_ERR_STRUCT_SIZE.
  */
 EP_API ep_status ep_session_sample(int32_t *out_token, ep_session *session, const ep_generate_options *options);
 
