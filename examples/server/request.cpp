@@ -344,7 +344,7 @@ ParsedRequest parse_chat(const json &body, const RequestContext &ctx) {
   // logprobs: true gives each token's log-probability; top_logprobs (0..20) its alternatives too.
   const bool logprobs = f.boolean("logprobs").value_or(false);
   const auto top = f.integer("top_logprobs", 0, EP_MAX_TOP_LOGPROBS);
-  if (top && !logprobs) throw ApiError{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value"};
+  if (top.value_or(0) > 0 && !logprobs) throw ApiError{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value"};
   c.job.logprobs = logprobs ? static_cast<int32_t>(top.value_or(0)) : -1;
   std::vector<Message> messages = parse_messages(f);
   const int thinking = parse_thinking(f, ctx);
