@@ -112,6 +112,8 @@ ep_generate_options read_generate_options(const ep_generate_options *options, co
     ep::fail(ep::Status::invalid_argument, "{}: n_stop_strings {} with stop_strings NULL", fn, opts.n_stop_strings);
   for (size_t i = 0; i < opts.n_stop_strings; ++i)
     if (!opts.stop_strings[i]) ep::fail(ep::Status::invalid_argument, "{}: stop_strings[{}] is NULL or empty", fn, i);
+  if (opts.n_logit_bias && !opts.logit_bias)
+    ep::fail(ep::Status::invalid_argument, "{}: n_logit_bias {} with logit_bias NULL", fn, opts.n_logit_bias);
   if (opts.ignore_eos < 0 || opts.ignore_eos > 1)
     ep::fail(ep::Status::invalid_argument, "{}: ignore_eos {} (expected 0 or 1)", fn, opts.ignore_eos);
   return opts;
@@ -127,6 +129,7 @@ ep::engine::GenerateParams generate_params(const ep_generate_options &o) {
   p.sampling.min_p = o.min_p;
   p.sampling.repetition_penalty = o.repetition_penalty;
   p.repetition_window = o.repetition_window;
+  for (size_t i = 0; i < o.n_logit_bias; ++i) p.sampling.logit_bias.push_back({o.logit_bias[i].token, o.logit_bias[i].bias});
   if (o.stop_token >= 0) p.stop_tokens.push_back(o.stop_token);
   p.stop_tokens.insert(p.stop_tokens.end(), o.stop_tokens, o.stop_tokens + o.n_stop_tokens);
   for (size_t i = 0; i < o.n_stop_strings; ++i) p.stop_strings.emplace_back(o.stop_strings[i]);
@@ -366,6 +369,39 @@ EP_API ep_status ep_session_sample(int32_t *out_token, ep_session *session, cons
     const ep::engine::GenerateParams p = ep::capi::generate_params(ep::capi::read_generate_options(options, fn));
     ep::engine::check_generate_params(p);
     *out_token = session->session->sample(p.sampling, p.repetition_window);
+  });
+}
+
+static_assert(EP_MAX_TOP_LOGPROBS == ep::backend::kMaxTopLogprobs, "one limit of the alternatives");
+
+EP_API void ep_token_logprobs_init(ep_token_logprobs *logprobs) {
+  if (!logprobs) return;
+  *logprobs = ep_token_logprobs{};
+  logprobs->struct_size = sizeof(ep_token_logprobs);
+}
+
+EP_API ep_status ep_session_sample_logprobs(ep_token_logprobs *out_logprobs, ep_session *session,
+                                            const ep_generate_options *options, uint32_t top_logprobs) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_logprobs, fn, "out_logprobs");
+    ep::capi::require_arg(session, fn, "session");
+    ep::capi::check_struct_size(out_logprobs->struct_size, sizeof(ep_token_logprobs), sizeof(ep_token_logprobs),
+                                "ep_token_logprobs");
+    if (top_logprobs > EP_MAX_TOP_LOGPROBS)
+      ep::fail(ep::Status::invalid_argument, "{}: top_logprobs {} (expected 0..{})", fn, top_logprobs, EP_MAX_TOP_LOGPROBS);
+    const ep::engine::GenerateParams p = ep::capi::generate_params(ep::capi::read_generate_options(options, fn));
+    ep::engine::check_generate_params(p);
+    ep::backend::TokenLogprobs lp;
+    lp.top_n = static_cast<int32_t>(top_logprobs);
+    const int32_t token = session->session->sample(p.sampling, p.repetition_window, &lp);
+    ep_token_logprobs out;
+    ep_token_logprobs_init(&out);
+    out.token = token;
+    out.logprob = lp.logprob;
+    out.n_top = static_cast<uint32_t>(lp.top_ids.size());
+    std::copy(lp.top_ids.begin(), lp.top_ids.end(), out.top_tokens);
+    std::copy(lp.top_logprobs.begin(), lp.top_logprobs.end(), out.top_logprobs);
+    *out_logprobs = out;
   });
 }
 

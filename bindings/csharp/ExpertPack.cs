@@ -141,6 +141,20 @@ namespace ExpertPack
         public IntPtr stop_strings;
         public UIntPtr n_stop_strings;
         public int ignore_eos;
+        // 0.4:
+        public IntPtr logit_bias;
+        public UIntPtr n_logit_bias;
+    }
+
+    [StructLayout(LayoutKind.Sequential)]
+    internal unsafe struct TokenLogprobsRaw
+    {
+        public UIntPtr struct_size;
+        public int token;
+        public float logprob;
+        public uint n_top;
+        public fixed int top_tokens[20];
+        public fixed float top_logprobs[20];
     }
 
     [StructLayout(LayoutKind.Sequential)]
@@ -234,6 +248,8 @@ namespace ExpertPack
         // 0.2
         [DllImport(Lib)] public static extern int ep_sessions_append(IntPtr[] sessions, IntPtr[] tokens, UIntPtr[] n_tokens, UIntPtr n_sessions);
         [DllImport(Lib)] public static extern int ep_session_sample(out int token, SessionHandle session, ref GenerateOptionsRaw options);
+        [DllImport(Lib)] public static extern int ep_session_sample_logprobs(ref TokenLogprobsRaw logprobs, SessionHandle session,
+                                                                             ref GenerateOptionsRaw options, uint topLogprobs);
         [DllImport(Lib)] public static extern int ep_session_fork(out IntPtr session, SessionHandle original);
         [DllImport(Lib)] public static extern int ep_session_tokens(int[] tokens, UIntPtr capacity, out UIntPtr count, SessionHandle session);
         [DllImport(Lib)] public static extern int ep_text_stream_open(out IntPtr stream, TokenizerHandle tok, IntPtr[] stop_strings, UIntPtr n);
@@ -682,6 +698,19 @@ namespace ExpertPack
         /// <summary>Text generation only.</summary>
         public string[] StopStrings;
         public bool IgnoreEos;
+        /// <summary>Token id to a bias in -100..100 added to its logit before sampling (OpenAI's
+        /// logit_bias: +100 in effect forces a token, -100 forbids it). Needs a 0.4 library.</summary>
+        public IDictionary<int, float> LogitBias;
+    }
+
+    /// <summary>A sampled token with its log-probability and the most likely alternatives
+    /// (Session.SampleLogprobs), most likely first.</summary>
+    public sealed class TokenLogprobs
+    {
+        public int Token;
+        public float Logprob;
+        public int[] TopTokens;
+        public float[] TopLogprobs;
     }
 
     public sealed class GenerateStats
@@ -783,6 +812,20 @@ namespace ExpertPack
             if (wantsV2 && !hasV2)
                 throw new ExpertPackException("ep_generate", Status.Unsupported,
                     "MinP, RepetitionPenalty, StopTokens, StopStrings and IgnoreEos need a newer libexpertpack");
+            if (g.LogitBias != null && g.LogitBias.Count > 0)
+            {
+                if (!Native.Covers<GenerateOptionsRaw>(o.struct_size, "n_logit_bias"))
+                    throw new ExpertPackException("ep_generate", Status.Unsupported, "LogitBias needs libexpertpack 0.4");
+                o.logit_bias = Alloc(8 * g.LogitBias.Count);
+                int at = 0;
+                foreach (var kv in g.LogitBias)
+                {
+                    Marshal.WriteInt32(o.logit_bias, at, kv.Key);
+                    Marshal.WriteInt32(o.logit_bias, at + 4, BitConverter.ToInt32(BitConverter.GetBytes(kv.Value), 0));
+                    at += 8;
+                }
+                o.n_logit_bias = new UIntPtr((uint)g.LogitBias.Count);
+            }
             if (!hasV2) return o;
             if (g.MinP != null) o.min_p = g.MinP.Value;
             if (g.RepetitionPenalty != null) o.repetition_penalty = g.RepetitionPenalty.Value;
@@ -880,6 +923,25 @@ namespace ExpertPack
                 int token;
                 Native.Check(Native.ep_session_sample(out token, h, ref o), "ep_session_sample");
                 return token;
+            }
+        }
+
+        /// <summary>Sample with log-probabilities (ep_session_sample_logprobs, 0.4): the token, its
+        /// log-probability and the topLogprobs (0..20) most likely tokens with theirs. They are the
+        /// model's own: log-softmax of the raw logits, before the repetition penalty, the logit bias,
+        /// the temperature and the top_k / top_p / min_p cuts.</summary>
+        public unsafe TokenLogprobs SampleLogprobs(int topLogprobs, GenerateOptions options = null)
+        {
+            using (var scope = new NativeScope())
+            {
+                var o = scope.Options(options);
+                var raw = new TokenLogprobsRaw();
+                raw.struct_size = new UIntPtr((uint)sizeof(TokenLogprobsRaw));
+                Native.Check(Native.ep_session_sample_logprobs(ref raw, h, ref o, (uint)topLogprobs), "ep_session_sample_logprobs");
+                int n = (int)Math.Min(raw.n_top, 20u);
+                var r = new TokenLogprobs { Token = raw.token, Logprob = raw.logprob, TopTokens = new int[n], TopLogprobs = new float[n] };
+                for (int i = 0; i < n; i++) { r.TopTokens[i] = raw.top_tokens[i]; r.TopLogprobs[i] = raw.top_logprobs[i]; }
+                return r;
             }
         }
 

@@ -235,6 +235,27 @@ static class Tests
             }
         });
 
+        Run("logprobs_and_logit_bias", () =>
+        {
+            using (var model = new Model(ModelPath))
+            using (var s = model.NewSession())
+            {
+                s.Append(Prompt);
+                var lp = s.SampleLogprobs(5);
+                Require(lp.TopTokens.Length == 5 && lp.TopTokens[0] == lp.Token && lp.TopLogprobs[0] == lp.Logprob,
+                        "greedy is the first alternative");
+                for (int i = 1; i < 5; i++) Require(lp.TopLogprobs[i] <= lp.TopLogprobs[i - 1], "alternatives sorted");
+                int forced = lp.Token == 7 ? 8 : 7;
+                var biased = new GenerateOptions { LogitBias = new Dictionary<int, float> { { forced, 100 } } };
+                Require(s.Sample(biased) == forced, "+100 forces the token");
+                var withBias = s.SampleLogprobs(5, biased);
+                Require(withBias.Token == forced && withBias.TopTokens.SequenceEqual(lp.TopTokens) &&
+                        withBias.TopLogprobs.SequenceEqual(lp.TopLogprobs), "a bias does not move the log-probabilities");
+                try { s.Sample(new GenerateOptions { LogitBias = new Dictionary<int, float> { { forced, 101 } } }); throw new Exception("101: no exception"); }
+                catch (ExpertPackException e) { Require(e.Status == Status.InvalidArgument, "101: " + e.Message); }
+            }
+        });
+
         Run("fork_continues_as_the_original", () =>
         {
             using (var model = new Model(ModelPath))

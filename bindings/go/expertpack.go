@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/cgo"
+	"sort"
 	"sync"
 	"unsafe"
 )
@@ -653,6 +654,9 @@ type GenerateOptions struct {
 	StopTokens        []int32
 	StopStrings       []string // text generation only
 	IgnoreEOS         bool     // text generation: do not stop at EOS / end of turn
+	// LogitBias maps token ids to biases in -100..100 added to their logits before sampling
+	// (OpenAI's logit_bias: +100 in effect forces a token, -100 forbids it).
+	LogitBias map[int32]float32
 }
 
 // DefaultGenerateOptions are the library's defaults (ep_generate_options_init).
@@ -699,6 +703,20 @@ func (g *GenerateOptions) toC() *cOptions {
 		}
 		o.stop_tokens = &arr[0]
 		o.n_stop_tokens = C.size_t(n)
+		c.frees = append(c.frees, unsafe.Pointer(&arr[0]))
+	}
+	if n := len(g.LogitBias); n > 0 {
+		arr := (*[1 << 26]C.ep_logit_bias)(C.malloc(C.size_t(n) * C.sizeof_ep_logit_bias))[:n:n]
+		ids := make([]int32, 0, n)
+		for id := range g.LogitBias {
+			ids = append(ids, id)
+		}
+		sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+		for i, id := range ids {
+			arr[i] = C.ep_logit_bias{token: C.int32_t(id), bias: C.float(g.LogitBias[id])}
+		}
+		o.logit_bias = &arr[0]
+		o.n_logit_bias = C.size_t(n)
 		c.frees = append(c.frees, unsafe.Pointer(&arr[0]))
 	}
 	if n := len(g.StopStrings); n > 0 {

@@ -118,48 +118,97 @@ struct ToolCalls {
 };
 
 /// finish_reason: "tool_calls" when the model stopped after making calls.
-std::string finish_reason_of(const JobResult &r, const ToolCalls *tools) {
-  if (tools && tools->parser.calls() > 0 && r.finish == FinishReason::stop) return "tool_calls";
-  return finish_reason_name(r.finish);
+std::string finish_reason_of(FinishReason reason, const ToolCalls *tools) {
+  if (tools && tools->parser.calls() > 0 && reason == FinishReason::stop) return "tool_calls";
+  return finish_reason_name(reason);
 }
 
-json full_answer(const Answer &a, const Job::Delta &text, const JobResult &r, ToolCalls *tools) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}};
-  if (a.chat) {
-    json msg = {{"role", "assistant"}, {"content", text.content}};
-    if (tools) {
-      ToolDelta d;
-      tools->parser.push(text.content, d);
-      tools->parser.finish(d);
-      json calls = json::array();
-      for (const json &piece : tools->deltas(d)) {
-        if (piece.contains("id"))
-          calls.push_back({{"id", piece["id"]}, {"type", "function"}, {"function", {{"name", piece["function"]["name"]}, {"arguments", ""}}}});
-        calls[piece["index"].get<size_t>()]["function"]["arguments"] =
-            calls[piece["index"].get<size_t>()]["function"]["arguments"].get<std::string>() + piece["function"]["arguments"].get<std::string>();
+json bytes_of(const std::string &text) {
+  json b = json::array();
+  for (const char ch : text) b.push_back(static_cast<unsigned char>(ch));
+  return b;
+}
+
+/// A chat choice's "logprobs": {"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}.
+json chat_logprobs(const std::vector<TokenLogprob> &entries) {
+  json content = json::array();
+  for (const TokenLogprob &e : entries) {
+    json top = json::array();
+    for (const TokenLogprob::Alternative &a : e.top) top.push_back({{"token", a.token}, {"logprob", a.logprob}, {"bytes", bytes_of(a.token)}});
+    content.push_back({{"token", e.token}, {"logprob", e.logprob}, {"bytes", bytes_of(e.token)}, {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+/// A legacy completion choice's "logprobs": {tokens, token_logprobs, top_logprobs, text_offset};
+/// @p offset is where the first entry's text starts in the answer (advanced past the last).
+json completion_logprobs(const std::vector<TokenLogprob> &entries, size_t &offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob &e : entries) {
+    tokens.push_back(e.token);
+    lps.push_back(e.logprob);
+    json top = json::object();
+    for (const TokenLogprob::Alternative &a : e.top)
+      if (!top.contains(a.token)) top[a.token] = a.logprob;  // the likelier of two tokens with one text
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += e.token.size();
+  }
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)}, {"top_logprobs", std::move(tops)}, {"text_offset", std::move(offsets)}};
+}
+
+/// The whole answer: one choice per answer (JobRequest::n); @p tools: one parser per answer, or
+/// empty without tools.
+json full_answer(const Answer &a, const std::vector<Job::Delta> &texts, const JobResult &r, bool logprobs,
+                 const std::vector<std::shared_ptr<ToolCalls>> &tools) {
+  json choices = json::array();
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const Job::Delta &text = texts[i];
+    const FinishReason reason = i < r.choices.size() ? r.choices[i] : r.finish;
+    ToolCalls *calls_of = i < tools.size() ? tools[i].get() : nullptr;
+    json choice = {{"index", i}, {"logprobs", nullptr}};
+    if (a.chat) {
+      json msg = {{"role", "assistant"}, {"content", text.content}};
+      if (calls_of) {
+        ToolDelta d;
+        calls_of->parser.push(text.content, d);
+        calls_of->parser.finish(d);
+        json calls = json::array();
+        for (const json &piece : calls_of->deltas(d)) {
+          if (piece.contains("id"))
+            calls.push_back({{"id", piece["id"]}, {"type", "function"}, {"function", {{"name", piece["function"]["name"]}, {"arguments", ""}}}});
+          calls[piece["index"].get<size_t>()]["function"]["arguments"] =
+              calls[piece["index"].get<size_t>()]["function"]["arguments"].get<std::string>() + piece["function"]["arguments"].get<std::string>();
+        }
+        msg["content"] = d.content.empty() && !calls.empty() ? json(nullptr) : json(d.content);
+        if (!calls.empty()) msg["tool_calls"] = std::move(calls);
       }
-      msg["content"] = d.content.empty() && !calls.empty() ? json(nullptr) : json(d.content);
-      if (!calls.empty()) msg["tool_calls"] = std::move(calls);
+      if (!text.reasoning.empty()) msg["reasoning_content"] = text.reasoning;
+      choice["message"] = std::move(msg);
+      choice["finish_reason"] = finish_reason_of(reason, calls_of);  // after the parsing: its calls decide
+      if (logprobs) choice["logprobs"] = chat_logprobs(text.logprobs);
+    } else {
+      choice["text"] = text.content;
+      choice["finish_reason"] = finish_reason_name(reason);
+      size_t offset = 0;
+      if (logprobs) choice["logprobs"] = completion_logprobs(text.logprobs, offset);
     }
-    if (!text.reasoning.empty()) msg["reasoning_content"] = text.reasoning;
-    choice["message"] = std::move(msg);
-    choice["finish_reason"] = finish_reason_of(r, tools);  // after the parsing: its calls decide
-  } else {
-    choice["text"] = text.content;
-    choice["finish_reason"] = finish_reason_name(r.finish);
+    choices.push_back(std::move(choice));
   }
   return {{"id", a.id},
           {"object", a.object()},
           {"created", a.created},
           {"model", a.model},
-          {"choices", json::array({choice})},
+          {"choices", std::move(choices)},
           {"usage", usage_json(r.usage)},
           {"timings", timings_json(r.usage)}};
 }
 
-/// One streamed chunk: @p delta holds the chat delta fields (chat) or the text (completions).
-json chunk(const Answer &a, const json &delta, const json &finish_reason, bool include_usage) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+/// One streamed chunk of answer @p index: @p delta holds the chat delta fields (chat) or the text
+/// (completions); @p logprobs the choice's "logprobs" (null without).
+json chunk(const Answer &a, size_t index, const json &delta, const json &finish_reason, bool include_usage,
+           const json &logprobs = nullptr) {
+  json choice = {{"index", index}, {"finish_reason", finish_reason}, {"logprobs", logprobs}};
   if (a.chat) choice["delta"] = delta;
   else choice["text"] = delta;
   json j = {{"id", a.id}, {"object", a.chunk_object()}, {"created", a.created}, {"model", a.model}, {"choices", json::array({choice})}};
@@ -175,45 +224,66 @@ struct Streamer {
   Answer answer;
   bool include_usage = false;
   ConnectionProbe probe;
-  std::shared_ptr<ToolCalls> tools;  // null: no tools
+  std::vector<std::shared_ptr<ToolCalls>> tools;  // one parser per answer; empty: no tools
   bool started = false;
+  std::vector<size_t> text_offsets;  // per answer: completions' text_offset of its next token
 
-  /// The chunks of the content's text (through the tool-call parser with tools).
-  std::string content_chunks(const std::string &content, bool end) {
+  /// The chunks of answer @p i's content (through its tool-call parser with tools), with
+  /// @p logprobs (null: none) on the content chunk, which goes out even empty when it has them.
+  std::string content_chunks(size_t i, const std::string &content, bool end, const json &logprobs) {
     std::string out;
-    if (!tools) {
-      if (!content.empty()) out += sse(chunk(answer, {{"content", content}}, nullptr, include_usage));
+    if (tools.empty()) {
+      if (!content.empty() || !logprobs.is_null())
+        out += sse(chunk(answer, i, {{"content", content}}, nullptr, include_usage, logprobs));
       return out;
     }
     ToolDelta d;
-    tools->parser.push(content, d);
-    if (end) tools->parser.finish(d);
-    if (!d.content.empty()) out += sse(chunk(answer, {{"content", d.content}}, nullptr, include_usage));
-    if (!d.calls.empty()) out += sse(chunk(answer, {{"tool_calls", tools->deltas(d)}}, nullptr, include_usage));
+    tools[i]->parser.push(content, d);
+    if (end) tools[i]->parser.finish(d);
+    if (!d.content.empty() || !logprobs.is_null())
+      out += sse(chunk(answer, i, {{"content", d.content}}, nullptr, include_usage, logprobs));
+    if (!d.calls.empty()) out += sse(chunk(answer, i, {{"tool_calls", tools[i]->deltas(d)}}, nullptr, include_usage));
     return out;
   }
 
   /// One call of the content provider: waits a little for output and writes it.
   bool pump(httplib::DataSink &sink) {
+    const size_t n = job->request().n;
+    const bool logprobs = job->request().logprobs >= 0;
     std::string out;
     if (!started) {
       started = true;
-      if (answer.chat) out += sse(chunk(answer, {{"role", "assistant"}, {"content", ""}}, nullptr, include_usage));
+      text_offsets.assign(n, 0);
+      if (answer.chat)
+        for (size_t i = 0; i < n; ++i) out += sse(chunk(answer, i, {{"role", "assistant"}, {"content", ""}}, nullptr, include_usage));
     }
-    Job::Delta d;
-    const bool done = job->wait_take(100ms, d);
-    if (answer.chat) {
-      if (!d.reasoning.empty()) out += sse(chunk(answer, {{"reasoning_content", d.reasoning}}, nullptr, include_usage));
-      out += content_chunks(d.content, done && job->result().finish != FinishReason::error);
-    } else if (!d.content.empty()) {
-      out += sse(chunk(answer, d.content, nullptr, include_usage));
+    std::vector<Job::Delta> deltas;
+    const bool done = job->wait_take(100ms, deltas);
+    const bool ended = done && job->result().finish != FinishReason::error;
+    for (size_t i = 0; i < deltas.size(); ++i) {
+      const Job::Delta &d = deltas[i];
+      // The tokens' log-probabilities go with the content that came with them (or the reasoning,
+      // or an empty content delta when their text is still held back).
+      const bool lp = logprobs && !d.logprobs.empty();
+      if (answer.chat) {
+        const bool lp_on_reasoning = lp && d.content.empty() && !d.reasoning.empty();
+        if (!d.reasoning.empty())
+          out += sse(chunk(answer, i, {{"reasoning_content", d.reasoning}}, nullptr, include_usage,
+                           lp_on_reasoning ? chat_logprobs(d.logprobs) : json(nullptr)));
+        out += content_chunks(i, d.content, ended, lp && !lp_on_reasoning ? chat_logprobs(d.logprobs) : json(nullptr));
+      } else if (!d.content.empty() || lp) {
+        out += sse(chunk(answer, i, d.content, nullptr, include_usage, lp ? completion_logprobs(d.logprobs, text_offsets[i]) : json(nullptr)));
+      }
     }
     if (done) {
       const JobResult r = job->result();
       if (r.finish == FinishReason::error) {
         out += sse(error_json(r.error_status, r.error_message));
       } else {
-        out += sse(chunk(answer, answer.chat ? json::object() : json(""), finish_reason_of(r, tools.get()), include_usage));
+        for (size_t i = 0; i < n; ++i)
+          out += sse(chunk(answer, i, answer.chat ? json::object() : json(""),
+                           finish_reason_of(i < r.choices.size() ? r.choices[i] : r.finish, i < tools.size() ? tools[i].get() : nullptr),
+                           include_usage));
         if (include_usage) {
           json u = {{"id", answer.id},         {"object", answer.chunk_object()}, {"created", answer.created}, {"model", answer.model},
                     {"choices", json::array()}, {"usage", usage_json(r.usage)},    {"timings", timings_json(r.usage)}};
@@ -240,7 +310,9 @@ struct Streamer {
 
 /// Runs a parsed request: queues it and answers, streamed or whole.
 void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Response &res, ParsedRequest c, bool chat) {
-  std::shared_ptr<ToolCalls> tools = c.tools ? std::make_shared<ToolCalls>(c) : nullptr;
+  std::vector<std::shared_ptr<ToolCalls>> tools;  // one parser per answer
+  if (c.tools)
+    for (uint32_t i = 0; i < c.job.n; ++i) tools.push_back(std::make_shared<ToolCalls>(c));
   auto job = std::make_shared<Job>(std::move(c.job));
   if (!ctx.scheduler->submit(job)) throw ApiError{503, "the server is shutting down", "", "shutting_down"};
   Answer a{chat, new_id(chat ? "chatcmpl" : "cmpl"), ctx.model_name, unix_now()};
@@ -256,7 +328,7 @@ void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Respon
     return;
   }
   const ConnectionProbe probe(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-  Job::Delta text;
+  std::vector<Job::Delta> text;
   while (!job->wait_take(100ms, text)) {
     if (probe.client_gone()) {
       job->cancel();
@@ -268,7 +340,7 @@ void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Respon
   if (r.finish == FinishReason::error) throw ApiError{r.error_status, r.error_message, "", ""};
   res.set_header("X-Prefill-Expert-Bytes", std::to_string(r.usage.prefill_expert_bytes));
   res.set_header("X-Cached-Tokens", std::to_string(r.usage.cached_tokens));
-  send_json(res, full_answer(a, text, r, tools.get()));
+  send_json(res, full_answer(a, text, r, job->request().logprobs >= 0, tools));
 }
 
 /// A request's body, read as it arrives and refused (413) as soon as it passes the limit: a

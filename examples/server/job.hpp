@@ -30,6 +30,21 @@ struct JobRequest {
   bool start_in_reasoning = false;   ///< the prompt opened a thinking block (thinking on)
   bool tool_markup = false;          ///< the content keeps the tool-call format's markup tokens as text (tools offered)
   bool start_in_tool_calls = false;  ///< the prompt began a tool call (Kimi-K3: its response is closed)
+  uint32_t n = 1;                    ///< answers (choices): the prompt runs once, answer i is a fork sampled with seed + i
+  int32_t logprobs = -1;             ///< -1: none; else each token's log-probability and this many alternatives (0..20)
+  std::vector<ep_logit_bias> logit_bias;  ///< added to the logits before sampling (the scheduler points sampling at it)
+};
+
+/// A generated token's log-probability and its alternatives, as text (the model's raw
+/// distribution: ep_token_logprobs).
+struct TokenLogprob {
+  struct Alternative {
+    std::string token;
+    float logprob = 0;
+  };
+  std::string token;
+  float logprob = 0;
+  std::vector<Alternative> top;
 };
 
 enum class FinishReason { stop, length, cancelled, error };
@@ -47,7 +62,8 @@ struct Usage {
 };
 
 struct JobResult {
-  FinishReason finish = FinishReason::error;
+  FinishReason finish = FinishReason::error;  ///< error, or the first answer's reason
+  std::vector<FinishReason> choices;          ///< each answer's reason (without an error)
   int error_status = 0;             ///< HTTP status of an error
   std::string error_message;
   Usage usage;
@@ -56,7 +72,8 @@ struct JobResult {
 /// Shared by the HTTP handler that made it and the scheduler that runs it.
 class Job {
  public:
-  explicit Job(JobRequest request) : request_(std::move(request)), created_(std::chrono::steady_clock::now()) {}
+  explicit Job(JobRequest request)
+      : request_(std::move(request)), created_(std::chrono::steady_clock::now()), pending_(request_.n), finished_(request_.n) {}
   Job(const Job &) = delete;
   Job &operator=(const Job &) = delete;
 
@@ -66,30 +83,38 @@ class Job {
   /// Asks the scheduler to stop this request (the client went away); it notices at its next step.
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+  /// True once the job failed: its other answers stop.
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
 
-  /// Text produced since the last take.
+  /// One answer's output since the last take.
   struct Delta {
     std::string content, reasoning;
-    bool empty() const { return content.empty() && reasoning.empty(); }
+    std::vector<TokenLogprob> logprobs;  ///< the tokens sampled meanwhile (with JobRequest::logprobs)
+    bool empty() const { return content.empty() && reasoning.empty() && logprobs.empty(); }
   };
-  /// Waits up to @p timeout for output, moves what there is into @p delta; true once the job is
-  /// done and everything was taken.
-  bool wait_take(std::chrono::milliseconds timeout, Delta &delta);
+  /// Waits up to @p timeout for output, appends what there is to @p deltas (one per answer,
+  /// resized to JobRequest::n); true once the job is done and everything was taken.
+  bool wait_take(std::chrono::milliseconds timeout, std::vector<Delta> &deltas);
   /// The result; only meaningful after wait_take() returned true.
   JobResult result() const;
 
-  // Scheduler side.
-  void emit(Channel channel, std::string_view text);
-  void finish(FinishReason reason, const Usage &usage);
+  // Scheduler side; @p choice is the answer's index.
+  void emit(size_t choice, Channel channel, std::string_view text);
+  void emit_logprob(size_t choice, TokenLogprob entry);
+  /// One answer ended; the job is done when every answer has. The usage counts the prompt once
+  /// and the answers' tokens together.
+  void finish(size_t choice, FinishReason reason, const Usage &usage);
   void fail(int http_status, std::string message, const Usage &usage);
 
  private:
   const JobRequest request_;
   const std::chrono::steady_clock::time_point created_;
-  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> cancelled_{false}, failed_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Delta pending_;
+  std::vector<Delta> pending_;
+  std::vector<bool> finished_;
+  size_t n_finished_ = 0;
   bool done_ = false;
   JobResult result_;
 };

@@ -122,8 +122,6 @@ void check_parameters(const json &body, bool chat) {
     throw ApiError{400, "unknown parameter '" + key + "'", key, "unknown_parameter"};
   }
   const Fields f(body);
-  if (const json *bias = f.object("logit_bias"); bias && !bias->empty())
-    throw ApiError{400, "'logit_bias' is not supported", "logit_bias", "unsupported"};
   if (f.boolean("store").value_or(false)) throw ApiError{400, "this server does not store completions ('store': true)", "store", "unsupported"};
   if (const json *m = f.object("metadata"); m && !m->empty())
     throw ApiError{400, "'metadata' is kept only with stored completions, which this server does not keep", "metadata", "unsupported"};
@@ -140,13 +138,43 @@ void check_parameters(const json &body, bool chat) {
   }
 }
 
+/// OpenAI's logit_bias: an object of token ids as strings ("1234") to biases in -100..100.
+std::vector<ep_logit_bias> parse_logit_bias(const Fields &f, const RequestContext &ctx) {
+  std::vector<ep_logit_bias> out;
+  const json *bias = f.object("logit_bias");
+  if (!bias) return out;
+  std::set<int32_t> seen;
+  for (const auto &[key, value] : bias->items()) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used, 10);
+    } catch (const std::exception &) {
+      used = 0;
+    }
+    if (key.empty() || used != key.size() || id < 0 || id >= static_cast<long long>(ctx.vocab_size))
+      throw ApiError{400, "'logit_bias' key '" + key + "' is not a token id in [0, " + std::to_string(ctx.vocab_size) + ")", "logit_bias",
+                     "invalid_value"};
+    if (!value.is_number())
+      throw ApiError{400, "'logit_bias' of token " + key + " must be a number", "logit_bias", "invalid_type"};
+    const double b = value.get<double>();
+    if (!(b >= -100 && b <= 100))
+      throw ApiError{400, "'logit_bias' of token " + key + " must be in [-100, 100], got " + value.dump(), "logit_bias", "invalid_value"};
+    if (!seen.insert(static_cast<int32_t>(id)).second)
+      throw ApiError{400, "'logit_bias' names token " + std::to_string(id) + " twice", "logit_bias", "invalid_value"};
+    out.push_back({static_cast<int32_t>(id), static_cast<float>(b)});
+  }
+  return out;
+}
+
 /// What the chat and completion endpoints share: sampling, limits, stop strings, streaming.
 ParsedRequest parse_common(const Fields &f, const RequestContext &ctx) {
   ParsedRequest c;
   if (const auto model = f.string("model"); model && *model != ctx.model_name)
     throw ApiError{404, "The model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'", "model",
                    "model_not_found"};
-  if (const auto n = f.integer("n", 1, INT64_MAX); n && *n != 1) throw ApiError{400, "only n = 1 is supported", "n", "unsupported"};
+  c.job.n = static_cast<uint32_t>(f.integer("n", 1, ctx.limits.max_n).value_or(1));
+  c.job.logit_bias = parse_logit_bias(f, ctx);
   ep_generate_options &o = c.job.sampling;
   ep_generate_options_init(&o);
   o.temperature = static_cast<float>(f.number("temperature", 0, 2).value_or(ctx.temperature));
@@ -187,8 +215,6 @@ ParsedRequest parse_common(const Fields &f, const RequestContext &ctx) {
     const Fields sf(*so);
     c.include_usage = sf.boolean("include_usage").value_or(false);
   }
-  if (const json *lp = f.get("logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
-    throw ApiError{400, "'logprobs' is not supported", "logprobs", "unsupported"};
   return c;
 }
 
@@ -442,8 +468,11 @@ ParsedRequest parse_chat(const json &body, const RequestContext &ctx) {
     const auto type = rf->find("type");
     if (type == rf->end() || *type != "text") throw ApiError{400, "only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported"};
   }
-  if (const json *lp = f.get("top_logprobs"); lp && !(lp->is_number_integer() && lp->get<int64_t>() == 0))
-    throw ApiError{400, "'top_logprobs' is not supported", "top_logprobs", "unsupported"};
+  // logprobs: true gives each token's log-probability; top_logprobs (0..20) its alternatives too.
+  const bool logprobs = f.boolean("logprobs").value_or(false);
+  const auto top = f.integer("top_logprobs", 0, EP_MAX_TOP_LOGPROBS);
+  if (top.value_or(0) > 0 && !logprobs) throw ApiError{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value"};
+  c.job.logprobs = logprobs ? static_cast<int32_t>(top.value_or(0)) : -1;
   std::vector<Message> messages = parse_messages(f);
   const int thinking = parse_thinking(f, ctx);
   std::string prompt = render(ctx, messages, tools, thinking, true);
@@ -495,7 +524,10 @@ ParsedRequest parse_completion(const json &body, const RequestContext &ctx) {
   for (const char *k : {"echo"})
     if (f.boolean(k).value_or(false)) throw ApiError{400, std::string("'") + k + "' is not supported", k, "unsupported"};
   if (f.string("suffix")) throw ApiError{400, "'suffix' is not supported", "suffix", "unsupported"};
-  if (const auto b = f.integer("best_of", 1, INT64_MAX); b && *b != 1) throw ApiError{400, "only best_of = 1 is supported", "best_of", "unsupported"};
+  if (const auto b = f.integer("best_of", 1, INT64_MAX); b && *b != c.job.n)
+    throw ApiError{400, "only best_of = n is supported (every answer is returned)", "best_of", "unsupported"};
+  // logprobs: K gives each token's log-probability and its K most likely alternatives (0..20).
+  if (const auto k = f.integer("logprobs", 0, EP_MAX_TOP_LOGPROBS)) c.job.logprobs = static_cast<int32_t>(*k);
   const json *p = f.get("prompt");
   if (!p) throw ApiError{400, "'prompt' is required", "prompt", "missing"};
   const json *one = p;

@@ -22,6 +22,7 @@ struct Limits {
   uint32_t max_tokens = 2048;        ///< max_tokens a request may ask for (and what it gets without one)
   size_t max_stop = 16;              ///< stop strings
   size_t max_json_depth = 64;        ///< nesting of the request's JSON
+  uint32_t max_n = 8;                ///< answers (n) of one request
 };
 
 /// What parsing a request needs to know of the model and the server's defaults.

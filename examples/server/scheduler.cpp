@@ -21,12 +21,24 @@ size_t chunk_at(size_t pos, size_t prompt_size, size_t chunk) { return std::min(
 struct Sink {
   Job *job;
   Channel channel;
+  size_t choice = 0;
 };
 
 int on_text(const char *piece, size_t length, void *payload) {
   const Sink &s = *static_cast<const Sink *>(payload);
-  s.job->emit(s.channel, std::string_view(piece, length));
+  s.job->emit(s.choice, s.channel, std::string_view(piece, length));
   return 0;
+}
+
+/// A token's text for its log-probability entry (special tokens as their text; a token that is
+/// part of a UTF-8 character shows U+FFFD, as the detokenizer writes invalid UTF-8).
+std::string token_text(const ep_tokenizer *tokenizer, int32_t token) {
+  size_t n = 0;
+  if (ep_detokenize(nullptr, 0, &n, tokenizer, &token, 1, 0) != EP_OK) return {};
+  std::string text(n + 1, '\0');
+  if (ep_detokenize(text.data(), text.size(), &n, tokenizer, &token, 1, 0) != EP_OK) return {};
+  text.resize(n);
+  return text;
 }
 
 std::string api_error(const char *what) { return std::string(what) + ": " + ep_last_error(); }
@@ -134,7 +146,7 @@ void Scheduler::start(std::shared_ptr<Job> job) {
   slot->usage.prompt_tokens = static_cast<uint32_t>(r.prompt.size());
   slot->usage.queue_ms = ms_between(slot->job->created(), slot->admitted);
   if (slot->job->cancelled()) {
-    slot->job->finish(FinishReason::cancelled, slot->usage);
+    for (size_t i = 0; i < slot->job->request().n; ++i) slot->job->finish(i, FinishReason::cancelled, slot->usage);
     metrics_.job_finished(FinishReason::cancelled, slot->usage);
     return;
   }
@@ -153,25 +165,84 @@ void Scheduler::start(std::shared_ptr<Job> job) {
   }
   slot->usage.cached_tokens = static_cast<uint32_t>(slot->reused);
   slot->keep_at = cache_.plan(r.prompt, slot->pos, r.snapshot_at ? r.snapshot_at : r.prompt.size());
+  if (!open_streams(*slot)) return;
+  metrics_.job_admitted(slot->usage.prompt_tokens, slot->usage.cached_tokens);
+  if (slot->pos == r.prompt.size()) {  // the whole prompt was kept: its logits are in the fork
+    slot->decoding = true;
+    slot->prefilled = slot->admitted;
+  }
+  std::vector<std::unique_ptr<Slot>> more;
+  if (slot->decoding) more = fork_answers(*slot);
+  slots_.push_back(std::move(slot));
+  for (auto &m : more) slots_.push_back(std::move(m));
+}
+
+bool Scheduler::open_streams(Slot &slot) {
+  const JobRequest &r = slot.job->request();
   std::vector<const char *> stops;
   for (const std::string &s : r.stop) stops.push_back(s.c_str());
   ep_text_stream *content = nullptr, *reasoning = nullptr;
   if (ep_text_stream_open(&content, tokenizer_, stops.data(), stops.size()) != EP_OK ||
       ep_text_stream_open(&reasoning, tokenizer_, nullptr, 0) != EP_OK) {
     ep_text_stream_close(content);
-    fail(*slot, 400, api_error("stop"));
-    return;
+    fail(slot, 400, api_error("stop"));
+    return false;
   }
-  slot->content.reset(content);
-  slot->reasoning.reset(reasoning);
-  if (r.split_reasoning) slot->splitter.emplace(markers_, tokenizer_, r.start_in_reasoning, r.tool_markup, r.start_in_tool_calls);
-  slot->last_channel = r.start_in_reasoning ? Channel::reasoning : Channel::content;
-  metrics_.job_admitted(slot->usage.prompt_tokens, slot->usage.cached_tokens);
-  if (slot->pos == r.prompt.size()) {  // the whole prompt was kept: its logits are in the fork
+  slot.content.reset(content);
+  slot.reasoning.reset(reasoning);
+  if (r.split_reasoning) slot.splitter.emplace(markers_, tokenizer_, r.start_in_reasoning, r.tool_markup, r.start_in_tool_calls);
+  slot.last_channel = r.start_in_reasoning ? Channel::reasoning : Channel::content;
+  return true;
+}
+
+std::vector<std::unique_ptr<Scheduler::Slot>> Scheduler::fork_answers(const Slot &first) {
+  std::vector<std::unique_ptr<Slot>> out;
+  const uint32_t n = first.job->request().n;
+  for (size_t i = 1; i < n; ++i) {
+    auto slot = std::make_unique<Slot>();
+    slot->job = first.job;
+    slot->choice = i;
+    ep_session *copy = nullptr;
+    if (ep_session_fork(&copy, first.session.get()) != EP_OK) {
+      log_error(api_error("cannot fork a session for an answer"));
+      fail(*slot, 500, "the server could not open a session for this request's answers (out of memory?); its log has the details");
+      break;
+    }
+    slot->session.reset(copy);
+    slot->pos = first.pos;
+    slot->reused = first.reused;
+    slot->draws = first.draws;
     slot->decoding = true;
-    slot->prefilled = slot->admitted;
+    slot->usage = first.usage;
+    slot->admitted = first.admitted;
+    slot->prefilled = first.prefilled;
+    if (!open_streams(*slot)) break;
+    out.push_back(std::move(slot));
   }
-  slots_.push_back(std::move(slot));
+  return out;
+}
+
+ep_status Scheduler::sample(Slot &slot, int32_t &token) {
+  const JobRequest &r = slot.job->request();
+  ep_generate_options o = r.sampling;
+  o.seed += slot.choice;  // answer i: seed + i (unsigned, wraps)
+  o.logit_bias = r.logit_bias.empty() ? nullptr : r.logit_bias.data();
+  o.n_logit_bias = r.logit_bias.size();
+  if (r.logprobs < 0) return ep_session_sample(&token, slot.session.get(), &o);
+  ep_token_logprobs lp;
+  ep_token_logprobs_init(&lp);
+  if (const ep_status st = ep_session_sample_logprobs(&lp, slot.session.get(), &o, static_cast<uint32_t>(r.logprobs)); st != EP_OK)
+    return st;
+  token = lp.token;
+  // The token that ends the answer at EOS / end of turn is not part of it: no entry.
+  if (r.ignore_eos || (token != eos_ && token != end_of_turn_)) {
+    TokenLogprob entry;
+    entry.token = token_text(tokenizer_, token);
+    entry.logprob = lp.logprob;
+    for (uint32_t i = 0; i < lp.n_top; ++i) entry.top.push_back({token_text(tokenizer_, lp.top_tokens[i]), lp.top_logprobs[i]});
+    slot.job->emit_logprob(slot.choice, std::move(entry));
+  }
+  return EP_OK;
 }
 
 bool Scheduler::on_token(Slot &slot, int32_t token) {
@@ -185,7 +256,7 @@ bool Scheduler::on_token(Slot &slot, int32_t token) {
   if (channel != Channel::markup && channel != slot.last_channel) {
     // Leaving the reasoning: what its stream held back (an incomplete character) ends with it.
     if (slot.last_channel == Channel::reasoning) {
-      Sink sink{slot.job.get(), Channel::reasoning};
+      Sink sink{slot.job.get(), Channel::reasoning, slot.choice};
       ep_text_stream_finish(slot.reasoning.get(), on_text, &sink, nullptr);
       ep_text_stream *fresh = nullptr;
       if (ep_text_stream_open(&fresh, tokenizer_, nullptr, 0) != EP_OK) {
@@ -199,12 +270,12 @@ bool Scheduler::on_token(Slot &slot, int32_t token) {
   }
   if (channel == Channel::reasoning) {
     ++slot.usage.reasoning_tokens;
-    Sink sink{slot.job.get(), Channel::reasoning};
+    Sink sink{slot.job.get(), Channel::reasoning, slot.choice};
     ep_text_stream_push(slot.reasoning.get(), token, on_text, &sink, nullptr);
   } else if (channel == Channel::content && r.tool_markup && markers_.is_tool_markup(token)) {
     // A special token of the tool-call markup: a text stream leaves it out, so the text before
     // it is let out (a fresh stream goes on after it) and its own text follows.
-    Sink sink{slot.job.get(), Channel::content};
+    Sink sink{slot.job.get(), Channel::content, slot.choice};
     int32_t stopped = 0;
     ep_text_stream_finish(slot.content.get(), on_text, &sink, &stopped);
     if (stopped) {
@@ -222,9 +293,9 @@ bool Scheduler::on_token(Slot &slot, int32_t token) {
     slot.content.reset(fresh);
     char text[64];
     size_t n = 0;
-    if (ep_detokenize(text, sizeof text, &n, tokenizer_, &token, 1, 0) == EP_OK && n < sizeof text) slot.job->emit(Channel::content, {text, n});
+    if (ep_detokenize(text, sizeof text, &n, tokenizer_, &token, 1, 0) == EP_OK && n < sizeof text) slot.job->emit(slot.choice, Channel::content, {text, n});
   } else if (channel == Channel::content) {
-    Sink sink{slot.job.get(), Channel::content};
+    Sink sink{slot.job.get(), Channel::content, slot.choice};
     int32_t stopped = 0;
     ep_text_stream_push(slot.content.get(), token, on_text, &sink, &stopped);
     if (stopped) {
@@ -241,9 +312,9 @@ bool Scheduler::on_token(Slot &slot, int32_t token) {
 
 void Scheduler::finish(Slot &slot, FinishReason reason) {
   if (reason == FinishReason::stop || reason == FinishReason::length) {
-    Sink rs{slot.job.get(), Channel::reasoning};
+    Sink rs{slot.job.get(), Channel::reasoning, slot.choice};
     ep_text_stream_finish(slot.reasoning.get(), on_text, &rs, nullptr);
-    Sink cs{slot.job.get(), Channel::content};
+    Sink cs{slot.job.get(), Channel::content, slot.choice};
     int32_t stopped = 0;
     ep_text_stream_finish(slot.content.get(), on_text, &cs, &stopped);
     if (stopped) reason = FinishReason::stop;
@@ -255,7 +326,7 @@ void Scheduler::finish(Slot &slot, FinishReason reason) {
   } else {
     slot.usage.prefill_ms = ms_between(slot.admitted, now);
   }
-  slot.job->finish(reason, slot.usage);
+  slot.job->finish(slot.choice, reason, slot.usage);
   metrics_.job_finished(reason, slot.usage);
   slot.session.reset();
 }
@@ -310,8 +381,9 @@ void Scheduler::fail(Slot &slot, int status, const std::string &message) {
 }
 
 void Scheduler::step() {
-  // Requests whose client went away leave first.
+  // Requests whose client went away leave first, and the other answers of a request that failed.
   std::erase_if(slots_, [&](const std::unique_ptr<Slot> &s) {
+    if (s->job->failed()) return true;
     if (!s->job->cancelled()) return false;
     finish(*s, FinishReason::cancelled);
     return true;
@@ -323,7 +395,7 @@ void Scheduler::step() {
     s->feed_count = 0;
     if (!s->decoding) return false;
     int32_t token = -1;
-    if (ep_session_sample(&token, s->session.get(), &s->job->request().sampling) != EP_OK) {
+    if (sample(*s, token) != EP_OK) {
       log_error(api_error("sampling"));
       fail(*s, 500, "sampling failed; the server's log has the details");
       return true;
@@ -403,6 +475,7 @@ void Scheduler::step() {
     if (recomputed == 0) return;
   }
   const Clock::time_point now = Clock::now();
+  std::vector<std::unique_ptr<Slot>> answers;
   for (auto &s : slots_) {
     if (!s->feed_count) continue;
     if (s->decoding) {
@@ -417,8 +490,10 @@ void Scheduler::step() {
     if (s->pos == r.prompt.size()) {
       s->decoding = true;
       s->prefilled = now;
+      for (auto &a : fork_answers(*s)) answers.push_back(std::move(a));
     }
   }
+  for (auto &a : answers) slots_.push_back(std::move(a));
 }
 
 }  // namespace ep_server

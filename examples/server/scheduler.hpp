@@ -15,6 +15,9 @@
 // later prompt that starts with a kept prefix continues from a fork of it and runs only the rest
 // (Usage::cached_tokens). Because the chunks are the same with the cache on or off, a continued
 // request computes exactly what it would from the start.
+//
+// n answers of one request: the prompt runs once; when it is done its session is forked into
+// one slot per further answer, answer i sampling with the request's seed + i.
 #pragma once
 
 #include <expertpack/expertpack.h>
@@ -65,6 +68,7 @@ class Scheduler {
     size_t reused = 0;    // of those, continued from a kept state
     uint64_t draws = 0;   // the session's sampler draw counter (this request's draws)
     std::vector<size_t> keep_at;  // prompt positions (block boundaries) whose state goes to the cache
+    size_t choice = 0;    // the answer this slot samples (JobRequest::n); answers after the first are forks
     bool decoding = false;
     int32_t next = -1;    // the token sampled this step
     const int32_t *feed = nullptr;
@@ -78,6 +82,13 @@ class Scheduler {
 
   void run();
   void start(std::shared_ptr<Job> job);
+  /// Opens @p slot's text streams and reasoning splitter; false (the slot failed) when it cannot.
+  bool open_streams(Slot &slot);
+  /// Once the first answer's prompt is run: forks of its session for the other answers.
+  std::vector<std::unique_ptr<Slot>> fork_answers(const Slot &first);
+  /// ep_session_sample (or, with JobRequest::logprobs, ep_session_sample_logprobs) with the
+  /// request's settings, its answer's seed and its logit bias; the log-probabilities go to the job.
+  ep_status sample(Slot &slot, int32_t &token);
   void step();
   bool on_token(Slot &slot, int32_t token);
   void finish(Slot &slot, FinishReason reason);

@@ -233,6 +233,12 @@ EP_API ep_status ep_session_length(uint64_t *out_length, const ep_session *sessi
  */
 typedef int (*ep_token_fn)(int32_t token, uint32_t index, void *payload);
 
+/** One entry of ep_generate_options::logit_bias: @c bias is added to the logit of @c token. */
+typedef struct ep_logit_bias {
+  int32_t token; /**< A token id of the model's vocabulary. */
+  float bias;    /**< -100 .. 100 (OpenAI's range): +100 in effect forces the token, -100 forbids it. */
+} ep_logit_bias;
+
 /** Options of ep_generate(); fill with ep_generate_options_init(). */
 typedef struct ep_generate_options {
   size_t struct_size;       /**< Must be `sizeof(ep_generate_options)`; set by the init function. */
@@ -253,6 +259,11 @@ typedef struct ep_generate_options {
                                         ep_generate_chat(); ep_generate() refuses them). Default: NULL. */
   size_t n_stop_strings;    /**< Entries of stop_strings. Default: 0. */
   int32_t ignore_eos;       /**< Text generation: 1 = do not stop at the tokenizer's EOS / end-of-turn tokens. Default: 0. */
+  const ep_logit_bias *logit_bias; /**< NULL, or n_logit_bias entries, each added to its token's logit before sampling (after the
+                                        repetition penalty, before the temperature and the top_k / top_p / min_p cuts; greedy
+                                        decoding sees it too). Tokens distinct and inside the vocabulary, biases in -100 .. 100,
+                                        else #EP_ERR_INVALID_ARGUMENT naming the token. Default: NULL. */
+  size_t n_logit_bias;      /**< Entries of logit_bias. Default: 0. */
 } ep_generate_options;
 
 /**
@@ -355,15 +366,57 @@ EP_API ep_status ep_sessions_append(ep_session *const *sessions, const int32_t *
  * @brief Draws the next token of a session from the logits after its last token (on the
  *        model's device; only the token id comes back), with ep_generate()'s sampling settings.
  * The token is not appended: pass it to ep_sessions_append() (or ep_generate()) next. The
- * sampler's draw counter of the session advances, so a seeded sequence of draws repeats.
+ * sampler's draw counter of the session advances (not after a refusal), so a seeded sequence of
+ * draws repeats.
  * @param[out] out_token The token.
  * @param session Open session holding at least one token.
  * @param options NULL for the defaults (greedy), or filled by ep_generate_options_init(); its
- *        temperature, top_k, top_p, min_p, seed, repetition_penalty and repetition_window apply.
+ *        temperature, top_k, top_p, min_p, seed, repetition_penalty, repetition_window and
+ *        logit_bias apply.
  * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, an empty session, a bad sampling
- *         value); #EP_ERR_STRUCT_SIZE.
+ *         value or logit_bias entry, naming the token); #EP_ERR_STRUCT_SIZE.
  */
 EP_API ep_status ep_session_sample(int32_t *out_token, ep_session *session, const ep_generate_options *options);
+
+/** The most alternatives ep_session_sample_logprobs() reports per token (OpenAI's top_logprobs limit). */
+#define EP_MAX_TOP_LOGPROBS 20
+
+/**
+ * A sampled token with its log-probability and the most likely alternatives, filled by
+ * ep_session_sample_logprobs(). The log-probabilities are the model's own distribution: the
+ * natural-log softmax of the raw logits, before the repetition penalty, the logit bias, the
+ * temperature and the top_k / top_p / min_p cuts (vLLM's default), so they do not depend on the
+ * sampling settings: log p(t) = z[t] − log Σ exp(z), the sum in double precision.
+ */
+typedef struct ep_token_logprobs {
+  size_t struct_size;      /**< Set by the caller to `sizeof(ep_token_logprobs)` (or use ep_token_logprobs_init()). */
+  int32_t token;           /**< The sampled token. */
+  float logprob;           /**< Its log-probability (<= 0). */
+  uint32_t n_top;          /**< Entries of top_tokens / top_logprobs: the count asked for (at most the vocabulary). */
+  int32_t top_tokens[EP_MAX_TOP_LOGPROBS]; /**< The n_top most likely tokens, most likely first (ties: lower id first). */
+  float top_logprobs[EP_MAX_TOP_LOGPROBS]; /**< Their log-probabilities, descending. */
+} ep_token_logprobs;
+
+/**
+ * @brief Fills @p logprobs with zeros and sets its struct_size.
+ * @param logprobs Struct to fill; NULL is ignored.
+ */
+EP_API void ep_token_logprobs_init(ep_token_logprobs *logprobs);
+
+/**
+ * @brief ep_session_sample(), and the log-probabilities of the distribution it drew from: the
+ *        sampled token's and those of the @p top_logprobs most likely tokens (ep_token_logprobs
+ *        says which distribution). The same token as ep_session_sample() with the same options
+ *        and draw counter; the counter advances the same way.
+ * @param[out] out_logprobs Filled (struct_size must be `sizeof(ep_token_logprobs)`).
+ * @param session Open session holding at least one token.
+ * @param options NULL for the defaults (greedy), or filled by ep_generate_options_init().
+ * @param top_logprobs Alternatives wanted, 0 .. #EP_MAX_TOP_LOGPROBS.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, an empty session, a bad sampling
+ *         value, @p top_logprobs above #EP_MAX_TOP_LOGPROBS); #EP_ERR_STRUCT_SIZE.
+ */
+EP_API ep_status ep_session_sample_logprobs(ep_token_logprobs *out_logprobs, ep_session *session,
+                                            const ep_generate_options *options, uint32_t top_logprobs);
 
 /**
  * @brief Opens a copy of a session: the same tokens, decode state (copied on the model's

@@ -109,6 +109,17 @@ void apply_repetition_penalty(float *z, int64_t n_vocab, const SamplingParams &p
   }
 }
 
+void check_logit_bias(const SamplingParams &p, int64_t n_vocab) {
+  for (size_t i = 0; i < p.logit_bias.size(); ++i)
+    if (p.logit_bias[i].token < 0 || p.logit_bias[i].token >= n_vocab)
+      fail(Status::invalid_argument, "sample: logit_bias[{}] names token {}, outside 0..{}", i, p.logit_bias[i].token, n_vocab - 1);
+}
+
+void apply_logit_bias(float *z, int64_t n_vocab, const SamplingParams &p) {
+  check_logit_bias(p, n_vocab);
+  for (const TokenBias &b : p.logit_bias) z[b.token] += b.bias;
+}
+
 void Backend::grouped_matmul(const Tensor &w, int64_t groups, const Tensor &x, const Tensor &y) {
   const int64_t k = w.ne[0], t = x.n_rows();
   if (groups <= 0 || w.ne[1] % groups != 0 || x.ne[0] != groups * k || y.ne[0] != w.ne[1] || y.n_rows() != t)

@@ -100,9 +100,16 @@ struct ExpertBatch {
   int64_t n_wave = 0;
 };
 
+/// One additive logit bias (OpenAI's logit_bias): @c bias is added to the logit of @c token.
+struct TokenBias {
+  int32_t token = 0;
+  float bias = 0.0f;
+};
+
 /// Sampling. First the repetition penalty: the logit z of each distinct token in
 /// penalty_tokens becomes z / repetition_penalty when z > 0, else z · repetition_penalty (HF /
-/// llama.cpp; 1 = off; ids outside the row are ignored). Then greedy (first maximum) when
+/// llama.cpp; 1 = off; ids outside the row are ignored). Then each logit_bias entry is added to
+/// its token's logit (distinct ids inside the row; the engine checks them). Then greedy (first maximum) when
 /// temperature <= 0 or top_k == 1. Otherwise logits/temperature, keep the top_k largest (0 =
 /// all; ties at the k-th value are kept), then the smallest set of most probable tokens whose
 /// probability reaches top_p (1 = all), then drop tokens whose probability is below min_p × the
@@ -117,12 +124,33 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;
   /// Tokens the penalty applies to (duplicates count once); host memory, valid during sample().
   std::span<const int32_t> penalty_tokens;
+  /// Added to the logits after the penalty, before the temperature: distinct ids inside the row.
+  std::vector<TokenBias> logit_bias;
 };
 
+/// The most alternatives TokenLogprobs reports (OpenAI's top_logprobs limit).
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+/// What sample() reports of the distribution it drew from, when asked. The log-probabilities are
+/// the model's own: log-softmax of the raw logits row, before the repetition penalty, the logit
+/// bias, the temperature and the top-k / top-p / min-p cuts (vLLM's default), so they do not
+/// depend on the sampling settings. Each is computed as (double) z − log Σ exp(z) with the sum
+/// in double, then rounded to float.
+struct TokenLogprobs {
+  int32_t top_n = 0;               ///< in: alternatives wanted, 0 .. kMaxTopLogprobs
+  float logprob = 0.0f;            ///< out: the sampled token's log-probability
+  std::vector<int32_t> top_ids;    ///< out: the top_n most likely tokens, descending (ties: lower id first)
+  std::vector<float> top_logprobs; ///< out: their log-probabilities
+};
 /// The distinct ids of @p tokens inside [0, n_vocab), ascending (what the penalty touches).
 std::vector<int32_t> penalty_ids(std::span<const int32_t> tokens, int64_t n_vocab);
 /// Applies the repetition penalty of @p p to @p z (n_vocab floats) in place.
 void apply_repetition_penalty(float *z, int64_t n_vocab, const SamplingParams &p);
+/// Adds the logit bias of @p p to @p z (n_vocab floats) in place; Status::invalid_argument for an
+/// id outside the row.
+void apply_logit_bias(float *z, int64_t n_vocab, const SamplingParams &p);
+/// Status::invalid_argument unless every logit_bias id of @p p is inside [0, n_vocab).
+void check_logit_bias(const SamplingParams &p, int64_t n_vocab);
 
 /// The seeded uniform in [0, 1) used for draw @p counter (splitmix64; same on every backend).
 double sample_uniform(uint64_t seed, uint64_t counter) noexcept;
@@ -216,8 +244,13 @@ class Backend {
   /// A dense gated FFN (shared experts, dense layers): y = down(act(gate x, up x)).
   void ffn(const Tensor &x, const Tensor &w_gate, const Tensor &w_up, const Tensor &w_down,
            const Activation &act, const Tensor &y);
-  /// Draws one token from logits f32 [V] (one row); synchronises.
-  virtual int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) = 0;
+  /// Draws one token from logits f32 [V] (one row); synchronises. With @p logprobs (non-null),
+  /// also fills its out fields (the logits are not changed).
+  virtual int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter, TokenLogprobs *logprobs) = 0;
+  /// sample() without log-probabilities.
+  int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) {
+    return sample(logits, params, counter, nullptr);
+  }
 
   // ---- elementwise ops and device copies ----
   // (DeepSeek-V4 ops. Signatures are stable; changes are noted here.)

@@ -548,16 +548,45 @@ void CpuBackend::combine_pairs(const float *pair_out, const Tensor &weights, con
                      });
 }
 
-int32_t CpuBackend::sample(const Tensor &logits, const SamplingParams &p, uint64_t counter) {
+namespace {
+
+/// TokenLogprobs' out fields for @p token from the raw logits row @p z (n floats).
+void fill_logprobs(const float *z, int64_t n, int32_t token, TokenLogprobs &out) {
+  if (out.top_n < 0 || out.top_n > kMaxTopLogprobs)
+    fail(Status::invalid_argument, "sample: top_n {} of the log-probabilities (expected 0..{})", out.top_n, kMaxTopLogprobs);
+  const float zmax = *std::max_element(z, z + n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(z[i]) - zmax);
+  const double lse = zmax + std::log(sum);
+  out.logprob = static_cast<float>(static_cast<double>(z[token]) - lse);
+  const int64_t k = std::min<int64_t>(out.top_n, n);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [z](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+  out.top_ids.assign(ids.begin(), ids.begin() + k);
+  out.top_logprobs.resize(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) out.top_logprobs[i] = static_cast<float>(static_cast<double>(z[ids[i]]) - lse);
+}
+
+}  // namespace
+
+int32_t CpuBackend::sample(const Tensor &logits, const SamplingParams &p, uint64_t counter, TokenLogprobs *logprobs) {
   check_f32(logits, "sample", "logits", Device::cpu);
   const int64_t n = logits.ne[0];
   if (logits.n_rows() != 1 || n <= 0) fail(Status::shape, "sample: expected one row of logits, got [{}, {}]", n, logits.n_rows());
-  const float *z0 = logits.as<float>();
-  std::vector<float> penalized;
-  if (p.repetition_penalty != 1.0f && !p.penalty_tokens.empty()) {
-    penalized.assign(z0, z0 + n);
-    apply_repetition_penalty(penalized.data(), n, p);
-    z0 = penalized.data();
+  const float *raw = logits.as<float>();
+  const int32_t token = draw(raw, n, p, counter);
+  if (logprobs) fill_logprobs(raw, n, token, *logprobs);
+  return token;
+}
+
+int32_t CpuBackend::draw(const float *z0, int64_t n, const SamplingParams &p, uint64_t counter) {
+  std::vector<float> adjusted;
+  if ((p.repetition_penalty != 1.0f && !p.penalty_tokens.empty()) || !p.logit_bias.empty()) {
+    adjusted.assign(z0, z0 + n);
+    apply_repetition_penalty(adjusted.data(), n, p);
+    apply_logit_bias(adjusted.data(), n, p);
+    z0 = adjusted.data();
   }
   if (p.temperature <= 0.0f || p.top_k == 1) {
     return static_cast<int32_t>(std::max_element(z0, z0 + n) - z0);  // first maximum

@@ -51,7 +51,9 @@ class CpuBackend final : public Backend {
   void moe_pairs(const Tensor &x, const Tensor &expert_ids, const ExpertBatch &batch, const SlotLayout &layout,
                  const Activation &act, const Tensor &pairs) override;
   void moe_combine(const Tensor &pairs, const Tensor &weights, const Tensor &y) override;
-  int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) override;
+  using Backend::sample;
+  int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter,
+                 TokenLogprobs *logprobs) override;
 
   void mul(const Tensor &a, const Tensor &b, const Tensor &y) override;
   void scale(const Tensor &x, float s, const Tensor &y) override;
@@ -84,6 +86,8 @@ class CpuBackend final : public Backend {
   void *workspace(unsigned slot, uint64_t bytes) override;
 
  private:
+  /// The token sample() draws from the raw logits row @p z (n floats): penalty, bias, cuts, draw.
+  static int32_t draw(const float *z, int64_t n, const SamplingParams &p, uint64_t counter);
   /// Per-worker f32 scratch (@p slot 0..3) of at least @p n floats.
   float *worker_scratch(unsigned worker, unsigned slot, int64_t n);
 

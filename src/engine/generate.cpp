@@ -24,6 +24,15 @@ void check_generate_params(const GenerateParams &p) {
   if (!(s.repetition_penalty > 0.0f) || !std::isfinite(s.repetition_penalty))
     fail(Status::invalid_argument, "repetition_penalty {} (expected > 0; 1 = off)", s.repetition_penalty);
   if (std::isnan(s.temperature)) fail(Status::invalid_argument, "temperature is NaN");
+  std::vector<int32_t> biased;
+  for (const backend::TokenBias &b : s.logit_bias) {
+    if (!(b.bias >= -100.0f && b.bias <= 100.0f))
+      fail(Status::invalid_argument, "logit_bias: bias {} for token {} is outside -100..100", b.bias, b.token);
+    biased.push_back(b.token);
+  }
+  std::sort(biased.begin(), biased.end());
+  if (const auto twice = std::adjacent_find(biased.begin(), biased.end()); twice != biased.end())
+    fail(Status::invalid_argument, "logit_bias: token {} is given more than once", *twice);
   for (size_t i = 0; i < p.stop_tokens.size(); ++i)
     if (p.stop_tokens[i] < 0) fail(Status::invalid_argument, "stop_tokens[{}] is {}", i, p.stop_tokens[i]);
   for (size_t i = 0; i < p.stop_strings.size(); ++i)

@@ -20,8 +20,8 @@ enum class StopReason : int32_t { length = 0, token = 1, string = 2, cancelled =
 
 struct GenerateParams {
   uint32_t max_new_tokens = 16;
-  /// temperature, top_k, top_p, min_p, seed, repetition_penalty (penalty_tokens is filled from
-  /// the session's last repetition_window tokens).
+  /// temperature, top_k, top_p, min_p, seed, repetition_penalty, logit_bias (penalty_tokens is
+  /// filled from the session's last repetition_window tokens).
   backend::SamplingParams sampling;
   uint32_t repetition_window = 64;  ///< 0 = every token of the session
   std::vector<int32_t> stop_tokens; ///< generation stops after emitting one of these

@@ -98,21 +98,28 @@ std::vector<float> Session::append_scored(std::span<const int32_t> tokens) {
   return all;
 }
 
-int32_t Session::sample(const backend::SamplingParams &params) {
+int32_t Session::sample(const backend::SamplingParams &params, backend::TokenLogprobs *logprobs) {
   if (!has_logits()) fail(Status::invalid_argument, "Session: no logits to sample from (append a token first)");
+  const int64_t vocab = engine_.info().vocab;
+  for (const backend::TokenBias &b : params.logit_bias)
+    if (b.token < 0 || b.token >= vocab)
+      fail(Status::invalid_argument, "logit_bias: token {} is outside the vocabulary 0..{}", b.token, vocab - 1);
   std::lock_guard<std::mutex> lock(engine_.mutex());
   backend::Backend &be = engine_.backend();
-  const Tensor z = Tensor::make(logits_, GgmlType::f32, be.device(), {engine_.info().vocab});
-  return be.sample(z, params, sample_counter_++);
+  const Tensor z = Tensor::make(logits_, GgmlType::f32, be.device(), {vocab});
+  // The counter advances only for a draw that happened: a refused request leaves it as it was.
+  const int32_t token = be.sample(z, params, sample_counter_, logprobs);
+  ++sample_counter_;
+  return token;
 }
 
-int32_t Session::sample(backend::SamplingParams params, uint32_t repetition_window) {
+int32_t Session::sample(backend::SamplingParams params, uint32_t repetition_window, backend::TokenLogprobs *logprobs) {
   if (params.repetition_penalty != 1.0f) {
     const size_t n = tokens_.size();
     const size_t w = repetition_window && repetition_window < n ? repetition_window : n;
     params.penalty_tokens = std::span<const int32_t>(tokens_.data() + (n - w), w);
   }
-  return sample(params);
+  return sample(params, logprobs);
 }
 
 void append_batch(std::span<Session *const> sessions, std::span<const std::span<const int32_t>> tokens) {

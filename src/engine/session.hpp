@@ -72,11 +72,11 @@ class Session {
   /// token t + 1): ep_score().
   std::vector<float> append_scored(std::span<const int32_t> tokens);
   /// Draws the next token from the last logits (has_logits() must hold) with @p params; the
-  /// draw counter advances.
-  int32_t sample(const backend::SamplingParams &params);
+  /// draw counter advances. With @p logprobs, also its log-probabilities (backend::TokenLogprobs).
+  int32_t sample(const backend::SamplingParams &params, backend::TokenLogprobs *logprobs = nullptr);
   /// sample() with the repetition penalty over the session's last @p repetition_window tokens
   /// (0 = all of them), as the generation loop applies it.
-  int32_t sample(backend::SamplingParams params, uint32_t repetition_window);
+  int32_t sample(backend::SamplingParams params, uint32_t repetition_window, backend::TokenLogprobs *logprobs = nullptr);
 
  private:
   friend void append_batch(std::span<Session *const>, std::span<const std::span<const int32_t>>);

@@ -58,7 +58,15 @@ _Static_assert(offsetof(ep_generate_options, repetition_window) == 44, "ep_gener
 _Static_assert(offsetof(ep_generate_options, stop_tokens) == 48, "ep_generate_options.stop_tokens");
 _Static_assert(offsetof(ep_generate_options, stop_strings) == 64, "ep_generate_options.stop_strings");
 _Static_assert(offsetof(ep_generate_options, ignore_eos) == 80, "ep_generate_options.ignore_eos");
-_Static_assert(sizeof(ep_generate_options) == 88, "ep_generate_options size");
+_Static_assert(offsetof(ep_generate_options, logit_bias) == 88, "ep_generate_options.logit_bias");
+_Static_assert(offsetof(ep_generate_options, n_logit_bias) == 96, "ep_generate_options.n_logit_bias");
+_Static_assert(sizeof(ep_generate_options) == 104, "ep_generate_options size");
+_Static_assert(sizeof(ep_logit_bias) == 8, "ep_logit_bias size");
+_Static_assert(offsetof(ep_token_logprobs, token) == 8, "ep_token_logprobs.token");
+_Static_assert(offsetof(ep_token_logprobs, n_top) == 16, "ep_token_logprobs.n_top");
+_Static_assert(offsetof(ep_token_logprobs, top_tokens) == 20, "ep_token_logprobs.top_tokens");
+_Static_assert(offsetof(ep_token_logprobs, top_logprobs) == 100, "ep_token_logprobs.top_logprobs");
+_Static_assert(sizeof(ep_token_logprobs) == 184, "ep_token_logprobs size");
 _Static_assert(offsetof(ep_generate_stats, prefill_seconds) == 16, "ep_generate_stats.prefill_seconds");
 _Static_assert(offsetof(ep_generate_stats, stop_reason) == 32, "ep_generate_stats.stop_reason (first appended field)");
 _Static_assert(offsetof(ep_generate_stats, prefill_tokens_per_second) == 40, "ep_generate_stats.prefill_tokens_per_second");

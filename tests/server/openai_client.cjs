@@ -1,8 +1,8 @@
 // The official openai npm client against ep-server: models, chat and completions, whole and
 // streamed (the streamed text equals the whole one for greedy requests), usage with
 // stream_options.include_usage, tool calls (a named tool_choice, whole and streamed, the SDK
-// folding the streamed deltas; a tool message round trip), and the client's error classes for
-// refused requests.
+// folding the streamed deltas; a tool message round trip), logprobs / top_logprobs, n = 2,
+// logit_bias, and the client's error classes for refused requests.
 //   node openai_client.cjs BASE_URL API_KEY OPENAI_PACKAGE_DIR
 'use strict';
 const assert = require('node:assert/strict');
@@ -108,6 +108,71 @@ async function main() {
     client.chat.completions.create({ ...toolChat, tool_choice: { type: 'function', function: { name: 'fly' } } }),
     (e) => e instanceof OpenAI.BadRequestError && e.param === 'tool_choice',
   );
+
+  // logprobs and top_logprobs (chat), whole and streamed: one entry per answer token, the
+  // alternatives sorted, the greedy token first among them with its own log-probability.
+  const lpChat = { ...chat, max_tokens: 8, logprobs: true, top_logprobs: 3 };
+  const lpWhole = await client.chat.completions.create(lpChat);
+  const entries = lpWhole.choices[0].logprobs.content;
+  assert.equal(entries.length, lpWhole.usage.completion_tokens - (lpWhole.choices[0].finish_reason === 'stop' ? 1 : 0));
+  assert.equal(entries.map((e) => e.token).join(''), lpWhole.choices[0].message.content);
+  for (const e of entries) {
+    assert.ok(e.logprob <= 0);
+    assert.deepEqual(e.bytes, [...Buffer.from(e.token, 'utf8')]);
+    assert.equal(e.top_logprobs.length, 3);
+    for (let i = 1; i < 3; ++i) assert.ok(e.top_logprobs[i].logprob <= e.top_logprobs[i - 1].logprob);
+    assert.equal(e.top_logprobs[0].token, e.token);
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);
+  }
+  const lpStreamed = [];
+  for await (const chunk of await client.chat.completions.create({ ...lpChat, stream: true }))
+    for (const choice of chunk.choices) lpStreamed.push(...(choice.logprobs?.content ?? []));
+  assert.deepEqual(lpStreamed, entries);
+  await assert.rejects(client.chat.completions.create({ ...chat, top_logprobs: 2 }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'top_logprobs');
+
+  // Legacy completions: logprobs K, whole and streamed.
+  const lpCompletion = { model: 'demo-kjv', prompt: 'And God said', temperature: 0, max_tokens: 6, logprobs: 2 };
+  const lc = await client.completions.create(lpCompletion);
+  const clp = lc.choices[0].logprobs;
+  assert.equal(clp.tokens.join(''), lc.choices[0].text);
+  assert.equal(clp.token_logprobs.length, clp.tokens.length);
+  assert.equal(clp.top_logprobs.length, clp.tokens.length);
+  assert.equal(clp.text_offset[0], 0);
+  for (let i = 0; i < clp.tokens.length; ++i) {
+    assert.ok(Object.keys(clp.top_logprobs[i]).length >= 1);
+    assert.equal(Math.max(...Object.values(clp.top_logprobs[i])), clp.token_logprobs[i]);
+  }
+  const streamedTokens = [];
+  for await (const chunk of await client.completions.create({ ...lpCompletion, stream: true }))
+    for (const choice of chunk.choices) streamedTokens.push(...(choice.logprobs?.tokens ?? []));
+  assert.deepEqual(streamedTokens, clp.tokens);
+
+  // n = 2: greedy answers are equal; sampled ones with a seed come back the same way twice, and
+  // the prompt is counted once.
+  const two = await client.chat.completions.create({ ...chat, max_tokens: 8, n: 2 });
+  assert.equal(two.choices.length, 2);
+  assert.deepEqual(two.choices.map((c) => c.index), [0, 1]);
+  assert.equal(two.choices[0].message.content, two.choices[1].message.content);
+  assert.equal(two.usage.prompt_tokens, whole.usage.prompt_tokens);
+  const seeded = { ...chat, max_tokens: 8, n: 2, temperature: 1.0, seed: 42 };
+  const s1 = await client.chat.completions.create(seeded);
+  const byIndex = ['', ''];
+  for await (const chunk of await client.chat.completions.create({ ...seeded, stream: true }))
+    for (const choice of chunk.choices) byIndex[choice.index] += choice.delta.content ?? '';
+  assert.deepEqual(byIndex, s1.choices.map((c) => c.message.content));
+  // Answer 1 is the answer of seed + 1 alone.
+  const alone = await client.chat.completions.create({ ...seeded, n: 1, seed: 43 });
+  assert.equal(alone.choices[0].message.content, s1.choices[1].message.content);
+  const ctwo = await client.completions.create({ ...completion, max_tokens: 6, n: 2 });
+  assert.equal(ctwo.choices.length, 2);
+  assert.equal(ctwo.choices[0].text, ctwo.choices[1].text);
+
+  // logit_bias with token ids as strings: +100 on one token makes every answer token that one.
+  const biased = await client.completions.create({ ...completion, max_tokens: 3, logit_bias: { '7': 100 }, logprobs: 0 });
+  const forced = biased.choices[0].logprobs.tokens;
+  assert.equal(forced.length, 3);
+  assert.ok(forced.every((t) => t === forced[0]));
+  await assert.rejects(client.completions.create({ ...completion, logit_bias: { x: 1 } }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'logit_bias');
 
   await assert.rejects(client.chat.completions.create({ ...chat, model: 'gpt-nothing' }), (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
   await assert.rejects(client.chat.completions.create({ ...chat, temperature: 'hot' }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'temperature');

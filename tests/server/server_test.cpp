@@ -767,7 +767,10 @@ TEST_CASE("ep-server: bad requests get OpenAI error objects and the server keeps
       {{{"stop", 7}}, 400, "invalid_type", "stop"},
       {{{"stop", json::array({""})}}, 400, "invalid_value", "stop"},
       {{{"stream", "yes"}}, 400, "invalid_type", "stream"},
-      {{{"n", 2}}, 400, "unsupported", "n"},
+      {{{"n", 9}}, 400, "invalid_value", "n"},
+      {{{"logprobs", 3}}, 400, "invalid_type", "logprobs"},
+      {{{"top_logprobs", 2}}, 400, "invalid_value", "top_logprobs"},
+      {{{"logprobs", true}, {"top_logprobs", 21}}, 400, "invalid_value", "top_logprobs"},
       {{{"n", 0}}, 400, "invalid_value", "n"},
       {{{"model", "gpt-4o"}}, 404, "model_not_found", "model"},
       {{{"model", 12}}, 400, "invalid_type", "model"},
@@ -787,7 +790,9 @@ TEST_CASE("ep-server: bad requests get OpenAI error objects and the server keeps
   check_error(http.post("/v1/completions", {{"prompt", json::array({1, 2, 100000})}}), 400, "invalid_value", "prompt");
   check_error(http.post("/v1/completions", {{"prompt", json::array({"a", "b"})}}), 400, "unsupported", "prompt");
   check_error(http.post("/v1/completions", {{"prompt", 5}}), 400, "invalid_type", "prompt");
-  check_error(http.post("/v1/completions", {{"prompt", "a"}, {"logprobs", 3}}), 400, "unsupported", "logprobs");
+  check_error(http.post("/v1/completions", {{"prompt", "a"}, {"logprobs", 21}}), 400, "invalid_value", "logprobs");
+  check_error(http.post("/v1/completions", {{"prompt", "a"}, {"logprobs", true}}), 400, "invalid_type", "logprobs");
+  check_error(http.post("/v1/completions", {{"prompt", "a"}, {"n", 2}, {"best_of", 3}}), 400, "unsupported", "best_of");
   check_error(http.post("/v1/embeddings", {{"input", "x"}}), 404, "not_found");
   check_error(http.get("/v1/chat/completions"), 404, "not_found");
 
@@ -1165,8 +1170,11 @@ TEST_CASE("ep-server: a parameter the server would not act on is refused by name
     std::string code, param;
   };
   const std::vector<Case> cases = {
-      {&chat, {{"logit_bias", {{"5", 100}}}}, "unsupported", "logit_bias"},
-      {&completions, {{"logit_bias", {{"5", 100}}}}, "unsupported", "logit_bias"},
+      {&chat, {{"logit_bias", {{"5", 101}}}}, "invalid_value", "logit_bias"},
+      {&completions, {{"logit_bias", {{"five", 1}}}}, "invalid_value", "logit_bias"},
+      {&completions, {{"logit_bias", {{"99999999", 1}}}}, "invalid_value", "logit_bias"},
+      {&completions, {{"logit_bias", {{"5", 1}, {"05", 2}}}}, "invalid_value", "logit_bias"},
+      {&chat, {{"logit_bias", {{"5", "up"}}}}, "invalid_type", "logit_bias"},
       {&chat, {{"functions", json::array({{{"name", "f"}}})}}, "unsupported", "functions"},
       {&chat, {{"function_call", "auto"}}, "unsupported", "function_call"},
       {&chat, {{"tool_choice", "auto"}}, "invalid_value", "tool_choice"},
@@ -1217,6 +1225,106 @@ TEST_CASE("ep-server: a parameter the server would not act on is refused by name
   const auto wrong = raw.Get("/v1/models", {{"Authorization", "Basic sesame"}});
   REQUIRE(wrong);
   CHECK(wrong->status == 401);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("ep-server: logprobs, logit_bias and n answers, whole and streamed", "[api][sampling]") {
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--parallel", "4"}));
+  Http http(server.port());
+  const std::string chat = "/v1/chat/completions", completions = "/v1/completions";
+
+  // Chat logprobs: one entry per answer token (the text put together is the answer), the
+  // alternatives sorted with the greedy token first, the same entries streamed.
+  json body = chat_body(kJohn, 6);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 4;
+  const Reply r = http.post(chat, body);
+  REQUIRE(r.status == 200);
+  const json &lp = r.body.at("choices").at(0).at("logprobs");
+  const json &entries = lp.at("content");
+  CHECK(lp.at("refusal").is_null());
+  REQUIRE(entries.size() == 6);
+  std::string joined;
+  for (const json &e : entries) {
+    joined += e.at("token").get<std::string>();
+    CHECK(e.at("logprob").get<double>() <= 0);
+    const json &top = e.at("top_logprobs");
+    REQUIRE(top.size() == 4);
+    CHECK(top.at(0).at("token") == e.at("token"));
+    CHECK(top.at(0).at("logprob") == e.at("logprob"));
+    for (size_t i = 1; i < top.size(); ++i) CHECK(top.at(i).at("logprob").get<double>() <= top.at(i - 1).at("logprob").get<double>());
+    const std::string t = e.at("token").get<std::string>();
+    CHECK(e.at("bytes") == json(std::vector<int>(t.begin(), t.end())));
+  }
+  CHECK(joined == chat_text(r));
+  const StreamReply s = http.stream(chat, body);
+  json streamed_entries = json::array();
+  for (size_t i = 0; i + 1 < s.data.size(); ++i) {
+    const json c = json::parse(s.data[i]);
+    for (const json &ch : c.at("choices"))
+      if (ch.at("logprobs").is_object())
+        for (const json &e : ch.at("logprobs").at("content")) streamed_entries.push_back(e);
+  }
+  CHECK(streamed_entries == entries);
+
+  // Completions' logprobs: K alternatives as {text: logprob}, offsets into the text.
+  const json cbody = {{"prompt", "And God said"}, {"temperature", 0}, {"max_tokens", 5}, {"logprobs", 2}};
+  const Reply c = http.post(completions, cbody);
+  REQUIRE(c.status == 200);
+  const json &clp = c.body.at("choices").at(0).at("logprobs");
+  REQUIRE(clp.at("tokens").size() == 5);
+  std::string ctext;
+  for (size_t i = 0; i < 5; ++i) {
+    CHECK(clp.at("text_offset").at(i) == ctext.size());
+    ctext += clp.at("tokens").at(i).get<std::string>();
+    CHECK(clp.at("top_logprobs").at(i).at(clp.at("tokens").at(i).get<std::string>()) == clp.at("token_logprobs").at(i));
+  }
+  CHECK(ctext == completion_text(c));
+
+  // logit_bias: +100 on token 7 ('$') makes every token that one; -100 on the greedy first token
+  // moves it.
+  json biased = cbody;
+  biased["logit_bias"] = {{"7", 100}};
+  const Reply b = http.post(completions, biased);
+  REQUIRE(b.status == 200);
+  CHECK(completion_text(b) == "$$$$$");
+  biased["logit_bias"] = {{std::to_string(0), -100}};  // BOS: accepted, changes nothing here
+  CHECK(http.post(completions, biased).status == 200);
+
+  // n = 2: greedy answers are equal; seeded answer 1 is the n = 1 answer of seed + 1; the prompt
+  // counts once; streamed chunks carry each answer's index.
+  json two = cbody;
+  two.erase("logprobs");
+  two["n"] = 2;
+  const Reply g = http.post(completions, two);
+  REQUIRE(g.status == 200);
+  REQUIRE(g.body.at("choices").size() == 2);
+  CHECK(g.body.at("choices").at(1).at("index") == 1);
+  CHECK(g.body.at("choices").at(0).at("text") == g.body.at("choices").at(1).at("text"));
+  const Reply one = http.post(completions, cbody);
+  CHECK(g.body.at("usage").at("prompt_tokens") == one.body.at("usage").at("prompt_tokens"));
+  CHECK(g.body.at("usage").at("completion_tokens") == 10);
+  two["temperature"] = 1.0;
+  two["seed"] = 77;
+  two["max_tokens"] = 8;
+  const Reply sampled = http.post(completions, two);
+  REQUIRE(sampled.status == 200);
+  json alone = two;
+  alone["n"] = 1;
+  alone["seed"] = 78;
+  CHECK(http.post(completions, alone).body.at("choices").at(0).at("text") == sampled.body.at("choices").at(1).at("text"));
+  alone["seed"] = 77;
+  CHECK(http.post(completions, alone).body.at("choices").at(0).at("text") == sampled.body.at("choices").at(0).at("text"));
+  const StreamReply ts = http.stream(completions, two);
+  REQUIRE(ts.status == 200);
+  std::vector<std::string> by_index(2);
+  for (size_t i = 0; i + 1 < ts.data.size(); ++i) {
+    const json chunk = json::parse(ts.data[i]);
+    for (const json &ch : chunk.at("choices")) by_index.at(ch.at("index").get<size_t>()) += ch.at("text").get<std::string>();
+  }
+  CHECK(by_index[0] == sampled.body.at("choices").at(0).at("text"));
+  CHECK(by_index[1] == sampled.body.at("choices").at(1).at("text"));
   CHECK(server.stop() == 0);
 }
 

@@ -176,7 +176,21 @@ class _GenerateOptions(Structure):
                 # appended after the first version:
                 ("min_p", c_float), ("repetition_penalty", c_float), ("repetition_window", c_uint32),
                 ("stop_tokens", POINTER(c_int32)), ("n_stop_tokens", c_size_t), ("stop_strings", POINTER(c_char_p)),
-                ("n_stop_strings", c_size_t), ("ignore_eos", c_int32)]
+                ("n_stop_strings", c_size_t), ("ignore_eos", c_int32),
+                ("logit_bias", c_void_p), ("n_logit_bias", c_size_t)]
+
+
+class _LogitBias(Structure):
+    _fields_ = [("token", c_int32), ("bias", c_float)]
+
+
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives :meth:`Session.sample_logprobs` reports (EP_MAX_TOP_LOGPROBS)."""
+
+
+class _TokenLogprobs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("token", c_int32), ("logprob", c_float), ("n_top", c_uint32),
+                ("top_tokens", c_int32 * MAX_TOP_LOGPROBS), ("top_logprobs", c_float * MAX_TOP_LOGPROBS)]
 
 
 class _GenerateStats(Structure):
@@ -308,6 +322,9 @@ _ep_session_sample = _fn("ep_session_sample", c_int32, POINTER(c_int32), c_void_
 _ep_session_tokens = _fn("ep_session_tokens", c_int32, POINTER(c_int32), c_size_t, POINTER(c_size_t), c_void_p,
                          optional=True)
 _ep_session_fork = _fn("ep_session_fork", c_int32, POINTER(c_void_p), c_void_p, optional=True)
+# 0.4: logit bias (an appended ep_generate_options field) and the log-probabilities of sampled tokens
+_ep_session_sample_logprobs = _fn("ep_session_sample_logprobs", c_int32, POINTER(_TokenLogprobs), c_void_p,
+                                  POINTER(_GenerateOptions), c_uint32, optional=True)
 _ep_text_stream_open = _fn("ep_text_stream_open", c_int32, POINTER(c_void_p), c_void_p, POINTER(c_char_p), c_size_t,
                            optional=True)
 _ep_text_stream_push = _fn("ep_text_stream_push", c_int32, c_void_p, c_int32, _TEXT_FN, c_void_p, POINTER(c_int32),
@@ -812,6 +829,17 @@ def _generate_options(options: dict):
             opts.stop_strings = arr
             opts.n_stop_strings = len(strs)
             continue
+        if name == "logit_bias":
+            entries = sorted((value or {}).items())
+            arr = (_LogitBias * len(entries))(*[_LogitBias(int(t), float(b)) for t, b in entries])
+            keep.append(arr)
+            if not _fits(opts, "n_logit_bias"):
+                if entries:
+                    raise UnsupportedError(Status.UNSUPPORTED, "logit_bias: the loaded library is older than it (0.4)")
+                continue
+            opts.logit_bias = ctypes.cast(arr, c_void_p)
+            opts.n_logit_bias = len(entries)
+            continue
         if name not in dict(_GenerateOptions._fields_) or name == "struct_size" or name.startswith("n_"):
             raise TypeError(f"unknown generate option {name!r}")
         if name == "ignore_eos":
@@ -969,6 +997,24 @@ class Session(_Handle):
         del keep
         return int(out.value)
 
+    def sample_logprobs(self, top_logprobs: int = 0, **options):
+        """:meth:`sample` with log-probabilities (``ep_session_sample_logprobs``): returns
+        ``(token, logprob, [(token, logprob), ...])``, the alternatives the ``top_logprobs``
+        (0 .. MAX_TOP_LOGPROBS) most likely tokens, most likely first. The log-probabilities are
+        the model's own: log-softmax of the raw logits, before the repetition penalty, the logit
+        bias, the temperature and the top_k / top_p / min_p cuts."""
+        if _ep_session_sample_logprobs is None:
+            raise UnsupportedError(Status.UNSUPPORTED, "ep_session_sample_logprobs: the loaded library predates it (0.4)",
+                                   "ep_session_sample_logprobs")
+        opts, keep = _generate_options(options)
+        out = _TokenLogprobs()
+        out.struct_size = ctypes.sizeof(_TokenLogprobs)
+        _check(_ep_session_sample_logprobs(byref(out), self._ptr(), byref(opts), int(top_logprobs)),
+               "ep_session_sample_logprobs")
+        del keep
+        top = [(int(out.top_tokens[i]), float(out.top_logprobs[i])) for i in range(out.n_top)]
+        return int(out.token), float(out.logprob), top
+
     def reset(self) -> None:
         _check(_ep_session_reset(self._ptr()), "ep_session_reset")
 
@@ -983,7 +1029,7 @@ class Session(_Handle):
 
         ``options`` are the fields of ``ep_generate_options``: max_new_tokens (16), temperature (0:
         greedy), top_k, top_p, seed, stop_token, min_p, repetition_penalty, repetition_window,
-        stop_tokens (a list), ignore_eos. ``on_token(token, index)`` is called as each token is
+        stop_tokens (a list), ignore_eos, logit_bias (a dict of token id to -100..100). ``on_token(token, index)`` is called as each token is
         produced; returning a true value (e.g. ``True``) stops the generation
         (``result.cancelled``). An exception raised by it also stops the generation and is
         re-raised here."""

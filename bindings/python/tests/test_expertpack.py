@@ -286,6 +286,27 @@ class BatchTest(unittest.TestCase):
             self.assertEqual(s.tokens, self.prompt + self.expected)
             self.assertEqual(len(s), len(self.prompt) + 8)
 
+    def test_logprobs_and_logit_bias(self):
+        import math
+        with self.model.session() as s:
+            s.append(self.prompt)
+            token, logprob, top = s.sample_logprobs(5)
+            self.assertEqual(len(top), 5)
+            self.assertEqual(top[0], (token, logprob))  # greedy: the most likely token
+            self.assertTrue(all(a[1] >= b[1] for a, b in zip(top, top[1:])))
+            self.assertTrue(logprob <= 0 and sum(math.exp(lp) for _, lp in top) <= 1.0 + 1e-5)
+            forced = 7 if token != 7 else 8
+            self.assertEqual(s.sample(logit_bias={forced: 100.0}), forced)
+            self.assertNotEqual(s.sample(logit_bias={token: -100.0}), token)
+            # the log-probabilities are the raw distribution's: a bias does not move them
+            t2, lp2, top2 = s.sample_logprobs(5, logit_bias={forced: 100.0})
+            self.assertEqual(t2, forced)
+            self.assertEqual(top2, top)
+            with self.assertRaises(ep.InvalidArgumentError):
+                s.sample(logit_bias={forced: 101.0})
+            with self.assertRaises(ep.InvalidArgumentError):
+                s.sample_logprobs(ep.MAX_TOP_LOGPROBS + 1)
+
     def test_fork_continues_as_the_original(self):
         with self.model.session() as s:
             s.append(self.prompt)

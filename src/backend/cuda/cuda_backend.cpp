@@ -723,34 +723,82 @@ void CudaBackend::run_chunked_expert_gemvs(const Tensor &x, const std::vector<ba
   }
 }
 
-int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams &p, uint64_t counter) {
+int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams &p, uint64_t counter,
+                            backend::TokenLogprobs *logprobs) {
   backend::check_f32(logits, "sample", "logits", Device::cuda);
   const int64_t n = logits.ne[0];
   if (logits.n_rows() != 1 || n <= 0) fail(Status::shape, "sample: expected one row of logits, got [{}, {}]", n, logits.n_rows());
-  // kWsSample: n floats of probabilities, then (with a repetition penalty) n floats of penalized
-  // logits and the distinct penalized ids.
+  backend::check_logit_bias(p, n);
+  const int32_t top_n = logprobs ? logprobs->top_n : 0;
+  if (top_n < 0 || top_n > backend::kMaxTopLogprobs)
+    fail(Status::invalid_argument, "sample: top_n {} of the log-probabilities (expected 0..{})", top_n, backend::kMaxTopLogprobs);
+  // kWsSample: n floats of probabilities, then (with a repetition penalty or a logit bias) n
+  // floats of adjusted logits, the distinct penalized ids, the biased ids and their biases.
   const std::vector<int32_t> ids =
       p.repetition_penalty != 1.0f ? backend::penalty_ids(p.penalty_tokens, n) : std::vector<int32_t>{};
+  const size_t n_bias = p.logit_bias.size();
+  const bool adjust = !ids.empty() || n_bias > 0;
   const uint64_t n_bytes = static_cast<uint64_t>(n) * 4;
-  auto *scratch = static_cast<float *>(workspace(kWsSample, ids.empty() ? n_bytes : 2 * n_bytes + ids.size() * 4));
-  auto *out = static_cast<int32_t *>(workspace(kWsToken, 4));
+  auto *scratch =
+      static_cast<float *>(workspace(kWsSample, adjust ? 2 * n_bytes + (ids.size() + 2 * n_bias) * 4 : n_bytes));
+  // kWsToken: what comes back to the host in one copy: log Σ exp (double), the token, its
+  // log-probability, then top_n ids and top_n raw logits.
+  struct Back {
+    double lse;
+    int32_t token;
+    float logprob;
+    int32_t top_ids[backend::kMaxTopLogprobs];
+    float top_logits[backend::kMaxTopLogprobs];
+  };
+  auto *back = static_cast<Back *>(workspace(kWsToken, sizeof(Back)));
   const float *z = logits.as<float>();
-  if (!ids.empty()) {
+  if (adjust) {
     float *copy = scratch + n;
     auto *dev_ids = reinterpret_cast<int32_t *>(copy + n);
+    auto *dev_bias_ids = dev_ids + ids.size();
+    auto *dev_bias = reinterpret_cast<float *>(dev_bias_ids + n_bias);
     EP_CUDA_CHECK(cudaMemcpyAsync(copy, z, n_bytes, cudaMemcpyDeviceToDevice, impl_->stream));
-    upload(dev_ids, ids.data(), ids.size() * 4);
-    launch_repetition_penalty(copy, dev_ids, static_cast<int32_t>(ids.size()), p.repetition_penalty, impl_->stream);
+    if (!ids.empty()) {
+      upload(dev_ids, ids.data(), ids.size() * 4);
+      launch_repetition_penalty(copy, dev_ids, static_cast<int32_t>(ids.size()), p.repetition_penalty, impl_->stream);
+    }
+    if (n_bias) {
+      std::vector<int32_t> bias_ids(n_bias);
+      std::vector<float> bias(n_bias);
+      for (size_t i = 0; i < n_bias; ++i) {
+        bias_ids[i] = p.logit_bias[i].token;
+        bias[i] = p.logit_bias[i].bias;
+      }
+      upload(dev_bias_ids, bias_ids.data(), n_bias * 4);
+      upload(dev_bias, bias.data(), n_bias * 4);
+      launch_logit_bias(copy, dev_bias_ids, dev_bias, static_cast<int32_t>(n_bias), impl_->stream);
+    }
     z = copy;
   }
-  launch_sample(z, n, p.temperature, p.top_k, p.top_p, p.min_p, backend::sample_uniform(p.seed, counter), scratch, out,
+  launch_sample(z, n, p.temperature, p.top_k, p.top_p, p.min_p, backend::sample_uniform(p.seed, counter), scratch, &back->token,
                 impl_->stream);
-  int32_t token = -1;
-  download(&token, out, 4);
-  if (token < 0)
+  if (!logprobs) {
+    int32_t token = -1;
+    download(&token, &back->token, 4);
+    if (token < 0)
+      fail(Status::internal, "sample: no token kept (temperature {}, top_k {}, top_p {}, min_p {})", p.temperature, p.top_k,
+           p.top_p, p.min_p);
+    return token;
+  }
+  launch_token_logprob(logits.as<float>(), n, &back->token, &back->lse, &back->logprob, impl_->stream);
+  const int32_t k = static_cast<int32_t>(std::min<int64_t>(top_n, n));
+  if (k > 0) launch_top_k(logits.as<float>(), n, 1, k, back->top_ids, back->top_logits, impl_->stream);
+  Back host;
+  download(&host, back, sizeof(Back));
+  if (host.token < 0)
     fail(Status::internal, "sample: no token kept (temperature {}, top_k {}, top_p {}, min_p {})", p.temperature, p.top_k,
          p.top_p, p.min_p);
-  return token;
+  logprobs->logprob = host.logprob;
+  logprobs->top_ids.assign(host.top_ids, host.top_ids + k);
+  logprobs->top_logprobs.resize(static_cast<size_t>(k));
+  for (int32_t i = 0; i < k; ++i)
+    logprobs->top_logprobs[i] = static_cast<float>(static_cast<double>(host.top_logits[i]) - host.lse);
+  return host.token;
 }
 
 }  // namespace ep::backend::cuda

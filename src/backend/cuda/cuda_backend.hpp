@@ -67,7 +67,9 @@ class CudaBackend final : public backend::Backend {
   void moe_pairs(const backend::Tensor &x, const backend::Tensor &expert_ids, const backend::ExpertBatch &batch,
                  const backend::SlotLayout &layout, const backend::Activation &act, const backend::Tensor &pairs) override;
   void moe_combine(const backend::Tensor &pairs, const backend::Tensor &weights, const backend::Tensor &y) override;
-  int32_t sample(const backend::Tensor &logits, const backend::SamplingParams &params, uint64_t counter) override;
+  using Backend::sample;
+  int32_t sample(const backend::Tensor &logits, const backend::SamplingParams &params, uint64_t counter,
+                 backend::TokenLogprobs *logprobs) override;
 
   void mul(const backend::Tensor &a, const backend::Tensor &b, const backend::Tensor &y) override;
   void scale(const backend::Tensor &x, float s, const backend::Tensor &y) override;

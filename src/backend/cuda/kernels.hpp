@@ -145,5 +145,13 @@ void launch_sample(const float *logits, int64_t n, float temperature, int32_t to
 /// The repetition penalty on a device copy of the logits: z[ids[j]] / penalty when positive,
 /// × penalty otherwise; ids (device) are distinct and inside the row.
 void launch_repetition_penalty(float *z, const int32_t *ids, int32_t n_ids, float penalty, cudaStream_t stream);
+/// The logit bias on a device copy of the logits: z[ids[j]] += bias[j]; ids (device) are
+/// distinct and inside the row.
+void launch_logit_bias(float *z, const int32_t *ids, const float *bias, int32_t n_ids, cudaStream_t stream);
+/// The sampled token's log-probability under the raw logits (one row of n): *out_lse = log Σ
+/// exp(z) (summed in double from the maximum), *out_logprob = (double) z[*token] − *out_lse
+/// rounded to float; all device memory.
+void launch_token_logprob(const float *logits, int64_t n, const int32_t *token, double *out_lse, float *out_logprob,
+                          cudaStream_t stream);
 
 }  // namespace ep::backend::cuda

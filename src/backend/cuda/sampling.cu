@@ -2,8 +2,9 @@
 // largest found by a bitwise search over order-preserving float keys, ties at the k-th value
 // kept) + top-p (the largest probability cut whose kept mass reaches top_p, found the same way)
 // + min-p (relative to the most likely token) + a draw in vocabulary order with the host's
-// seeded uniform u. The repetition penalty runs first, on a copy of the logits. Sums in double, like the CPU
-// reference, so both backends pick the same token.
+// seeded uniform u. The repetition penalty and the logit bias run first, on a copy of the logits. Sums in
+// double, like the CPU reference, so both backends pick the same token. The log-probabilities are of the raw
+// logits (log Σ exp in double here, the top alternatives by the top-k kernel).
 #include "gpu/check.hpp"
 #include "backend/cuda/kernels.hpp"
 #include "backend/cuda/reduce.cuh"
@@ -28,6 +29,30 @@ __global__ void repetition_penalty_kernel(float *__restrict__ z, const int32_t *
   if (j >= n_ids) return;
   const float v = z[ids[j]];
   z[ids[j]] = v > 0.0f ? v / penalty : v * penalty;
+}
+
+/// z[ids[j]] += bias[j] on the copy (ids distinct, in range).
+__global__ void logit_bias_kernel(float *__restrict__ z, const int32_t *__restrict__ ids, const float *__restrict__ bias,
+                                  int32_t n_ids) {
+  const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j < n_ids) z[ids[j]] += bias[j];
+}
+
+/// log Σ exp(z) of the raw row and the token's log-probability (one block).
+__global__ void token_logprob_kernel(const float *__restrict__ logits, int64_t n, const int32_t *__restrict__ token,
+                                     double *out_lse, float *out_logprob) {
+  float zmax = -INFINITY;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) zmax = fmaxf(zmax, logits[i]);
+  zmax = block_reduce(zmax, MaxOp{}, -INFINITY);
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) sum += exp(static_cast<double>(logits[i]) - zmax);
+  sum = block_reduce(sum, SumOp{}, 0.0);
+  if (threadIdx.x == 0) {
+    const double lse = zmax + log(sum);
+    *out_lse = lse;
+    const int32_t t = *token;
+    *out_logprob = t >= 0 && t < n ? static_cast<float>(static_cast<double>(logits[t]) - lse) : __int_as_float(0x7fc00000);
+  }
 }
 
 __global__ void sample_kernel(const float *__restrict__ logits, int64_t n, float temperature, int32_t top_k, float top_p,
@@ -132,6 +157,18 @@ void launch_repetition_penalty(float *z, const int32_t *ids, int32_t n_ids, floa
   if (n_ids <= 0) return;
   repetition_penalty_kernel<<<(n_ids + 255) / 256, 256, 0, stream>>>(z, ids, n_ids, penalty);
   EP_CUDA_CHECK_LAUNCH("repetition_penalty_kernel");
+}
+
+void launch_logit_bias(float *z, const int32_t *ids, const float *bias, int32_t n_ids, cudaStream_t stream) {
+  if (n_ids <= 0) return;
+  logit_bias_kernel<<<(n_ids + 255) / 256, 256, 0, stream>>>(z, ids, bias, n_ids);
+  EP_CUDA_CHECK_LAUNCH("logit_bias_kernel");
+}
+
+void launch_token_logprob(const float *logits, int64_t n, const int32_t *token, double *out_lse, float *out_logprob,
+                          cudaStream_t stream) {
+  token_logprob_kernel<<<1, kThreads, 0, stream>>>(logits, n, token, out_lse, out_logprob);
+  EP_CUDA_CHECK_LAUNCH("token_logprob_kernel");
 }
 
 void launch_sample(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p, float min_p, double u,

@@ -1,9 +1,12 @@
-// The sampling extras on the GPU (repetition penalty over a token window, min_p) pick exactly
-// the CPU reference's token, and leave the logits untouched.
+// The sampling extras on the GPU (repetition penalty over a token window, min_p, logit bias) pick
+// exactly the CPU reference's token, its log-probabilities and alternatives agree with the CPU's,
+// and the logits are left untouched.
 #include "backend/cpu_backend.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "support/catch.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -57,6 +60,52 @@ TEST_CASE("sampling extras on the GPU pick the CPU's token", "[gpu][sampling]") 
   INFO(mismatches << " of " << total << " draws differ");
   CHECK(mismatches == 0);
   CHECK(greedy_changed > 0);  // the penalty moved greedy off a recent token
+  std::vector<float> back(static_cast<size_t>(n));
+  gpu.download(back.data(), dev, static_cast<uint64_t>(n) * 4);
+  CHECK(back == logits);
+  gpu.deallocate(dev);
+}
+
+TEST_CASE("the GPU sampler's log-probabilities and alternatives equal the CPU's, with a logit bias", "[gpu][sampling]") {
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(78);
+  const int64_t n = 129280;  // DeepSeek-V4 vocabulary
+  std::vector<float> logits(static_cast<size_t>(n));
+  std::normal_distribution<float> g(0.0f, 4.0f);
+  for (float &v : logits) v = g(rng);
+  void *dev = gpu.allocate(static_cast<uint64_t>(n) * 4);
+  gpu.upload(dev, logits.data(), static_cast<uint64_t>(n) * 4);
+  const Tensor lc = Tensor::make(logits.data(), GgmlType::f32, Device::cpu, {n});
+  const Tensor lg = Tensor::make(dev, GgmlType::f32, Device::cuda, {n});
+  const int32_t argmax = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  int compared = 0;
+  for (int32_t top_n : {0, 1, 5, 20})
+    for (float temp : {0.0f, 0.9f})
+      for (int bias_case = 0; bias_case < 3; ++bias_case) {
+        SamplingParams p;
+        p.temperature = temp;
+        p.top_p = temp > 0.0f ? 0.9f : 1.0f;
+        p.seed = 5;
+        if (bias_case == 1) p.logit_bias = {{17, 100.0f}};                      // forces token 17
+        if (bias_case == 2) p.logit_bias = {{argmax, -100.0f}, {3, 2.5f}};      // forbids the top token
+        for (uint64_t c = 0; c < 4; ++c) {
+          TokenLogprobs a, b;
+          a.top_n = b.top_n = top_n;
+          const int32_t ta = cpu.sample(lc, p, c, &a), tb = gpu.sample(lg, p, c, &b);
+          INFO("top_n " << top_n << " temperature " << temp << " bias case " << bias_case << " draw " << c);
+          REQUIRE(ta == tb);
+          if (bias_case == 1) CHECK(tb == 17);
+          if (bias_case == 2) CHECK(tb != argmax);
+          CHECK(std::fabs(a.logprob - b.logprob) < 1e-5f);
+          REQUIRE(b.top_ids.size() == static_cast<size_t>(top_n));
+          CHECK(a.top_ids == b.top_ids);
+          for (int32_t i = 0; i < top_n; ++i) CHECK(std::fabs(a.top_logprobs[i] - b.top_logprobs[i]) < 1e-5f);
+          if (top_n > 0) CHECK(b.top_ids[0] == argmax);  // the raw distribution's, whatever the bias
+          ++compared;
+        }
+      }
+  CHECK(compared == 96);
   std::vector<float> back(static_cast<size_t>(n));
   gpu.download(back.data(), dev, static_cast<uint64_t>(n) * 4);
   CHECK(back == logits);

@@ -381,6 +381,40 @@ pub struct ep_generate_options_v2 {
     pub stop_strings: *const *const c_char,
     pub n_stop_strings: usize,
     pub ignore_eos: i32,
+    // 0.4:
+    pub logit_bias: *const ep_logit_bias,
+    pub n_logit_bias: usize,
+}
+
+/// One entry of `ep_generate_options::logit_bias` (0.4).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ep_logit_bias {
+    pub token: i32,
+    pub bias: f32,
+}
+
+/// The most alternatives `ep_session_sample_logprobs` reports.
+pub const EP_MAX_TOP_LOGPROBS: usize = 20;
+
+/// A sampled token with its log-probability and the most likely alternatives (0.4).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ep_token_logprobs {
+    pub struct_size: usize,
+    pub token: i32,
+    pub logprob: f32,
+    pub n_top: u32,
+    pub top_tokens: [i32; EP_MAX_TOP_LOGPROBS],
+    pub top_logprobs: [f32; EP_MAX_TOP_LOGPROBS],
+}
+
+// model.h, 0.4 (feature "logprobs": a library built before 0.4 lacks these symbols)
+#[cfg(feature = "logprobs")]
+extern "C" {
+    pub fn ep_token_logprobs_init(logprobs: *mut ep_token_logprobs);
+    pub fn ep_session_sample_logprobs(out_logprobs: *mut ep_token_logprobs, session: *mut ep_session,
+                                      options: *const ep_generate_options, top_logprobs: u32) -> ep_status;
 }
 
 /// `ep_generate_stats` with every field of the current header.
@@ -483,7 +517,11 @@ mod layout_v2 {
 
     #[test]
     fn appended_structs_match_the_c_headers() {
-        assert_eq!(size_of::<ep_generate_options_v2>(), 88);
+        assert_eq!(size_of::<ep_generate_options_v2>(), 104);
+        assert_eq!(std::mem::offset_of!(ep_generate_options_v2, logit_bias), 88);
+        assert_eq!(size_of::<ep_logit_bias>(), 8);
+        assert_eq!(size_of::<ep_token_logprobs>(), 184);
+        assert_eq!(std::mem::offset_of!(ep_token_logprobs, top_logprobs), 100);
         let v = std::mem::MaybeUninit::<ep_generate_options_v2>::uninit();
         let base = v.as_ptr();
         // SAFETY: only field addresses are taken.

@@ -53,6 +53,41 @@ impl<'m> Session<'m> {
         })?;
         Ok(token)
     }
+
+    /// [`Session::sample`] with log-probabilities (`ep_session_sample_logprobs`): the token, its
+    /// log-probability and the `top_logprobs` (0..=20) most likely tokens with theirs, most likely
+    /// first. The log-probabilities are the model's own: log-softmax of the raw logits, before the
+    /// repetition penalty, the logit bias, the temperature and the top_k / top_p / min_p cuts.
+    #[cfg(feature = "logprobs")]
+    pub fn sample_logprobs(&mut self, options: &GenerateOptions, top_logprobs: u32) -> Result<TokenLogprobs> {
+        let opts = options.to_raw()?;
+        let mut out = std::mem::MaybeUninit::<sys::ep_token_logprobs>::uninit();
+        // SAFETY: init fills the whole struct; valid pointers for the call.
+        let out = unsafe {
+            sys::ep_token_logprobs_init(out.as_mut_ptr());
+            let mut out = out.assume_init();
+            check(sys::ep_session_sample_logprobs(&mut out, self.raw,
+                                                  &opts.raw as *const _ as *const sys::ep_generate_options, top_logprobs))?;
+            out
+        };
+        let n = (out.n_top as usize).min(sys::EP_MAX_TOP_LOGPROBS);
+        Ok(TokenLogprobs {
+            token: out.token,
+            logprob: out.logprob,
+            top: (0..n).map(|i| (out.top_tokens[i], out.top_logprobs[i])).collect(),
+        })
+    }
+}
+
+/// A sampled token with its log-probability and the most likely alternatives
+/// ([`Session::sample_logprobs`]).
+#[cfg(feature = "logprobs")]
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: i32,
+    pub logprob: f32,
+    /// (token, log-probability), most likely first.
+    pub top: Vec<(i32, f32)>,
 }
 
 /// Appends `tokens[i]` (at least one id each: a prefill chunk or one decode token) to

@@ -739,6 +739,10 @@ pub struct GenerateOptions {
     pub stop_strings: Vec<String>,
     /// Text generation: do not stop at EOS / end of turn.
     pub ignore_eos: bool,
+    /// (token, bias) pairs added to the logits before sampling (OpenAI's logit_bias): distinct
+    /// tokens of the vocabulary, biases in -100..=100 (+100 in effect forces a token, -100
+    /// forbids it). Needs a 0.4 library.
+    pub logit_bias: Vec<(i32, f32)>,
 }
 
 impl Default for GenerateOptions {
@@ -756,6 +760,7 @@ impl Default for GenerateOptions {
             stop_tokens: Vec::new(),
             stop_strings: Vec::new(),
             ignore_eos: false,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -765,6 +770,7 @@ struct RawGenerateOptions {
     raw: sys::ep_generate_options_v2,
     _stop_strings: Vec<CString>,
     _stop_string_ptrs: Vec<*const c_char>,
+    _logit_bias: Vec<sys::ep_logit_bias>,
 }
 
 impl GenerateOptions {
@@ -772,7 +778,11 @@ impl GenerateOptions {
         // SAFETY: buffer large enough for any version of the struct.
         let mut o: sys::ep_generate_options_v2 = unsafe { negotiated(sys::ep_generate_options_init) };
         let size = o.struct_size;
-        let extended = size >= std::mem::size_of::<sys::ep_generate_options_v2>();
+        let extended = size >= std::mem::offset_of!(sys::ep_generate_options_v2, logit_bias);
+        let has_bias = size >= std::mem::size_of::<sys::ep_generate_options_v2>();
+        if !self.logit_bias.is_empty() && !has_bias {
+            return Err(Error::new(Status::Unsupported, "generate options: logit_bias needs libexpertpack 0.4"));
+        }
         o.max_new_tokens = self.max_new_tokens;
         o.temperature = self.temperature;
         o.top_k = self.top_k;
@@ -809,7 +819,13 @@ impl GenerateOptions {
             o.n_stop_strings = ptrs.len();
             o.ignore_eos = self.ignore_eos as i32;
         }
-        Ok(RawGenerateOptions { raw: o, _stop_strings: strings, _stop_string_ptrs: ptrs })
+        let bias: Vec<sys::ep_logit_bias> =
+            self.logit_bias.iter().map(|&(token, bias)| sys::ep_logit_bias { token, bias }).collect();
+        if has_bias {
+            o.logit_bias = if bias.is_empty() { ptr::null() } else { bias.as_ptr() };
+            o.n_logit_bias = bias.len();
+        }
+        Ok(RawGenerateOptions { raw: o, _stop_strings: strings, _stop_string_ptrs: ptrs, _logit_bias: bias })
     }
 }
 

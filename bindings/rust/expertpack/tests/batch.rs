@@ -207,3 +207,25 @@ mod text_stream {
         assert_eq!(tok.text_stream(&[""]).err().unwrap().status, Status::InvalidArgument);
     }
 }
+
+#[cfg(feature = "logprobs")]
+#[test]
+fn logprobs_and_logit_bias() {
+    let prompt = ids(&env("EP_TEST_PROMPT"));
+    let model = Model::open(model_path(), &ModelOptions::default()).unwrap();
+    let mut s = model.session().unwrap();
+    s.append(&prompt).unwrap();
+    let greedy = GenerateOptions::default();
+    let lp = s.sample_logprobs(&greedy, 5).unwrap();
+    assert_eq!(lp.top.len(), 5);
+    assert_eq!(lp.top[0], (lp.token, lp.logprob), "greedy takes the most likely token");
+    assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+    let forced = if lp.token == 7 { 8 } else { 7 };
+    let biased = GenerateOptions { logit_bias: vec![(forced, 100.0)], ..Default::default() };
+    assert_eq!(s.sample(&biased).unwrap(), forced);
+    let with_bias = s.sample_logprobs(&biased, 5).unwrap();
+    assert_eq!(with_bias.token, forced);
+    assert_eq!(with_bias.top, lp.top, "a bias does not move the log-probabilities");
+    let refused = GenerateOptions { logit_bias: vec![(forced, 150.0)], ..Default::default() };
+    assert_eq!(s.sample(&refused).unwrap_err().status, Status::InvalidArgument);
+}
