@@ -318,7 +318,7 @@ void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Respon
   Answer a{chat, new_id(chat ? "chatcmpl" : "cmpl"), ctx.model_name, unix_now()};
   if (c.stream) {
     auto s = std::make_shared<Streamer>(
-        Streamer{job, a, c.include_usage, ConnectionProbe(req.local_addr, req.local_port, req.remote_addr, req.remote_port), tools});
+        Streamer{job, a, c.include_usage, ConnectionProbe(req.local_addr, req.local_port, req.remote_addr, req.remote_port), tools, false, {}});
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream", [s](size_t, httplib::DataSink &sink) { return s->pump(sink); },
