@@ -1323,8 +1323,8 @@ TEST_CASE("ep-server: logprobs, logit_bias and n answers, whole and streamed", "
     const json chunk = json::parse(ts.data[i]);
     for (const json &ch : chunk.at("choices")) by_index.at(ch.at("index").get<size_t>()) += ch.at("text").get<std::string>();
   }
-  CHECK(by_index[0] == sampled.body.at("choices").at(0).at("text"));
-  CHECK(by_index[1] == sampled.body.at("choices").at(1).at("text"));
+  CHECK(by_index[0] == sampled.body.at("choices").at(0).at("text").get<std::string>());
+  CHECK(by_index[1] == sampled.body.at("choices").at(1).at("text").get<std::string>());
   CHECK(server.stop() == 0);
 }
 
