@@ -1,7 +1,5 @@
-// Kimi through the C API on a GPU (skips without one): while Kimi is CPU-only in the C API
-// (model::kimi_runs_on), EP_DEVICE_CUDA must be refused with EP_ERR_UNSUPPORTED and AUTO must run
-// it on the CPU; once it is enabled on CUDA, the goldens scored on CUDA with experts from the
-// store's CUDA device (a cache of top_k slots: evictions) must be within 2e-2 · max|logit| of
+// Kimi through the C API on a GPU (skips without one): the goldens scored on CUDA with experts
+// from the store's CUDA device (a cache of top_k slots: evictions) must be within 2e-2 · max|logit| of
 // the CPU, greedy tokens must agree where the CPU's top-1 / top-2 margin exceeds 0.1, also with
 // the smallest cache.
 #include "support/catch.hpp"

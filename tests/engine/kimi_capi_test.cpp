@@ -2,8 +2,9 @@
 // general.architecture): the goldens' GGUFs packed on first use (pack layer 0 = the first MoE
 // block), experts streamed through a cache of top_k slots (evictions), ep_score against the
 // oracles' logits, resident == packed, prefill + decode == full, ep_generate deterministic and
-// consistent with ep_score, device selection (Kimi runs on the CPU only so far: see kimi_runs_on) and an unknown
-// architecture refused by name.
+// consistent with ep_score, device selection (the architecture registry's devices: Kimi runs on
+// the CPU and on CUDA; an architecture a device does not run is refused before anything is built)
+// and an unknown architecture refused by name.
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
 
