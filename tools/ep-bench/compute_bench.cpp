@@ -277,6 +277,25 @@ std::vector<int32_t> tokenize(const ep_tokenizer *tok, const std::string &text) 
   return ids;
 }
 
+/// At least @p count token ids: make_text() of growing length through the model's tokenizer (the
+/// text, when @p text is given, goes there), or without a tokenizer a deterministic sequence over
+/// the vocabulary.
+std::vector<int32_t> synthetic_tokens(const ep_tokenizer *tok, uint32_t vocab, size_t count, std::string *text = nullptr) {
+  std::vector<int32_t> ids;
+  if (!tok) {
+    for (uint64_t i = 0; i < count; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 11) % std::max<uint32_t>(1, vocab)));
+    return ids;
+  }
+  std::string t;
+  for (size_t bytes = count * 8; ids.size() < count && bytes < (size_t{1} << 28); bytes *= 2) {
+    t = make_text(bytes);
+    ids = tokenize(tok, t);
+  }
+  if (ids.size() < count) fail(Status::internal, "the generated text gives {} tokens, {} are needed", ids.size(), count);
+  if (text) *text = std::move(t);
+  return ids;
+}
+
 std::string shell_quote(const std::string &s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -475,24 +494,16 @@ int cmd_compute(const Args &args) {
   std::string text = args.options.count("prompt-file") ? read_text_file(args.get("prompt-file", "")) : std::string();
   std::vector<int32_t> prompt;
   const bool has_tokenizer = ep_tokenizer_open_model(&h.tok, h.model) == EP_OK;
-  if (has_tokenizer) {
-    if (text.empty()) {
-      for (size_t bytes = static_cast<size_t>(prompt_tokens) * 8; prompt.size() < static_cast<size_t>(prompt_tokens) && bytes < (1u << 26);
-           bytes *= 2) {
-        text = make_text(bytes);
-        prompt = tokenize(h.tok, text);
-      }
-    } else {
-      prompt = tokenize(h.tok, text);
-    }
+  if (has_tokenizer && !text.empty()) {
+    prompt = tokenize(h.tok, text);
     if (prompt.size() < static_cast<size_t>(prompt_tokens))
       fail(Status::invalid_argument, "the prompt text is {} tokens, --prompt-tokens asks for {}", prompt.size(), prompt_tokens);
-    prompt.resize(static_cast<size_t>(prompt_tokens));
   } else {
-    if (!ds4_exe.empty()) fail(Status::invalid_argument, "{}: the model has no tokenizer, and ds4-bench needs a text prompt", model_path);
-    for (int i = 0; i < prompt_tokens; ++i)
-      prompt.push_back(static_cast<int32_t>((static_cast<uint64_t>(i) * 7919 + 11) % std::max<uint32_t>(1, props.vocab_size)));
+    if (!has_tokenizer && !ds4_exe.empty())
+      fail(Status::invalid_argument, "{}: the model has no tokenizer, and ds4-bench needs a text prompt", model_path);
+    prompt = synthetic_tokens(has_tokenizer ? h.tok : nullptr, props.vocab_size, static_cast<size_t>(prompt_tokens), &text);
   }
+  prompt.resize(static_cast<size_t>(prompt_tokens));
   const std::string text_path = work_dir + "/prompt.txt";
   if (has_tokenizer) write_text_file(text_path, text);
 
@@ -511,14 +522,8 @@ int cmd_compute(const Args &args) {
   std::vector<Series> batch_tps(batches.size());
   if (!batches.empty()) {
     const uint32_t most = *std::max_element(batches.begin(), batches.end());
-    std::vector<int32_t> pool;
-    if (has_tokenizer) {
-      for (size_t text_bytes = text.size() * 2 + 64; pool.size() < static_cast<size_t>(prompt_tokens) * (most + 1) && text_bytes < (1u << 28); text_bytes *= 2)
-        pool = tokenize(h.tok, make_text(text_bytes));
-    } else {
-      for (uint64_t i = 0; i < static_cast<uint64_t>(prompt_tokens) * (most + 1); ++i)
-        pool.push_back(static_cast<int32_t>((i * 7919 + 11) % std::max<uint32_t>(1, props.vocab_size)));
-    }
+    const std::vector<int32_t> pool =
+        synthetic_tokens(has_tokenizer ? h.tok : nullptr, props.vocab_size, static_cast<size_t>(prompt_tokens) * most);
     for (size_t bi = 0; bi < batches.size(); ++bi) {
       std::vector<std::vector<int32_t>> prompts;
       for (uint32_t i = 0; i < batches[bi]; ++i)
