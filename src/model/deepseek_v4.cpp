@@ -153,6 +153,10 @@ class Loader : public WeightUploader {
   const CatalogEntry *entry(const std::string &name, std::vector<int64_t> ne) { return cat_.take(name, std::move(ne)); }
 };
 
+/// The compressed entries a token at position @p pos may see on a layer of compression @p ratio:
+/// the windows closed through it. The indexer picks among them once there are more than it keeps.
+int64_t entries_seen(int64_t pos, int64_t ratio) { return (pos + 1) / ratio; }
+
 backend::RopeParams rope_params(const DeepseekV4Config &c, bool compressed, int64_t head_dim, bool inverse) {
   backend::RopeParams p;
   p.n_dims = static_cast<int32_t>(c.rope_dim);
@@ -432,11 +436,11 @@ void DeepseekV4Model::project_attention(int64_t il, const float *x, const Batch 
   mm(L.idx_comp.kv, x, D, n, p.index_kv);
   mm(L.idx_comp.gate, x, D, n, p.index_gate);
   // The indexer's query and head weights, where some token of the pass sees more compressed
-  // entries than the indexer keeps (token t at position P sees (P + 1) / ratio of them).
+  // entries than the indexer keeps (entries_seen).
   const int64_t ratio = c.compress_ratio[static_cast<size_t>(il)];
   bool need_index = false;
   for (const Step &st : b.seqs)
-    for (int64_t t = 0; t < st.n && !need_index; ++t) need_index = (st.pos[t] + 1) / ratio > c.index_topk;
+    for (int64_t t = 0; t < st.n && !need_index; ++t) need_index = entries_seen(st.pos[t], ratio) > c.index_topk;
   if (!need_index) return;
   p.index_q = sc.f32(IH * I * n);
   p.index_w = sc.f32(IH * n);
@@ -477,7 +481,7 @@ void DeepseekV4Model::attention_core(int64_t il, const AttentionProjections &p, 
     const int64_t P = s.pos[t];
     for (int64_t j = 0; j < n_raw; ++j) v[j] = key_pos[static_cast<size_t>(j)] <= P && key_pos[static_cast<size_t>(j)] > P - c.sliding_window;
     if (!n_comp) continue;
-    valid[static_cast<size_t>(t)] = std::min<int64_t>((P + 1) / ratio, n_comp);
+    valid[static_cast<size_t>(t)] = std::min<int64_t>(entries_seen(P, ratio), n_comp);
     if (kind == AttnKind::csa && valid[static_cast<size_t>(t)] > c.index_topk)
       need_index = true;
     else
