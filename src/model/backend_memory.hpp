@@ -72,6 +72,16 @@ class BackendScratch {
   std::vector<char> used_;
 };
 
+/// The rows a growing state buffer (Kimi's MLA keys and values, DeepSeek-V4's compressed
+/// entries) is given room for when it must hold @p needed: the next power of two, at least 16.
+/// A function of the row count alone, so that the bytes a state holds follow from its length
+/// (CausalLm::state_bytes) whatever the sizes of the appends that grew it.
+inline int64_t state_capacity(int64_t needed) {
+  int64_t cap = 16;
+  while (cap < needed) cap *= 2;
+  return cap;
+}
+
 /// Backend memory that copies by value. A default-constructed one is empty (no backend).
 class StateBuffer {
  public:

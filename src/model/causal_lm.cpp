@@ -60,6 +60,7 @@ class ModelLm final : public CausalLm {
       : m_(std::move(m)), info_(std::move(info)), first_(first_expert_layer) {}
   const CausalLmInfo &info() const override { return info_; }
   std::unique_ptr<LmState> new_state() const override { return std::make_unique<StateOf<State>>(m_->new_state()); }
+  uint64_t state_bytes(int64_t tokens) const override { return m_->state_bytes(tokens); }
   backend::Tensor forward(const int32_t *tokens, int64_t n, LmState &state, LogitRows rows) override {
     auto *s = dynamic_cast<StateOf<State> *>(&state);
     if (!s) fail(Status::internal, "{}: forward() with the state of another model", info_.architecture);
@@ -99,6 +100,7 @@ CausalLmInfo info_of(const Config &c, std::string architecture) {
   i.hidden = c.hidden;
   i.n_experts = c.n_experts;
   i.n_experts_used = c.n_experts_used;
+  i.context_length = c.max_positions;
   return i;
 }
 

@@ -48,6 +48,7 @@ struct CausalLmInfo {
   int64_t hidden = 0;
   int64_t n_experts = 0;       ///< routed experts per MoE layer
   int64_t n_experts_used = 0;  ///< routed experts per token
+  int64_t context_length = 0;  ///< positions a sequence may hold, as the source states it; 0 = the source states none
 };
 
 struct CausalLmOptions {
@@ -61,6 +62,10 @@ class CausalLm {
   virtual ~CausalLm() = default;
   virtual const CausalLmInfo &info() const = 0;
   virtual std::unique_ptr<LmState> new_state() const = 0;
+  /// The backend memory a state of this model holding @p tokens tokens holds at most, whatever
+  /// appends made it (the model's growth rule; equal when each token was appended by itself):
+  /// the number the engine's KV budget counts.
+  virtual uint64_t state_bytes(int64_t tokens) const = 0;
   /// Runs @p n tokens at positions state.n_past() ... and appends them to @p state (which must
   /// come from this model's new_state()). Returns the logits @p rows asks for, in backend
   /// memory: f32 [vocab] (LogitRows::last), [vocab, n] (all; row t predicts token t+1) or an

@@ -282,6 +282,29 @@ DeepseekV4State DeepseekV4Model::new_state() const {
   return s;
 }
 
+uint64_t DeepseekV4Model::state_bytes(int64_t tokens) const {
+  const DeepseekV4Config &c = cfg_;
+  if (tokens <= 0) return 0;
+  // What compress() and attention() allocate (ensure(), the entries' growth), in f32.
+  const auto compressor = [&](int64_t m, int64_t d, bool overlap) {
+    const int64_t width = (overlap ? 2 : 1) * d, windows = tokens / m;
+    int64_t floats = m > 1 ? 2 * m * width : 0;  // buf_kv, buf_gate: rows of an unfinished window
+    if (overlap && windows > 0) floats += 2 * m * d;  // overlap_kv, overlap_gate
+    if (windows > 0) floats += state_capacity(windows) * d;
+    return static_cast<uint64_t>(floats) * 4;
+  };
+  uint64_t b = 0;
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    if (c.sliding_window > 1) b += static_cast<uint64_t>((c.sliding_window - 1) * c.head_dim) * 4;
+    const int64_t m = c.compress_ratio[static_cast<size_t>(il)];
+    const AttnKind kind = c.attn_kind[static_cast<size_t>(il)];
+    if (kind == AttnKind::sliding || m <= 0) continue;
+    b += compressor(m, c.head_dim, kind == AttnKind::csa);
+    if (kind == AttnKind::csa) b += compressor(m, c.index_head_dim, true);
+  }
+  return b;
+}
+
 namespace {
 
 /// An f32 / i32 / i8 view of backend memory.
@@ -376,7 +399,7 @@ void DeepseekV4Model::compress(int64_t il, bool indexer, const float *kv_in, con
     be_.pool_windows(dev_f32(dv, pk, {d, slots, n_win}), dev_f32(dv, pg, {d, slots, n_win}), dev_f32(dv, pooled, {d, n_win}));
     // Norm and RoPE at each window's first position, appended to the entries.
     if (st.n_entries + n_win > st.entries_capacity) {
-      const int64_t cap = std::max<int64_t>({st.n_entries + n_win, 2 * st.entries_capacity, 16});
+      const int64_t cap = state_capacity(st.n_entries + n_win);
       StateBuffer grown(be_, static_cast<uint64_t>(cap * d) * 4);
       copy_f32(be_, static_cast<float *>(grown.get()), static_cast<const float *>(st.entries.get()), st.n_entries * d);
       st.entries = std::move(grown);

@@ -75,6 +75,11 @@ class DeepseekV4Model {
 
   const DeepseekV4Config &config() const { return cfg_; }
   DeepseekV4State new_state() const;
+  /// The backend memory a state holding @p tokens tokens holds at most, whatever appends made
+  /// it (equal for one appended token at a time): per layer the K=V window once a token is in,
+  /// and per compressor its pending rows (once a token is in), its CSA overlap (once a window
+  /// closed) and its entries at state_capacity(tokens / ratio) rows.
+  uint64_t state_bytes(int64_t tokens) const;
   /// Runs @p n tokens at positions state.n_past ... and appends them to @p state. Returns the
   /// logits @p rows asks for in backend memory: f32 [vocab] (last), [vocab, n] (all; row t
   /// predicts token t+1) or an empty tensor (none); valid until the next forward() of this model.

@@ -253,6 +253,19 @@ KimiState KimiModel::new_state() const {
   return s;
 }
 
+uint64_t KimiModel::state_bytes(int64_t tokens) const {
+  const KimiConfig &c = cfg_;
+  uint64_t b = 0;
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    if (c.mixer[static_cast<size_t>(il)] == KimiMixer::kda) {
+      b += static_cast<uint64_t>(3 * (c.conv_kernel - 1) * c.kda_inner() + c.kda_heads * c.kda_head_dim * c.kda_head_dim) * 4;
+    } else if (tokens > 0) {
+      b += static_cast<uint64_t>(state_capacity(tokens) * c.n_heads * (c.qk_head_dim() + c.v_head_dim)) * 4;
+    }
+  }
+  return b;
+}
+
 void KimiModel::check_state(const KimiState &state) const {
   const KimiConfig &c = cfg_;
   if (state.model != this || static_cast<int64_t>(state.layers.size()) != c.n_layers)
@@ -352,9 +365,9 @@ void KimiModel::mla(int64_t il, const float *x, int64_t n, std::span<const Mixer
   for (const MixerSeq &s : seqs) {
     KimiLayerState &st = *s.state;
     const int64_t n_past = s.n_past, m = s.n;
-    // the cache grows by doubling; a copy keeps the rows so far
+    // the cache grows to the next power of two (state_capacity); a copy keeps the rows so far
     if (n_past + m > st.capacity) {
-      const int64_t cap = std::max<int64_t>({n_past + m, 2 * st.capacity, 16});
+      const int64_t cap = state_capacity(n_past + m);
       StateBuffer keys(be_, static_cast<uint64_t>(cap * H * QK) * 4), values(be_, static_cast<uint64_t>(cap * H * VH) * 4);
       if (n_past > 0) {
         be_.copy(dev_f32(dv, st.keys.f32(), {n_past * H * QK}), dev_f32(dv, keys.f32(), {n_past * H * QK}));

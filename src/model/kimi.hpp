@@ -70,6 +70,10 @@ class KimiModel {
 
   const KimiConfig &config() const { return cfg_; }
   KimiState new_state() const;
+  /// The backend memory a state holding @p tokens tokens holds: the KDA layers' convolution
+  /// and recurrent state from the start (fixed), the MLA layers' f32 keys and values at
+  /// state_capacity(tokens) rows once a token is in.
+  uint64_t state_bytes(int64_t tokens) const;
   /// Runs @p n tokens at positions state.n_past ... and appends them to @p state. Returns the
   /// logits @p rows asks for in backend memory: f32 [vocab] (last), [vocab, n] (all; row t
   /// predicts token t+1) or an empty tensor (none); valid until the next forward() of this model.
