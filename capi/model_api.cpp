@@ -237,7 +237,26 @@ EP_API ep_status ep_model_info(ep_model_properties *out_properties, const ep_mod
     p.weight_bytes = e.weight_bytes();
     p.device = e.device() == ep::backend::Device::cuda ? EP_DEVICE_CUDA : EP_DEVICE_CPU;
     p.device_index = e.device_index();
+    p.context_length = static_cast<uint64_t>(std::max<int64_t>(e.context_length(), 0));
+    p.kv_budget_bytes = e.kv_budget_bytes();
     std::memcpy(out_properties, &p, std::min(out_properties->struct_size, sizeof(p)));
+  });
+}
+
+EP_API ep_status ep_model_state_bytes(uint64_t *out_bytes, const ep_model *model, uint64_t tokens) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_bytes, fn, "out_bytes");
+    ep::capi::require_arg(model, fn, "model");
+    if (tokens > (uint64_t{1} << 40)) ep::fail(ep::Status::invalid_argument, "{}: tokens {} (expected at most 2^40)", fn, tokens);
+    *out_bytes = model->engine->session_bytes(static_cast<int64_t>(tokens));
+  });
+}
+
+EP_API ep_status ep_model_kv_in_use(uint64_t *out_bytes, const ep_model *model) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_bytes, fn, "out_bytes");
+    ep::capi::require_arg(model, fn, "model");
+    *out_bytes = model->engine->kv_in_use_bytes();
   });
 }
 

@@ -73,7 +73,7 @@ typedef struct ep_model_options {
   int32_t device_index;        /**< CUDA device ordinal. Default: 0. */
   uint64_t cache_budget_bytes; /**< Expert cache budget in bytes (whole slots of the largest expert; at least top_k of them,
                                     else #EP_ERR_BUDGET); 0 = room for every expert, at most half the physical memory (CUDA: the free GPU memory less
-                                    2 GiB). Default: 0. */
+                                    2 GiB and an explicit kv_budget_bytes). Default: 0. */
   uint32_t staging_slots;      /**< Staging slots for expert reads; 0 = automatic. Default: 0. */
   uint32_t queue_depth;        /**< I/O queue depth; 0 = automatic. Default: 0. */
   uint32_t read_splits;        /**< Reads each expert object in this many parts; 0 = automatic. Default: 0. */
@@ -119,6 +119,14 @@ typedef struct ep_model_options {
                                     With an Expert Pack as @c path, or with @c resident_experts:
                                     #EP_ERR_INVALID_ARGUMENT. ep_model_pack_path() gives the index. 0 = the pack.
                                     Default: 0. */
+  uint64_t kv_budget_bytes;    /**< Bytes the decode state of all the model's sessions may take together (forks and
+                                    kept copies included): each session counts ep_model_state_bytes() at its length.
+                                    An append, open or fork that would exceed it fails with #EP_ERR_BUDGET and changes
+                                    nothing. 0 = automatic: on CUDA the free GPU memory once the weights and the expert
+                                    cache are in, less 1 GiB for activations (an explicit budget is also kept free by a
+                                    cache of every expert); on the CPU a quarter of the physical memory. Less than one
+                                    session of one token: #EP_ERR_BUDGET at open. ep_model_info() gives the budget in
+                                    effect. Default: 0. */
 } ep_model_options;
 
 /**
@@ -182,6 +190,9 @@ typedef struct ep_model_properties {
   uint64_t weight_bytes;       /**< Bytes of weights held by the compute device. */
   ep_device_kind device;       /**< Where the model runs: #EP_DEVICE_CPU or #EP_DEVICE_CUDA (what #EP_DEVICE_AUTO chose). */
   int32_t device_index;        /**< The CUDA device's ordinal with #EP_DEVICE_CUDA; -1 on the CPU. */
+  uint64_t context_length;     /**< Tokens one session may hold, as the model's file states it (an append past it
+                                    fails with #EP_ERR_INVALID_ARGUMENT); 0 = the file states none. */
+  uint64_t kv_budget_bytes;    /**< The KV budget in effect (ep_model_options::kv_budget_bytes, or what 0 resolved to). */
 } ep_model_properties;
 
 /**
@@ -199,10 +210,32 @@ EP_API void ep_model_properties_init(ep_model_properties *properties);
 EP_API ep_status ep_model_info(ep_model_properties *out_properties, const ep_model *model);
 
 /**
+ * @brief The bytes one session holding @p tokens tokens counts against the model's KV budget:
+ *        its decode state at that length (DeepSeek-V4: the K=V window, the compressors' and the
+ *        indexer's entries; Kimi: the MLA layers' f32 keys and values, the KDA layers' recurrent
+ *        state) and its last row of logits. The state never holds more, whatever appends made it.
+ * @param[out] out_bytes The bytes.
+ * @param model  Open model.
+ * @param tokens Tokens the session holds (0: an empty session).
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, @p tokens above 2^40).
+ */
+EP_API ep_status ep_model_state_bytes(uint64_t *out_bytes, const ep_model *model, uint64_t tokens);
+
+/**
+ * @brief The bytes the model's open sessions (forks and kept copies included) count against
+ *        its KV budget now: the sum of ep_model_state_bytes() at each one's length.
+ * @param[out] out_bytes The bytes.
+ * @param model Open model.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument).
+ */
+EP_API ep_status ep_model_kv_in_use(uint64_t *out_bytes, const ep_model *model);
+
+/**
  * @brief Starts an empty sequence on a model.
  * @param[out] out_session Receives the handle on success, NULL on failure.
  * @param model Open model; it must outlive the session.
- * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument); #EP_ERR_OUT_OF_MEMORY.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument); #EP_ERR_BUDGET (the KV budget has no
+ *         room for an empty session's state); #EP_ERR_OUT_OF_MEMORY.
  */
 EP_API ep_status ep_session_open(ep_session **out_session, ep_model *model);
 
@@ -356,8 +389,11 @@ EP_API ep_status ep_score(ep_session *session, const int32_t *tokens, size_t n_t
  * @param n_tokens   Per session, how many (>= 1).
  * @param n_sessions Number of sessions (>= 1).
  * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, zero counts, a session twice or of
- *         another model, token id outside the vocabulary). After any other error every session
- *         of the call must be reset.
+ *         another model, token id outside the vocabulary, a session taken past the model's
+ *         context length: the message names the limit and the lengths); #EP_ERR_BUDGET (the
+ *         sessions' state would outgrow the KV budget: the message names the budget, what the
+ *         call needs and what is in use). These leave every session as it was; after any other
+ *         error every session of the call must be reset.
  */
 EP_API ep_status ep_sessions_append(ep_session *const *sessions, const int32_t *const *tokens, const size_t *n_tokens,
                                     size_t n_sessions);
@@ -425,7 +461,8 @@ EP_API ep_status ep_session_sample_logprobs(ep_token_logprobs *out_logprobs, ep_
  *        without running the prompt again.
  * @param[out] out_session The copy; the caller owns it (ep_session_close()).
  * @param session Open session.
- * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument); #EP_ERR_OUT_OF_MEMORY.
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument); #EP_ERR_BUDGET (the copy does not fit
+ *         the KV budget); #EP_ERR_OUT_OF_MEMORY.
  */
 EP_API ep_status ep_session_fork(ep_session **out_session, const ep_session *session);
 

@@ -6,6 +6,11 @@
 #include "engine/pack_resolution.hpp"
 #include "experts/packed_experts.hpp"
 #include "store/stats.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
 #ifdef EP_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"
 #include "gpu/device.hpp"
@@ -41,6 +46,41 @@ bool choose_cuda(DeviceChoice choice, int32_t index, const std::string &arch, co
   if (count == 0) fail(Status::no_device, "EP_DEVICE_CUDA: no CUDA device ({})", why);
   if (index >= count) fail(Status::no_device, "EP_DEVICE_CUDA: device {} of {}", index, count);
   return true;
+}
+
+/// "1.5 MiB" for messages.
+std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0); }
+
+/// ModelOptions::kv_budget_bytes of 0 on the engine's device, after the weights and the expert
+/// cache took their memory.
+uint64_t automatic_kv_budget(int32_t cuda_device) {
+#ifdef EP_HAVE_CUDA
+  if (cuda_device >= 0) {
+    const uint64_t free = gpu::free_memory_bytes(cuda_device);
+    return free > kKvActivationReserveBytes ? free - kKvActivationReserveBytes : 0;
+  }
+#else
+  (void)cuda_device;
+#endif
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) fail_errno(errno, "sysconf(_SC_PHYS_PAGES) for the automatic KV budget");
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4;
+}
+
+/// Resolves the KV budget once the model's memory is taken, and says what it is and why.
+void set_kv_budget(Engine &e, uint64_t requested, uint64_t &budget) {
+  budget = requested ? requested : automatic_kv_budget(e.device_index());
+  const uint64_t one = e.session_bytes(1);
+  log::info("{}: KV budget {} ({}; a session takes {} at 1 token, {} at {} tokens){}", e.source_path(), mib(budget),
+            requested ? "kv_budget_bytes"
+            : e.device() == backend::Device::cuda ? "automatic: the free GPU memory less 1 GiB for activations"
+                                                  : "automatic: a quarter of the physical memory",
+            mib(one), mib(e.session_bytes(e.context_length() > 0 ? e.context_length() : 4096)),
+            e.context_length() > 0 ? e.context_length() : 4096,
+            e.context_length() > 0 ? "" : "; the model states no context length: only the budget limits a session");
+  if (budget < one)
+    fail(Status::budget, "{}: the KV budget of {} bytes ({}) cannot hold one session of one token ({} bytes){}", e.source_path(),
+         budget, mib(budget), one, requested ? "" : ": the weights and the expert cache left too little memory (lower cache_budget_bytes)");
 }
 
 }  // namespace
@@ -94,6 +134,7 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const ModelOptions
   if (options.resident_experts) {
     e->lm_ = model::open_causal_lm(source, *e->backend_);
     e->source_path_ = source;
+    set_kv_budget(*e, options.kv_budget_bytes, e->kv_budget_bytes_);
     return e;
   }
   if (!given_pack) rm = resolve_model(path, place);
@@ -105,12 +146,40 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const ModelOptions
   po.cuda_device = e->device_index_;
   po.cuda_stream = cuda_stream;
   po.first_layer = e->lm_->first_expert_layer();
+  // A cache of every expert leaves an explicit KV budget free too.
+  po.cuda_reserve_bytes += options.kv_budget_bytes;
   auto packed = std::make_unique<experts::PackedExperts>(rm.pack, e->lm_->expert_shapes(), e->lm_->info().n_experts_used, po);
   e->packed_ = packed.get();
   e->lm_->set_experts(std::move(packed));
   e->pack_path_ = rm.pack;
   e->source_path_ = rm.source;
+  set_kv_budget(*e, options.kv_budget_bytes, e->kv_budget_bytes_);
   return e;
+}
+
+uint64_t Engine::session_bytes(int64_t tokens) const {
+  return lm_->state_bytes(tokens) + static_cast<uint64_t>(lm_->info().vocab) * sizeof(float);
+}
+
+uint64_t Engine::kv_in_use_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return kv_in_use_bytes_;
+}
+
+void Engine::kv_check(uint64_t release_bytes, uint64_t take_bytes, const std::string &what) const {
+  if (take_bytes <= release_bytes) return;
+  const uint64_t others = kv_in_use_bytes_ - release_bytes;
+  if (others + take_bytes <= kv_budget_bytes_) return;
+  fail(Status::budget,
+       "{} needs {} bytes ({}) of session state; the KV budget is {} bytes ({}) and {} bytes ({}) of it are held by {} "
+       "sessions{}: close sessions or raise kv_budget_bytes (--kv-mib)",
+       what, take_bytes, mib(take_bytes), kv_budget_bytes_, mib(kv_budget_bytes_), kv_in_use_bytes_, mib(kv_in_use_bytes_),
+       kv_sessions_, release_bytes ? fmt::format(" ({} of them by the sessions this call grows)", release_bytes) : "");
+}
+
+void Engine::kv_apply(uint64_t release_bytes, uint64_t take_bytes, int64_t sessions) {
+  kv_in_use_bytes_ = kv_in_use_bytes_ - release_bytes + take_bytes;
+  kv_sessions_ += sessions;
 }
 
 Engine::~Engine() = default;

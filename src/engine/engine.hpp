@@ -54,6 +54,24 @@ class Engine {
   /// measures the streamed path) and with prefetch (its hints predict the router's picks).
   void set_route_override(std::shared_ptr<experts::RouteOverride> route);
 
+  /// Positions one session may hold (the model's context length); 0 when the source states none
+  /// (then only the KV budget limits a session).
+  int64_t context_length() const { return lm_->info().context_length; }
+  /// Bytes all sessions' decode state may take together (ModelOptions::kv_budget_bytes, or the
+  /// automatic budget it resolved to at open).
+  uint64_t kv_budget_bytes() const { return kv_budget_bytes_; }
+  /// Bytes one session holding @p tokens tokens counts against the budget: the model's state at
+  /// that length (CausalLm::state_bytes) and the session's last row of logits.
+  uint64_t session_bytes(int64_t tokens) const;
+  /// Bytes the open sessions (forks and kept snapshots included) count now.
+  uint64_t kv_in_use_bytes() const;
+  /// With mutex() held: throws Status::budget, naming the budget, what is in use and @p what,
+  /// unless sessions counting @p release_bytes now may count @p take_bytes instead.
+  void kv_check(uint64_t release_bytes, uint64_t take_bytes, const std::string &what) const;
+  /// With mutex() held: sessions counting @p release_bytes now count @p take_bytes; @p sessions
+  /// more (or fewer) are open.
+  void kv_apply(uint64_t release_bytes, uint64_t take_bytes, int64_t sessions = 0);
+
   /// What sessions run on; every call on them holds mutex().
   model::CausalLm &lm() { return *lm_; }
   backend::Backend &backend() { return *backend_; }
@@ -66,6 +84,9 @@ class Engine {
   experts::PackedExperts *packed_ = nullptr;  // owned by lm_; null with resident experts
   std::string pack_path_, source_path_;
   int32_t device_index_ = -1;
+  uint64_t kv_budget_bytes_ = 0;
+  uint64_t kv_in_use_bytes_ = 0;  // guarded by mutex_
+  int64_t kv_sessions_ = 0;       // guarded by mutex_
   mutable std::mutex mutex_;
 };
 

@@ -35,8 +35,15 @@ struct ModelOptions {
   /// pack_resolution.hpp); not with resident_experts, nor with a pack as the path.
   bool no_pack = false;
   store::StoreSettings store;     ///< the expert cache, the host tier and the reads
+  /// Bytes the sessions' decode state (KV, compressor, recurrent state and last logits) may take
+  /// together; 0 = automatic: on CUDA the free GPU memory after the weights and the expert
+  /// cache less kKvActivationReserveBytes, on the CPU a quarter of the physical memory.
+  uint64_t kv_budget_bytes = 0;
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;  ///< while a pack is built
 };
+
+/// Left free on the GPU by the automatic KV budget, for activations and scratch.
+inline constexpr uint64_t kKvActivationReserveBytes = uint64_t{1} << 30;
 
 /// The fields that cross the C API by value: X(ep_model_options field, ModelOptions member).
 /// The C API converts each both ways by its types (a 0/1 int32_t flag to bool, a string to
@@ -58,7 +65,8 @@ struct ModelOptions {
   X(overlap_reads, store.overlap_reads)                                                             \
   X(prefetch, store.prefetch)                                                                       \
   X(cache_policy, store.cache_policy)                                                               \
-  X(no_pack, no_pack)
+  X(no_pack, no_pack)                                                                               \
+  X(kv_budget_bytes, kv_budget_bytes)
 
 /// Throws ep::Error(Status::invalid_argument) naming the field (its C name), the value and what
 /// it takes, for any value out of range or any two options that exclude each other.

@@ -3,6 +3,8 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 
+#include <fmt/format.h>
+
 #include <mutex>
 
 namespace ep::engine {
@@ -12,14 +14,21 @@ using backend::Tensor;
 
 Session::Session(Engine &engine) : engine_(engine) {
   std::lock_guard<std::mutex> lock(engine_.mutex());
+  const uint64_t bytes = engine_.session_bytes(0);
+  engine_.kv_check(0, bytes, "a new session");
   state_ = engine_.lm().new_state();
   logits_ = engine_.backend().allocate(static_cast<uint64_t>(engine_.info().vocab) * sizeof(float));
+  engine_.kv_apply(0, bytes, 1);
+  kv_bytes_ = bytes;
 }
 
 void Session::copy_state_from(const Session &other) {
   std::lock_guard<std::mutex> lock(engine_.mutex());
   backend::Backend &be = engine_.backend();
+  engine_.kv_check(kv_bytes_, other.kv_bytes_, fmt::format("a copy of a session of {} tokens", other.tokens_.size()));
   state_ = other.state_->clone();
+  engine_.kv_apply(kv_bytes_, other.kv_bytes_);
+  kv_bytes_ = other.kv_bytes_;
   const int64_t vocab = engine_.info().vocab;
   be.copy(Tensor::make(other.logits_, GgmlType::f32, be.device(), {vocab}), Tensor::make(logits_, GgmlType::f32, be.device(), {vocab}));
   tokens_ = other.tokens_;
@@ -47,6 +56,7 @@ Session::~Session() {
   std::lock_guard<std::mutex> lock(engine_.mutex());  // the state holds backend memory
   state_.reset();
   engine_.backend().deallocate(logits_);
+  engine_.kv_apply(kv_bytes_, 0, -1);
 }
 
 int64_t Session::length() const { return state_->n_past(); }
@@ -61,8 +71,18 @@ void Session::reset() {
   snapshot_.reset();
   std::lock_guard<std::mutex> lock(engine_.mutex());
   state_ = engine_.lm().new_state();
+  const uint64_t bytes = engine_.session_bytes(0);
+  engine_.kv_apply(kv_bytes_, bytes);
+  kv_bytes_ = bytes;
   tokens_.clear();
   sample_counter_ = 0;
+}
+
+void Session::check_context(int64_t n, const char *what) const {
+  const int64_t limit = engine_.context_length(), held = length();
+  if (limit > 0 && held + n > limit)
+    fail(Status::invalid_argument, "{}: {} tokens after the {} the session holds make {}, over the model's context length of {} tokens",
+         what, n, held, held + n, limit);
 }
 
 void Session::check_tokens(std::span<const int32_t> tokens, const char *what) const {
@@ -78,7 +98,12 @@ void Session::run(std::span<const int32_t> tokens, model::LogitRows rows, std::v
   {
     std::lock_guard<std::mutex> lock(engine_.mutex());
     backend::Backend &be = engine_.backend();
+    check_context(n, "tokens");
+    const uint64_t bytes = engine_.session_bytes(length() + n);
+    engine_.kv_check(kv_bytes_, bytes, fmt::format("{} tokens after the {} the session holds", n, length()));
     const Tensor out = engine_.lm().forward(tokens.data(), n, *state_, rows);
+    engine_.kv_apply(kv_bytes_, bytes);
+    kv_bytes_ = bytes;
     // The last row stays on the device for the sampler; a device copy, ordered on the stream.
     const auto *last = out.as<float>() + (rows == model::LogitRows::all ? (n - 1) * vocab : 0);
     be.copy(Tensor::make(last, GgmlType::f32, be.device(), {vocab}), Tensor::make(logits_, GgmlType::f32, be.device(), {vocab}));
@@ -150,7 +175,24 @@ void append_batch(std::span<Session *const> sessions, std::span<const std::span<
     std::lock_guard<std::mutex> lock(engine.mutex());
     backend::Backend &be = engine.backend();
     const int64_t vocab = engine.info().vocab;
+    // The limits before anything runs, so that a refused call leaves every session as it was.
+    std::vector<uint64_t> bytes(sessions.size());
+    uint64_t release = 0, take = 0;
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(tokens[i].size());
+      sessions[i]->check_context(n, fmt::format("tokens[{}]", i).c_str());
+      bytes[i] = engine.session_bytes(sessions[i]->length() + n);
+      release += sessions[i]->kv_bytes_;
+      take += bytes[i];
+    }
+    engine.kv_check(release, take,
+                    sessions.size() == 1 ? fmt::format("{} tokens after the {} the session holds", tokens[0].size(), sessions[0]->length())
+                                         : fmt::format("{} tokens for {} sessions", all.size(), sessions.size()));
     const Tensor out = engine.lm().forward_batch(all, offsets, states, model::LogitRows::last);
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      engine.kv_apply(sessions[i]->kv_bytes_, bytes[i]);
+      sessions[i]->kv_bytes_ = bytes[i];
+    }
     for (size_t i = 0; i < sessions.size(); ++i)
       be.copy(Tensor::make(out.as<float>() + static_cast<int64_t>(i) * vocab, GgmlType::f32, be.device(), {vocab}),
               Tensor::make(sessions[i]->logits_, GgmlType::f32, be.device(), {vocab}));

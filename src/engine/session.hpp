@@ -20,17 +20,20 @@ class Session;
 
 /// Appends @p tokens[i] to @p sessions[i] (distinct sessions of one engine, every list non-empty)
 /// in one forward pass; each keeps its last row of logits. Status::invalid_argument for a
-/// session given twice, sessions of different engines, empty lists or tokens outside the
-/// vocabulary (checked before anything runs). After another error every session must be reset.
+/// session given twice, sessions of different engines, empty lists, tokens outside the
+/// vocabulary or a session taken past the model's context length; Status::budget when the
+/// sessions' state would outgrow the engine's KV budget (all checked before anything runs:
+/// the sessions stay as they were). After another error every session must be reset.
 void append_batch(std::span<Session *const> sessions, std::span<const std::span<const int32_t>> tokens);
 
 class Session {
  public:
+  /// An empty session. Status::budget when the engine's KV budget has no room for its state at 0 tokens.
   explicit Session(Engine &engine);
   ~Session();
   /// A new session holding a copy of this one: its state (copied in backend memory), tokens,
   /// last logits and draw counter (not its kept snapshot). Appending to either leaves the other
-  /// as it is.
+  /// as it is. Status::budget when the copy does not fit the engine's KV budget.
   std::unique_ptr<Session> fork() const;
   /// Keeps a copy of this session as it is now (replacing an earlier one; it costs a second copy
   /// of the state): a later chat turn whose rendering parts from the session after these tokens
@@ -65,8 +68,13 @@ class Session {
   /// Checks that every token is inside the vocabulary (Status::invalid_argument naming @p what
   /// and the index).
   void check_tokens(std::span<const int32_t> tokens, const char *what) const;
+  /// Throws Status::invalid_argument, naming @p what, the limit and the lengths, when @p n more
+  /// tokens would take the session past the model's context length.
+  void check_context(int64_t n, const char *what) const;
   /// Runs @p tokens (at least one) through the model; keeps the last row of logits in backend
-  /// memory. After an exception the session must be reset.
+  /// memory. The context length and the KV budget are checked first (as append_batch() does:
+  /// a refused call leaves the session as it was); after another exception the session must be
+  /// reset.
   void append(std::span<const int32_t> tokens);
   /// append() that also returns every row's logits in host memory (n × vocab; row t predicts
   /// token t + 1): ep_score().
@@ -86,6 +94,7 @@ class Session {
   Engine &engine_;
   std::unique_ptr<model::LmState> state_;
   void *logits_ = nullptr;  // [vocab] f32 in backend memory
+  uint64_t kv_bytes_ = 0;   // what this session counts against the engine's KV budget (Engine::session_bytes)
   std::vector<int32_t> tokens_;
   uint64_t sample_counter_ = 0;
   std::unique_ptr<Session> snapshot_;

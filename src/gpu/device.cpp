@@ -40,6 +40,13 @@ int device_count(std::string *why) {
   return count;
 }
 
+uint64_t free_memory_bytes(int index) {
+  size_t free = 0, total = 0;
+  EP_CUDA_CHECK(cudaSetDevice(index));
+  EP_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
 std::string describe_device(int index) {
   cudaDeviceProp prop{};
   EP_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));

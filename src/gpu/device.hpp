@@ -1,12 +1,16 @@
 // Device discovery. Safe to call without a driver: reports 0 devices and why.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace ep::gpu {
 
 /// Number of usable CUDA devices; 0 without a driver or device, with the reason in @p why.
 int device_count(std::string *why);
+
+/// Free memory of device @p index now (cudaMemGetInfo), in bytes.
+uint64_t free_memory_bytes(int index);
 
 /// One line describing device @p index (name, compute capability, memory, SMs).
 std::string describe_device(int index);
