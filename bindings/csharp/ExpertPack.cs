@@ -111,6 +111,7 @@ namespace ExpertPack
         public int overlap_reads, prefetch;
         public IntPtr cache_policy;
         public int no_pack;  // appended after 0.2.0
+        public ulong kv_budget_bytes;  // appended after 0.3.0
     }
 
     [StructLayout(LayoutKind.Sequential)]
@@ -566,6 +567,10 @@ namespace ExpertPack
         /// small source index in PackDir, instead of an Expert Pack (not with a pack as the path,
         /// nor with ResidentExperts).</summary>
         public bool NoPack;
+        /// <summary>Bytes all sessions' decode state may take together; an append, open or fork past it
+        /// fails with Status.Budget and changes nothing. 0: automatic (the free GPU memory after the
+        /// weights and the expert cache less 1 GiB; on the CPU a quarter of the physical memory).</summary>
+        public ulong KvBudgetBytes;
     }
 
     public sealed class ModelInfo
@@ -612,9 +617,15 @@ namespace ExpertPack
             }
             if (options.NoPack)
             {
-                if (librarySize < Marshal.SizeOf(typeof(ModelOptionsRaw)))
+                if (librarySize < (long)Marshal.OffsetOf(typeof(ModelOptionsRaw), "no_pack") + sizeof(int))
                     throw new ExpertPackException("ep_model_open", Status.Unsupported, "NoPack needs a newer libexpertpack");
                 o.no_pack = 1;
+            }
+            if (options.KvBudgetBytes != 0)
+            {
+                if (librarySize < Marshal.SizeOf(typeof(ModelOptionsRaw)))
+                    throw new ExpertPackException("ep_model_open", Status.Unsupported, "KvBudgetBytes needs a newer libexpertpack");
+                o.kv_budget_bytes = options.KvBudgetBytes;
             }
             IntPtr cachePolicy = options.CachePolicy == null ? IntPtr.Zero : Native.AllocCString(options.CachePolicy);
             IntPtr packDir = options.PackDir == null ? IntPtr.Zero : Native.AllocCString(options.PackDir);

@@ -375,6 +375,9 @@ type ModelOptions struct {
 	// index in PackDir, instead of an Expert Pack (not with a pack as the path, nor with
 	// ResidentExperts).
 	NoPack bool
+	// KVBudgetBytes is what all sessions' decode state may take together (0: automatic: the free
+	// GPU memory after the weights and the expert cache less 1 GiB, on the CPU a quarter of RAM).
+	KVBudgetBytes uint64
 	// Progress, if set, is called while a pack (or a source index) is built.
 	Progress func(doneBytes, totalBytes uint64)
 }
@@ -388,7 +391,7 @@ func DefaultModelOptions() ModelOptions {
 		StagingSlots: uint32(o.staging_slots), QueueDepth: uint32(o.queue_depth), ReadSplits: uint32(o.read_splits),
 		DirectIO: int32(o.direct_io), PackBuild: o.pack_build != 0, ResidentExperts: o.resident_experts != 0,
 		CPUThreads: int32(o.cpu_threads), HostCacheBytes: uint64(o.host_cache_bytes), OverlapReads: o.overlap_reads != 0,
-		Prefetch: o.prefetch != 0, NoPack: o.no_pack != 0,
+		Prefetch: o.prefetch != 0, NoPack: o.no_pack != 0, KVBudgetBytes: uint64(o.kv_budget_bytes),
 	}
 }
 
@@ -464,6 +467,7 @@ func OpenModel(path string, opts *ModelOptions) (*Model, error) {
 	o.overlap_reads = b2i(opts.OverlapReads)
 	o.prefetch = b2i(opts.Prefetch)
 	o.no_pack = b2i(opts.NoPack)
+	o.kv_budget_bytes = C.uint64_t(opts.KVBudgetBytes)
 	if opts.CachePolicy != "" {
 		o.cache_policy = C.CString(opts.CachePolicy)
 		defer C.free(unsafe.Pointer(o.cache_policy))

@@ -159,7 +159,9 @@ class _ModelOptions(Structure):
                 ("cpu_threads", c_int32), ("host_cache_bytes", c_uint64), ("overlap_reads", c_int32),
                 ("prefetch", c_int32), ("cache_policy", c_char_p),
                 # appended after 0.2.0:
-                ("no_pack", c_int32)]
+                ("no_pack", c_int32),
+                # appended after 0.3.0:
+                ("kv_budget_bytes", c_uint64)]
 
 
 class _ModelProperties(Structure):
@@ -167,7 +169,9 @@ class _ModelProperties(Structure):
                 ("num_layers", c_uint32), ("hidden_size", c_uint32), ("num_experts", c_uint32),
                 ("experts_per_token", c_uint32), ("weight_bytes", c_uint64),
                 # appended after the first version:
-                ("device", c_int32), ("device_index", c_int32)]
+                ("device", c_int32), ("device_index", c_int32),
+                # appended after 0.3.0:
+                ("context_length", c_uint64), ("kv_budget_bytes", c_uint64)]
 
 
 class _GenerateOptions(Structure):
@@ -564,6 +568,10 @@ class ModelInfo:
     """Where the model runs: "cpu" or "cuda" (what "auto" chose); None with a library older than the field."""
     device_index: Optional[int] = None
     """The CUDA device's ordinal, -1 on the CPU; None with an older library."""
+    context_length: Optional[int] = None
+    """Tokens one session may hold (0: the file states none); None with an older library."""
+    kv_budget_bytes: Optional[int] = None
+    """The KV budget in effect; None with an older library."""
 
 
 class StopReason(enum.IntEnum):
@@ -714,7 +722,8 @@ class Model(_Handle):
     prefetch (None: the library's default, off), cache_policy ("decay", "decay-bypass", "lru", "sglang-lfu";
     None: "decay"), no_pack (read the routed experts from the source files themselves through a small
     source index in pack_dir instead of an Expert Pack; not with a pack as ``path`` nor with
-    resident_experts) and progress (``callable(done_bytes, total_bytes)``). An option the loaded library is
+    resident_experts), kv_budget_bytes (what all sessions' decode state may take together; 0: automatic)
+    and progress (``callable(done_bytes, total_bytes)``). An option the loaded library is
     too old for raises :class:`UnsupportedError` unless it has its default value."""
     _close_fn = staticmethod(_ep_model_close)
 
@@ -722,7 +731,7 @@ class Model(_Handle):
                  staging_slots: int = 0, queue_depth: int = 0, read_splits: int = 0, direct_io: Optional[bool] = None,
                  pack_dir=None, pack_build: Optional[bool] = None, resident_experts: bool = False, cpu_threads: int = 0,
                  host_cache_bytes: int = 0, overlap_reads: Optional[bool] = None, prefetch: Optional[bool] = None,
-                 cache_policy: Optional[str] = None, no_pack: bool = False,
+                 cache_policy: Optional[str] = None, no_pack: bool = False, kv_budget_bytes: int = 0,
                  progress: Optional[Callable[[int, int], None]] = None):
         super().__init__()
         self._sessions = weakref.WeakSet()
@@ -743,7 +752,8 @@ class Model(_Handle):
         appended = {"cpu_threads": (cpu_threads, 0), "host_cache_bytes": (host_cache_bytes, 0),
                     "overlap_reads": (None if overlap_reads is None else int(bool(overlap_reads)), None),
                     "prefetch": (None if prefetch is None else int(bool(prefetch)), None),
-                    "cache_policy": (policy_b, None), "no_pack": (int(bool(no_pack)), 0)}
+                    "cache_policy": (policy_b, None), "no_pack": (int(bool(no_pack)), 0),
+                    "kv_budget_bytes": (kv_budget_bytes, 0)}
         for name, (value, default) in appended.items():
             if value == default:
                 continue  # the library's default stays
@@ -779,6 +789,9 @@ class Model(_Handle):
         if _fits(p, "device_index"):
             info.device = {1: "cpu", 2: "cuda"}.get(p.device, str(p.device))
             info.device_index = p.device_index
+        if _fits(p, "kv_budget_bytes"):
+            info.context_length = p.context_length
+            info.kv_budget_bytes = p.kv_budget_bytes
         return info
 
     def store_stats(self) -> StoreStats:

@@ -182,11 +182,17 @@ pub struct ep_model_options {
     pub cache_policy: *const c_char,
     // Appended after 0.2.0 (see EP_MODEL_OPTIONS_V2_SIZE):
     pub no_pack: i32,
+    // Appended after 0.3.0 (see EP_MODEL_OPTIONS_V3_SIZE):
+    pub kv_budget_bytes: u64,
 }
 
 /// The size of `ep_model_options` in 0.2.0 (up to `cache_policy`): what a library from before
 /// `no_pack` accepts.
 pub const EP_MODEL_OPTIONS_V2_SIZE: usize = 104;
+
+/// The size of `ep_model_options` in 0.3.0 (up to `no_pack`, padded): what a library from before
+/// `kv_budget_bytes` accepts.
+pub const EP_MODEL_OPTIONS_V3_SIZE: usize = 112;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -311,7 +317,8 @@ mod layout {
         assert_eq!(size_of::<ep_store_stats>(), 176);
         assert_eq!(offset_of!(ep_store_stats, host_hits), EP_STORE_STATS_V1_SIZE);
         assert_eq!(offset_of!(ep_store_stats, prefetch_used), 168);
-        assert_eq!(size_of::<ep_model_options>(), 112);
+        assert_eq!(size_of::<ep_model_options>(), 120);
+        assert_eq!(offset_of!(ep_model_options, kv_budget_bytes), EP_MODEL_OPTIONS_V3_SIZE);
         assert_eq!(offset_of!(ep_model_options, no_pack), EP_MODEL_OPTIONS_V2_SIZE);
         assert_eq!(offset_of!(ep_model_options, pack_dir), 40);
         assert_eq!(offset_of!(ep_model_options, progress), 56);

@@ -526,6 +526,10 @@ pub struct ModelOptions {
     /// `pack_dir`, instead of an Expert Pack (not with a pack as the path, nor with
     /// `resident_experts`).
     pub no_pack: bool,
+    /// Bytes all sessions' decode state may take together; an append, open or fork past it fails
+    /// with [`Status::Budget`] and changes nothing. 0: automatic (the free GPU memory after the
+    /// weights and the expert cache less 1 GiB; on the CPU a quarter of the physical memory).
+    pub kv_budget_bytes: u64,
 }
 
 /// What a model is (`ep_model_properties`).
@@ -631,11 +635,19 @@ impl Model {
             o.cache_policy = policy.as_ref().map_or(ptr::null(), |p| p.as_ptr());
         }
         if options.no_pack {
-            if o.struct_size < std::mem::size_of::<sys::ep_model_options>() {
+            if o.struct_size < sys::EP_MODEL_OPTIONS_V3_SIZE {
                 return Err(Error::new(Status::Unsupported, format!(
                     "model options: no_pack needs a newer libexpertpack (its ep_model_options has {} bytes)", o.struct_size)));
             }
             o.no_pack = 1;
+        }
+        if options.kv_budget_bytes != 0 {
+            if o.struct_size < std::mem::size_of::<sys::ep_model_options>() {
+                return Err(Error::new(Status::Unsupported, format!(
+                    "model options: kv_budget_bytes needs a newer libexpertpack (its ep_model_options has {} bytes)",
+                    o.struct_size)));
+            }
+            o.kv_budget_bytes = options.kv_budget_bytes;
         }
         let mut state = progress.map(|f| ProgressState { f, panic: None });
         if let Some(st) = state.as_mut() {
