@@ -310,6 +310,7 @@ struct Streamer {
 
 /// Runs a parsed request: queues it and answers, streamed or whole.
 void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Response &res, ParsedRequest c, bool chat) {
+  ctx.scheduler->kv().check(c.job, chat ? "messages" : "prompt");  // never fits: 400 before it is queued
   std::vector<std::shared_ptr<ToolCalls>> tools;  // one parser per answer
   if (c.tools)
     for (uint32_t i = 0; i < c.job.n; ++i) tools.push_back(std::make_shared<ToolCalls>(c));

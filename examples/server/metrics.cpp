@@ -94,6 +94,18 @@ void Metrics::set_prefix_cache(const PrefixCache::Stats &stats) {
   prefix_cache_ = stats;
 }
 
+void Metrics::set_kv(uint64_t budget_bytes, uint64_t in_use_bytes, uint64_t reserved_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_budget_ = budget_bytes;
+  kv_in_use_ = in_use_bytes;
+  kv_reserved_ = reserved_bytes;
+}
+
+void Metrics::memory_wait() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++memory_waits_;
+}
+
 void Metrics::requests_recomputed(size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   recomputed_ += n;
@@ -179,11 +191,17 @@ std::string Metrics::render() const {
   metric(o, "ep_server_prefix_cache_inserts_total", "counter", "Prefix states kept.", pc.inserts);
   metric(o, "ep_server_prefix_cache_evictions_total", "counter", "Kept prefix states dropped (least recently used) to make room.", pc.evictions);
   metric(o, "ep_server_prefix_cache_rejected_total", "counter", "Prefix states not kept because one alone exceeds the budget.", pc.rejected);
+  metric(o, "ep_server_prefix_cache_kv_full_total", "counter",
+         "Prefix states not kept because the model's KV budget had no room beside what running requests may need.", pc.kv_full);
   metric(o, "ep_server_prefix_cache_fork_failures_total", "counter",
          "Copies of a prefix state (to keep it, or for a request to continue it) the model refused for want of memory.", pc.fork_failures);
   metric(o, "ep_server_prefix_cache_entries", "gauge", "Kept prefix states.", pc.entries);
   metric(o, "ep_server_prefix_cache_bytes", "gauge", "Model device memory the kept prefix states hold (ep_session_state_bytes).", pc.bytes);
   metric(o, "ep_server_prefix_cache_budget_bytes", "gauge", "Their budget (--prefix-cache-mib; 0: the cache is off).", pc.budget_bytes);
+  metric(o, "ep_server_kv_budget_bytes", "gauge", "The model's KV budget: what all sessions' decode state may take.", kv_budget_);
+  metric(o, "ep_server_kv_in_use_bytes", "gauge", "Bytes of the KV budget the sessions (running and kept) count now.", kv_in_use_);
+  metric(o, "ep_server_kv_reserved_bytes", "gauge", "Bytes the running requests may still grow into (held for them).", kv_reserved_);
+  metric(o, "ep_server_memory_waits_total", "counter", "Queued requests held back until the KV budget had room.", memory_waits_);
 
   metric(o, "ep_store_acquires_total", "counter", "Calls that asked for one layer's routed experts.", store_.acquires);
   metric(o, "ep_store_pack_reads_total", "counter", "Reads of expert bytes (one per expert from a pack, one per role from source files).", store_.pack_reads);

@@ -1,6 +1,7 @@
 // The server's counters, rendered as Prometheus text for GET /metrics: HTTP requests, the
-// scheduler's steps (sequences and tokens per step), requests' tokens, the prefix cache, and
-// the model's expert store (ep_model_store_stats, as the scheduler last read it).
+// scheduler's steps (sequences and tokens per step), requests' tokens, the prefix cache, the
+// model's expert store (ep_model_store_stats, as the scheduler last read it), and the KV budget
+// (ep_model_kv_in_use, the running requests' reservations).
 #pragma once
 
 #include <expertpack/expertpack.h>
@@ -35,6 +36,11 @@ class Metrics {
   void set_load(size_t running, size_t waiting);
   void set_store(const ep_store_stats &stats);
   void set_prefix_cache(const PrefixCache::Stats &stats);
+  /// The model's KV budget, what its sessions count now (ep_model_kv_in_use) and what the running
+  /// requests may still grow into (reserved beyond what they hold).
+  void set_kv(uint64_t budget_bytes, uint64_t in_use_bytes, uint64_t reserved_bytes);
+  /// A queued request held back because its session would not fit what the budget has free.
+  void memory_wait();
   /// A batched step failed and @p n of its requests were run again without the failing ones.
   void requests_recomputed(size_t n);
   /// A request the model failed on alone (an expert it routes to could not be read).
@@ -69,6 +75,7 @@ class Metrics {
   size_t running_ = 0, waiting_ = 0;
   ep_store_stats store_{};
   PrefixCache::Stats prefix_cache_;
+  uint64_t kv_budget_ = 0, kv_in_use_ = 0, kv_reserved_ = 0, memory_waits_ = 0;
   uint64_t recomputed_ = 0, model_errors_ = 0, connections_refused_ = 0, header_timeouts_ = 0, body_timeouts_ = 0;
 };
 

@@ -62,7 +62,7 @@ void log_error(const std::string &what) {
 
 Scheduler::Scheduler(ep_model *model, const ep_tokenizer *tokenizer, const ThinkingMarkers &markers, const SchedulerOptions &options,
                      Metrics &metrics)
-    : model_(model), tokenizer_(tokenizer), markers_(markers), options_(options), metrics_(metrics), cache_(options.prefill_chunk, options.prefix_cache_bytes) {
+    : model_(model), tokenizer_(tokenizer), kv_(model), markers_(markers), options_(options), metrics_(metrics), cache_(options.prefill_chunk, options.prefix_cache_bytes) {
   ep_tokenizer_properties tp;
   ep_tokenizer_properties_init(&tp);
   if (ep_tokenizer_info(&tp, tokenizer) == EP_OK) {
@@ -76,6 +76,8 @@ Scheduler::Scheduler(ep_model *model, const ep_tokenizer *tokenizer, const Think
     metrics_.set_store(s);
   }
   metrics_.set_prefix_cache(cache_.stats());
+  uint64_t in_use = 0;
+  if (ep_model_kv_in_use(&in_use, model_) == EP_OK) metrics_.set_kv(kv_.budget_bytes(), in_use, 0);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -108,6 +110,38 @@ void Scheduler::publish_load() {
   }
   metrics_.set_load(slots_.size(), waiting);
   metrics_.set_prefix_cache(cache_.stats());
+  uint64_t in_use = 0;
+  if (ep_model_kv_in_use(&in_use, model_) == EP_OK) metrics_.set_kv(kv_.budget_bytes(), in_use, kv_growth());
+}
+
+uint64_t Scheduler::kv_growth() const {
+  uint64_t growth = 0;
+  for (const auto &s : slots_) {
+    uint64_t length = 0;
+    if (!s->session || ep_session_length(&length, s->session.get()) != EP_OK) continue;
+    const uint64_t now = kv_.session_bytes(length);
+    if (s->kv_reserved > now) growth += s->kv_reserved - now;
+  }
+  return growth;
+}
+
+uint64_t Scheduler::kv_unreserved() const {
+  uint64_t in_use = 0;
+  if (ep_model_kv_in_use(&in_use, model_) != EP_OK) return 0;
+  const uint64_t held = in_use + kv_growth();
+  return held < kv_.budget_bytes() ? kv_.budget_bytes() - held : 0;
+}
+
+bool Scheduler::admit_by_memory(const Job &job, uint64_t starting) {
+  const uint64_t need = kv_.request_bytes(job.request()) + starting;  // every answer's session
+  while (kv_unreserved() < need)
+    if (!cache_.evict_oldest()) break;
+  if (kv_unreserved() >= need) return true;
+  if (&job != memory_waiter_) {
+    memory_waiter_ = &job;
+    metrics_.memory_wait();
+  }
+  return false;
 }
 
 void Scheduler::run() {
@@ -117,7 +151,20 @@ void Scheduler::run() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !pending_.empty() || !slots_.empty(); });
       if (stopping_) break;
+      uint64_t starting = 0;
       while (!pending_.empty() && slots_.size() + admitted.size() < options_.parallel) {
+        Job &next = *pending_.front();
+        if (!next.cancelled() && !admit_by_memory(next, starting)) {
+          if (!slots_.empty() || !admitted.empty()) break;  // it waits for running requests to finish
+          // Nothing of this server's holds memory and it still does not fit: it never will.
+          const Usage none;
+          const uint64_t tokens = KvAdmission::max_session_tokens(next.request());
+          next.fail(400, "the model's KV budget has no room for this request's " + std::to_string(tokens) + " tokens", none);
+          metrics_.job_finished(FinishReason::error, none);
+          pending_.pop_front();
+          continue;
+        }
+        if (!next.cancelled()) starting += kv_.request_bytes(next.request());
         admitted.push_back(std::move(pending_.front()));
         pending_.pop_front();
       }
@@ -163,6 +210,7 @@ void Scheduler::start(std::shared_ptr<Job> job) {
     }
     slot->session.reset(s);
   }
+  slot->kv_reserved = kv_.request_bytes(r);  // every answer's, until the others are forked
   slot->usage.cached_tokens = static_cast<uint32_t>(slot->reused);
   slot->keep_at = cache_.plan(r.prompt, slot->pos, r.snapshot_at ? r.snapshot_at : r.prompt.size());
   if (!open_streams(*slot)) return;
@@ -195,13 +243,16 @@ bool Scheduler::open_streams(Slot &slot) {
   return true;
 }
 
-std::vector<std::unique_ptr<Scheduler::Slot>> Scheduler::fork_answers(const Slot &first) {
+std::vector<std::unique_ptr<Scheduler::Slot>> Scheduler::fork_answers(Slot &first) {
   std::vector<std::unique_ptr<Slot>> out;
   const uint32_t n = first.job->request().n;
+  // From here each answer holds its own room in the KV budget (the first held all of it so far).
+  first.kv_reserved = kv_.answer_bytes(first.job->request());
   for (size_t i = 1; i < n; ++i) {
     auto slot = std::make_unique<Slot>();
     slot->job = first.job;
     slot->choice = i;
+    slot->kv_reserved = first.kv_reserved;
     ep_session *copy = nullptr;
     if (ep_session_fork(&copy, first.session.get()) != EP_OK) {
       log_error(api_error("cannot fork a session for an answer"));
@@ -342,6 +393,8 @@ ep_status Scheduler::recompute(Slot &slot) {
   if (ep_session_tokens(nullptr, 0, &n, slot.session.get()) != EP_OK) return EP_ERR_INTERNAL;
   std::vector<int32_t> history(n);
   if (n && ep_session_tokens(history.data(), history.size(), &n, slot.session.get()) != EP_OK) return EP_ERR_INTERNAL;
+  // Its state goes first: it counts against the KV budget, which the new one needs.
+  slot.session.reset();
   // From a kept state that is a prefix of its prompt (of the prompt only: generated tokens ran
   // one at a time, and a kept state ran them as a prompt chunk).
   const JobRequest &r = slot.job->request();
@@ -486,7 +539,7 @@ void Scheduler::step() {
     s->usage.prefill_expert_bytes += rec.expert_bytes;
     s->pos += s->feed_count;
     if (std::find(s->keep_at.begin(), s->keep_at.end(), s->pos) != s->keep_at.end())
-      cache_.offer(std::span<const int32_t>(r.prompt.data(), s->pos), s->session.get());
+      cache_.offer(std::span<const int32_t>(r.prompt.data(), s->pos), s->session.get(), kv_.session_bytes(s->pos), kv_unreserved());
     if (s->pos == r.prompt.size()) {
       s->decoding = true;
       s->prefilled = now;

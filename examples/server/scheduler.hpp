@@ -18,12 +18,20 @@
 //
 // n answers of one request: the prompt runs once; when it is done its session is forked into
 // one slot per further answer, answer i sampling with the request's seed + i.
+//
+// Admission by memory: a queued request starts only when the sessions it may come to hold (its
+// answers' at its prompt and max_tokens: KvAdmission::request_bytes) fit the model's KV budget
+// beside what the running requests hold and may still grow into and what the kept prefix states
+// hold; kept states are dropped, least recently used first, to make room, and otherwise the
+// request waits (first come, first served: the ones behind it wait too) until running requests
+// finish. A prefix state is kept only in memory no running request may need.
 #pragma once
 
 #include <expertpack/expertpack.h>
 
 #include "handles.hpp"
 #include "job.hpp"
+#include "kv_admission.hpp"
 #include "metrics.hpp"
 #include "reasoning.hpp"
 #include "session_cache.hpp"
@@ -55,6 +63,8 @@ class Scheduler {
   Scheduler(const Scheduler &) = delete;
   Scheduler &operator=(const Scheduler &) = delete;
 
+  /// The model's context length and KV budget, and what a request may need of them.
+  const KvAdmission &kv() const { return kv_; }
   /// Queues @p job; false when the scheduler is shutting down.
   bool submit(std::shared_ptr<Job> job);
   /// Ends every request (HTTP 503, the server is shutting down) and stops the thread. Idempotent.
@@ -77,6 +87,8 @@ class Scheduler {
     std::optional<ReasoningSplitter> splitter;
     Channel last_channel = Channel::markup;
     Usage usage;
+    uint64_t kv_reserved = 0;  // what its session may come to count (KvAdmission::session_bytes at its prompt and
+                               // max_tokens); the first answer's holds the other answers' too until they are forked
     std::chrono::steady_clock::time_point admitted, prefilled;
   };
 
@@ -84,8 +96,9 @@ class Scheduler {
   void start(std::shared_ptr<Job> job);
   /// Opens @p slot's text streams and reasoning splitter; false (the slot failed) when it cannot.
   bool open_streams(Slot &slot);
-  /// Once the first answer's prompt is run: forks of its session for the other answers.
-  std::vector<std::unique_ptr<Slot>> fork_answers(const Slot &first);
+  /// Once the first answer's prompt is run: forks of its session for the other answers, each
+  /// holding one answer's room in the KV budget of what @p first held for all of them.
+  std::vector<std::unique_ptr<Slot>> fork_answers(Slot &first);
   /// ep_session_sample (or, with JobRequest::logprobs, ep_session_sample_logprobs) with the
   /// request's settings, its answer's seed and its logit bias; the log-probabilities go to the job.
   ep_status sample(Slot &slot, int32_t &token);
@@ -98,10 +111,21 @@ class Scheduler {
   /// Runs @p slot's session again by itself (a new session with its tokens, the step's own and
   /// its sampler's position) after a batched step failed; the model's status.
   ep_status recompute(Slot &slot);
+  /// Bytes the running requests may still grow into: per request, what it may come to count less
+  /// what its session counts now.
+  uint64_t kv_growth() const;
+  /// Bytes of the KV budget neither counted by a session nor held for a running request's growth.
+  uint64_t kv_unreserved() const;
+  /// Whether the queue's first request may start now (kept sessions dropped to make room for it);
+  /// fails it when nothing else holds memory and it still does not fit. @p starting: the bytes
+  /// held for requests admitted in this round.
+  bool admit_by_memory(const Job &job, uint64_t starting);
   void publish_load();
 
   ep_model *model_;
   const ep_tokenizer *tokenizer_;
+  KvAdmission kv_;
+  const Job *memory_waiter_ = nullptr;  // the queued request last held back for memory (counted once)
   ThinkingMarkers markers_;
   SchedulerOptions options_;
   Metrics &metrics_;

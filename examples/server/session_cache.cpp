@@ -82,7 +82,18 @@ std::vector<size_t> PrefixCache::plan(std::span<const int32_t> prompt, size_t fr
   return at;
 }
 
-void PrefixCache::offer(std::span<const int32_t> tokens, const ep_session *session) {
+bool PrefixCache::evict_oldest() {
+  if (lru_.empty()) return false;
+  auto victim = entries_.find(lru_.back());
+  stats_.bytes -= victim->second.bytes;
+  entries_.erase(victim);
+  lru_.pop_back();
+  stats_.entries = entries_.size();
+  ++stats_.evictions;
+  return true;
+}
+
+void PrefixCache::offer(std::span<const int32_t> tokens, const ep_session *session, uint64_t kv_bytes, uint64_t kv_free_bytes) {
   if (!enabled() || tokens.empty() || tokens.size() % block_ != 0) return;
   const uint64_t hash = chain(tokens).back();
   if (auto it = entries_.find(hash); it != entries_.end()) {
@@ -95,21 +106,25 @@ void PrefixCache::offer(std::span<const int32_t> tokens, const ep_session *sessi
     ++stats_.rejected;
     return;
   }
-  while (stats_.bytes + bytes > budget_bytes_ && !lru_.empty()) {
-    auto victim = entries_.find(lru_.back());
-    stats_.bytes -= victim->second.bytes;
-    entries_.erase(victim);
-    lru_.pop_back();
-    ++stats_.evictions;
+  // What dropping every entry would give back to the KV budget: if even that is too little, the
+  // kept states stay and this one is not kept.
+  uint64_t kv_kept = 0;
+  for (const auto &entry : entries_) kv_kept += entry.second.kv_bytes;
+  if (kv_bytes > kv_free_bytes + kv_kept) {
+    ++stats_.kv_full;
+    return;
   }
-  stats_.entries = entries_.size();
+  while ((stats_.bytes + bytes > budget_bytes_ || kv_bytes > kv_free_bytes) && !lru_.empty()) {
+    kv_free_bytes += entries_.find(lru_.back())->second.kv_bytes;
+    evict_oldest();
+  }
   ep_session *copy = nullptr;
   if (ep_session_fork(&copy, session) != EP_OK) {  // reuse is an optimisation: go on without it
     ++stats_.fork_failures;
     return;
   }
   lru_.push_front(hash);
-  entries_.emplace(hash, Entry{std::vector<int32_t>(tokens.begin(), tokens.end()), SessionPtr(copy), bytes, lru_.begin()});
+  entries_.emplace(hash, Entry{std::vector<int32_t>(tokens.begin(), tokens.end()), SessionPtr(copy), bytes, kv_bytes, lru_.begin()});
   stats_.bytes += bytes;
   stats_.entries = entries_.size();
   ++stats_.inserts;

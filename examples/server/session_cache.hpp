@@ -20,6 +20,11 @@
 // (JobRequest::snapshot_at). The least recently used states go first when the byte budget is
 // reached. Nobody appends to a kept state: a request gets its own fork. Used by the scheduler
 // thread only.
+//
+// A kept state is a session of the model, so it counts against the model's KV budget
+// (ep_model_state_bytes at its length) like a running request's: the scheduler lets the cache
+// keep a state only in memory no running request may need (offer's kv_free_bytes), and drops
+// kept states, least recently used first, to admit a request (evict_oldest).
 #pragma once
 
 #include "handles.hpp"
@@ -48,6 +53,7 @@ class PrefixCache {
     uint64_t hit_tokens = 0;        ///< prompt tokens those requests did not run
     uint64_t inserts = 0, evictions = 0;
     uint64_t rejected = 0;          ///< states larger than the whole budget, not kept
+    uint64_t kv_full = 0;           ///< states not kept because the KV budget had no room beside the running requests
     uint64_t fork_failures = 0;     ///< forks (to keep a state or to continue one) the model refused: out of memory
   };
   const Stats &stats() const { return stats_; }
@@ -67,8 +73,14 @@ class PrefixCache {
   std::vector<size_t> plan(std::span<const int32_t> prompt, size_t from, size_t snapshot_at);
   /// Offers the state of @p session, which holds exactly @p tokens (a whole number of blocks):
   /// a fork of it is kept unless an entry holds them already or it alone exceeds the budget;
-  /// least recently used entries make room.
-  void offer(std::span<const int32_t> tokens, const ep_session *session);
+  /// least recently used entries make room, in the cache's budget and in the model's KV budget,
+  /// where the fork counts @p kv_bytes (ep_model_state_bytes at its length) and @p kv_free_bytes
+  /// are neither counted by a session nor held for a running request (with the dropped entries'
+  /// counts added, they must cover @p kv_bytes, else nothing is kept).
+  void offer(std::span<const int32_t> tokens, const ep_session *session, uint64_t kv_bytes, uint64_t kv_free_bytes);
+  /// Drops the least recently used entry (its memory goes back to the model's KV budget); false
+  /// when there is none.
+  bool evict_oldest();
 
  private:
   /// The chained hashes of @p tokens' whole blocks: [i] names tokens [0, (i + 1) · block).
@@ -78,7 +90,8 @@ class PrefixCache {
   struct Entry {
     std::vector<int32_t> tokens;  // checked on a hit: a hash names the prefix, the tokens prove it
     SessionPtr session;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0;     // ep_session_state_bytes: what the cache's budget counts
+    uint64_t kv_bytes = 0;  // ep_model_state_bytes at its length: what the model's KV budget counts
     std::list<uint64_t>::iterator lru;
   };
   size_t block_;

@@ -28,6 +28,7 @@
 #include <barrier>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -874,6 +875,90 @@ TEST_CASE("ep-server: a client that disconnects cancels its request; a busy mode
   CHECK(server.stop() == 0);
   late.join();
   CHECK((late_status == 503 || late_status == 0));
+}
+
+TEST_CASE("ep-server: requests are admitted by memory: one that never fits is a 400, one that fits later waits", "[memory]") {
+  // What a request's session may come to count, from the C API (the demo model's state rule).
+  ep_model_options o;
+  ep_model_options_init(&o);
+  o.device = EP_DEVICE_CPU;
+  o.resident_experts = 1;
+  ep_model *m = nullptr;
+  REQUIRE(ep_model_open(&m, kModel.c_str(), &o) == EP_OK);
+  ep_model_properties p;
+  ep_model_properties_init(&p);
+  REQUIRE(ep_model_info(&p, m) == EP_OK);
+  const uint64_t context = p.context_length;
+  REQUIRE(context > 0);
+  auto state = [&](uint64_t tokens) {
+    uint64_t b = 0;
+    REQUIRE(ep_model_state_bytes(&b, m, tokens) == EP_OK);
+    return b;
+  };
+  // Prompts of token ids, so that their lengths are known: a long runner, a short one, and one
+  // whose state is larger than the budget.
+  const json prompt = json::array({1, 2, 3, 4, 5, 6, 7, 8});
+  constexpr uint64_t kLong = 50000, kShort = 6, kHuge = 400000;
+  const uint64_t runner = state(8 + kLong - 1), small = state(8 + kShort - 1), huge = state(8 + kHuge - 1);
+  ep_model_close(m);
+  // Room for the runner and half the small one: the small one alone fits, not beside the runner.
+  const uint64_t budget = runner + small / 2;
+  REQUIRE(small < budget);
+  REQUIRE(huge > budget);
+  char kv_mib[64];
+  std::snprintf(kv_mib, sizeof(kv_mib), "%.6f", static_cast<double>(budget) / 1048576.0);
+
+  ep::test::TempDir dir;
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--parallel", "2", "--prefix-cache-mib", "0", "--kv-mib", kv_mib,
+                                                                  "--max-tokens", std::to_string(context + 1)}));
+  Http http(server.port());
+  const double served_budget = metric(http, "ep_server_kv_budget_bytes");
+  CHECK(std::fabs(served_budget - static_cast<double>(budget)) < 2.0);
+
+  // Never fits: refused before it is queued, naming the limit and the request's tokens.
+  const auto body = [&](uint64_t max_tokens) {
+    return json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0}};
+  };
+  const Reply past_context = http.post("/v1/completions", body(context - 7));
+  check_error(past_context, 400, "context_length_exceeded", "max_tokens");
+  CHECK(past_context.body.at("error").at("message").get<std::string>().find("maximum context length is " + std::to_string(context) +
+                                                                              " tokens. However, you requested " +
+                                                                              std::to_string(context + 1) + " tokens (8 in the prompt") !=
+        std::string::npos);
+  const Reply past_budget = http.post("/v1/completions", body(kHuge));
+  check_error(past_budget, 400, "context_length_exceeded", "max_tokens");
+  CHECK(past_budget.body.at("error").at("message").get<std::string>().find("KV budget") != std::string::npos);
+  CHECK(metric(http, "ep_server_requests_admitted_total") == 0);
+
+  // Fits the budget but not beside a running request: it waits (a batch slot is free) and is
+  // answered once the runner's client leaves. The runner streams until the waiting one is seen.
+  std::atomic<bool> release{false};
+  std::thread first([&] {
+    Http h(server.port());
+    h.stream("/v1/completions", body(kLong), 0, [&] { return !release.load(); });
+  });
+  REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 600s));
+  CHECK(wait_metric(http, "ep_server_kv_reserved_bytes", 1));
+  Reply queued;
+  std::thread second([&] {
+    Http h(server.port());
+    queued = h.post("/v1/completions", body(kShort));
+  });
+  const bool held = wait_metric(http, "ep_server_memory_waits_total", 1, 600s);
+  CHECK(wait_metric(http, "ep_server_requests_waiting", 1));
+  CHECK(metric(http, "ep_server_requests_running") == 1);  // the second batch slot stays free
+  release = true;
+  first.join();
+  second.join();
+  CHECK(held);
+  REQUIRE(queued.status == 200);
+  CHECK(queued.body.at("usage").at("completion_tokens") == kShort);
+  // Everything ended: no session holds memory (the gauge is published after the step).
+  CHECK(wait_metric(http, "ep_server_requests_finished_total{reason=\"cancelled\"}", 1));
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (metric(http, "ep_server_kv_in_use_bytes") != 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  CHECK(metric(http, "ep_server_kv_in_use_bytes") == 0);
+  CHECK(server.stop() == 0);
 }
 
 namespace {
