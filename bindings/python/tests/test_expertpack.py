@@ -424,6 +424,16 @@ class HierarchyTest(unittest.TestCase):
         with self.assertRaises(ep.InvalidArgumentError):
             ep.Model(env("EP_TEST_MODEL"), no_pack=True)  # a pack given with no_pack
 
+    def test_kv_budget(self):
+        # the budget in effect comes back in info(); one below a session of a token is refused
+        with ep.Model(env("EP_TEST_MODEL"), device=ep.Device.CPU, kv_budget_bytes=64 << 20) as m:
+            info = m.info()
+            self.assertEqual(info.kv_budget_bytes, 64 << 20)
+            self.assertGreater(info.context_length, 0)
+        with self.assertRaises(ep.BudgetError) as cm:
+            ep.Model(env("EP_TEST_MODEL"), device=ep.Device.CPU, kv_budget_bytes=1)
+        self.assertIn("KV budget", cm.exception.message)
+
     def test_bad_options(self):
         with self.assertRaises(ep.InvalidArgumentError) as cm:
             ep.Model(env("EP_TEST_MODEL"), cache_policy="no-such-policy")
