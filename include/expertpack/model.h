@@ -350,7 +350,9 @@ EP_API void ep_generate_stats_init(ep_generate_stats *stats);
  * Stops after max_new_tokens, or after emitting stop_token or one of stop_tokens.
  * @return #EP_OK; #EP_ERR_CANCELLED (the callback stopped it); #EP_ERR_INVALID_ARGUMENT (NULL
  *         argument, empty sequence, token id outside the vocabulary, stop_strings given, bad
- *         sampling value); #EP_ERR_STRUCT_SIZE.
+ *         sampling value, an append past the model's context length); #EP_ERR_BUDGET (an append
+ *         past the KV budget); #EP_ERR_STRUCT_SIZE. A refused append leaves the session with the
+ *         tokens it had before it.
  */
 EP_API ep_status ep_generate(ep_generate_stats *out_stats, ep_session *session, const int32_t *prompt, size_t n_prompt,
                              const ep_generate_options *options, ep_token_fn callback, void *payload);
@@ -365,7 +367,8 @@ EP_API ep_status ep_generate(ep_generate_stats *out_stats, ep_session *session, 
  * @param[out] out_ids    With top_k > 0: n_tokens × top_k token ids (row-major); ignored (may be NULL) when top_k is 0.
  * @param[out] out_logits With top_k > 0: n_tokens × top_k logits; with top_k 0: n_tokens × vocab_size logits.
  * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument, n_tokens 0, top_k > vocab_size,
- *         token id outside the vocabulary).
+ *         token id outside the vocabulary, past the model's context length); #EP_ERR_BUDGET (past
+ *         the KV budget). A refused call leaves the session as it was.
  */
 EP_API ep_status ep_score(ep_session *session, const int32_t *tokens, size_t n_tokens, uint32_t top_k, int32_t *out_ids,
                           float *out_logits);

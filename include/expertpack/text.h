@@ -251,7 +251,8 @@ typedef int (*ep_text_fn)(const char *piece, size_t length, void *payload);
  * @param callback  NULL, or called with every piece of text (it may stop the generation).
  * @param payload   Passed to @p callback unchanged.
  * @return #EP_OK; #EP_ERR_CANCELLED; #EP_ERR_INVALID_ARGUMENT (NULL argument, invalid UTF-8, a
- *         token id outside the model's vocabulary, bad option value); #EP_ERR_STRUCT_SIZE.
+ *         token id outside the model's vocabulary, bad option value, an append past the model's
+ *         context length); #EP_ERR_BUDGET (an append past the KV budget); #EP_ERR_STRUCT_SIZE.
  */
 EP_API ep_status ep_generate_text(ep_generate_stats *out_stats, ep_session *session, const ep_tokenizer *tokenizer,
                                   const char *prompt, const ep_generate_options *options, ep_text_fn callback,
