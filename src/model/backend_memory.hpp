@@ -73,13 +73,16 @@ class BackendScratch {
 };
 
 /// The rows a growing state buffer (Kimi's MLA keys and values, DeepSeek-V4's compressed
-/// entries) is given room for when it must hold @p needed: the next power of two, at least 16.
-/// A function of the row count alone, so that the bytes a state holds follow from its length
+/// entries) is given room for when it must hold @p needed: at least 16, else @p needed rounded up
+/// to an eighth of the power of two below it (at most 1/8 unused: Kimi-K3's MLA rows are 2.8 MiB
+/// a token; growing copies the rows, about 8 times a state's bytes over its life). A function of
+/// the row count alone, so that the bytes a state holds follow from its length
 /// (CausalLm::state_bytes) whatever the sizes of the appends that grew it.
 inline int64_t state_capacity(int64_t needed) {
-  int64_t cap = 16;
-  while (cap < needed) cap *= 2;
-  return cap;
+  if (needed <= 16) return 16;
+  int64_t step = 1;
+  while (16 * step < needed) step *= 2;
+  return (needed + step - 1) / step * step;
 }
 
 /// Backend memory that copies by value. A default-constructed one is empty (no backend).

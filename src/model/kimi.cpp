@@ -365,7 +365,7 @@ void KimiModel::mla(int64_t il, const float *x, int64_t n, std::span<const Mixer
   for (const MixerSeq &s : seqs) {
     KimiLayerState &st = *s.state;
     const int64_t n_past = s.n_past, m = s.n;
-    // the cache grows to the next power of two (state_capacity); a copy keeps the rows so far
+    // the cache grows to state_capacity rows (at most 1/8 unused); a copy keeps the rows so far
     if (n_past + m > st.capacity) {
       const int64_t cap = state_capacity(n_past + m);
       StateBuffer keys(be_, static_cast<uint64_t>(cap * H * QK) * 4), values(be_, static_cast<uint64_t>(cap * H * VH) * 4);

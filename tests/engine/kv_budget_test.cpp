@@ -149,8 +149,8 @@ TEST_CASE("the KV budget: an open, append or fork past it is refused and changes
   CHECK(empty == 256 * sizeof(float));  // an empty session holds its row of logits only
   CHECK(one > empty);
   CHECK(forty > one);
-  // The entries of a ratio-4 compressor grow by powers of two from 16 rows: 64 tokens hold as
-  // much as 40, 68 more.
+  // The entries of a ratio-4 compressor have room for 16 rows at first: 64 tokens hold as much
+  // as 40, 68 more.
   CHECK(state_bytes(probe, 64) == forty);
   CHECK(state_bytes(probe, 68) > forty);
   // Room for a session of 40 tokens and an empty one, not for that one holding a token.
