@@ -111,7 +111,7 @@ namespace ExpertPack
         public int overlap_reads, prefetch;
         public IntPtr cache_policy;
         public int no_pack;  // appended after 0.2.0
-        public ulong kv_budget_bytes;  // appended after 0.3.0
+        public ulong kv_budget_bytes;  // appended after 0.4.0
     }
 
     [StructLayout(LayoutKind.Sequential)]

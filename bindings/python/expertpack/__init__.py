@@ -160,7 +160,7 @@ class _ModelOptions(Structure):
                 ("prefetch", c_int32), ("cache_policy", c_char_p),
                 # appended after 0.2.0:
                 ("no_pack", c_int32),
-                # appended after 0.3.0:
+                # appended after 0.4.0:
                 ("kv_budget_bytes", c_uint64)]
 
 
@@ -170,7 +170,7 @@ class _ModelProperties(Structure):
                 ("experts_per_token", c_uint32), ("weight_bytes", c_uint64),
                 # appended after the first version:
                 ("device", c_int32), ("device_index", c_int32),
-                # appended after 0.3.0:
+                # appended after 0.4.0:
                 ("context_length", c_uint64), ("kv_budget_bytes", c_uint64)]
 
 

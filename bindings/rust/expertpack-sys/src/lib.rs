@@ -182,7 +182,7 @@ pub struct ep_model_options {
     pub cache_policy: *const c_char,
     // Appended after 0.2.0 (see EP_MODEL_OPTIONS_V2_SIZE):
     pub no_pack: i32,
-    // Appended after 0.3.0 (see EP_MODEL_OPTIONS_V3_SIZE):
+    // Appended after 0.4.0 (see EP_MODEL_OPTIONS_V3_SIZE):
     pub kv_budget_bytes: u64,
 }
 
@@ -190,7 +190,7 @@ pub struct ep_model_options {
 /// `no_pack` accepts.
 pub const EP_MODEL_OPTIONS_V2_SIZE: usize = 104;
 
-/// The size of `ep_model_options` in 0.3.0 (up to `no_pack`, padded): what a library from before
+/// The size of `ep_model_options` in 0.3.0 and 0.4.0 (up to `no_pack`, padded): what a library from before
 /// `kv_budget_bytes` accepts.
 pub const EP_MODEL_OPTIONS_V3_SIZE: usize = 112;
 
