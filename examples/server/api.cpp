@@ -310,7 +310,8 @@ struct Streamer {
 
 /// Runs a parsed request: queues it and answers, streamed or whole.
 void run_job(const ApiContext &ctx, const httplib::Request &req, httplib::Response &res, ParsedRequest c, bool chat) {
-  ctx.scheduler->kv().check(c.job, chat ? "messages" : "prompt");  // never fits: 400 before it is queued
+  // max_tokens by default, and a request that never fits: 400 before it is queued.
+  ctx.scheduler->kv().admit(c.job, chat ? "messages" : "prompt", ctx.limits.max_tokens);
   std::vector<std::shared_ptr<ToolCalls>> tools;  // one parser per answer
   if (c.tools)
     for (uint32_t i = 0; i < c.job.n; ++i) tools.push_back(std::make_shared<ToolCalls>(c));
@@ -487,11 +488,11 @@ void install_routes(httplib::Server &server, const ApiContext &ctx) {
                                {"chat_template", tmpl ? json(tmpl) : json(nullptr)},
                                {"parallel", c->parallel},
                                {"default_generation_settings",
-                                {{"temperature", c->temperature}, {"top_p", c->top_p}, {"max_tokens", c->limits.max_tokens}, {"thinking", thinking == 1}}},
+                                {{"temperature", c->temperature}, {"top_p", c->top_p}, {"max_tokens", nullptr}, {"thinking", thinking == 1}}},
                                {"limits",
                                 {{"max_body_bytes", c->limits.max_body_bytes},
                                  {"max_prompt_tokens", c->limits.max_prompt_tokens},
-                                 {"max_tokens", c->limits.max_tokens},
+                                 {"max_tokens", c->limits.max_tokens ? json(c->limits.max_tokens) : json(nullptr)},
                                  {"max_stop", c->limits.max_stop}}},
                                {"version", ep_version_string()}});
              }));

@@ -23,7 +23,8 @@ struct JobRequest {
   size_t snapshot_at = 0;            ///< prompt position where a later request (the conversation's next turn) parts from this
                                      ///< prompt (0: the prompt's end): the prefix cache keeps the last block boundary before it
   ep_generate_options sampling{};    ///< temperature, top_k, top_p, min_p, seed, repetition penalty (read by ep_session_sample)
-  uint32_t max_tokens = 16;          ///< tokens to generate at most (>= 1)
+  uint32_t max_tokens = 16;          ///< tokens to generate at most (>= 1; 0 from the parser when the request gives none,
+                                     ///< until KvAdmission::admit fills in the default)
   std::vector<std::string> stop;     ///< stop strings of the content
   bool ignore_eos = false;           ///< do not stop at EOS / end of turn
   bool split_reasoning = false;      ///< route thinking-marker spans to the reasoning channel (chat)

@@ -29,10 +29,16 @@ class KvAdmission {
   uint64_t answer_bytes(const JobRequest &request) const { return session_bytes(max_session_tokens(request)); }
   /// What @p request's sessions (one per answer, JobRequest::n) may come to count together.
   uint64_t request_bytes(const JobRequest &request) const { return request.n * answer_bytes(request); }
-  /// Throws ApiError 400 `context_length_exceeded` naming the limit and the request's tokens when
-  /// its prompt and max_tokens exceed the context length, or when its sessions could outgrow the
-  /// whole budget; @p prompt_param names the prompt's field ("messages", "prompt").
-  void check(const JobRequest &request, const char *prompt_param) const;
+  /// The max_tokens of a request that gives none, as OpenAI's: what remains of the context length
+  /// after @p request's prompt, at most @p cap (0: no cap) and at most what the KV budget can hold
+  /// of its answers' sessions; 0 when not one token fits.
+  uint32_t default_max_tokens(const JobRequest &request, uint32_t cap) const;
+  /// Fills in @p request's max_tokens when it is 0 (the request gives none: default_max_tokens
+  /// with @p cap), then throws ApiError 400 `context_length_exceeded` naming the limit and the
+  /// request's tokens when its prompt and max_tokens exceed the context length, or when its
+  /// sessions could outgrow the whole budget; @p prompt_param names the prompt's field
+  /// ("messages", "prompt"), the `param` when the prompt alone is too long or max_tokens was not given.
+  void admit(JobRequest &request, const char *prompt_param, uint32_t cap) const;
 
  private:
   const ep_model *model_;

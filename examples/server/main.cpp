@@ -67,7 +67,9 @@ const char *kUsage =
     "  --body-timeout S     seconds a request's body may take after its headers (default 60)\n"
     "  --max-body-bytes N   request body (default 4194304)\n"
     "  --max-prompt-tokens N  rendered prompt (default 8192)\n"
-    "  --max-tokens N     max_tokens a request may ask for, and its default (default 2048)\n"
+    "  --max-tokens N     max_tokens a request may ask for, and the most it gets without one\n"
+    "                     (default: no limit; without one a request gets what remains of the context,\n"
+    "                     as much as the KV budget holds)\n"
     "\n"
     "model (as ep-run):\n";
 

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cctype>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -188,9 +189,10 @@ ParsedRequest parse_common(const Fields &f, const RequestContext &ctx) {
     if (const auto v = f.number(k, -2, 2); v && *v != 0)
       throw ApiError{400, std::string("'") + k + "' is not supported (use repetition_penalty)", k, "unsupported"};
   // max_completion_tokens is OpenAI's newer name; it wins where both are given.
-  std::optional<int64_t> max_tokens = f.integer("max_completion_tokens", 1, ctx.limits.max_tokens);
-  if (const auto mt = f.integer("max_tokens", 1, ctx.limits.max_tokens); !max_tokens) max_tokens = mt;
-  c.job.max_tokens = static_cast<uint32_t>(max_tokens.value_or(ctx.limits.max_tokens));
+  const int64_t most_tokens = ctx.limits.max_tokens ? ctx.limits.max_tokens : UINT32_MAX;
+  std::optional<int64_t> max_tokens = f.integer("max_completion_tokens", 1, most_tokens);
+  if (const auto mt = f.integer("max_tokens", 1, most_tokens); !max_tokens) max_tokens = mt;
+  c.job.max_tokens = static_cast<uint32_t>(max_tokens.value_or(0));  // 0: the scheduler's admission fills in the default
   c.job.ignore_eos = f.boolean("ignore_eos").value_or(false);
   if (const json *stop = f.get("stop")) {
     std::vector<std::string> stops;

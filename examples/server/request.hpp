@@ -19,7 +19,8 @@ namespace ep_server {
 struct Limits {
   size_t max_body_bytes = 4u << 20;  ///< request body
   uint32_t max_prompt_tokens = 8192; ///< tokens of a rendered prompt
-  uint32_t max_tokens = 2048;        ///< max_tokens a request may ask for (and what it gets without one)
+  uint32_t max_tokens = 0;           ///< max_tokens a request may ask for, and the most it gets without one (0: no limit but
+                                     ///< the context length and the KV budget: KvAdmission::default_max_tokens)
   size_t max_stop = 16;              ///< stop strings
   size_t max_json_depth = 64;        ///< nesting of the request's JSON
   uint32_t max_n = 8;                ///< answers (n) of one request
