@@ -73,7 +73,8 @@ typedef struct ep_model_options {
   int32_t device_index;        /**< CUDA device ordinal. Default: 0. */
   uint64_t cache_budget_bytes; /**< Expert cache budget in bytes (whole slots of the largest expert; at least top_k of them,
                                     else #EP_ERR_BUDGET); 0 = room for every expert, at most half the physical memory (CUDA: the free GPU memory less
-                                    2 GiB and an explicit kv_budget_bytes). Default: 0. */
+                                    2 GiB and the KV budget's room: an explicit kv_budget_bytes, or with kv_budget_bytes 0 a
+                                    quarter of the memory free once the dense weights are in). Default: 0. */
   uint32_t staging_slots;      /**< Staging slots for expert reads; 0 = automatic. Default: 0. */
   uint32_t queue_depth;        /**< I/O queue depth; 0 = automatic. Default: 0. */
   uint32_t read_splits;        /**< Reads each expert object in this many parts; 0 = automatic. Default: 0. */
@@ -123,8 +124,10 @@ typedef struct ep_model_options {
                                     kept copies included): each session counts ep_model_state_bytes() at its length.
                                     An append, open or fork that would exceed it fails with #EP_ERR_BUDGET and changes
                                     nothing. 0 = automatic: on CUDA the free GPU memory once the weights and the expert
-                                    cache are in, less 1 GiB for activations (an explicit budget is also kept free by a
-                                    cache of every expert); on the CPU a quarter of the physical memory. Less than one
+                                    cache are in, less 1 GiB for activations (a cache of every expert, cache_budget_bytes
+                                    0, leaves it a quarter of the memory free after the dense weights, so the budget is at
+                                    least that less 1 GiB; an explicit budget it leaves whole); on the CPU a quarter of the
+                                    physical memory. Less than one
                                     session of one token: #EP_ERR_BUDGET at open. ep_model_info() gives the budget in
                                     effect. Default: 0. */
 } ep_model_options;

@@ -67,6 +67,21 @@ uint64_t automatic_kv_budget(int32_t cuda_device) {
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4;
 }
 
+/// What a cache of every expert (cache_budget_bytes 0) on CUDA leaves free for the KV budget,
+/// beside its own reserve: an explicit budget; when the KV budget is automatic too, a share of the
+/// GPU memory free once the dense weights are in (kKvAutomaticShare). Without that share, a model
+/// whose experts do not fit would leave the automatic KV budget the cache's reserve less
+/// kKvActivationReserveBytes, about 1 GiB: a few hundred tokens of Kimi-K3.
+uint64_t kv_reserve_beside_cache(const ModelOptions &options, int32_t cuda_device) {
+  if (options.kv_budget_bytes) return options.kv_budget_bytes;
+#ifdef EP_HAVE_CUDA
+  if (cuda_device >= 0 && options.store.cache_budget_bytes == 0) return gpu::free_memory_bytes(cuda_device) / kKvAutomaticShare;
+#else
+  (void)cuda_device;
+#endif
+  return 0;
+}
+
 /// Resolves the KV budget once the model's memory is taken, and says what it is and why.
 void set_kv_budget(Engine &e, uint64_t requested, uint64_t &budget) {
   budget = requested ? requested : automatic_kv_budget(e.device_index());
@@ -146,8 +161,7 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const ModelOptions
   po.cuda_device = e->device_index_;
   po.cuda_stream = cuda_stream;
   po.first_layer = e->lm_->first_expert_layer();
-  // A cache of every expert leaves an explicit KV budget free too.
-  po.cuda_reserve_bytes += options.kv_budget_bytes;
+  po.cuda_reserve_bytes += kv_reserve_beside_cache(options, e->device_index_);
   auto packed = std::make_unique<experts::PackedExperts>(rm.pack, e->lm_->expert_shapes(), e->lm_->info().n_experts_used, po);
   e->packed_ = packed.get();
   e->lm_->set_experts(std::move(packed));

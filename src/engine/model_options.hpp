@@ -37,13 +37,18 @@ struct ModelOptions {
   store::StoreSettings store;     ///< the expert cache, the host tier and the reads
   /// Bytes the sessions' decode state (KV, compressor, recurrent state and last logits) may take
   /// together; 0 = automatic: on CUDA the free GPU memory after the weights and the expert
-  /// cache less kKvActivationReserveBytes, on the CPU a quarter of the physical memory.
+  /// cache less kKvActivationReserveBytes (an automatic cache of every expert leaves it at least
+  /// 1 / kKvAutomaticShare of the memory free after the weights), on the CPU a quarter of the
+  /// physical memory.
   uint64_t kv_budget_bytes = 0;
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;  ///< while a pack is built
 };
 
 /// Left free on the GPU by the automatic KV budget, for activations and scratch.
 inline constexpr uint64_t kKvActivationReserveBytes = uint64_t{1} << 30;
+/// With the expert cache and the KV budget both automatic on CUDA, the cache of every expert
+/// leaves 1 / kKvAutomaticShare of the GPU memory free after the dense weights to the KV budget.
+inline constexpr uint64_t kKvAutomaticShare = 4;
 
 /// The fields that cross the C API by value: X(ep_model_options field, ModelOptions member).
 /// The C API converts each both ways by its types (a 0/1 int32_t flag to bool, a string to

@@ -98,13 +98,14 @@ inline const ModelFlag kModelFlags[] = {
      }},
     {"--cache-mib", "MIB", "cache_budget_bytes",
      "expert cache budget, fractions allowed (default 0: every expert, at most half the\nphysical memory; on CUDA at "
-     "most the free GPU memory less 2 GiB and --kv-mib)",
+     "most the free GPU memory less 2 GiB and --kv-mib, or a quarter of it without --kv-mib)",
      [](ModelFlagValues &v, const std::string &flag, const std::string &mib) {
        v.options.cache_budget_bytes = detail::mebibytes(flag, mib);
      }},
     {"--kv-mib", "MIB", "kv_budget_bytes",
      "what all sessions' decode state (KV) may take together, fractions allowed; past it\nan append fails (default 0: the "
-     "free GPU memory after the weights and the expert\ncache less 1 GiB; on the CPU a quarter of the physical memory)",
+     "free GPU memory after the weights and the expert\ncache less 1 GiB, at least a quarter of it less 1 GiB beside a "
+     "cache of every\nexpert; on the CPU a quarter of the physical memory)",
      [](ModelFlagValues &v, const std::string &flag, const std::string &mib) {
        v.options.kv_budget_bytes = detail::mebibytes(flag, mib);
      }},
