@@ -159,7 +159,11 @@ void Scheduler::run() {
           // Nothing of this server's holds memory and it still does not fit: it never will.
           const Usage none;
           const uint64_t tokens = KvAdmission::max_session_tokens(next.request());
-          next.fail(400, "the model's KV budget has no room for this request's " + std::to_string(tokens) + " tokens", none);
+          const uint32_t n = next.request().n;
+          next.fail(400,
+                    "the model's KV budget has no room for this request's " + std::to_string(tokens) + " tokens" +
+                        (n > 1 ? " in each of " + std::to_string(n) + " answers" : ""),
+                    none);
           metrics_.job_finished(FinishReason::error, none);
           pending_.pop_front();
           continue;

@@ -489,7 +489,8 @@ EP_API ep_status ep_session_tokens(int32_t *out_tokens, size_t capacity, size_t 
  *        (KV, compressor and linear-attention state, with the room buffers that grow keep
  *        ahead), its last logits, and the chat snapshot ep_generate_chat() keeps in it. A fork
  *        (ep_session_fork()) holds as many. What a host that keeps sessions counts against its
- *        memory budget.
+ *        memory budget. Never more than the model's KV budget counts for it
+ *        (ep_model_state_bytes() at its length, and its snapshot's).
  * @param[out] out_bytes The byte count.
  * @param session Open session.
  * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (NULL argument).
