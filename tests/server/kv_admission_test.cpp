@@ -1,24 +1,28 @@
 // The server's admission by memory (examples/server/kv_admission.cpp) without a server, on a
 // small synthetic DeepSeek-V4 whose file states a context length of 64: the max_tokens a
 // request that gives none gets (what remains of the context, bounded by --max-tokens and by the
-// KV budget, for every answer), and the 400s for a request that never fits, with the field they
-// name.
+// KV budget, for every answer), the 400s for a request that never fits, with the field they
+// name, and the prefix cache's kept states within the KV budget (session_cache.cpp).
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
 
 #include "kv_admission.hpp"
 #include "request.hpp"
+#include "session_cache.hpp"
 #include "testkit/deepseek_v4_gguf.hpp"
 
 #include <expertpack/expertpack.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 using ep_server::ApiError;
 using ep_server::JobRequest;
 using ep_server::KvAdmission;
+using ep_server::PrefixCache;
+using ep_server::SessionPtr;
 
 namespace {
 
@@ -154,4 +158,56 @@ TEST_CASE("admission: without max_tokens a request gets what the KV budget holds
   const ApiError none = refusal(small, request(10, 0, 8));
   CHECK(none.status == 400);
   CHECK(none.param == "prompt");
+}
+
+TEST_CASE("admission: a prefix state is kept only in KV budget no running request needs", "[server][kv]") {
+  ep::test::TempDir dir;
+  const std::string path = write_model(dir);
+  const Model model(path, 0);
+  const KvAdmission kv(model.m);
+  // Two sessions holding the 8 and 16 tokens of one prompt (blocks of 8).
+  std::vector<int32_t> prompt(16);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % 256);
+  const auto session_of = [&](size_t tokens) {
+    ep_session *s = nullptr;
+    REQUIRE(ep_session_open(&s, model.m) == EP_OK);
+    const int32_t *t = prompt.data();
+    REQUIRE(ep_sessions_append(&s, &t, &tokens, 1) == EP_OK);
+    return SessionPtr(s);
+  };
+  const SessionPtr eight = session_of(8), sixteen = session_of(16);
+  const uint64_t kv8 = kv.session_bytes(8), kv16 = kv.session_bytes(16);
+  const auto in_use = [&] {
+    uint64_t b = 0;
+    REQUIRE(ep_model_kv_in_use(&b, model.m) == EP_OK);
+    return b;
+  };
+  const uint64_t running = in_use();
+  const std::span<const int32_t> first8(prompt.data(), 8), all16(prompt.data(), 16);
+
+  PrefixCache cache(8, uint64_t{1} << 30);
+  // No room beside the running requests: not kept, and nothing is forked.
+  cache.offer(first8, eight.get(), kv8, kv8 - 1);
+  CHECK(cache.stats().entries == 0);
+  CHECK(cache.stats().kv_full == 1);
+  CHECK(in_use() == running);
+  // Room: kept, and the copy counts against the KV budget as a session of its length.
+  cache.offer(first8, eight.get(), kv8, kv8);
+  REQUIRE(cache.stats().entries == 1);
+  CHECK(in_use() == running + kv8);
+  // The longer state with room for neither beside the first: the first (least recently used)
+  // makes room when what it gives back is enough, else both stay as they are.
+  cache.offer(all16, sixteen.get(), kv16, kv16 - kv8 - 1);
+  CHECK(cache.stats().kv_full == 2);
+  CHECK(cache.stats().entries == 1);
+  cache.offer(all16, sixteen.get(), kv16, kv16 - kv8);
+  CHECK(cache.stats().entries == 1);
+  CHECK(cache.stats().evictions == 1);
+  CHECK(in_use() == running + kv16);
+  CHECK(cache.fork_longest_prefix(prompt).length == 16);
+  // Admission drops kept states for a request: their bytes go back to the budget.
+  CHECK(cache.evict_oldest());
+  CHECK(in_use() == running);
+  CHECK_FALSE(cache.evict_oldest());
+  CHECK(cache.stats().entries == 0);
 }
