@@ -289,17 +289,27 @@ class SchemaCompiler {
 void JsonGrammar::finish() {
   leaves_.assign(nodes_.size(), {});
   required_.assign(nodes_.size(), 0);
-  // anyOf has no cycles (checked): the flattening ends.
-  std::function<void(int32_t, std::vector<int32_t> &)> flatten = [&](int32_t id, std::vector<int32_t> &out) {
-    const Node &n = nodes_[static_cast<size_t>(id)];
+  // anyOf has no cycles (checked): the flattening ends; each node's leaves are made once (a
+  // schema of shared anyOf alternatives is a DAG, which unmemoized recursion would walk
+  // exponentially).
+  std::vector<bool> done(nodes_.size(), false);
+  std::function<void(int32_t)> flatten = [&](int32_t id) {
+    const auto i = static_cast<size_t>(id);
+    if (done[i]) return;
+    const Node &n = nodes_[i];
     if (n.any_of.empty()) {
-      if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
-      return;
+      leaves_[i] = {id};
+    } else {
+      for (int32_t a : n.any_of) {
+        flatten(a);
+        for (int32_t l : leaves_[static_cast<size_t>(a)])
+          if (std::find(leaves_[i].begin(), leaves_[i].end(), l) == leaves_[i].end()) leaves_[i].push_back(l);
+      }
     }
-    for (int32_t a : n.any_of) flatten(a, out);
+    done[i] = true;
   };
   for (size_t i = 0; i < nodes_.size(); ++i) {
-    flatten(static_cast<int32_t>(i), leaves_[i]);
+    flatten(static_cast<int32_t>(i));
     const std::vector<Property> &p = nodes_[i].properties;
     for (size_t j = 0; j < p.size(); ++j)
       if (p[j].required) required_[i] |= uint64_t{1} << j;
