@@ -15,7 +15,10 @@
  * the grammar (the other tokens' logits are −∞; special tokens are never allowed), and once the
  * value is complete only the tokenizer's end tokens (EOS and the end-of-turn token) are. The
  * drawn token advances the state. The text generated is then one JSON value of the grammar,
- * without whitespace before it beyond 16 bytes in a row anywhere, and nothing after it.
+ * without whitespace before it beyond 16 bytes in a row anywhere, and nothing after it. Every
+ * drawn token is constrained: a chat rendered with thinking on would have its thinking
+ * constrained too (the thinking markers are special tokens, never allowed), so render with
+ * thinking off for JSON answers.
  *
  * Thread safety: a grammar is immutable and may be shared by any number of states and threads; a
  * state is used by one thread at a time.

@@ -97,8 +97,11 @@ class SchemaCompiler {
   JsonGrammar g_;
   std::map<std::string, int32_t> by_pointer_;  // every schema compiled so far, by its JSON pointer
   std::set<std::string> refs_open_;            // $refs being resolved (a cycle of them is an error)
+  int depth_ = 0;                              // compile() calls in progress
 
   int32_t add(Node n) {
+    if (g_.nodes_.size() >= kMaxSchemaNodes)
+      fail(Status::invalid_argument, "JSON schema: more than {} schemas (the grammar's limit)", kMaxSchemaNodes);
     g_.nodes_.push_back(std::move(n));
     return static_cast<int32_t>(g_.nodes_.size() - 1);
   }
@@ -119,6 +122,14 @@ class SchemaCompiler {
 
   int32_t compile(const json &s, const std::string &ptr) {
     if (const auto it = by_pointer_.find(ptr); it != by_pointer_.end()) return it->second;
+    // Bounded recursion: a request's schema must not be able to exhaust the stack.
+    struct Depth {
+      int &d;
+      explicit Depth(int &depth) : d(depth) { ++d; }
+      ~Depth() { --d; }
+    } depth(depth_);
+    if (depth_ > kMaxSchemaDepth)
+      fail(Status::invalid_argument, "JSON schema {}: schemas nested (through $ref too) deeper than {}", show(ptr), kMaxSchemaDepth);
     if (s.is_boolean()) {
       if (!s.get<bool>()) fail(Status::invalid_argument, "JSON schema {}: the schema false admits no value", show(ptr));
       return by_pointer_[ptr] = g_.any_;

@@ -24,6 +24,10 @@ enum TypeBits : uint8_t {
 
 /// The most properties one object node may name (a 64-bit mask tracks those written).
 inline constexpr size_t kMaxProperties = 64;
+/// The most schemas (nodes) one JSON Schema may compile to, and the deepest nesting of schemas
+/// (through $ref too): a schema from a request must not exhaust memory or the stack.
+inline constexpr size_t kMaxSchemaNodes = 4096;
+inline constexpr int kMaxSchemaDepth = 128;
 
 /// One named property of an object node. @c key is the name as the JSON text spells it between
 /// its quotes (nlohmann's escaping: \" \\ \b \f \n \r \t, \u00XX for the other controls, other

@@ -122,7 +122,7 @@ std::shared_ptr<const std::vector<uint32_t>> Matcher::allowed() const {
   if (!end_mask_) {
     auto m = std::make_shared<std::vector<uint32_t>>(grammar_->mask_words(), 0);
     for (int32_t e : grammar_->end_tokens()) (*m)[static_cast<size_t>(e) / 32] |= uint32_t{1} << (e % 32);
-    const_cast<Matcher *>(this)->end_mask_ = std::move(m);
+    end_mask_ = std::move(m);
   }
   return end_mask_;
 }

@@ -99,7 +99,7 @@ class Matcher {
   std::shared_ptr<const TokenGrammar> grammar_;
   JsonAutomaton state_;
   bool ended_ = false;
-  std::shared_ptr<const std::vector<uint32_t>> end_mask_;
+  mutable std::shared_ptr<const std::vector<uint32_t>> end_mask_;  // made on first use after the end
 };
 
 }  // namespace ep::grammar

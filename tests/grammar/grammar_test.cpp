@@ -94,8 +94,15 @@ TEST_CASE("the automaton accepts JSON values and refuses what is not JSON", "[gr
     CHECK_FALSE(accepts(any, prefix));
   }
   // Whitespace is bounded: 16 bytes in a row, not 17.
-  CHECK(accepts(any, "[" + std::string(16, ' ') + "1]"));
-  CHECK(refuses(any, "[" + std::string(17, ' ') + "1]"));
+  auto spaced = [](size_t n) {
+    std::string t(n + 3, ' ');
+    t.front() = '[';
+    t[n + 1] = '1';
+    t.back() = ']';
+    return t;
+  };
+  CHECK(accepts(any, spaced(16)));
+  CHECK(refuses(any, spaced(17)));
   // Numbers stop at 32 bytes.
   CHECK(accepts(any, std::string(32, '1')));
   CHECK_FALSE(accepts(any, std::string(33, '1')));
@@ -172,6 +179,43 @@ TEST_CASE("a keyword outside the subset is an error naming it and its pointer", 
     CHECK(e.find(c.expect) != std::string::npos);
     if (e.find(c.expect) == std::string::npos) FAIL(e);
   }
+}
+
+TEST_CASE("a schema's size and nesting are bounded, and long chains of references compile", "[grammar]") {
+  // 5000 definitions: more schemas than the limit.
+  json many = {{"$defs", json::object()}, {"$ref", "#/$defs/d0"}};
+  for (int i = 0; i < 5000; ++i) {
+    char name[8];
+    std::snprintf(name, sizeof name, "d%d", i);
+    many["$defs"][name] = {{"type", "integer"}};
+  }
+  CHECK(compile_error(many.dump()).find("more than 4096 schemas") != std::string::npos);
+  // 200 levels of properties: deeper than the limit, named where it is crossed.
+  json deep = {{"type", "integer"}};
+  for (int i = 0; i < 200; ++i) deep = {{"type", "object"}, {"properties", {{"a", deep}}}};
+  CHECK(compile_error(deep.dump()).find("deeper than 128") != std::string::npos);
+  // A chain of 1500 anyOf definitions, each naming the one before it. Reached from the root it
+  // is refused (nested deeper than the limit); defined first and referenced after, the compiler's
+  // recursion stays shallow (each reference finds the one before compiled) and the long chain
+  // compiles and runs.
+  json defs = {{"d0000", {{"type", "integer"}}}};
+  for (int i = 1; i < 1500; ++i) {
+    char ref[24], name[8];
+    std::snprintf(ref, sizeof ref, "#/$defs/d%04d", i - 1);
+    std::snprintf(name, sizeof name, "d%04d", i);
+    defs[name] = {{"anyOf", json::array({{{"$ref", ref}}, {{"type", "null"}}})}};
+  }
+  const json from_root = {{"$defs", defs}, {"$ref", "#/$defs/d1499"}};
+  CHECK(compile_error(from_root.dump()).find("deeper than 128") != std::string::npos);
+  json chain = {{"anyOf", json::array({{{"type", "boolean"}, {"$defs", defs}}, {{"$ref", "#/anyOf/0/$defs/d1499"}}})}};
+  // The definitions' references point at their own $defs: rewrite them to where they are.
+  for (auto &[name, d] : chain["anyOf"][0]["$defs"].items())
+    if (d.contains("anyOf")) d["anyOf"][0]["$ref"] = "#/anyOf/0" + d["anyOf"][0]["$ref"].get<std::string>().substr(1);
+  const JsonGrammar g = JsonGrammar::from_schema(chain.dump());
+  CHECK(accepts(g, "12"));
+  CHECK(accepts(g, "null"));
+  CHECK(accepts(g, "true"));
+  CHECK(refuses(g, "\"x\""));
 }
 
 namespace {
