@@ -134,6 +134,7 @@ ep::engine::GenerateParams generate_params(const ep_generate_options &o) {
   p.stop_tokens.insert(p.stop_tokens.end(), o.stop_tokens, o.stop_tokens + o.n_stop_tokens);
   for (size_t i = 0; i < o.n_stop_strings; ++i) p.stop_strings.emplace_back(o.stop_strings[i]);
   p.ignore_eos = o.ignore_eos != 0;
+  if (o.grammar) p.grammar = &matcher_of(*o.grammar);
   return p;
 }
 
@@ -387,7 +388,7 @@ EP_API ep_status ep_session_sample(int32_t *out_token, ep_session *session, cons
     ep::capi::require_arg(session, fn, "session");
     const ep::engine::GenerateParams p = ep::capi::generate_params(ep::capi::read_generate_options(options, fn));
     ep::engine::check_generate_params(p);
-    *out_token = session->session->sample(p.sampling, p.repetition_window);
+    *out_token = ep::engine::sample_next(*session->session, p);
   });
 }
 
@@ -412,7 +413,7 @@ EP_API ep_status ep_session_sample_logprobs(ep_token_logprobs *out_logprobs, ep_
     ep::engine::check_generate_params(p);
     ep::backend::TokenLogprobs lp;
     lp.top_n = static_cast<int32_t>(top_logprobs);
-    const int32_t token = session->session->sample(p.sampling, p.repetition_window, &lp);
+    const int32_t token = ep::engine::sample_next(*session->session, p, &lp);
     ep_token_logprobs out;
     ep_token_logprobs_init(&out);
     out.token = token;

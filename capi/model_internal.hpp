@@ -1,4 +1,5 @@
-// What the text API (text_api.cpp) needs of the model and session handles (model_api.cpp):
+// What the text API (text_api.cpp) needs of the model and session handles (model_api.cpp), and
+// the grammar API (grammar_api.cpp) of the tokenizer handles and the generate options of its states:
 // internal C++, not exported (only ep_* symbols leave the library).
 #pragma once
 
@@ -9,7 +10,12 @@
 namespace ep::engine {
 class Engine;
 class Session;
+struct ChatTokenizer;
 }  // namespace ep::engine
+
+namespace ep::grammar {
+class Matcher;
+}
 
 namespace ep::capi {
 
@@ -27,5 +33,9 @@ void check_generate_stats(const ep_generate_stats *out);
 ep::engine::Engine &model_engine(const ep_model &model);
 /// The engine session behind a session handle.
 ep::engine::Session &session_of(ep_session &session);
+/// The tokenizer behind a tokenizer handle (text_api.cpp).
+const ep::engine::ChatTokenizer &chat_tokenizer_of(const ep_tokenizer &tokenizer);
+/// The matcher behind a grammar state handle (grammar_api.cpp).
+ep::grammar::Matcher &matcher_of(ep_grammar_state &state);
 
 }  // namespace ep::capi

@@ -24,6 +24,10 @@ struct ep_text_stream {
   std::unique_ptr<ep::engine::TextStream> stream;
 };
 
+namespace ep::capi {
+const ep::engine::ChatTokenizer &chat_tokenizer_of(const ep_tokenizer &tokenizer) { return *tokenizer.t; }
+}  // namespace ep::capi
+
 namespace {
 
 using ep::tokenizer::ChatTemplate;

@@ -4,6 +4,8 @@
 
 #include <expertpack/expertpack.h>
 
+#include "handles.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -34,6 +36,7 @@ struct JobRequest {
   uint32_t n = 1;                    ///< answers (choices): the prompt runs once, answer i is a fork sampled with seed + i
   int32_t logprobs = -1;             ///< -1: none; else each token's log-probability and this many alternatives (0..20)
   std::vector<ep_logit_bias> logit_bias;  ///< added to the logits before sampling (the scheduler points sampling at it)
+  GrammarPtr grammar;                ///< null, or response_format's grammar: each answer samples with a state of its own
 };
 
 /// A generated token's log-probability and its alternatives, as text (the model's raw

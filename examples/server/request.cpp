@@ -399,6 +399,72 @@ int parse_thinking(const Fields &f, const RequestContext &ctx) {
   return ctx.chat_template == EP_CHAT_TEMPLATE_KIMI_K3 ? 1 : 0;  // the templates' defaults
 }
 
+/// response_format: null for {"type": "text"}, else the grammar of {"type": "json_object"} or
+/// {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}. The grammar
+/// constrains every generated token, so the combinations where the answer holds more than the
+/// JSON value are refused by name: thinking on (the reasoning would be constrained too), tools
+/// offered (a call could not be written) and ignore_eos (nothing may follow the value).
+GrammarPtr parse_response_format(const Fields &f, const RequestContext &ctx, const ToolRequest &tools, int thinking, bool ignore_eos) {
+  const json *rf = f.object("response_format");
+  if (!rf) return nullptr;
+  const Fields rff(*rf);
+  const json *type = rff.get("type");
+  if (!type || !type->is_string())
+    throw ApiError{400, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", "response_format.type", "invalid_value"};
+  const std::string t = type->get<std::string>();
+  const std::set<std::string> allowed = t == "json_schema" ? std::set<std::string>{"type", "json_schema"} : std::set<std::string>{"type"};
+  for (const auto &[key, value] : rf->items())
+    if (!value.is_null() && !allowed.count(key))
+      throw ApiError{400, "unknown parameter 'response_format." + key + "' for type '" + t + "'", "response_format." + key, "unknown_parameter"};
+  if (t == "text") return nullptr;
+  if (t != "json_object" && t != "json_schema")
+    throw ApiError{400, "'response_format.type' '" + t + "' is not supported (\"text\", \"json_object\" or \"json_schema\")",
+                   "response_format.type", "invalid_value"};
+  if (thinking == 1)
+    throw ApiError{400, "'response_format' " + t + " with thinking on is not supported (the grammar would constrain the reasoning too): send 'thinking': false",
+                   "response_format", "unsupported"};
+  if (!tools.tools_json.empty())
+    throw ApiError{400, "'response_format' " + t + " with 'tools' is not supported (the grammar leaves no room for a tool call): send one or the other, or 'tool_choice': \"none\"",
+                   "response_format", "unsupported"};
+  if (ignore_eos)
+    throw ApiError{400, "'response_format' " + t + " with 'ignore_eos' is not supported (nothing may follow the JSON value)", "ignore_eos", "unsupported"};
+  ep_grammar *g = nullptr;
+  if (t == "json_object") {
+    if (ep_grammar_json_object(&g, ctx.tokenizer) != EP_OK)
+      throw ApiError{400, std::string("response_format json_object: ") + ep_last_error(), "response_format", "unsupported"};
+    return GrammarPtr(g, GrammarCloser{});
+  }
+  const json *js = rff.object("json_schema");
+  if (!js) throw ApiError{400, "'response_format.json_schema' is required for type 'json_schema'", "response_format.json_schema", "missing_required_parameter"};
+  static const std::set<std::string> js_fields = {"name", "schema", "strict", "description"};
+  for (const auto &[key, value] : js->items())
+    if (!value.is_null() && !js_fields.count(key))
+      throw ApiError{400, "unknown parameter 'response_format.json_schema." + key + "'", "response_format.json_schema." + key, "unknown_parameter"};
+  const Fields jf(*js);
+  const json *name = jf.get("name");
+  if (!name || !name->is_string() || name->get<std::string>().empty() || name->get<std::string>().size() > 64 ||
+      name->get<std::string>().find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos)
+    throw ApiError{400, "'response_format.json_schema.name' must be a string of 1 to 64 letters, digits, '_' or '-'", "response_format.json_schema.name",
+                   "invalid_value"};
+  if (const json *d = jf.get("description"); d && !d->is_string())
+    throw ApiError{400, "'response_format.json_schema.description' must be a string", "response_format.json_schema.description", "invalid_type"};
+  // strict: true or false, the grammar is followed either way (strict is how OpenAI asks for it).
+  if (const json *st = jf.get("strict"); st && !st->is_boolean())
+    throw ApiError{400, "'response_format.json_schema.strict' must be a boolean", "response_format.json_schema.strict", "invalid_type"};
+  const json *schema = jf.get("schema");
+  if (!schema) throw ApiError{400, "'response_format.json_schema.schema' is required", "response_format.json_schema.schema", "missing_required_parameter"};
+  if (!schema->is_object() && !schema->is_boolean())
+    throw ApiError{400, "'response_format.json_schema.schema' must be a JSON Schema object", "response_format.json_schema.schema", "invalid_type"};
+  const std::string text = schema->dump();
+  if (ep_grammar_json_schema(&g, ctx.tokenizer, text.data(), text.size()) != EP_OK) {
+    std::string e = ep_last_error();
+    // "ep_grammar_json_schema: JSON schema /x: ..." -> "response_format.json_schema.schema /x: ..."
+    if (const size_t at = e.find("JSON schema"); at != std::string::npos) e = e.substr(at + 12);
+    throw ApiError{400, "'response_format.json_schema.schema' " + e, "response_format.json_schema.schema", "invalid_value"};
+  }
+  return GrammarPtr(g, GrammarCloser{});
+}
+
 /// tools, tool_choice and parallel_tool_calls, checked.
 ToolRequest parse_tools(const Fields &f) {
   ToolRequest t;
@@ -466,10 +532,6 @@ ParsedRequest parse_chat(const json &body, const RequestContext &ctx) {
     throw ApiError{400, "this model's tokenizer has no chat template: use /v1/completions", "messages", "unsupported"};
   ParsedRequest c = parse_common(f, ctx);
   const ToolRequest tools = parse_tools(f);
-  if (const json *rf = f.object("response_format")) {
-    const auto type = rf->find("type");
-    if (type == rf->end() || *type != "text") throw ApiError{400, "only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported"};
-  }
   // logprobs: true gives each token's log-probability; top_logprobs (0..20) its alternatives too.
   const bool logprobs = f.boolean("logprobs").value_or(false);
   const auto top = f.integer("top_logprobs", 0, EP_MAX_TOP_LOGPROBS);
@@ -477,6 +539,7 @@ ParsedRequest parse_chat(const json &body, const RequestContext &ctx) {
   c.job.logprobs = logprobs ? static_cast<int32_t>(top.value_or(0)) : -1;
   std::vector<Message> messages = parse_messages(f);
   const int thinking = parse_thinking(f, ctx);
+  c.job.grammar = parse_response_format(f, ctx, tools, thinking, c.job.ignore_eos);
   std::string prompt = render(ctx, messages, tools, thinking, true);
   // A call the request demands is begun by the prompt: the format's call-section opener (and
   // the function's name), as vLLM and SGLang do for these formats without a grammar.

@@ -242,6 +242,15 @@ bool Scheduler::open_streams(Slot &slot) {
   }
   slot.content.reset(content);
   slot.reasoning.reset(reasoning);
+  if (r.grammar) {
+    ep_grammar_state *state = nullptr;
+    if (ep_grammar_state_open(&state, r.grammar.get()) != EP_OK) {
+      log_error(api_error("cannot open a grammar state"));
+      fail(slot, 500, "the server could not start this request's response_format grammar (out of memory?); its log has the details");
+      return false;
+    }
+    slot.grammar.reset(state);
+  }
   if (r.split_reasoning) slot.splitter.emplace(markers_, tokenizer_, r.start_in_reasoning, r.tool_markup, r.start_in_tool_calls);
   slot.last_channel = r.start_in_reasoning ? Channel::reasoning : Channel::content;
   return true;
@@ -283,6 +292,7 @@ ep_status Scheduler::sample(Slot &slot, int32_t &token) {
   o.seed += slot.choice;  // answer i: seed + i (unsigned, wraps)
   o.logit_bias = r.logit_bias.empty() ? nullptr : r.logit_bias.data();
   o.n_logit_bias = r.logit_bias.size();
+  o.grammar = slot.grammar.get();
   if (r.logprobs < 0) return ep_session_sample(&token, slot.session.get(), &o);
   ep_token_logprobs lp;
   ep_token_logprobs_init(&lp);

@@ -84,6 +84,7 @@ class Scheduler {
     const int32_t *feed = nullptr;
     size_t feed_count = 0;
     TextStreamPtr content, reasoning;
+    GrammarStatePtr grammar;  // JobRequest::grammar's state for this answer
     std::optional<ReasoningSplitter> splitter;
     Channel last_channel = Channel::markup;
     Usage usage;

@@ -136,6 +136,7 @@ EP_API ep_status ep_cuda_device_count(int32_t *out_count);
 #include "expertpack/model.h"
 #include "expertpack/store.h"
 #include "expertpack/text.h"
+#include "expertpack/grammar.h"
 #include "expertpack/experts.h"
 
 #endif /* EXPERTPACK_H */

@@ -275,6 +275,8 @@ typedef struct ep_logit_bias {
   float bias;    /**< -100 .. 100 (OpenAI's range): +100 in effect forces the token, -100 forbids it. */
 } ep_logit_bias;
 
+struct ep_grammar_state; /* grammar.h */
+
 /** Options of ep_generate(); fill with ep_generate_options_init(). */
 typedef struct ep_generate_options {
   size_t struct_size;       /**< Must be `sizeof(ep_generate_options)`; set by the init function. */
@@ -300,6 +302,11 @@ typedef struct ep_generate_options {
                                         decoding sees it too). Tokens distinct and inside the vocabulary, biases in -100 .. 100,
                                         else #EP_ERR_INVALID_ARGUMENT naming the token. Default: NULL. */
   size_t n_logit_bias;      /**< Entries of logit_bias. Default: 0. */
+  /* Appended in 0.5: */
+  struct ep_grammar_state *grammar; /**< NULL, or constrained sampling (grammar.h): every draw is from the tokens the grammar
+                                         state allows (the others' logits are −∞ after the logit bias, so greedy and seeded
+                                         draws pick from exactly the masked distribution), and the drawn token advances the
+                                         state. Not owned; one state per generated sequence. Default: NULL. */
 } ep_generate_options;
 
 /**

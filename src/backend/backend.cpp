@@ -115,6 +115,26 @@ void check_logit_bias(const SamplingParams &p, int64_t n_vocab) {
       fail(Status::invalid_argument, "sample: logit_bias[{}] names token {}, outside 0..{}", i, p.logit_bias[i].token, n_vocab - 1);
 }
 
+void check_token_mask(const SamplingParams &p, int64_t n_vocab) {
+  if (p.allowed.empty()) return;
+  const int64_t words = std::min<int64_t>(static_cast<int64_t>(p.allowed.size()), (n_vocab + 31) / 32);
+  for (int64_t w = 0; w < words; ++w) {
+    uint32_t bits = p.allowed[static_cast<size_t>(w)];
+    if (w == (n_vocab - 1) / 32 && n_vocab % 32) bits &= (uint32_t{1} << (n_vocab % 32)) - 1;
+    if (bits) return;
+  }
+  fail(Status::invalid_argument, "sample: the token mask ({} words) allows no token of the {} in the row", p.allowed.size(), n_vocab);
+}
+
+void apply_token_mask(float *z, int64_t n_vocab, const SamplingParams &p) {
+  if (p.allowed.empty()) return;
+  check_token_mask(p, n_vocab);
+  for (int64_t t = 0; t < n_vocab; ++t) {
+    const size_t w = static_cast<size_t>(t / 32);
+    if (w >= p.allowed.size() || !(p.allowed[w] >> (t % 32) & 1)) z[t] = -INFINITY;
+  }
+}
+
 void apply_logit_bias(float *z, int64_t n_vocab, const SamplingParams &p) {
   check_logit_bias(p, n_vocab);
   for (const TokenBias &b : p.logit_bias) z[b.token] += b.bias;

@@ -109,7 +109,8 @@ struct TokenBias {
 /// Sampling. First the repetition penalty: the logit z of each distinct token in
 /// penalty_tokens becomes z / repetition_penalty when z > 0, else z · repetition_penalty (HF /
 /// llama.cpp; 1 = off; ids outside the row are ignored). Then each logit_bias entry is added to
-/// its token's logit (distinct ids inside the row; the engine checks them). Then greedy (first maximum) when
+/// its token's logit (distinct ids inside the row; the engine checks them). Then the allowed mask
+/// (tokens outside it: −∞). Then greedy (first maximum) when
 /// temperature <= 0 or top_k == 1. Otherwise logits/temperature, keep the top_k largest (0 =
 /// all; ties at the k-th value are kept), then the smallest set of most probable tokens whose
 /// probability reaches top_p (1 = all), then drop tokens whose probability is below min_p × the
@@ -126,6 +127,11 @@ struct SamplingParams {
   std::span<const int32_t> penalty_tokens;
   /// Added to the logits after the penalty, before the temperature: distinct ids inside the row.
   std::vector<TokenBias> logit_bias;
+  /// Empty: every token may be drawn. Else the tokens that may (constrained sampling): bit t % 32
+  /// of word t / 32 for token t; tokens past the words may not. Applied after the logit bias: a
+  /// token outside it gets the logit −∞, so greedy and seeded draws pick from exactly the masked
+  /// distribution. Host memory, valid during sample(); at least one token of the row allowed.
+  std::span<const uint32_t> allowed;
 };
 
 /// The most alternatives TokenLogprobs reports (OpenAI's top_logprobs limit).
@@ -151,6 +157,11 @@ void apply_repetition_penalty(float *z, int64_t n_vocab, const SamplingParams &p
 void apply_logit_bias(float *z, int64_t n_vocab, const SamplingParams &p);
 /// Status::invalid_argument unless every logit_bias id of @p p is inside [0, n_vocab).
 void check_logit_bias(const SamplingParams &p, int64_t n_vocab);
+/// Sets the logit of every token @p p's allowed mask leaves out to −∞ (nothing when the mask is
+/// empty); Status::invalid_argument when it allows no token of the row.
+void apply_token_mask(float *z, int64_t n_vocab, const SamplingParams &p);
+/// Status::invalid_argument when @p p has a mask that allows no token inside [0, n_vocab).
+void check_token_mask(const SamplingParams &p, int64_t n_vocab);
 
 /// The seeded uniform in [0, 1) used for draw @p counter (splitmix64; same on every backend).
 double sample_uniform(uint64_t seed, uint64_t counter) noexcept;

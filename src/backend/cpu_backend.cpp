@@ -582,10 +582,11 @@ int32_t CpuBackend::sample(const Tensor &logits, const SamplingParams &p, uint64
 
 int32_t CpuBackend::draw(const float *z0, int64_t n, const SamplingParams &p, uint64_t counter) {
   std::vector<float> adjusted;
-  if ((p.repetition_penalty != 1.0f && !p.penalty_tokens.empty()) || !p.logit_bias.empty()) {
+  if ((p.repetition_penalty != 1.0f && !p.penalty_tokens.empty()) || !p.logit_bias.empty() || !p.allowed.empty()) {
     adjusted.assign(z0, z0 + n);
     apply_repetition_penalty(adjusted.data(), n, p);
     apply_logit_bias(adjusted.data(), n, p);
+    apply_token_mask(adjusted.data(), n, p);
     z0 = adjusted.data();
   }
   if (p.temperature <= 0.0f || p.top_k == 1) {

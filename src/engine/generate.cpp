@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "engine/session.hpp"
+#include "grammar/token_mask.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +40,18 @@ void check_generate_params(const GenerateParams &p) {
     if (p.stop_strings[i].empty()) fail(Status::invalid_argument, "stop_strings[{}] is empty", i);
 }
 
+int32_t sample_next(Session &session, const GenerateParams &params, backend::TokenLogprobs *logprobs) {
+  if (!params.grammar) return session.sample(params.sampling, params.repetition_window, logprobs);
+  // The mask is computed on the host (cached per grammar state) and applied by the backend with
+  // the logit bias; the drawn token then moves the grammar on.
+  const std::shared_ptr<const std::vector<uint32_t>> mask = params.grammar->allowed();
+  backend::SamplingParams sp = params.sampling;
+  sp.allowed = *mask;
+  const int32_t token = session.sample(std::move(sp), params.repetition_window, logprobs);
+  params.grammar->accept(token);
+  return token;
+}
+
 void generate(Session &session, std::span<const int32_t> prompt, const GenerateParams &params, const TokenHook &hook,
               GenerateStats &st) {
   if (prompt.empty() && !session.has_logits()) fail(Status::invalid_argument, "empty prompt on an empty session");
@@ -54,7 +67,6 @@ void generate(Session &session, std::span<const int32_t> prompt, const GenerateP
   const uint64_t read1 = engine.expert_read_bytes();
   st.prefill_expert_bytes = read1 - read0;
   t0 = std::chrono::steady_clock::now();
-  backend::SamplingParams sp = params.sampling;
   auto finish = [&] {
     st.decode_seconds = seconds_since(t0);
     st.prefill_tokens_per_second = st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0;
@@ -65,7 +77,7 @@ void generate(Session &session, std::span<const int32_t> prompt, const GenerateP
   bool cancelled = false;
   try {
     for (uint32_t i = 0; i < params.max_new_tokens; ++i) {
-      const int32_t tok = session.sample(sp, params.repetition_window);
+      const int32_t tok = sample_next(session, params);
       session.append(std::span<const int32_t>(&tok, 1));
       ++st.generated_tokens;
       StopReason reason = StopReason::length;

@@ -11,6 +11,10 @@
 #include <string>
 #include <vector>
 
+namespace ep::grammar {
+class Matcher;
+}
+
 namespace ep::engine {
 
 class Session;
@@ -27,7 +31,14 @@ struct GenerateParams {
   std::vector<int32_t> stop_tokens; ///< generation stops after emitting one of these
   std::vector<std::string> stop_strings;  ///< text generation only (engine/text.hpp)
   bool ignore_eos = false;          ///< text generation: no stop at EOS / end of turn
+  /// Null, or constrained sampling: each draw is from the tokens this grammar allows (its mask
+  /// applied where the logit bias is), and the drawn token advances it. Not owned.
+  grammar::Matcher *grammar = nullptr;
 };
+
+/// Draws @p session's next token with @p params: the repetition penalty over its window, and the
+/// grammar's mask when params.grammar is set (which the token then advances).
+int32_t sample_next(Session &session, const GenerateParams &params, backend::TokenLogprobs *logprobs = nullptr);
 
 /// Checks @p params (Status::invalid_argument naming the field and the value).
 void check_generate_params(const GenerateParams &params);

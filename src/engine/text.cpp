@@ -68,6 +68,21 @@ int TextStream::drain(bool final, const TextSink &sink) {
   return emit(out);
 }
 
+std::shared_ptr<const grammar::Vocabulary> ChatTokenizer::vocabulary() const {
+  std::lock_guard<std::mutex> lock(vocabulary_mu_);
+  if (!vocabulary_) vocabulary_ = grammar::Vocabulary::from_tokenizer(tok);
+  return vocabulary_;
+}
+
+std::shared_ptr<const grammar::TokenGrammar> json_grammar(const ChatTokenizer &t, const std::string *schema) {
+  grammar::JsonGrammar g = schema ? grammar::JsonGrammar::from_schema(*schema) : grammar::JsonGrammar::any_object();
+  std::vector<int32_t> end;
+  for (int32_t id : {t.eos, t.end_of_turn})
+    if (id >= 0 && std::find(end.begin(), end.end(), id) == end.end()) end.push_back(id);
+  if (end.empty()) fail(Status::unsupported, "JSON grammar: the tokenizer ({}) has no EOS or end-of-turn token to end the value with", t.tok.describe());
+  return std::make_shared<const grammar::TokenGrammar>(std::move(g), t.vocabulary(), std::move(end));
+}
+
 std::unique_ptr<ChatTokenizer> open_tokenizer(const std::string &path_in) {
   std::error_code ec;
   if (!fs::exists(path_in, ec)) fail(Status::not_found, "{} does not exist", path_in);

@@ -5,12 +5,14 @@
 #pragma once
 
 #include "engine/generate.hpp"
+#include "grammar/token_mask.hpp"
 #include "tokenizer/chat_template.hpp"
 #include "tokenizer/tokenizer.hpp"
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,7 +31,20 @@ struct ChatTokenizer {
   std::string bos_text;                         ///< BOS as text ("" without one)
   int32_t bos = -1, eos = -1, end_of_turn = -1;
   bool adds_bos = false;                        ///< encode(add_special) starts with BOS
+
+  /// The vocabulary's trie for constrained sampling, built on first use (thread-safe) and shared
+  /// by every grammar made for this tokenizer.
+  std::shared_ptr<const grammar::Vocabulary> vocabulary() const;
+
+ private:
+  mutable std::mutex vocabulary_mu_;
+  mutable std::shared_ptr<const grammar::Vocabulary> vocabulary_;
 };
+
+/// A JSON grammar over @p t's vocabulary whose end tokens are its EOS and end-of-turn tokens: any
+/// JSON object when @p schema is null, else the values of that JSON Schema (Status::invalid_argument
+/// naming the keyword and its JSON pointer for one outside the supported subset; docs/grammar.md).
+std::shared_ptr<const grammar::TokenGrammar> json_grammar(const ChatTokenizer &t, const std::string *schema);
 
 /// Opens the tokenizer at @p path: a tokenizer.json, tiktoken file or GGUF, or a checkpoint
 /// directory holding one (Status::not_found naming what is missing).

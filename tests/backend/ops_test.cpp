@@ -374,3 +374,32 @@ TEST_CASE("sampling: greedy, seeded draws, top-k and top-p restrict the choice",
   CHECK(std::fabs(sample_uniform(1, 2) - sample_uniform(1, 2)) == 0.0);
   CHECK(sample_uniform(1, 2) != sample_uniform(1, 3));
 }
+
+TEST_CASE("sampling: a token mask draws from exactly the masked distribution", "[ops]") {
+  CpuBackend be;
+  std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -5.0f, 2.5f, 0.5f, 4.0f};
+  const std::vector<uint32_t> mask = {0b01100101};  // tokens 0, 2, 5, 6
+  // The same row with the masked-out logits at −∞: every draw must be the same token.
+  std::vector<float> cut = logits;
+  for (size_t t = 0; t < cut.size(); ++t)
+    if (!(mask[0] >> t & 1)) cut[t] = -INFINITY;
+  for (const SamplingParams &base : {SamplingParams{0.0f, 0, 1.0f, 0}, SamplingParams{0.9f, 0, 1.0f, 7}, SamplingParams{1.3f, 2, 1.0f, 3},
+                                     SamplingParams{1.0f, 0, 0.6f, 5}}) {
+    SamplingParams p = base;
+    p.allowed = mask;
+    std::map<int, int> seen;
+    for (uint64_t c = 0; c < 400; ++c) {
+      const int32_t a = be.sample(f32(logits, {8}), p, c);
+      CHECK(a == be.sample(f32(cut, {8}), base, c));
+      seen[a]++;
+    }
+    for (const auto &[t, n] : seen) CHECK((mask[0] >> t & 1));
+  }
+  SamplingParams greedy;
+  greedy.allowed = mask;
+  CHECK(be.sample(f32(logits, {8}), greedy, 0) == 5);  // the largest allowed logit (2.5), not token 7 (4.0)
+  // A mask shorter than the row masks the rest; one allowing nothing is refused.
+  const std::vector<uint32_t> none = {0};
+  greedy.allowed = none;
+  CHECK_THROWS_AS(be.sample(f32(logits, {8}), greedy, 0), ep::Error);
+}

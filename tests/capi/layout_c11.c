@@ -63,7 +63,8 @@ _Static_assert(offsetof(ep_generate_options, stop_strings) == 64, "ep_generate_o
 _Static_assert(offsetof(ep_generate_options, ignore_eos) == 80, "ep_generate_options.ignore_eos");
 _Static_assert(offsetof(ep_generate_options, logit_bias) == 88, "ep_generate_options.logit_bias");
 _Static_assert(offsetof(ep_generate_options, n_logit_bias) == 96, "ep_generate_options.n_logit_bias");
-_Static_assert(sizeof(ep_generate_options) == 104, "ep_generate_options size");
+_Static_assert(offsetof(ep_generate_options, grammar) == 104, "ep_generate_options.grammar (0.5)");
+_Static_assert(sizeof(ep_generate_options) == 112, "ep_generate_options size");
 _Static_assert(sizeof(ep_logit_bias) == 8, "ep_logit_bias size");
 _Static_assert(offsetof(ep_token_logprobs, token) == 8, "ep_token_logprobs.token");
 _Static_assert(offsetof(ep_token_logprobs, n_top) == 16, "ep_token_logprobs.n_top");

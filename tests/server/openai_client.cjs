@@ -2,7 +2,8 @@
 // streamed (the streamed text equals the whole one for greedy requests), usage with
 // stream_options.include_usage, tool calls (a named tool_choice, whole and streamed, the SDK
 // folding the streamed deltas; a tool message round trip), logprobs / top_logprobs, n = 2,
-// logit_bias, and the client's error classes for refused requests.
+// logit_bias, JSON mode (response_format json_schema whole and streamed, json_object, a schema
+// refused by name), and the client's error classes for refused requests.
 //   node openai_client.cjs BASE_URL API_KEY OPENAI_PACKAGE_DIR
 'use strict';
 const assert = require('node:assert/strict');
@@ -173,6 +174,40 @@ async function main() {
   assert.equal(forced.length, 3);
   assert.ok(forced.every((t) => t === forced[0]));
   await assert.rejects(client.completions.create({ ...completion, logit_bias: { x: 1 } }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'logit_bias');
+
+  // JSON mode. A schema with no free strings (an enum, integers, booleans, a bounded array), so
+  // that even greedy decoding ends well inside max_tokens: the answer parses and follows it.
+  const schema = {
+    type: 'object',
+    properties: {
+      book: { enum: ['Genesis', 'Exodus', 'John'] },
+      chapter: { type: 'integer' },
+      verses: { type: 'array', items: { type: 'integer' }, minItems: 1, maxItems: 2 },
+      amen: { type: 'boolean' },
+    },
+    required: ['book', 'chapter', 'verses', 'amen'],
+    additionalProperties: false,
+  };
+  const jsonChat = { ...chat, max_tokens: 300, response_format: { type: 'json_schema', json_schema: { name: 'verse', schema, strict: true } } };
+  const structured = await client.chat.completions.create(jsonChat);
+  assert.equal(structured.choices[0].finish_reason, 'stop');
+  const value = JSON.parse(structured.choices[0].message.content);
+  assert.deepEqual(Object.keys(value).sort(), ['amen', 'book', 'chapter', 'verses']);
+  assert.ok(['Genesis', 'Exodus', 'John'].includes(value.book));
+  assert.ok(Number.isInteger(value.chapter));
+  assert.ok(Array.isArray(value.verses) && value.verses.length >= 1 && value.verses.length <= 2 && value.verses.every(Number.isInteger));
+  assert.equal(typeof value.amen, 'boolean');
+  let structuredStreamed = '';
+  for await (const chunk of await client.chat.completions.create({ ...jsonChat, stream: true })) {
+    for (const choice of chunk.choices) structuredStreamed += choice.delta.content ?? '';
+  }
+  assert.equal(structuredStreamed, structured.choices[0].message.content);
+  const anyObject = await client.chat.completions.create({ ...chat, max_tokens: 300, temperature: 1.0, seed: 3, response_format: { type: 'json_object' } });
+  if (anyObject.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(anyObject.choices[0].message.content), 'object');
+  else assert.ok(anyObject.choices[0].message.content.trimStart().startsWith('{'));
+  await assert.rejects(
+    client.chat.completions.create({ ...jsonChat, response_format: { type: 'json_schema', json_schema: { name: 'v', schema: { type: 'string', pattern: 'x' } } } }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'response_format.json_schema.schema' && e.message.includes('pattern'));
 
   await assert.rejects(client.chat.completions.create({ ...chat, model: 'gpt-nothing' }), (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
   await assert.rejects(client.chat.completions.create({ ...chat, temperature: 'hot' }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'temperature');

@@ -16,6 +16,7 @@ frees what was forgotten.
 from __future__ import annotations
 
 import ctypes
+import json
 import enum
 import os
 import threading
@@ -31,6 +32,7 @@ __all__ = [
     "version_number", "status_str", "last_error", "build_features", "cuda_device_count", "set_log_level",
     "set_log_callback", "read_store_stats", "library_path", "Tokenizer", "TokenizerInfo", "TextResult",
     "StopReason", "ChatTemplate", "HAVE_TEXT", "HAVE_BATCH", "TextStream", "append_many", "step_batch",
+    "Grammar", "GrammarState", "HAVE_GRAMMAR",
 ]
 
 
@@ -181,7 +183,9 @@ class _GenerateOptions(Structure):
                 ("min_p", c_float), ("repetition_penalty", c_float), ("repetition_window", c_uint32),
                 ("stop_tokens", POINTER(c_int32)), ("n_stop_tokens", c_size_t), ("stop_strings", POINTER(c_char_p)),
                 ("n_stop_strings", c_size_t), ("ignore_eos", c_int32),
-                ("logit_bias", c_void_p), ("n_logit_bias", c_size_t)]
+                ("logit_bias", c_void_p), ("n_logit_bias", c_size_t),
+                # 0.5:
+                ("grammar", c_void_p)]
 
 
 class _LogitBias(Structure):
@@ -217,7 +221,9 @@ class _ChatMessage(Structure):
 
 class _ChatOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("chat_template", c_int32), ("thinking", c_int32),
-                ("add_generation_prompt", c_int32)]
+                ("add_generation_prompt", c_int32),
+                # 0.4: tools
+                ("tools_json", c_char_p), ("message_tools_json", POINTER(c_char_p)), ("tool_choice", c_char_p)]
 
 
 _TEXT_FN = CFUNCTYPE(c_int, POINTER(c_char), c_size_t, c_void_p)
@@ -329,6 +335,23 @@ _ep_session_fork = _fn("ep_session_fork", c_int32, POINTER(c_void_p), c_void_p, 
 # 0.4: logit bias (an appended ep_generate_options field) and the log-probabilities of sampled tokens
 _ep_session_sample_logprobs = _fn("ep_session_sample_logprobs", c_int32, POINTER(_TokenLogprobs), c_void_p,
                                   POINTER(_GenerateOptions), c_uint32, optional=True)
+_ep_session_state_bytes = _fn("ep_session_state_bytes", c_int32, POINTER(c_uint64), c_void_p, optional=True)
+_ep_session_set_draw_count = _fn("ep_session_set_draw_count", c_int32, c_void_p, c_uint64, optional=True)
+_ep_chat_tool_call_prefix = _fn("ep_chat_tool_call_prefix", c_int32, c_char_p, c_size_t, POINTER(c_size_t), c_void_p, c_char_p,
+                                POINTER(_ChatOptions), optional=True)
+# 0.5: constrained sampling (grammar.h)
+_ep_grammar_json_object = _fn("ep_grammar_json_object", c_int32, POINTER(c_void_p), c_void_p, optional=True)
+_ep_grammar_json_schema = _fn("ep_grammar_json_schema", c_int32, POINTER(c_void_p), c_void_p, c_char_p, c_size_t,
+                              optional=True)
+_ep_grammar_close = _fn("ep_grammar_close", None, c_void_p, optional=True)
+_ep_grammar_state_open = _fn("ep_grammar_state_open", c_int32, POINTER(c_void_p), c_void_p, optional=True)
+_ep_grammar_state_close = _fn("ep_grammar_state_close", None, c_void_p, optional=True)
+_ep_grammar_state_accept = _fn("ep_grammar_state_accept", c_int32, c_void_p, c_int32, optional=True)
+_ep_grammar_state_complete = _fn("ep_grammar_state_complete", c_int32, POINTER(c_int32), c_void_p, optional=True)
+_ep_grammar_state_allowed = _fn("ep_grammar_state_allowed", c_int32, POINTER(ctypes.c_uint32), c_size_t, POINTER(c_size_t),
+                                c_void_p, optional=True)
+HAVE_GRAMMAR = _ep_grammar_state_allowed is not None
+"""True when the loaded library has constrained sampling (0.5: :class:`Grammar`, the ``grammar`` generate option)."""
 _ep_text_stream_open = _fn("ep_text_stream_open", c_int32, POINTER(c_void_p), c_void_p, POINTER(c_char_p), c_size_t,
                            optional=True)
 _ep_text_stream_push = _fn("ep_text_stream_push", c_int32, c_void_p, c_int32, _TEXT_FN, c_void_p, POINTER(c_int32),
@@ -842,6 +865,16 @@ def _generate_options(options: dict):
             opts.stop_strings = arr
             opts.n_stop_strings = len(strs)
             continue
+        if name == "grammar":
+            if value is None:
+                continue
+            if not isinstance(value, GrammarState):
+                raise TypeError("grammar: expected a GrammarState (Grammar.state())")
+            if not _fits(opts, "grammar"):
+                raise UnsupportedError(Status.UNSUPPORTED, "grammar: the loaded library is older than it (0.5)")
+            opts.grammar = value._ptr()
+            keep.append(value)
+            continue
         if name == "logit_bias":
             entries = sorted((value or {}).items())
             arr = (_LogitBias * len(entries))(*[_LogitBias(int(t), float(b)) for t, b in entries])
@@ -880,14 +913,44 @@ def _chat_messages(messages):
     return arr, keep
 
 
-def _chat_options(template, thinking, add_generation_prompt):
+def _chat_messages_tools(messages):
+    """The messages' tool fields (tool_calls, tool_call_id, name) as ep_chat_options::message_tools_json
+    wants them: one JSON object text per message (None without any), or None when no message has one."""
+    texts = []
+    for m in messages:
+        fields = {k: m[k] for k in ("tool_calls", "tool_call_id", "name") if isinstance(m, dict) and m.get(k) is not None}
+        texts.append(json.dumps(fields).encode("utf-8") if fields else None)
+    return texts if any(t is not None for t in texts) else None
+
+
+def _chat_options(template, thinking, add_generation_prompt, tools=None, tool_choice=None, messages=None):
+    """The chat options; with ``tools`` (OpenAI's tools array, or its JSON text), ``tool_choice``
+    ("auto", "none", "required") or messages carrying tool fields, the 0.4 tool fields. Returns
+    (options, objects to keep alive)."""
     if _ep_chat_options_init is None:
         raise UnsupportedError(Status.UNSUPPORTED, "chat: the loaded library has no text API")
     o = _defaults(_ChatOptions, _ep_chat_options_init)
     o.chat_template = int(template)
     o.thinking = -1 if thinking is None else int(bool(thinking))
     o.add_generation_prompt = int(bool(add_generation_prompt))
-    return o
+    keep = []
+    per_message = _chat_messages_tools(messages or [])
+    if tools is not None or tool_choice is not None or per_message is not None:
+        if not _fits(o, "tool_choice"):
+            raise UnsupportedError(Status.UNSUPPORTED, "tools: the loaded library is older than the chat tool fields (0.4)")
+        if tools is not None:
+            text = (tools if isinstance(tools, str) else json.dumps(tools)).encode("utf-8")
+            keep.append(text)
+            o.tools_json = text
+        if tool_choice is not None:
+            choice = tool_choice.encode("utf-8")
+            keep.append(choice)
+            o.tool_choice = choice
+        if per_message is not None:
+            arr = (c_char_p * len(per_message))(*per_message)
+            keep += [per_message, arr]
+            o.message_tools_json = arr
+    return o, keep
 
 
 class Tokenizer(_Handle):
@@ -930,6 +993,21 @@ class Tokenizer(_Handle):
             if count.value <= cap:
                 return list(buf[:count.value])
 
+    def tool_call_prefix(self, name: Optional[str] = None, *, template: ChatTemplate = ChatTemplate.AUTO,
+                         thinking: Optional[bool] = None) -> str:
+        """The text that, appended to a generation prompt, begins the assistant's turn with a tool
+        call in the template's format (of function ``name``, or any) (``ep_chat_tool_call_prefix``)."""
+        if _ep_chat_tool_call_prefix is None:
+            raise UnsupportedError(Status.UNSUPPORTED, "ep_chat_tool_call_prefix: the loaded library predates it (0.4)")
+        opts, keep = _chat_options(template, thinking, True)
+        n = name.encode("utf-8") if name else None
+        length = c_size_t(0)
+        _check(_ep_chat_tool_call_prefix(None, 0, byref(length), self._ptr(), n, byref(opts)), "ep_chat_tool_call_prefix")
+        cap = length.value + 1
+        buf = ctypes.create_string_buffer(cap)
+        _check(_ep_chat_tool_call_prefix(buf, cap, byref(length), self._ptr(), n, byref(opts)), "ep_chat_tool_call_prefix")
+        return buf.raw[:length.value].decode("utf-8", "replace")
+
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         arr = _int_array(list(ids))
         flags = 1 if skip_special else 0
@@ -943,10 +1021,13 @@ class Tokenizer(_Handle):
                 return buf.raw[:length.value].decode("utf-8", "replace")
 
     def render_chat(self, messages, *, template: ChatTemplate = ChatTemplate.AUTO, thinking: Optional[bool] = None,
-                    add_generation_prompt: bool = True) -> str:
-        """The conversation rendered with a chat template (``ep_chat_render``)."""
+                    add_generation_prompt: bool = True, tools=None, tool_choice: Optional[str] = None) -> str:
+        """The conversation rendered with a chat template (``ep_chat_render``). ``tools``: OpenAI's
+        tools array (or its JSON text), rendered in the template's tool format; ``tool_choice``:
+        "auto", "none" or "required"; a message dict's ``tool_calls``, ``tool_call_id`` and ``name``
+        are passed as its tool fields."""
         c_msgs, keep = _chat_messages(messages)
-        opts = _chat_options(template, thinking, add_generation_prompt)
+        opts, keep_opts = _chat_options(template, thinking, add_generation_prompt, tools, tool_choice, messages)
         length = c_size_t(0)
         _check(_ep_chat_render(None, 0, byref(length), self._ptr(), c_msgs, len(messages), byref(opts)),
                "ep_chat_render")
@@ -957,6 +1038,68 @@ class Tokenizer(_Handle):
                    "ep_chat_render")
             if length.value < cap:
                 return buf.raw[:length.value].decode("utf-8", "replace")
+
+
+class Grammar(_Handle):
+    """A JSON grammar over a tokenizer's vocabulary (``ep_grammar``, grammar.h): any JSON object
+    (:meth:`json_object`) or the values of a JSON Schema (:meth:`json_schema`). Sample with a
+    :class:`GrammarState` per sequence (``grammar=`` generate option). Needs :data:`HAVE_GRAMMAR`."""
+    _close_fn = staticmethod(lambda h: _ep_grammar_close(h))
+
+    def __init__(self):
+        super().__init__()
+        if not HAVE_GRAMMAR:
+            raise UnsupportedError(Status.UNSUPPORTED, "ep_grammar: the loaded library predates it (0.5)")
+
+    @classmethod
+    def json_object(cls, tokenizer: "Tokenizer") -> "Grammar":
+        g = cls()
+        _check(_ep_grammar_json_object(byref(g._h), tokenizer._ptr()), "ep_grammar_json_object")
+        return g
+
+    @classmethod
+    def json_schema(cls, tokenizer: "Tokenizer", schema) -> "Grammar":
+        """``schema``: a JSON Schema as a dict or as JSON text. A keyword outside the supported
+        subset raises :class:`InvalidArgumentError` naming it and its JSON pointer."""
+        g = cls()
+        text = (schema if isinstance(schema, str) else json.dumps(schema)).encode("utf-8")
+        _check(_ep_grammar_json_schema(byref(g._h), tokenizer._ptr(), text, len(text)), "ep_grammar_json_schema")
+        return g
+
+    def state(self) -> "GrammarState":
+        """A state at the grammar's start, for one generated sequence."""
+        return GrammarState(self)
+
+
+class GrammarState(_Handle):
+    """One sequence's position in a :class:`Grammar` (``ep_grammar_state``); pass it as the
+    ``grammar`` option of :meth:`Session.sample`, :meth:`Session.generate`,
+    :meth:`Session.generate_text` or :meth:`Session.generate_chat`: each drawn token is from its
+    allowed set and advances it."""
+    _close_fn = staticmethod(lambda h: _ep_grammar_state_close(h))
+
+    def __init__(self, grammar: Grammar):
+        super().__init__()
+        _check(_ep_grammar_state_open(byref(self._h), grammar._ptr()), "ep_grammar_state_open")
+
+    def accept(self, token: int) -> None:
+        """Advances the state by ``token`` (:class:`InvalidArgumentError` naming it when not allowed)."""
+        _check(_ep_grammar_state_accept(self._ptr(), int(token)), "ep_grammar_state_accept")
+
+    @property
+    def complete(self) -> bool:
+        """True when the text so far is one complete value."""
+        out = c_int32(0)
+        _check(_ep_grammar_state_complete(byref(out), self._ptr()), "ep_grammar_state_complete")
+        return bool(out.value)
+
+    def allowed(self) -> List[int]:
+        """The token ids allowed next, ascending."""
+        words = c_size_t(0)
+        _check(_ep_grammar_state_allowed(None, 0, byref(words), self._ptr()), "ep_grammar_state_allowed")
+        buf = (ctypes.c_uint32 * max(words.value, 1))()
+        _check(_ep_grammar_state_allowed(buf, words.value, byref(words), self._ptr()), "ep_grammar_state_allowed")
+        return [w * 32 + b for w in range(words.value) if buf[w] for b in range(32) if buf[w] >> b & 1]
 
 
 class Session(_Handle):
@@ -1009,6 +1152,23 @@ class Session(_Handle):
         _check(_ep_session_sample(byref(out), self._ptr(), byref(opts)), "ep_session_sample")
         del keep
         return int(out.value)
+
+    @property
+    def state_bytes(self) -> int:
+        """The bytes of the model's device memory this session holds: its decode state as
+        allocated, its last logits and its chat snapshot (``ep_session_state_bytes``)."""
+        if _ep_session_state_bytes is None:
+            raise UnsupportedError(Status.UNSUPPORTED, "ep_session_state_bytes: the loaded library predates it (0.4)")
+        out = c_uint64(0)
+        _check(_ep_session_state_bytes(byref(out), self._ptr()), "ep_session_state_bytes")
+        return int(out.value)
+
+    def set_draw_count(self, draw_count: int) -> None:
+        """Sets the sampler's draw counter (``ep_session_set_draw_count``): the next :meth:`sample`
+        makes draw ``draw_count`` of its seed's sequence (0: as a fresh session would)."""
+        if _ep_session_set_draw_count is None:
+            raise UnsupportedError(Status.UNSUPPORTED, "ep_session_set_draw_count: the loaded library predates it (0.4)")
+        _check(_ep_session_set_draw_count(self._ptr(), int(draw_count)), "ep_session_set_draw_count")
 
     def sample_logprobs(self, top_logprobs: int = 0, **options):
         """:meth:`sample` with log-probabilities (``ep_session_sample_logprobs``): returns
@@ -1112,14 +1272,15 @@ class Session(_Handle):
 
     def generate_chat(self, tokenizer: "Tokenizer", messages, *, template: ChatTemplate = ChatTemplate.AUTO,
                       thinking: Optional[bool] = None, on_text: Optional[Callable[[str], object]] = None,
-                      **options) -> TextResult:
+                      tools=None, tool_choice: Optional[str] = None, **options) -> TextResult:
         """Renders the conversation with its chat template and generates the assistant's answer
         (``ep_generate_chat``). ``messages``: dicts with role, content and optionally
-        reasoning_content (or (role, content) pairs). Keep using the same session for the next
+        reasoning_content and the tool fields (or (role, content) pairs); ``tools`` and
+        ``tool_choice`` as :meth:`Tokenizer.render_chat`. Keep using the same session for the next
         turn: the common prefix is reused."""
         opts, keep = _generate_options(options)
         c_msgs, keep_msgs = _chat_messages(messages)
-        chat = _chat_options(template, thinking, True)
+        chat, keep_chat = _chat_options(template, thinking, True, tools, tool_choice, messages)
         return self._text_call("ep_generate_chat", lambda stats, cb: _ep_generate_chat(
             stats, self._ptr(), tokenizer._ptr(), c_msgs, len(messages), byref(chat), byref(opts), cb, None), on_text)
 

@@ -503,3 +503,128 @@ class TextStreamTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(ep.HAVE_GRAMMAR, "the library has no constrained sampling (0.5)")
+class GrammarTest(unittest.TestCase):
+    """Constrained sampling (grammar.h): a JSON Schema compiled for a tokenizer (a keyword outside the
+    subset named), a state's allowed tokens, and sampling with it on the demo model (models/ in the
+    repository: a real tokenizer), whose answers parse and follow the schema."""
+
+    SCHEMA = {"type": "object",
+              "properties": {"book": {"enum": ["Genesis", "Exodus"]}, "chapter": {"type": "integer"},
+                             "amen": {"type": "boolean"}},
+              "required": ["book", "chapter", "amen"], "additionalProperties": False}
+
+    def tokenizer(self):
+        path = os.environ.get("EP_TEST_TOKENIZER")
+        if not path:
+            self.skipTest("EP_TEST_TOKENIZER is not set")
+        return ep.Tokenizer(path)
+
+    def test_schema_errors_and_state(self):
+        with self.tokenizer() as tok:
+            with self.assertRaises(ep.InvalidArgumentError) as cm:
+                ep.Grammar.json_schema(tok, {"type": "object", "properties": {"a": {"type": "string", "format": "date"}}})
+            self.assertIn("/properties/a/format", cm.exception.message)
+            with ep.Grammar.json_schema(tok, self.SCHEMA) as g, g.state() as st:
+                brace, close = tok.token_id("{"), tok.token_id("}")
+                allowed = st.allowed()
+                self.assertIn(brace, allowed)
+                self.assertNotIn(close, allowed)
+                self.assertNotIn(tok.info().eos_id, allowed)
+                with self.assertRaises(ep.InvalidArgumentError):
+                    st.accept(close)
+                st.accept(brace)
+                self.assertFalse(st.complete)
+                for t in tok.encode('"book":"Exodus","amen":true,"chapter":12}'):
+                    st.accept(t)
+                self.assertTrue(st.complete)
+                self.assertEqual(st.allowed(), [tok.info().eos_id])
+            with ep.Grammar.json_object(tok) as g, g.state() as st:
+                self.assertIn(tok.token_id("{"), st.allowed())
+                self.assertNotIn(tok.token_id("["), st.allowed())
+
+    def test_sampling_follows_the_schema(self):
+        import json
+        demo = os.environ.get("EP_TEST_DEMO_MODEL")
+        if not demo:
+            self.skipTest("EP_TEST_DEMO_MODEL (models/demo-kjv.gguf) is not set")
+        with ep.Model(demo, device=ep.Device.CPU, pack_dir=os.path.join(env("EP_TEST_DIR"), "demo-packs")) as model:
+            tok = model.tokenizer()
+            eos = {tok.info().eos_id, tok.info().end_of_turn_id}
+            with tok, ep.Grammar.json_schema(tok, self.SCHEMA) as g:
+                prompt = tok.encode(tok.render_chat([{"role": "user", "content": "John 3:16"}]))
+                ended = 0
+                for seed in range(4):
+                    with model.session() as s, g.state() as st:
+                        s.append(prompt)
+                        out = []
+                        for _ in range(200):
+                            t = s.sample(grammar=st, temperature=1.0, seed=seed)
+                            if t in eos:
+                                break
+                            out.append(t)
+                            s.append([t])
+                        else:
+                            continue
+                        ended += 1
+                        value = json.loads(tok.decode(out))
+                        self.assertEqual(set(value), {"book", "chapter", "amen"})
+                        self.assertIn(value["book"], ("Genesis", "Exodus"))
+                        self.assertIsInstance(value["chapter"], int)
+                        self.assertIsInstance(value["amen"], bool)
+                self.assertGreater(ended, 0)
+                # generate_chat takes the grammar too.
+                with model.session() as s, g.state() as st:
+                    r = s.generate_chat(tok, [{"role": "user", "content": "John 3:16"}], grammar=st, max_new_tokens=200)
+                    if st.complete:
+                        json.loads(r.text)
+
+
+@unittest.skipUnless(ep.HAVE_BATCH, "the library has no 0.2 session API")
+class SessionStateTest(unittest.TestCase):
+    """ep_session_state_bytes and ep_session_set_draw_count (0.4: what a host's prefix cache needs)."""
+
+    def test_state_bytes_and_draw_count(self):
+        load_fixture(self)
+        with ep.Model(env("EP_TEST_MODEL")) as model, model.session() as s:
+            s.append(self.prompt)
+            self.assertGreater(s.state_bytes, 0)
+            with s.fork() as f:
+                self.assertEqual(f.state_bytes, s.state_bytes)
+            first = [s.sample(temperature=self.temp, seed=self.seed) for _ in range(4)]
+            s.set_draw_count(0)  # the same seeded draws again
+            self.assertEqual([s.sample(temperature=self.temp, seed=self.seed) for _ in range(4)], first)
+            s.set_draw_count(2)
+            self.assertEqual(s.sample(temperature=self.temp, seed=self.seed), first[2])
+
+
+class ChatToolsTest(unittest.TestCase):
+    """The tool fields of ep_chat_options (tools, a message's tool calls and tool results, tool_choice)
+    and ep_chat_tool_call_prefix, on the DeepSeek-V4 template."""
+
+    TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather",
+                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+    def test_tools_render(self):
+        path = os.environ.get("EP_TEST_TOKENIZER")
+        if not path:
+            self.skipTest("EP_TEST_TOKENIZER is not set")
+        with ep.Tokenizer(path) as tok:
+            v4 = ep.ChatTemplate.DEEPSEEK_V4
+            plain = tok.render_chat([{"role": "user", "content": "Weather in Paris?"}], template=v4)
+            with_tools = tok.render_chat([{"role": "user", "content": "Weather in Paris?"}], template=v4, tools=self.TOOLS)
+            self.assertNotIn("get_weather", plain)
+            self.assertIn("get_weather", with_tools)
+            msgs = [{"role": "user", "content": "Weather in Paris?"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                    {"role": "tool", "content": "Sunny, 21 C", "tool_call_id": "call_1", "name": "get_weather"}]
+            round_trip = tok.render_chat(msgs, template=v4, tools=self.TOOLS)
+            self.assertIn("Paris", round_trip)
+            self.assertIn("Sunny, 21 C", round_trip)
+            with self.assertRaises(ep.InvalidArgumentError):
+                tok.render_chat([{"role": "user", "content": "x"}], template=v4, tools="[not json")
+            prefix = tok.tool_call_prefix("get_weather", template=v4)
+            self.assertIn("get_weather", prefix)

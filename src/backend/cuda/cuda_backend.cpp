@@ -729,18 +729,21 @@ int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams 
   const int64_t n = logits.ne[0];
   if (logits.n_rows() != 1 || n <= 0) fail(Status::shape, "sample: expected one row of logits, got [{}, {}]", n, logits.n_rows());
   backend::check_logit_bias(p, n);
+  backend::check_token_mask(p, n);
   const int32_t top_n = logprobs ? logprobs->top_n : 0;
   if (top_n < 0 || top_n > backend::kMaxTopLogprobs)
     fail(Status::invalid_argument, "sample: top_n {} of the log-probabilities (expected 0..{})", top_n, backend::kMaxTopLogprobs);
-  // kWsSample: n floats of probabilities, then (with a repetition penalty or a logit bias) n
-  // floats of adjusted logits, the distinct penalized ids, the biased ids and their biases.
+  // kWsSample: n floats of probabilities, then (with a repetition penalty, a logit bias or a
+  // token mask) n floats of adjusted logits, the distinct penalized ids, the biased ids and their
+  // biases, the mask's words.
   const std::vector<int32_t> ids =
       p.repetition_penalty != 1.0f ? backend::penalty_ids(p.penalty_tokens, n) : std::vector<int32_t>{};
   const size_t n_bias = p.logit_bias.size();
-  const bool adjust = !ids.empty() || n_bias > 0;
+  const size_t n_words = std::min<size_t>(p.allowed.size(), static_cast<size_t>((n + 31) / 32));
+  const bool adjust = !ids.empty() || n_bias > 0 || !p.allowed.empty();
   const uint64_t n_bytes = static_cast<uint64_t>(n) * 4;
-  auto *scratch =
-      static_cast<float *>(workspace(kWsSample, adjust ? 2 * n_bytes + (ids.size() + 2 * n_bias) * 4 : n_bytes));
+  auto *scratch = static_cast<float *>(
+      workspace(kWsSample, adjust ? 2 * n_bytes + (ids.size() + 2 * n_bias + n_words) * 4 : n_bytes));
   // kWsToken: what comes back to the host in one copy: log Σ exp (double), the token, its
   // log-probability, then top_n ids and top_n raw logits.
   struct Back {
@@ -772,6 +775,11 @@ int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams 
       upload(dev_bias_ids, bias_ids.data(), n_bias * 4);
       upload(dev_bias, bias.data(), n_bias * 4);
       launch_logit_bias(copy, dev_bias_ids, dev_bias, static_cast<int32_t>(n_bias), impl_->stream);
+    }
+    if (!p.allowed.empty()) {
+      auto *dev_mask = reinterpret_cast<uint32_t *>(dev_bias + n_bias);
+      upload(dev_mask, p.allowed.data(), n_words * 4);
+      launch_token_mask(copy, n, dev_mask, static_cast<int64_t>(n_words), impl_->stream);
     }
     z = copy;
   }

@@ -148,6 +148,9 @@ void launch_repetition_penalty(float *z, const int32_t *ids, int32_t n_ids, floa
 /// The logit bias on a device copy of the logits: z[ids[j]] += bias[j]; ids (device) are
 /// distinct and inside the row.
 void launch_logit_bias(float *z, const int32_t *ids, const float *bias, int32_t n_ids, cudaStream_t stream);
+/// Constrained sampling on a device copy of the logits (n of them): z[t] = −∞ unless bit t % 32
+/// of mask[t / 32] is set; tokens at or past n_words · 32 are masked out. mask is device memory.
+void launch_token_mask(float *z, int64_t n, const uint32_t *mask, int64_t n_words, cudaStream_t stream);
 /// The sampled token's log-probability under the raw logits (one row of n): *out_lse = log Σ
 /// exp(z) (summed in double from the maximum), *out_logprob = (double) z[*token] − *out_lse
 /// rounded to float; all device memory.

@@ -38,6 +38,13 @@ __global__ void logit_bias_kernel(float *__restrict__ z, const int32_t *__restri
   if (j < n_ids) z[ids[j]] += bias[j];
 }
 
+__global__ void token_mask_kernel(float *__restrict__ z, int64_t n, const uint32_t *__restrict__ mask, int64_t n_words) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  const int64_t w = t / 32;
+  if (w >= n_words || !(mask[w] >> (t % 32) & 1u)) z[t] = -INFINITY;
+}
+
 /// log Σ exp(z) of the raw row and the token's log-probability (one block).
 __global__ void token_logprob_kernel(const float *__restrict__ logits, int64_t n, const int32_t *__restrict__ token,
                                      double *out_lse, float *out_logprob) {
@@ -163,6 +170,12 @@ void launch_logit_bias(float *z, const int32_t *ids, const float *bias, int32_t 
   if (n_ids <= 0) return;
   logit_bias_kernel<<<(n_ids + 255) / 256, 256, 0, stream>>>(z, ids, bias, n_ids);
   EP_CUDA_CHECK_LAUNCH("logit_bias_kernel");
+}
+
+void launch_token_mask(float *z, int64_t n, const uint32_t *mask, int64_t n_words, cudaStream_t stream) {
+  if (n <= 0) return;
+  token_mask_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(z, n, mask, n_words);
+  EP_CUDA_CHECK_LAUNCH("token_mask_kernel");
 }
 
 void launch_token_logprob(const float *logits, int64_t n, const int32_t *token, double *out_lse, float *out_logprob,

@@ -111,3 +111,45 @@ TEST_CASE("the GPU sampler's log-probabilities and alternatives equal the CPU's,
   CHECK(back == logits);
   gpu.deallocate(dev);
 }
+
+TEST_CASE("a token mask on the GPU picks the CPU's token", "[gpu][sampling]") {
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(5);
+  const int64_t n = 129280;
+  std::vector<float> logits(static_cast<size_t>(n));
+  std::uniform_real_distribution<float> u(-8.0f, 8.0f);
+  for (float &v : logits) v = u(rng);
+  // A mask of a few hundred tokens, shorter than the row (the tail is masked out), that leaves
+  // out the row's maximum.
+  std::vector<uint32_t> mask(static_cast<size_t>(n / 32 - 10), 0);
+  for (int i = 0; i < 300; ++i) {
+    const auto t = static_cast<size_t>(rng() % (mask.size() * 32));
+    mask[t / 32] |= uint32_t{1} << (t % 32);
+  }
+  const auto top = static_cast<size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (top / 32 < mask.size()) mask[top / 32] &= ~(uint32_t{1} << (top % 32));
+  void *dev = gpu.allocate(static_cast<uint64_t>(n) * 4);
+  gpu.upload(dev, logits.data(), static_cast<uint64_t>(n) * 4);
+  const Tensor lc = Tensor::make(logits.data(), GgmlType::f32, Device::cpu, {n});
+  const Tensor lg = Tensor::make(dev, GgmlType::f32, Device::cuda, {n});
+  int mismatches = 0, outside = 0;
+  for (float temp : {0.0f, 0.7f, 1.5f})
+    for (int32_t top_k : {0, 20})
+      for (uint64_t c = 0; c < 16; ++c) {
+        SamplingParams p;
+        p.temperature = temp;
+        p.top_k = top_k;
+        p.seed = 11;
+        p.allowed = mask;
+        const int32_t a = cpu.sample(lc, p, c), b = gpu.sample(lg, p, c);
+        mismatches += a != b;
+        outside += !(static_cast<size_t>(b) / 32 < mask.size() && (mask[static_cast<size_t>(b) / 32] >> (b % 32) & 1));
+      }
+  CHECK(mismatches == 0);
+  CHECK(outside == 0);
+  std::vector<float> back(static_cast<size_t>(n));
+  gpu.download(back.data(), dev, static_cast<uint64_t>(n) * 4);
+  CHECK(back == logits);
+  gpu.deallocate(dev);
+}
