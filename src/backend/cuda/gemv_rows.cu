@@ -269,8 +269,11 @@ template <> struct WarpGroup<kF32> : WarpGroupFloat<kF32> {};
 template <> struct WarpGroup<kF16> : WarpGroupFloat<kF16> {};
 template <> struct WarpGroup<kBF16> : WarpGroupFloat<kBF16> {};
 
+// Bounded for 3 blocks per SM (at most 168 registers) at 8 rows per warp, 4 (128) at 4: unbounded,
+// 8 tokens of q8_0 at 8 rows per warp took 255 registers, which leaves 2 blocks (8 warps) per SM
+// to keep the weights streaming.
 template <int T, int NTOK, int R, int WPR>
-__global__ void __launch_bounds__(kRowsThreads) gemv_warp_tokens_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kRowsThreads, R >= 8 ? 3 : 4) gemv_warp_tokens_kernel(GemvArgs a) {
   using G = WarpGroup<T>;
   constexpr int kWarps = kRowsThreads / 32, kRowsPerBlock = kWarps / WPR * R;
   const int t = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
