@@ -10,12 +10,13 @@
 // the default: what the engine runs). The dense types (q8_0, f16, bf16, f32) are measured on the
 // dense matrices of DeepSeek-V4-Flash instead (dense_shapes: the attention, shared-expert and head
 // matrices in q8_0, the compressor, indexer, router and hyper-connection matrices in the float
-// types, as the ds4 layout stores them), one matrix per launch (the grouped o_a: 8). --gemv-tokens
-// takes a list of token counts (1,2,4,8): every GEMV row is measured at each, with its time per
-// launch and that time over the one-token launch's. --ffn adds (and --ffn-only runs only) the decode MoE FFN per
-// model (bench_ffn): gate+up, activation and down of one token's experts as three launches, and
-// as two (the activation applied as down's kernel reads its input; the engine's path for every
-// type but mxfp4).
+// types, as the ds4 layout stores them), one matrix per launch (the grouped o_a: 8); f16, bf16 and
+// f32 only when --types names them. --gemv-tokens takes a list of token counts (1,2,4,8): every
+// GEMV row is measured at each, with its time per launch and that time over the one-token
+// launch's. --ffn adds (and --ffn-only runs only) the decode MoE FFN per model (bench_ffn):
+// gate+up, activation and down of one token's experts as three launches, and as two (the
+// activation applied as down's kernel reads its input; the engine's path for every type but
+// mxfp4).
 #include "bench_common.hpp"
 #include "cuda_util.hpp"
 
@@ -132,7 +133,9 @@ Options options_from(const Args &args) {
     }
     if (!found) ep::fail(ep::Status::invalid_argument, "--types: unknown or unsupported type '{}'", name);
   }
-  if (o.types.empty()) o.types = bench_types();
+  if (o.types.empty())  // the quantized types (the float types only when named)
+    for (GgmlType t : bench_types())
+      if (ep::format::ggml_type_info(static_cast<uint32_t>(t))->quantized) o.types.push_back(t);
   for (const auto &name : split_list(args.get("kernels", "auto"))) {
     ep::backend::cuda::GemvKernel k{};
     if (!ep::backend::cuda::parse_gemv_kernel(name.c_str(), k))
