@@ -7,10 +7,16 @@
 // per GEMV launch: the engine launches gate and up of all picked experts together and down apart,
 // i.e. 12/6/32/16 for DeepSeek-V4-Flash (top-6) and Kimi-K3 (top-16). Weights are cycled through
 // a pool much larger than L2 so that HBM is measured. --kernels picks the GEMV kernels (`auto`,
-// the default: what the engine runs). --ffn adds (and --ffn-only runs only) the decode MoE FFN per
-// model (bench_ffn): gate+up, activation and down of one token's experts as three launches, and
-// as two (the activation applied as down's kernel reads its input; the engine's path for every
-// type but mxfp4).
+// the default: what the engine runs). The dense types (q8_0, f16, bf16, f32) are measured on the
+// dense matrices of DeepSeek-V4-Flash instead (dense_shapes: the attention, shared-expert and head
+// matrices in q8_0, the compressor, indexer, router and hyper-connection matrices in the float
+// types, as the ds4 layout stores them), one matrix per launch (the grouped o_a: 8); f16, bf16 and
+// f32 only when --types names them. --gemv-tokens takes a list of token counts (1,2,4,8): every
+// GEMV row is measured at each, with its time per launch and that time over the one-token
+// launch's. --ffn adds (and --ffn-only runs only) the decode MoE FFN per model (bench_ffn):
+// gate+up, activation and down of one token's experts as three launches, and as two (the
+// activation applied as down's kernel reads its input; the engine's path for every type but
+// mxfp4).
 #include "bench_common.hpp"
 #include "cuda_util.hpp"
 
@@ -45,7 +51,7 @@ struct Options {
   bool batch1 = true;        // also one matrix per launch (--no-batch1: skip, reported as 0)
   ep::backend::cuda::GemmMode gemm_mode = ep::backend::cuda::GemmMode::exact_f32;  // the backend's prefill GEMM path
   int batch[4] = {8, 8, 8, 8};  // experts per GEMV launch, per shape (--batch N or N1,N2,N3,N4)
-  int gemv_tokens = 1;       // tokens per GEMV launch
+  std::vector<int> gemv_tokens = {1};  // tokens per GEMV launch, each measured
   int passes = 10;           // timed passes over the weight pool
   bool graph = false;        // --graph: the timed passes captured once as a CUDA graph and replayed (timed_gbps)
   bool ffn = false;          // --ffn: also the decode MoE FFN, three launches against two (bench_ffn)
@@ -66,8 +72,14 @@ std::vector<std::string> split_list(const std::string &s) {
 
 const std::vector<GgmlType> &bench_types() {
   static const std::vector<GgmlType> all = {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::q4_k,
-                                            GgmlType::q5_k,  GgmlType::q6_k, GgmlType::q8_0, GgmlType::iq2_xxs};
+                                            GgmlType::q5_k,  GgmlType::q6_k, GgmlType::q8_0, GgmlType::iq2_xxs,
+                                            GgmlType::f16,   GgmlType::bf16, GgmlType::f32};
   return all;
+}
+
+// The types measured on DeepSeek-V4-Flash's dense matrices (dense_shapes), not on expert shapes.
+bool dense_type(GgmlType t) {
+  return t == GgmlType::q8_0 || t == GgmlType::f16 || t == GgmlType::bf16 || t == GgmlType::f32;
 }
 
 Options options_from(const Args &args) {
@@ -94,7 +106,17 @@ Options options_from(const Args &args) {
       o.batch[i] = static_cast<int>(n);
     }
   }
-  o.gemv_tokens = std::clamp(static_cast<int>(args.number("gemv-tokens", 1)), 1, ep::backend::cuda::kGemvMaxTokens);
+  o.gemv_tokens.clear();
+  for (const auto &v : split_list(args.get("gemv-tokens", "1"))) {
+    char *end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || n < 1 || n > ep::backend::cuda::kGemvMaxTokens)
+      ep::fail(ep::Status::invalid_argument, "--gemv-tokens: '{}' is not a token count in 1..{}", v,
+               ep::backend::cuda::kGemvMaxTokens);
+    if (std::find(o.gemv_tokens.begin(), o.gemv_tokens.end(), static_cast<int>(n)) == o.gemv_tokens.end())
+      o.gemv_tokens.push_back(static_cast<int>(n));
+  }
+  if (o.gemv_tokens.empty()) ep::fail(ep::Status::invalid_argument, "--gemv-tokens: no token count given");
   o.pool_mib = static_cast<uint64_t>(args.number("pool-mib", 1024));
   o.passes = std::max(1, static_cast<int>(args.number("passes", 10)));
   o.graph = args.has("graph");
@@ -111,11 +133,13 @@ Options options_from(const Args &args) {
     }
     if (!found) ep::fail(ep::Status::invalid_argument, "--types: unknown or unsupported type '{}'", name);
   }
-  if (o.types.empty()) o.types = bench_types();
+  if (o.types.empty())  // the quantized types (the float types only when named)
+    for (GgmlType t : bench_types())
+      if (ep::format::ggml_type_info(static_cast<uint32_t>(t))->quantized) o.types.push_back(t);
   for (const auto &name : split_list(args.get("kernels", "auto"))) {
     ep::backend::cuda::GemvKernel k{};
     if (!ep::backend::cuda::parse_gemv_kernel(name.c_str(), k))
-      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a|stream)", name);
+      ep::fail(ep::Status::invalid_argument, "--kernels: unknown GEMV kernel '{}' (auto|generic|pipe|mma|dp4a|stream|rows)", name);
     o.kernels.push_back(k);
   }
   return o;
@@ -211,6 +235,10 @@ std::vector<uint8_t> random_matrix(GgmlType type, int64_t k, int64_t n, uint32_t
   std::mt19937 rng(seed);
   std::vector<uint8_t> host(mat_bytes);
   for (auto &b : host) b = static_cast<uint8_t>(rng());
+  if (!info.quantized) {  // f16 / bf16 / f32: the exponent's top bit cleared, |v| < 2 (no inf or NaN)
+    const uint64_t size = type == GgmlType::f32 ? 4 : 2;
+    for (uint64_t v = 0; v + size <= host.size(); v += size) host[v + size - 1] &= 0xBF;
+  }
   if (info.quantized && type != GgmlType::mxfp4) {
     const uint32_t d_off = type == GgmlType::q2_k ? 80 : type == GgmlType::q3_k ? 108 : type == GgmlType::q6_k ? 208 : 0;
     for (uint64_t b = 0; b + info.block_bytes <= host.size(); b += info.block_bytes) {
@@ -229,11 +257,32 @@ std::vector<uint8_t> random_matrix(GgmlType type, int64_t k, int64_t n, uint32_t
 struct Shape {
   int64_t k, n;  // input dim (ggml ne0) × output rows
   const char *what;
+  int mats = 0;  // matrices per launch; 0: --batch's number for the shape
 };
+
+// DeepSeek-V4-Flash's dense matrices as the decode step multiplies them (testkit's flash_ds4
+// layout, the `ep-synth --preset flash-ds4` file): q8_0 for the attention, shared-expert and head
+// matrices, the float types for the others.
+const std::vector<Shape> &dense_shapes(GgmlType t) {
+  static const std::vector<Shape> q8 = {{4096, 1024, "attn_q_a", 1},          {1024, 32768, "attn_q_b", 1},
+                                        {4096, 512, "attn_kv", 1},            {4096, 1024, "attn_output_a (8 groups)", 8},
+                                        {8192, 4096, "attn_output_b", 1},     {4096, 2048, "ffn_gate/up_shexp", 1},
+                                        {2048, 4096, "ffn_down_shexp", 1},    {4096, 129280, "output (head)", 1}};
+  static const std::vector<Shape> side = {{4096, 1024, "attn_compressor_kv/gate (CSA)", 1},
+                                          {4096, 512, "attn_compressor_kv/gate (HCA)", 1},
+                                          {1024, 8192, "indexer.attn_q_b", 1},
+                                          {4096, 256, "indexer_compressor_kv/gate, ffn_gate_inp", 1},
+                                          {4096, 64, "indexer.proj", 1},
+                                          {16384, 24, "hc_attn/ffn_fn", 1}};
+  return t == GgmlType::q8_0 ? q8 : side;
+}
 
 struct GemvResult {
   std::string kernel;
+  int want;    // index of the kernel asked for in Options::kernels
+  int tokens;  // tokens per launch
   double gbps, batch1_gbps;
+  double us;   // time per launch at --batch's matrices
 };
 struct Result {
   std::string type;
@@ -245,7 +294,9 @@ struct Result {
   double gemm_tflops, cublas_tflops;
 };
 
-Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape &s, int batch, const Options &o, double cublas_tflops) {
+Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape &s, int batch, const Options &o,
+                 double cublas_tflops) {
+  const int max_tokens = *std::max_element(o.gemv_tokens.begin(), o.gemv_tokens.end());
   const auto info = *ep::format::ggml_type_info(static_cast<uint32_t>(type));
   const uint64_t row_bytes = ep::format::ggml_row_bytes(type, static_cast<uint64_t>(s.k), "bench");
   const uint64_t mat_bytes = row_bytes * static_cast<uint64_t>(s.n);
@@ -266,9 +317,9 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
   for (int m = 0; m < pool; ++m) ptrs[m] = static_cast<uint8_t *>(weights.p) + m * mat_stride;
   DeviceMem dptrs(ptrs.size() * sizeof(void *));
   EP_CUDA_CHECK(cudaMemcpy(dptrs.p, ptrs.data(), ptrs.size() * sizeof(void *), cudaMemcpyHostToDevice));
-  // x: matrix m of a launch reads rows m .. m + gemv_tokens − 1; y: n per matrix and token
-  const int64_t xt = std::max<int64_t>(batch + o.gemv_tokens, o.prefill_tokens);
-  const int64_t yt_rows = std::max<int64_t>(xt, static_cast<int64_t>(batch) * o.gemv_tokens);
+  // x: matrix m of a launch reads rows m .. m + tokens − 1; y: n per matrix and token
+  const int64_t xt = std::max<int64_t>(batch + max_tokens, o.prefill_tokens);
+  const int64_t yt_rows = std::max<int64_t>(xt, static_cast<int64_t>(batch) * max_tokens);
   DeviceMem x(static_cast<uint64_t>(s.k * xt) * 4), y(static_cast<uint64_t>(s.n * yt_rows) * 4);
   upload_random_x(x.p, static_cast<size_t>(s.k * xt));
   // GB/s of launch(table + i·per_launch) over the whole pool, bytes_per_matrix read per matrix
@@ -277,14 +328,14 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
     return timed_gbps(stream, o, pool / per_launch, static_cast<double>(bytes_per_matrix) * per_launch,
                       [&](int i) { launch(table + i * per_launch); });
   };
-  auto gemv_gbps = [&](int per_launch, ep::backend::cuda::GemvKernel kernel) {
+  auto gemv_gbps = [&](int per_launch, ep::backend::cuda::GemvKernel kernel, int tokens) {
     ep::backend::cuda::GemvArgs a;
     a.x = static_cast<float *>(x.p);
     a.y = static_cast<float *>(y.p);
     a.k = s.k;
     a.n = s.n;
     a.n_mat = per_launch;
-    a.n_tok = o.gemv_tokens;
+    a.n_tok = tokens;
     a.kernel = kernel;
     return pass_gbps(per_launch, mat_bytes, [&](const void *const *mats) {
       a.w_ptrs = mats;
@@ -292,31 +343,36 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
     });
   };
   Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, 0, cublas_tflops};
-  for (ep::backend::cuda::GemvKernel want : o.kernels) {
-    auto resolved = [&](int mats) {  // the kernel launch_gemv runs for this many matrices per launch
-      ep::backend::cuda::GemvArgs probe;
-      probe.k = s.k;
-      probe.n = s.n;
-      probe.n_mat = mats;
-      probe.n_tok = o.gemv_tokens;
-      probe.kernel = want;
-      return std::string(ep::backend::cuda::gemv_kernel_name(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(type), probe)));
-    };
-    std::string name = resolved(batch);
-    if (want == ep::backend::cuda::GemvKernel::automatic) {  // "auto:<kernel at --batch>[/<kernel at batch 1>]"
-      const std::string one = resolved(1);
-      std::string label = "auto:";
-      label += name;
-      if (one != name) {
-        label += '/';
-        label += one;
+  for (size_t wi = 0; wi < o.kernels.size(); ++wi)
+    for (int tokens : o.gemv_tokens) {
+      const ep::backend::cuda::GemvKernel want = o.kernels[wi];
+      auto resolved = [&](int mats) {  // the kernel launch_gemv runs for this many matrices per launch
+        ep::backend::cuda::GemvArgs probe;
+        probe.k = s.k;
+        probe.n = s.n;
+        probe.n_mat = mats;
+        probe.n_tok = tokens;
+        probe.kernel = want;
+        return std::string(ep::backend::cuda::gemv_kernel_name(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(type), probe)));
+      };
+      std::string name = resolved(batch);
+      if (want == ep::backend::cuda::GemvKernel::automatic) {  // "auto:<kernel at --batch>[/<kernel at batch 1>]"
+        const std::string one = resolved(1);
+        std::string label = "auto:";
+        label += name;
+        if (one != name) {
+          label += '/';
+          label += one;
+        }
+        name = label;
+      } else if (std::any_of(r.gemv.begin(), r.gemv.end(),
+                             [&](const GemvResult &g) { return g.kernel == name && g.tokens == tokens; })) {
+        continue;  // an mma kernel asked for a type it does not run falls back to one measured already
       }
-      name = label;
-    } else if (std::any_of(r.gemv.begin(), r.gemv.end(), [&](const GemvResult &g) { return g.kernel == name; })) {
-      continue;  // an mma kernel asked for a type it does not run falls back to one measured already
+      const double gbps = gemv_gbps(batch, want, tokens);
+      const double us = static_cast<double>(mat_bytes) * batch / (gbps * 1e3);
+      r.gemv.push_back({name, static_cast<int>(wi), tokens, gbps, o.batch1 ? gemv_gbps(1, want, tokens) : 0.0, us});
     }
-    r.gemv.push_back({name, gemv_gbps(batch, want), o.batch1 ? gemv_gbps(1, want) : 0.0});
-  }
   if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to f32 or bf16 + cuBLAS)
     const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});
     const Tensor yt = Tensor::make(y.p, GgmlType::f32, Device::cuda, {s.n, o.prefill_tokens});
@@ -445,8 +501,14 @@ int run(const Options &o) {
   }
   std::vector<Result> results;
   if (!o.ffn_only)
-    for (GgmlType t : o.types)
-      for (int i = 0; i < 4; ++i) results.push_back(bench_one(be, t, shapes[i], o.batch[i], o, cublas[i]));
+    for (GgmlType t : o.types) {
+      if (dense_type(t)) {
+        for (const Shape &s : dense_shapes(t))
+          results.push_back(bench_one(be, t, s, s.mats, o, o.gemm ? cublas_bf16_tflops(h, stream, s.k, s.n, o.prefill_tokens) : 0.0));
+      } else {
+        for (int i = 0; i < 4; ++i) results.push_back(bench_one(be, t, shapes[i], o.batch[i], o, cublas[i]));
+      }
+    }
   static const FfnModel models[] = {{"DeepSeek-V4-Flash", 4096, 2048, 6}, {"Kimi-K3 (latent)", 3584, 3072, 16}};
   std::vector<FfnResult> ffn;
   if (o.ffn)
@@ -477,7 +539,10 @@ int run(const Options &o) {
         nlohmann::json e = {{"type", r.type},
                             {"k", r.shape.k},
                             {"n", r.shape.n},
+                            {"what", r.shape.what},
                             {"kernel", g.kernel},
+                            {"gemv_tokens", g.tokens},
+                            {"gemv_us_per_launch", g.us},
                             {"matrix_bytes", r.matrix_bytes},
                             {"pool_matrices", r.pool_matrices},
                             {"gemv_batch", r.batch},
@@ -528,19 +593,33 @@ int run(const Options &o) {
                  r.three_gbps, r.three_gbps / hbm, r.two_gbps, r.two_gbps / hbm, r.two_gbps / r.three_gbps);
   }
   if (o.ffn_only) return 0;
-  fmt::print("\ndecode GEMV: {} experts per launch by shape (and 1), {} token(s){}; prefill GEMM: {} tokens, {}\n",
-             fmt::format("{}/{}/{}/{}", o.batch[0], o.batch[1], o.batch[2], o.batch[3]), o.gemv_tokens,
+  std::string token_list;
+  for (int t : o.gemv_tokens) {
+    if (!token_list.empty()) token_list += ',';
+    token_list += std::to_string(t);
+  }
+  fmt::print("\ndecode GEMV: {} experts per launch by expert shape (and 1; dense shapes: the mats column), {} token(s){}; "
+             "prefill GEMM: {} tokens, {}\n",
+             fmt::format("{}/{}/{}/{}", o.batch[0], o.batch[1], o.batch[2], o.batch[3]), token_list,
              o.graph ? ", launches replayed from a CUDA graph" : "", o.prefill_tokens,
              o.gemm_mode == ep::backend::cuda::GemmMode::exact_f32 ? "dequantize to f32 + cuBLAS SGEMM (exact, the default)"
                                                           : "dequantize to bf16 + cuBLAS bf16 GEMM (fast)");
-  fmt::print("{:<8} {:>11} {:>9} {:<18} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5}\n", "type", "K x N", "MiB/mat",
-             "kernel", "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS", "mats");
+  // tok: tokens per launch; us: time per launch (mats matrices); x1: that time over the same
+  // kernel request's one-token launch (when 1 is in --gemv-tokens)
+  fmt::print("{:<8} {:>12} {:>9} {:<18} {:>3} {:>9} {:>6} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5}  {}\n", "type", "K x N",
+             "MiB/mat", "kernel", "tok", "us", "x1", "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS", "mats",
+             "matrix");
   for (const auto &r : results)
-    for (const auto &g : r.gemv)
-      fmt::print("{:<8} {:>11} {:>9.2f} {:<18} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f} {:>5}\n", r.type,
-                 fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), g.kernel,
-                 g.gbps, g.gbps / hbm, g.batch1_gbps, g.batch1_gbps / hbm, r.gemm_tflops,
-                 o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0, r.batch);
+    for (const auto &g : r.gemv) {
+      double one_us = 0;
+      for (const auto &o1 : r.gemv)
+        if (o1.want == g.want && o1.tokens == 1) one_us = o1.us;
+      fmt::print("{:<8} {:>12} {:>9.2f} {:<18} {:>3} {:>9.2f} {:>6} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f} {:>5}  {}\n",
+                 r.type, fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), g.kernel,
+                 g.tokens, g.us, one_us > 0 ? fmt::format("{:.2f}", g.us / one_us) : std::string("-"), g.gbps, g.gbps / hbm,
+                 g.batch1_gbps, g.batch1_gbps / hbm, r.gemm_tflops, o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0, r.batch,
+                 r.shape.what);
+    }
   return 0;
 }
 

@@ -36,7 +36,8 @@ enum : unsigned {
   // 6, 7: Backend::ffn
   kWsGather = 8, kWsSample = 9, kWsToken = 10, kWsPairs = 11,
   // 12: attention_sinks split partials (cuda_backend_deepseek_v4.cpp)
-  kWsCount = 13,
+  kWsGroupX = 13, kWsGroupY = 14,  // grouped_matmul of several tokens
+  kWsCount = 15,
 };
 constexpr uint64_t kDequantChunkBytes = uint64_t{64} << 20;  // bf16 weight rows per cuBLAS call
 constexpr uint64_t kUploadRingBytes = uint64_t{16} << 20;   // pinned staging of upload()
@@ -75,6 +76,9 @@ struct CudaBackend::Impl {
   std::vector<int32_t> group_lists;
   // grouped_matmul(): the row blocks' addresses of each weight, in device memory.
   std::map<std::pair<const void *, int64_t>, void *> group_tables;
+  // grouped_matmul() of several tokens, per (groups, tokens): the gather / scatter rows, then
+  // each group's first x row.
+  std::map<std::pair<int64_t, int64_t>, void *> group_rows;
 
   cudaEvent_t take_event() {
     if (free_events.empty()) {
@@ -114,6 +118,7 @@ CudaBackend::~CudaBackend() {
     if (p) cudaFreeHost(p);
   for (auto &[key, p] : impl_->pair_tokens) cudaFree(p);
   for (auto &[key, p] : impl_->group_tables) cudaFree(p);
+  for (auto &[key, p] : impl_->group_rows) cudaFree(p);
   if (impl_->cublas) cublasDestroy(impl_->cublas);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
@@ -283,13 +288,17 @@ void CudaBackend::grouped_matmul(const Tensor &w, int64_t groups, const Tensor &
   backend::check_f32(y, "grouped_matmul", "y", Device::cuda);
   const int64_t k = w.ne[0], t = x.n_rows();
   const bool plain = w.type == GgmlType::f32 || w.type == GgmlType::f16 || w.type == GgmlType::bf16;
-  if (t != 1 || groups <= 0 || groups > 65535 || w.ne[1] % groups != 0 || !gemv_has_kernel(w.type) || (plain && k % 32 != 0))
+  if (t < 1 || t > kGemvMaxTokens || groups <= 0 || groups > 65535 || w.ne[1] % groups != 0 || !gemv_has_kernel(w.type) ||
+      (plain && k % 32 != 0))
     return Backend::grouped_matmul(w, groups, x, y);
   if (x.ne[0] != groups * k || y.ne[0] != w.ne[1] || y.n_rows() != 1)
     fail(Status::shape, "grouped_matmul: W [{}, {}] in {} groups · x [{}, {}] → y [{}, {}] do not fit", w.ne[0], w.ne[1], groups,
          x.ne[0], t, y.ne[0], y.n_rows());
   // One token: group g's input is x[g·K ..] and its output y[g·O ..], exactly the GEMV's
-  // matrix-m layout, so one launch covers every group.
+  // matrix-m layout, so one launch covers every group. Several tokens: x [t][groups·K] is
+  // gathered to [groups][t][K] (a group's tokens adjacent, as the GEMV reads them), one launch
+  // covers every group, and its y [groups][t][O] is scattered back to [t][groups·O]: three
+  // launches instead of a copy, a GEMV and a copy per group.
   const int64_t o = w.ne[1] / groups;
   void *&table = impl_->group_tables[{w.data, groups}];
   if (!table) {
@@ -306,9 +315,31 @@ void CudaBackend::grouped_matmul(const Tensor &w, int64_t groups, const Tensor &
   a.y = y.as<float>();
   a.k = k;
   a.n = o;
-  a.n_tok = 1;
+  a.n_tok = static_cast<int32_t>(t);
   a.n_mat = static_cast<int32_t>(groups);
+  if (t == 1) return launch_gemv(type_id(w.type), a, impl_->stream);
+  const int64_t n_rows = groups * t;
+  void *&rows_dev = impl_->group_rows[{groups, t}];
+  if (!rows_dev) {
+    // rows[g·t + i] = i·groups + g: row g·t + i of the grouped layout is row i·groups + g of x's
+    // (and of y's), K (O) values per row; then rows[n_rows + g] = g·t, group g's first x row
+    std::vector<int32_t> rows(static_cast<size_t>(n_rows + groups));
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t i = 0; i < t; ++i) rows[static_cast<size_t>(g * t + i)] = static_cast<int32_t>(i * groups + g);
+      rows[static_cast<size_t>(n_rows + g)] = static_cast<int32_t>(g * t);
+    }
+    EP_CUDA_CHECK(cudaMalloc(&rows_dev, rows.size() * 4));
+    upload(rows_dev, rows.data(), rows.size() * 4);
+  }
+  const auto *rows = static_cast<const int32_t *>(rows_dev);
+  auto *xg = static_cast<float *>(workspace(kWsGroupX, static_cast<uint64_t>(n_rows * k) * 4));
+  auto *yg = static_cast<float *>(workspace(kWsGroupY, static_cast<uint64_t>(n_rows * o) * 4));
+  launch_gather_rows(x.as<float>(), rows, k, n_rows, xg, impl_->stream);
+  a.x = xg;
+  a.x_rows = rows + n_rows;
+  a.y = yg;
   launch_gemv(type_id(w.type), a, impl_->stream);
+  launch_scatter_rows(yg, rows, o, n_rows, y.as<float>(), impl_->stream);
 }
 
 void CudaBackend::rms_norm(const Tensor &x, const Tensor *weight, float eps, const Tensor &y) {

@@ -43,7 +43,8 @@ class CudaBackend final : public backend::Backend {
   void synchronize() override;
 
   void matmul(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y) override;
-  /// One token: one GEMV launch over the groups; more tokens: the default.
+  /// Up to kGemvMaxTokens tokens: one GEMV launch over the groups (several tokens: between a
+  /// gather and a scatter of x's and y's rows); more tokens: the default.
   void grouped_matmul(const backend::Tensor &w, int64_t groups, const backend::Tensor &x, const backend::Tensor &y) override;
   void rms_norm(const backend::Tensor &x, const backend::Tensor *weight, float eps, const backend::Tensor &y) override;
   void rope(const backend::Tensor &x, const backend::Tensor &positions, const backend::RopeParams &params,

@@ -7,8 +7,9 @@
 //  - dp4a (gemv_dp4a.cu): the same arithmetic with the weights in registers, where stream's
 //    shared memory or alignment does not fit (not iq2_xxs);
 //  - mma (gemv_mma.cu; 2..8 tokens, mxfp4, q2_K, q3_K with k a multiple of 256): tensor cores;
-//  - rows (gemv_rows.cu; q8_0, f32, f16, bf16, 1..8 tokens, 16-byte aligned matrices): lanes
-//    sharing a row, 16-byte loads into registers;
+//  - rows (gemv_rows.cu; q8_0, f32, f16, bf16, 1..8 tokens, 16-byte aligned matrices): warps
+//    reading 256-value groups of several rows together (q8_0; 2..8 tokens of the float types,
+//    one kernel per token count), or lanes sharing a row (the float types' one token);
 //  - else the per-lane kernel the type's row names (format::kGgmlTypes' gemv_lane: generic,
 //    gemv_generic.cu, for mxfp4, q4_K and q5_K; pipe, gemv_pipe.cu, for the rest), exact to f32
 //    rounding.

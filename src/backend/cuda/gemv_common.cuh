@@ -163,15 +163,23 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cas
 constexpr int kWarps = 4;           // warps per block
 constexpr int kRows = 2;            // rows per warp
 
-// Launches a per-lane kernel over tiles of kWarps·kRows rows per matrix: One (instantiated for one
-// token) when args.n_tok is 1, else Many (for up to kGemvMaxTokens).
-template <auto One, auto Many>
+// The token counts the quantized families (generic, pipe, mma) are instantiated for: 1, 2, 4 and
+// 8 (kGemvMaxTokens). A launch of n_tok tokens runs the kernel for the next count at or above it,
+// whose lanes skip the tokens past n_tok: eight instantiations per type and family would double
+// the CUDA build for the 3, 5, 6 and 7 token launches only.
+constexpr int gemv_tokens_rounded(int n_tok) { return n_tok <= 1 ? 1 : n_tok == 2 ? 2 : n_tok <= 4 ? 4 : kGemvMaxTokens; }
+static_assert(kGemvMaxTokens == 8, "gemv_tokens_rounded's counts");
+
+// Launches a per-lane kernel over tiles of kWarps·kRows rows per matrix: K1, K2, K4 or K8, the
+// kernel instantiated for gemv_tokens_rounded(args.n_tok) tokens.
+template <auto K1, auto K2, auto K4, auto K8>
 void launch_per_lane(const char *name, const GemvArgs &args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((args.n + kWarps * kRows - 1) / (kWarps * kRows)), static_cast<unsigned>(args.n_mat));
-  if (args.n_tok == 1) {
-    One<<<grid, kWarps * 32, 0, stream>>>(args);
-  } else {
-    Many<<<grid, kWarps * 32, 0, stream>>>(args);
+  switch (gemv_tokens_rounded(args.n_tok)) {
+    case 1: K1<<<grid, kWarps * 32, 0, stream>>>(args); break;
+    case 2: K2<<<grid, kWarps * 32, 0, stream>>>(args); break;
+    case 4: K4<<<grid, kWarps * 32, 0, stream>>>(args); break;
+    default: K8<<<grid, kWarps * 32, 0, stream>>>(args); break;
   }
   EP_CUDA_CHECK_LAUNCH(name);
 }

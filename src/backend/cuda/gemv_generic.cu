@@ -1,4 +1,5 @@
-// The generic decode-GEMV kernel (every type, 1..kGemvMaxTokens tokens): each lane decodes whole
+// The generic decode-GEMV kernel (every type, 1..kGemvMaxTokens tokens: instantiated for 1, 2, 4
+// and 8, gemv_tokens_rounded): each lane decodes whole
 // 32-value units of the weights (quant_unit.cuh, exact to f32 rounding) and multiplies them with
 // x read through the read-only cache; a warp owns kRows rows, staged kChunkBytes at a time
 // through shared memory. launch_gemv (gemv.cu) runs it for q4_K, q5_K and mxfp4 where no
@@ -120,7 +121,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_generic_kernel(GemvArgs a) {
 void launch_gemv_generic(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
   dispatch_type(type, "launch_gemv_generic", [&](auto tag) {
     constexpr int T = decltype(tag)::value;
-    launch_per_lane<gemv_generic_kernel<T, 1>, gemv_generic_kernel<T, kGemvMaxTokens>>("gemv_generic_kernel", args, stream);
+    launch_per_lane<gemv_generic_kernel<T, 1>, gemv_generic_kernel<T, 2>, gemv_generic_kernel<T, 4>, gemv_generic_kernel<T, 8>>(
+        "gemv_generic_kernel", args, stream);
   });
 }
 

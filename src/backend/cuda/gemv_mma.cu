@@ -4,7 +4,8 @@
 // lo carry ~22 bits and never overflow); weights decode with bit tricks straight into f16 mma
 // fragments (block scales folded in where they are small integers) and mma.sync m16n8k16
 // accumulates in f32. The 8 mma columns are the tokens: one mma serves 1..8 tokens (more tokens
-// only shorten the x phases). launch_gemv (gemv.cu) runs it for 2..8 tokens.
+// only shorten the x phases; instantiated for 1, 2, 4 and 8 tokens, gemv_tokens_rounded, a smaller
+// count for longer phases). launch_gemv (gemv.cu) runs it for 2..8 tokens.
 #include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/gemv_families.hpp"
@@ -451,10 +452,11 @@ void launch_mma(const GemvArgs &args, cudaStream_t stream) {
 
 template <int T, int WARPS, int STAGES, int KSPLIT>
 void launch_mma_tokens(const GemvArgs &args, cudaStream_t stream) {
-  if (args.n_tok == 1) {
-    launch_mma<T, 1, WARPS, STAGES, KSPLIT>(args, stream);
-  } else {
-    launch_mma<T, kGemvMaxTokens, WARPS, STAGES, KSPLIT>(args, stream);
+  switch (gemv_tokens_rounded(args.n_tok)) {
+    case 1: return launch_mma<T, 1, WARPS, STAGES, KSPLIT>(args, stream);
+    case 2: return launch_mma<T, 2, WARPS, STAGES, KSPLIT>(args, stream);
+    case 4: return launch_mma<T, 4, WARPS, STAGES, KSPLIT>(args, stream);
+    default: return launch_mma<T, kGemvMaxTokens, WARPS, STAGES, KSPLIT>(args, stream);
   }
 }
 

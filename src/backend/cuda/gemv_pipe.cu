@@ -1,4 +1,5 @@
-// The pipelined decode-GEMV kernel (every type, 1..kGemvMaxTokens tokens): the generic kernel's
+// The pipelined decode-GEMV kernel (every type, 1..kGemvMaxTokens tokens: instantiated for 1, 2, 4
+// and 8, gemv_tokens_rounded): the generic kernel's
 // work split (gemv_generic.cu), with the row chunks copied by cp.async into a per-warp double
 // buffer (the next chunk is in flight while the current one is decoded), and table-driven
 // decoders for mxfp4, q2_K and q3_K (a 256-entry table turns one quant byte into 2 or 4 floats)
@@ -266,7 +267,8 @@ __global__ void __launch_bounds__(kWarps * 32, LutOf<T>::min_blocks) gemv_pipe_k
 void launch_gemv_pipe(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
   dispatch_type(type, "launch_gemv_pipe", [&](auto tag) {
     constexpr int T = decltype(tag)::value;
-    launch_per_lane<gemv_pipe_kernel<T, 1>, gemv_pipe_kernel<T, kGemvMaxTokens>>("gemv_pipe_kernel", args, stream);
+    launch_per_lane<gemv_pipe_kernel<T, 1>, gemv_pipe_kernel<T, 2>, gemv_pipe_kernel<T, 4>, gemv_pipe_kernel<T, 8>>(
+        "gemv_pipe_kernel", args, stream);
   });
 }
 

@@ -127,6 +127,45 @@ TEST_CASE("matmul (GEMV and GEMM paths) matches the CPU for every type", "[gpu][
   }
 }
 
+TEST_CASE("grouped_matmul matches the CPU for 1..9 tokens, each token as it is alone", "[gpu][matmul]") {
+  // 1..8 tokens: one GEMV launch over the groups (between a gather and a scatter for several);
+  // 9: the default (a matmul per group). q8_0 (DeepSeek-V4's o_a): every token's outputs equal a
+  // one-token call's bit for bit (the several-token q8_0 kernel sums in the one-token order).
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(25);
+  const int64_t groups = 4, k = 512, o = 48;
+  for (GgmlType type : {GgmlType::q8_0, GgmlType::f16, GgmlType::q4_k, GgmlType::q2_k}) {
+    auto w = ep::test::random_weights(type, k, groups * o, rng);
+    DevBuf dw(gpu, w);
+    const Tensor wg = t_of(dw.p, type, Device::cuda, {k, groups * o});
+    for (int64_t t = 1; t <= 9; ++t) {
+      auto x = ep::test::random_floats(static_cast<size_t>(groups * k * t), rng);
+      DevBuf dx(gpu, x), dy(gpu, static_cast<uint64_t>(groups * o * t) * 4);
+      std::vector<float> want(static_cast<size_t>(groups * o * t));
+      cpu.grouped_matmul(t_of(w.data(), type, Device::cpu, {k, groups * o}), groups,
+                         t_of(x.data(), GgmlType::f32, Device::cpu, {groups * k, t}),
+                         t_of(want.data(), GgmlType::f32, Device::cpu, {groups * o, t}));
+      gpu.grouped_matmul(wg, groups, t_of(dx.p, GgmlType::f32, Device::cuda, {groups * k, t}),
+                         t_of(dy.p, GgmlType::f32, Device::cuda, {groups * o, t}));
+      const auto got = dy.get<float>();
+      const double err = rel_err(got, want);
+      INFO("type " << static_cast<int>(type) << " tokens " << t << " err " << err);
+      CHECK(err <= 1e-4);
+      if (type != GgmlType::q8_0 || t > 8) continue;
+      for (int64_t i = 0; i < t; ++i) {  // token i alone
+        DevBuf dx1(gpu, std::vector<float>(x.begin() + i * groups * k, x.begin() + (i + 1) * groups * k));
+        DevBuf dy1(gpu, static_cast<uint64_t>(groups * o) * 4);
+        gpu.grouped_matmul(wg, groups, t_of(dx1.p, GgmlType::f32, Device::cuda, {groups * k, 1}),
+                           t_of(dy1.p, GgmlType::f32, Device::cuda, {groups * o, 1}));
+        const auto alone = dy1.get<float>();
+        INFO("token " << i);
+        CHECK(std::memcmp(alone.data(), got.data() + i * groups * o, static_cast<size_t>(groups * o) * 4) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("rms_norm, rope, softmax, top_k, glu, add, embed match the CPU", "[gpu][ops]") {
   CudaBackend gpu;
   CpuBackend cpu;

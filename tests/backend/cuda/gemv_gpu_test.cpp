@@ -2,7 +2,8 @@
 // kernel variant: several matrices per launch through w_ptrs and x_rows, 1..8 tokens, partial
 // row tiles, unaligned q3_K rows and blocks, and x far outside the f16 range (the mma kernel
 // carries x as scaled f16 hi + lo halves, the dp4a kernel as int8 hi + lo parts per 32 values).
-// Device outputs are poisoned with NaN before each launch. Thresholds (worst |gpu − ref| over the
+// Device outputs are poisoned with NaN before each launch, with a poisoned tail that must stay
+// unwritten. Thresholds (worst |gpu − ref| over the
 // largest |ref| of each matrix): 5e-5 for mma, 2e-4 for dp4a and stream (x carried with ~15 bits:
 // 5e-5 was measured on the H200), 1e-4 for the exact per-lane kernels on every type. Launches go
 // to a created stream (stream uses programmatic dependent launch there).
@@ -71,7 +72,7 @@ struct Case {
 };
 
 // Worst |gpu − ref| / max |ref| over the matrices of one launch (each matrix on its own scale);
-// +inf for any non-finite output.
+// +inf for any non-finite output or any write past the outputs.
 double run_case(const Case &c, GemvKernel kernel, std::mt19937 &rng) {
   const uint64_t row_bytes = ep::format::ggml_row_bytes(c.type, static_cast<uint64_t>(c.k), "test");
   const uint64_t mat_bytes = row_bytes * static_cast<uint64_t>(c.n);
@@ -94,7 +95,10 @@ double run_case(const Case &c, GemvKernel kernel, std::mt19937 &rng) {
   const int x_count = c.n_mat + 1 + c.n_tok;
   auto x = ep::test::random_floats(static_cast<size_t>(x_count * c.k), rng);
   for (auto &v : x) v *= c.x_scale;
-  Dev dptrs(ptrs), dxrows(x_rows), dx(x), dy(static_cast<size_t>(c.n_mat) * c.n * c.n_tok * 4);
+  // y with a poisoned tail of kGuard floats that no launch may write
+  constexpr size_t kGuard = 64;
+  const size_t y_count = static_cast<size_t>(c.n_mat) * c.n * c.n_tok;
+  Dev dptrs(ptrs), dxrows(x_rows), dx(x), dy((y_count + kGuard) * 4);
 
   GemvArgs a;
   a.w_ptrs = static_cast<const void *const *>(dptrs.p);
@@ -111,6 +115,11 @@ double run_case(const Case &c, GemvKernel kernel, std::mt19937 &rng) {
   ep::backend::cuda::launch_gemv(static_cast<uint32_t>(c.type), a, stream.s);
   EP_CUDA_CHECK(cudaStreamSynchronize(stream.s));
   const auto got = dy.get<float>();
+  for (size_t i = y_count; i < got.size(); ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &got[i], 4);
+    if (bits != 0xFFFFFFFFu) return INFINITY;  // written past the outputs
+  }
 
   double worst = 0;
   std::vector<float> deq(static_cast<size_t>(c.k * c.n));
@@ -291,6 +300,70 @@ TEST_CASE("the row kernel matches the CPU for q8_0 and the float types", "[gpu][
     const double err = run_case(c, GemvKernel::rows, rng);
     INFO("q8_0 k " << c.k << " n " << c.n << " mats " << c.n_mat << " err " << err);
     CHECK(err <= 1e-5);
+  }
+}
+
+TEST_CASE("every token count 1..8 matches the CPU on the row, generic, pipe and tensor-core kernels", "[gpu][gemv]") {
+  // Each count has its own kernel (rows: 2..8 the coalesced several-token kernel, k a multiple of
+  // 256; k 96 the per-lane row kernel) or runs the next instantiated count with tokens skipped
+  // (generic, pipe, mma: 1, 2, 4, 8). n 37 and 8197: the split rows (4 warps per row) and the
+  // whole rows per warp, with partial tiles.
+  std::mt19937 rng(38);
+  auto check = [&](const Case &c, GemvKernel kernel, double limit) {
+    const double err = run_case(c, kernel, rng);
+    INFO(ep::backend::cuda::gemv_kernel_name(kernel) << " type " << static_cast<int>(c.type) << " k " << c.k << " n " << c.n
+                                                     << " mats " << c.n_mat << " tokens " << c.n_tok << " err " << err);
+    CHECK(err <= limit);
+  };
+  for (int n_tok = 1; n_tok <= 8; ++n_tok) {
+    for (GgmlType type : {GgmlType::q8_0, GgmlType::f32, GgmlType::f16, GgmlType::bf16}) {
+      check(Case{type, 512, 37, 3, n_tok}, GemvKernel::rows, 1e-5);
+      check(Case{type, 256, 8197, 1, n_tok}, GemvKernel::rows, 1e-5);
+      if (type != GgmlType::q8_0) check(Case{type, 96, 21, 2, n_tok}, GemvKernel::rows, 1e-5);
+    }
+    for (GemvKernel kernel : {GemvKernel::generic, GemvKernel::pipe})
+      for (GgmlType type : {GgmlType::q4_k, GgmlType::q6_k, GgmlType::mxfp4, GgmlType::q8_0})
+        check(Case{type, 512, 19, 2, n_tok}, kernel, 1e-4);
+    for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k})
+      check(Case{type, 1024, 45, 2, n_tok}, GemvKernel::mma, limit_of(GemvKernel::mma));
+  }
+}
+
+TEST_CASE("each token of a several-token q8_0 launch equals a one-token launch bit for bit", "[gpu][gemv]") {
+  // gemv_warp_tokens_kernel accumulates every (row, token) in the one-token kernel's order: a
+  // sequence decoded in a batch gets the outputs it gets alone. n 1000: rows split over 4 warps;
+  // 8200: whole rows per warp (the output head's split).
+  std::mt19937 rng(39);
+  for (const int64_t n : {int64_t{1000}, int64_t{8200}}) {
+    const int64_t k = 1024;
+    const auto w = ep::test::random_weights(GgmlType::q8_0, k, n, rng);
+    const auto x = ep::test::random_floats(static_cast<size_t>(8 * k), rng);
+    Dev dw(w), dx(x);
+    Stream stream;
+    auto run = [&](int n_tok, int first) {  // tokens first .. first + n_tok − 1 of x
+      Dev dy(static_cast<size_t>(n * n_tok) * 4);
+      GemvArgs a;
+      a.w = dw.p;
+      a.x = static_cast<const float *>(dx.p) + first * k;
+      a.y = static_cast<float *>(dy.p);
+      a.k = k;
+      a.n = n;
+      a.n_tok = n_tok;
+      REQUIRE(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q8_0), a) == GemvKernel::rows);
+      ep::backend::cuda::launch_gemv(static_cast<uint32_t>(GgmlType::q8_0), a, stream.s);
+      EP_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+      return dy.get<float>();
+    };
+    std::vector<std::vector<float>> alone;
+    for (int t = 0; t < 8; ++t) alone.push_back(run(1, t));
+    for (int n_tok = 2; n_tok <= 8; ++n_tok) {
+      const auto got = run(n_tok, 0);
+      for (int t = 0; t < n_tok; ++t) {
+        INFO("n " << n << " tokens " << n_tok << " token " << t);
+        CHECK(std::all_of(alone[t].begin(), alone[t].end(), [](float v) { return std::isfinite(v); }));
+        CHECK(std::memcmp(got.data() + t * n, alone[t].data(), static_cast<size_t>(n) * 4) == 0);
+      }
+    }
   }
 }
 
