@@ -288,10 +288,13 @@ void CudaBackend::grouped_matmul(const Tensor &w, int64_t groups, const Tensor &
   backend::check_f32(y, "grouped_matmul", "y", Device::cuda);
   const int64_t k = w.ne[0], t = x.n_rows();
   const bool plain = w.type == GgmlType::f32 || w.type == GgmlType::f16 || w.type == GgmlType::bf16;
+  // One GEMV launch over the groups for q8_0 (DeepSeek-V4's o_a) and the float types, whose row
+  // kernels read each group's input at its matrix-m offset; the quantized families' kernels read
+  // theirs through x_rows only (on the H100, q2_K's gave non-finite rows here): the default path.
   if (t < 1 || t > kGemvMaxTokens || groups <= 0 || groups > 65535 || w.ne[1] % groups != 0 || !gemv_has_kernel(w.type) ||
-      (plain && k % 32 != 0))
+      !(plain || w.type == GgmlType::q8_0) || (plain && k % 32 != 0))
     return Backend::grouped_matmul(w, groups, x, y);
-  if (x.ne[0] != groups * k || y.ne[0] != w.ne[1] || y.n_rows() != 1)
+  if (x.ne[0] != groups * k || y.ne[0] != w.ne[1] || y.n_rows() != t)
     fail(Status::shape, "grouped_matmul: W [{}, {}] in {} groups · x [{}, {}] → y [{}, {}] do not fit", w.ne[0], w.ne[1], groups,
          x.ne[0], t, y.ne[0], y.n_rows());
   // One token: group g's input is x[g·K ..] and its output y[g·O ..], exactly the GEMV's

@@ -128,8 +128,8 @@ TEST_CASE("matmul (GEMV and GEMM paths) matches the CPU for every type", "[gpu][
 }
 
 TEST_CASE("grouped_matmul matches the CPU for 1..9 tokens, each token as it is alone", "[gpu][matmul]") {
-  // 1..8 tokens: one GEMV launch over the groups (between a gather and a scatter for several);
-  // 9: the default (a matmul per group). q8_0 (DeepSeek-V4's o_a): every token's outputs equal a
+  // 1..8 tokens of q8_0 and f16: one GEMV launch over the groups (between a gather and a scatter
+  // for several); 9 tokens, and q4_K and q2_K at any count: the default (a matmul per group). q8_0 (DeepSeek-V4's o_a): every token's outputs equal a
   // one-token call's bit for bit (the several-token q8_0 kernel sums in the one-token order).
   CudaBackend gpu;
   CpuBackend cpu;
