@@ -74,7 +74,9 @@ typedef struct ep_model_options {
   uint64_t cache_budget_bytes; /**< Expert cache budget in bytes (whole slots of the largest expert; at least top_k of them,
                                     else #EP_ERR_BUDGET); 0 = room for every expert, at most half the physical memory (CUDA: the free GPU memory less
                                     2 GiB and the KV budget's room: an explicit kv_budget_bytes, or with kv_budget_bytes 0 a
-                                    quarter of the memory free once the dense weights are in). Default: 0. */
+                                    quarter of the memory free once the dense weights are in). On CUDA, a budget that holds
+                                    every expert reads them all at open; steps then resolve their picks on the GPU (no host
+                                    round trip) and the store's statistics stop at those reads. Default: 0. */
   uint32_t staging_slots;      /**< Staging slots for expert reads; 0 = automatic. Default: 0. */
   uint32_t queue_depth;        /**< I/O queue depth; 0 = automatic. Default: 0. */
   uint32_t read_splits;        /**< Reads each expert object in this many parts; 0 = automatic. Default: 0. */

@@ -163,6 +163,19 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const ModelOptions
   po.first_layer = e->lm_->first_expert_layer();
   po.cuda_reserve_bytes += kv_reserve_beside_cache(options, e->device_index_);
   auto packed = std::make_unique<experts::PackedExperts>(rm.pack, e->lm_->expert_shapes(), e->lm_->info().n_experts_used, po);
+  // On a GPU whose cache holds every expert, they are read once now and each step resolves its
+  // picks on the device (no host round trip per MoE layer); the CPU backend reads host picks
+  // either way. An expert that cannot be read or fails its check keeps the model on the store
+  // path, where it fails only the steps that pick it (as without this load).
+  if (use_cuda) {
+    try {
+      packed->load_every_expert(*e->backend_);
+    } catch (const Error &err) {
+      if (err.status() != Status::io && err.status() != Status::corrupt) throw;
+      log::warn("{}: not every expert could be read at open ({}); experts are read through the cache as steps pick them",
+                rm.pack, err.what());
+    }
+  }
   e->packed_ = packed.get();
   e->lm_->set_experts(std::move(packed));
   e->pack_path_ = rm.pack;

@@ -1,6 +1,7 @@
 #include "experts/packed_experts.hpp"
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "format/ggml_type.hpp"
 #include "format/pack_file.hpp"
 #include "io/file.hpp"
@@ -10,6 +11,8 @@
 
 
 #include <algorithm>
+#include <limits>
+#include <numeric>
 #include <span>
 
 namespace ep::experts {
@@ -129,16 +132,67 @@ const backend::SlotLayout &PackedExperts::layout(int64_t layer) const {
   return layouts_[static_cast<size_t>(layer)];
 }
 
+backend::ExpertBatch PackedExperts::every_batch(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                                                std::span<const int32_t> only) {
+  if (layer < 0 || layer >= static_cast<int64_t>(every_.size())) fail(Status::invalid_argument, "experts: no layer {}", layer);
+  return fixed_experts_batch(*every_be_, layer, every_[static_cast<size_t>(layer)], layouts_[static_cast<size_t>(layer)], ids,
+                             host_ids, only, every_pairs_, every_table_);
+}
+
+int64_t PackedExperts::max_unique() const {
+  return every_.empty() ? max_unique_ : std::numeric_limits<int64_t>::max();
+}
+
+bool PackedExperts::load_every_expert(backend::Backend &be) {
+  if (!every_.empty()) return true;
+  if (held_->active) fail(Status::internal, "experts: load_every_expert while layer {} is held", held_->layer);
+  const uint32_t n_layers = static_cast<uint32_t>(layouts_.size()), n_exp = pack_->num_experts();
+  const uint64_t total = static_cast<uint64_t>(n_layers) * n_exp;
+  if (store_->num_slots() < total) return false;
+  log::info("experts: the cache's {} slots hold every expert ({} layers x {}): reading all {} now ({:.2f} GiB)",
+            store_->num_slots(), n_layers, n_exp, total,
+            static_cast<double>(total * store_->slot_bytes()) / static_cast<double>(uint64_t{1} << 30));
+  const uint32_t chunk = std::max<uint32_t>(1, store_->max_unique());
+  std::vector<std::vector<const void *>> slots(n_layers, std::vector<const void *>(n_exp, nullptr));
+  // Two passes: the first reads, the second (every id a hit) checks that nothing read in the
+  // first was evicted, i.e. that every address stays valid.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (uint32_t l = 0; l < n_layers; ++l) {
+      for (uint32_t e0 = 0; e0 < n_exp; e0 += chunk) {
+        std::vector<uint32_t> ids(std::min(chunk, n_exp - e0));
+        std::iota(ids.begin(), ids.end(), e0);
+        const store::Acquisition acq = store_->acquire(l, ids);
+        const bool moved = pass == 1 && (acq.misses != 0 || !std::equal(ids.begin(), ids.end(), acq.pointers.begin(),
+                                                                         [&](uint32_t e, const void *p) { return slots[l][e] == p; }));
+        for (size_t i = 0; i < ids.size(); ++i) slots[l][ids[i]] = acq.pointers[i];
+        store_->release(acq);
+        if (moved)
+          fail(Status::internal, "experts: layer {}: experts {}..{} left their slots while every expert was read", l, e0,
+               e0 + ids.size() - 1);
+      }
+      if (pass == 0) log::debug("experts: layer {} of {} read", l + 1, n_layers);
+    }
+  }
+  std::vector<FixedExperts> every(n_layers);
+  for (uint32_t l = 0; l < n_layers; ++l) every[l].set(be, std::move(slots[l]));
+  every_ = std::move(every);
+  every_be_ = &be;
+  return true;
+}
+
 backend::ExpertBatch PackedExperts::acquire(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
                                             std::span<const int32_t> only) {
+  if (!every_.empty()) return every_batch(layer, ids, host_ids, only);
   return begin(layer, ids, host_ids, only, false);
 }
 
 backend::ExpertBatch PackedExperts::acquire_staged(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids) {
+  if (!every_.empty()) return every_batch(layer, ids, host_ids, {});
   return begin(layer, ids, host_ids, {}, overlap_reads_);
 }
 
 bool PackedExperts::next_staged(int64_t layer, backend::ExpertBatch &batch) {
+  if (!every_.empty()) return false;
   Held &h = *held_;
   if (!h.active || h.layer != layer) fail(Status::internal, "experts: next_staged of layer {} without its acquire", layer);
   if (h.acq.pending == 0) return false;
@@ -220,6 +274,7 @@ backend::ExpertBatch PackedExperts::begin(int64_t layer, const backend::Tensor &
 }
 
 void PackedExperts::release(int64_t layer) {
+  if (!every_.empty()) return;
   if (!held_->active || held_->layer != layer)
     fail(Status::internal, "experts: release of layer {} without its acquire", layer);
   held_->active = false;

@@ -15,6 +15,11 @@
 // each expert as its read lands (runner.hpp). With a host tier, experts evicted
 // from the slots are kept in pinned host memory; with prefetch, hints from the model load a later
 // layer's likely experts into spare I/O capacity.
+//
+// When the slots hold every expert of the model, load_every_expert() reads them all once (the
+// engine calls it on CUDA at open): nothing can be evicted after that, so a step resolves its
+// picks on the device from per-layer tables of slot addresses, as ResidentExperts does — no host
+// round trip per layer, no store call. The store's statistics then stop at the load's reads.
 #pragma once
 
 #include "experts/provider.hpp"
@@ -67,16 +72,27 @@ class PackedExperts final : public ExpertProvider {
                 const PackedExpertsOptions &options);
   ~PackedExperts() override;
   const backend::SlotLayout &layout(int64_t layer) const override;
-  bool needs_host_ids() const override { return true; }
+  bool needs_host_ids() const override { return every_.empty(); }
   backend::ExpertBatch acquire(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
                                std::span<const int32_t> only) override;
   void release(int64_t layer) override;
-  int64_t max_unique() const override { return max_unique_; }
-  bool stages_reads() const override { return overlap_reads_; }
+  int64_t max_unique() const override;
+  bool stages_reads() const override { return overlap_reads_ && every_.empty(); }
   backend::ExpertBatch acquire_staged(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids) override;
   bool next_staged(int64_t layer, backend::ExpertBatch &batch) override;
-  bool wants_hints() const override { return prefetch_; }
+  bool wants_hints() const override { return prefetch_ && every_.empty(); }
   void hint(int64_t layer, std::span<const int32_t> ids) override;
+
+  /// When the slots hold every expert of every layer: reads each one into its slot (layer by
+  /// layer, as many per acquire as the store takes), keeps their addresses in backend memory per
+  /// layer and returns true; from then on acquire() builds its batch from the router's ids on
+  /// @p be (which must outlive this provider), needs_host_ids() and stages_reads() are false and
+  /// the store is not called again. False, with nothing changed, when the slots are too few.
+  /// A read error or a corrupt expert is thrown (naming the pack, layer and expert); the
+  /// provider then stays as it was, serving through the store (its cache keeps what was read).
+  bool load_every_expert(backend::Backend &be);
+  /// True after a load_every_expert() that returned true.
+  bool holds_every_expert() const { return !every_.empty(); }
 
   store::StoreStats stats() const;
   uint32_t num_slots() const;
@@ -91,6 +107,13 @@ class PackedExperts final : public ExpertProvider {
   std::vector<backend::SlotLayout> layouts_;
   std::unique_ptr<Held> held_;
   int64_t max_unique_ = 1;
+  /// After load_every_expert(): per layer, the slot address of every expert.
+  std::vector<FixedExperts> every_;
+  backend::Backend *every_be_ = nullptr;
+  std::vector<const void *> every_pairs_;  // per pair, with host ids
+  backend::DeviceBuffer every_table_;      // the gathered role table
+  backend::ExpertBatch every_batch(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                                   std::span<const int32_t> only);
   bool overlap_reads_ = true, prefetch_ = false;
   backend::ExpertBatch begin(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids, std::span<const int32_t> only,
                              bool staged);

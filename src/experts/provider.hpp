@@ -44,6 +44,26 @@ struct ExpertShape {
 /// (naming the tensor) when a type is not one the backends multiply.
 ExpertShape expert_shape_of(const StackedRole &gate, const StackedRole &up, const StackedRole &down);
 
+/// One layer's experts at fixed addresses (every expert in memory, none ever evicted), and the
+/// batch of a step's picks over them: per pair, its expert's address (with host ids) and, unless
+/// the backend's moe op reads host picks or only some experts are asked for, the role table
+/// gathered on the backend from the router's ids (no host round trip). Used by ResidentExperts
+/// and by PackedExperts once it holds every expert.
+struct FixedExperts {
+  std::vector<const void *> slots;  ///< per expert, its object's address (host copy)
+  backend::DeviceBuffer slots_dev;  ///< the same addresses in backend memory
+  /// Uploads @p addresses (one per expert) as slots and slots_dev on @p be.
+  void set(backend::Backend &be, std::vector<const void *> addresses);
+};
+/// The batch of @p ids (i32 [k, T] on the backend; @p host_ids the same on the host, or null)
+/// over @p experts of MoE layer @p layer (named in errors), with acquire()'s meaning of @p only.
+/// @p pair_slots and @p role_table are the caller's buffers, reused from call to call; the
+/// batch points into them. Status::corrupt for a host id outside the layer's experts.
+backend::ExpertBatch fixed_experts_batch(backend::Backend &be, int64_t layer, const FixedExperts &experts,
+                                         const backend::SlotLayout &layout, const backend::Tensor &ids,
+                                         const int32_t *host_ids, std::span<const int32_t> only,
+                                         std::vector<const void *> &pair_slots, backend::DeviceBuffer &role_table);
+
 /// Supplies routed-expert batches per layer (see the file comment).
 class ExpertProvider {
  public:

@@ -33,8 +33,7 @@ class ResidentExperts final : public ExpertProvider {
   struct Layer {
     backend::SlotLayout layout;
     std::vector<backend::DeviceBuffer> objects;
-    std::vector<const void *> slots;  // host copy of the object addresses
-    backend::DeviceBuffer slots_dev;  // the same [E] addresses in backend memory
+    FixedExperts fixed;  // the objects' addresses
   };
   const Layer &layer_at(int64_t layer) const;
   backend::Backend &be_;

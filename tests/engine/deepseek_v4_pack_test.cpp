@@ -212,6 +212,43 @@ TEST_CASE("deepseek_v4 pack: the smallest cache (forced evictions) gives identic
   }
 }
 
+TEST_CASE("deepseek_v4 pack: a cache of every expert reads each once, then serves without the store", "[model][deepseek_v4][pack]") {
+  ep::backend::CpuBackend cpu;
+  for (const char *name : kConfigs) {
+    const Golden g = load_golden(name);
+    const fs::path dir = scratch_dir(std::string("every_") + name);
+    const ep::engine::ResolvedModel rm = ep::engine::resolve_model(g.gguf, placement(dir));
+    auto resident = DeepseekV4Model::open(g.gguf, cpu);
+    const int64_t K = resident->config().n_experts_used, E = resident->config().n_experts, L = resident->config().n_layers;
+    // Too few slots: refused, nothing read, the store path unchanged.
+    PackedModel small = open_packed(rm.source, rm.pack, cpu, PackedExperts::min_cache_bytes(rm.pack, K));
+    CHECK_FALSE(small.experts->inner().load_every_expert(cpu));
+    CHECK_FALSE(small.experts->inner().holds_every_expert());
+    CHECK(small.experts->inner().needs_host_ids());
+    CHECK(small.experts->inner().stats().pack_read_bytes == 0);
+
+    PackedModel every = open_packed(rm.source, rm.pack, cpu, 0);
+    REQUIRE(every.experts->inner().load_every_expert(cpu));
+    CHECK(every.experts->inner().holds_every_expert());
+    CHECK_FALSE(every.experts->inner().needs_host_ids());
+    CHECK_FALSE(every.experts->inner().stages_reads());
+    const ep::store::StoreStats loaded = every.experts->inner().stats();
+    CHECK(loaded.cache_misses == static_cast<uint64_t>(L * E));  // each expert read once...
+    CHECK(loaded.cache_hits == static_cast<uint64_t>(L * E));    // ...and found again by the check pass
+    CHECK(loaded.cache_evictions == 0);
+    CHECK(every.experts->inner().load_every_expert(cpu));  // a second call reads nothing
+    CHECK(every.experts->inner().stats().cache_misses == loaded.cache_misses);
+
+    CHECK(bit_identical(run_full(*every.model, g.tokens), run_full(*resident, g.tokens)));
+    CHECK(bit_identical(run_decode(*every.model, g.tokens, 5), run_decode(*resident, g.tokens, 5)));
+    CHECK(every.experts->acquires > 0);
+    const ep::store::StoreStats after = every.experts->inner().stats();
+    CHECK(after.acquires == loaded.acquires);  // the steps never called the store
+    CHECK(after.pack_read_bytes == loaded.pack_read_bytes);
+    fs::remove_all(dir);
+  }
+}
+
 TEST_CASE("deepseek_v4 pack: a prompt pass with a small cache reads each picked expert once per layer", "[model][deepseek_v4][pack]") {
   // Expert-major (run_routed_experts with Backend::moe_pairs): the experts a prompt picks go
   // through the top_k slots once per layer, not once per small group of tokens, with the same

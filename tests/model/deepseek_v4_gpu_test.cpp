@@ -234,6 +234,17 @@ TEST_CASE("deepseek_v4 on CUDA: experts from the ExpertStore's CUDA device, one 
     // picked (layer, expert) is read once, as with the unlimited cache
     CHECK(s.cache_misses == sb.cache_misses);
     CHECK(s.acquires > sb.acquires);
+    // every expert read at open (what the engine does on CUDA when the cache holds them all):
+    // the router's ids resolve on the device, the store is not called, the bits do not change
+    PackedExperts *every_x = nullptr;
+    auto every = open_packed(p.rm, gpu, 0, &every_x);
+    REQUIRE(every_x->load_every_expert(gpu));
+    CHECK_FALSE(every_x->needs_host_ids());
+    const ep::store::StoreStats loaded = every_x->stats();
+    CHECK(loaded.cache_misses == static_cast<uint64_t>(E * L));
+    CHECK(bit_identical(run_full(*every, g.tokens), ref));
+    CHECK(bit_identical(run_decode(*every, g.tokens, 5), run_decode(*resident, g.tokens, 5)));
+    CHECK(every_x->stats().acquires == loaded.acquires);
   }
 }
 
