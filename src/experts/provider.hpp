@@ -24,6 +24,7 @@
 namespace ep::experts {
 
 class RouteOverride;
+class ShardedExperts;
 
 /// One role (gate, up or down) of a layer's experts as a model's source stacks them: n_experts
 /// matrices of ne1 rows of ne0 values of one ggml type.
@@ -75,7 +76,15 @@ class ExpertProvider {
   virtual backend::ExpertBatch acquire_staged(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids) {
     return acquire(layer, ids, host_ids, {});
   }
-  /// Waits until more experts of the last acquire_staged() of @p layer are resident and sets
+  /// acquire_staged() of the pairs whose expert is in @p only (distinct experts, at most
+  /// max_unique(); a device's share of the picks, sharded_experts.hpp): returns once their misses'
+  /// reads are submitted, with the pairs of the resident ones; next_staged() hands out the rest
+  /// (its batches carry no wave table). The default: acquire() of them, complete.
+  virtual backend::ExpertBatch acquire_staged_only(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                                                   std::span<const int32_t> only) {
+    return acquire(layer, ids, host_ids, only);
+  }
+  /// Waits until more experts of the last acquire_staged() (or acquire_staged_only()) of @p layer are resident and sets
   /// @p batch to the pairs they cover (pair_slots null for every other pair); false once every
   /// pair was handed out. Throws the failed read's error (EP_ERR_IO, EP_ERR_CORRUPT) once the
   /// acquisition's reads all landed; release() must follow either way.
@@ -100,6 +109,10 @@ class ExpertProvider {
     if (staged_rows_.bytes() < bytes) staged_rows_ = backend::DeviceBuffer(be, bytes);
     return static_cast<float *>(staged_rows_.get());
   }
+
+  /// The experts spread over several devices (sharded_experts.hpp), when this provider is that;
+  /// null for a provider of one backend's experts.
+  virtual ShardedExperts *sharded() { return nullptr; }
 
   /// Benchmark-only picks that replace the router's (experts/route_override.hpp); null: none.
   void set_route_override(std::shared_ptr<RouteOverride> route) { route_override_ = std::move(route); }
