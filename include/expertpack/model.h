@@ -132,6 +132,16 @@ typedef struct ep_model_options {
                                     physical memory. Less than one
                                     session of one token: #EP_ERR_BUDGET at open. ep_model_info() gives the budget in
                                     effect. Default: 0. */
+  const char *devices;         /**< Several devices of one kind, comma-separated (UTF-8): `"cuda:0,cuda:1"` (a GPU may be
+                                    named twice), or `"cpu,cpu"` (CPU backends standing for devices, for tests). The dense
+                                    weights and the attention run on the first device; each routed expert is owned by one
+                                    device (a layer's experts spread evenly), whose own expert cache of
+                                    @c cache_budget_bytes serves it (with @c resident_experts: whose memory holds it); the
+                                    host tier is shared out equally. Each MoE layer's tokens go to the devices that own
+                                    their picks and the results come back to the first: the logits are bitwise those of
+                                    one device. NULL = the one device of @c device and @c device_index, which must keep
+                                    their defaults when a list is given (#EP_ERR_INVALID_ARGUMENT naming both otherwise, or
+                                    for an entry other than `cpu` or `cuda:N`, or two kinds). Default: NULL. */
 } ep_model_options;
 
 /**

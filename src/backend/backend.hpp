@@ -195,6 +195,20 @@ class Backend {
   virtual void fill_zero(void *dst, uint64_t bytes) = 0;
   virtual void synchronize() = 0;
 
+  // ---- several backends of one kind (a model on several devices: docs/multi-device.md) ----
+  /// Makes this backend's device the calling thread's current one (CUDA: cudaSetDevice; the CPU:
+  /// nothing). Whoever switches between the backends of several devices calls it before using
+  /// another one's ops, memory or expert store.
+  virtual void make_current() {}
+  /// Orders this backend's later work after the work queued so far on @p other (a backend of the
+  /// same device kind; Status::invalid_argument otherwise); returns at once (CUDA: an event of
+  /// @p other's stream that this stream waits on; the CPU: nothing, its ops are done when they return).
+  virtual void wait_for(Backend &other) = 0;
+  /// Copies @p bytes at @p src in the memory of @p from (a backend of the same device kind) to
+  /// @p dst in this backend's memory, ordered on this backend's stream like the ops (so after
+  /// wait_for(@p from) when the bytes are @p from's work); returns at once (CUDA: a peer copy).
+  virtual void copy_from(Backend &from, void *dst, const void *src, uint64_t bytes) = 0;
+
   // ---- ops ----
   /// y[N, T] = W[K, N] · x[K, T] for every supported weight type (decode: T = 1; prefill: T > 1).
   virtual void matmul(const Tensor &w, const Tensor &x, const Tensor &y) = 0;

@@ -165,6 +165,15 @@ void *CpuBackend::host_buffer(unsigned slot, uint64_t bytes) {
   return buf.data();
 }
 void CpuBackend::fill_zero(void *dst, uint64_t bytes) { std::memset(dst, 0, bytes); }
+void CpuBackend::wait_for(Backend &other) {
+  if (other.device() != Device::cpu)
+    fail(Status::invalid_argument, "cpu backend: ordered after a {} backend (the devices of a model are of one kind)",
+         device_name(other.device()));
+}
+void CpuBackend::copy_from(Backend &from, void *dst, const void *src, uint64_t bytes) {
+  wait_for(from);
+  if (bytes) std::memcpy(dst, src, bytes);
+}
 
 void *CpuBackend::workspace(unsigned slot, uint64_t bytes) {
   auto &buf = workspace_.at(slot);

@@ -31,6 +31,9 @@ class CpuBackend final : public Backend {
   void wait_downloads() override {}
   void fill_zero(void *dst, uint64_t bytes) override;
   void synchronize() override {}
+  /// Checks that @p other is a CPU backend; nothing to order (every op is done when it returns).
+  void wait_for(Backend &other) override;
+  void copy_from(Backend &from, void *dst, const void *src, uint64_t bytes) override;
 
   void matmul(const Tensor &w, const Tensor &x, const Tensor &y) override;
   void rms_norm(const Tensor &x, const Tensor *weight, float eps, const Tensor &y) override;

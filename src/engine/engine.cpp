@@ -5,11 +5,13 @@
 #include "core/log.hpp"
 #include "engine/pack_resolution.hpp"
 #include "experts/packed_experts.hpp"
+#include "experts/sharded_experts.hpp"
 #include "store/stats.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #ifdef EP_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"
@@ -100,8 +102,43 @@ void set_kv_budget(Engine &e, uint64_t requested, uint64_t &budget) {
 
 }  // namespace
 
+std::vector<DeviceEntry> parse_devices(const std::string &devices) {
+  std::vector<DeviceEntry> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = std::min(devices.find(',', begin), devices.size());
+    const std::string entry = devices.substr(begin, end - begin);
+    DeviceEntry d;
+    if (entry == "cpu") {
+      d.cuda = false;
+    } else if (entry.rfind("cuda:", 0) == 0 && entry.size() > 5 && entry.size() <= 5 + 9 &&
+               entry.find_first_not_of("0123456789", 5) == std::string::npos) {
+      d.cuda = true;
+      d.index = static_cast<int32_t>(std::stol(entry.substr(5)));
+    } else {
+      fail(Status::invalid_argument, "devices '{}': entry '{}' (expected cpu or cuda:N, comma-separated)", devices, entry);
+    }
+    if (!out.empty() && out.front().cuda != d.cuda)
+      fail(Status::invalid_argument, "devices '{}': {} and {} (the devices of a model are of one kind)", devices,
+           out.front().cuda ? "cuda" : "cpu", d.cuda ? "cuda" : "cpu");
+    out.push_back(d);
+    if (out.size() > kMaxDevices) fail(Status::invalid_argument, "devices '{}': more than {} devices", devices, kMaxDevices);
+    if (end == devices.size()) break;
+    begin = end + 1;
+  }
+  return out;
+}
+
 void validate_model_options(const ModelOptions &options) {
   if (options.device_index < 0) fail(Status::invalid_argument, "device_index {} (expected 0 or more)", options.device_index);
+  if (!options.devices.empty()) {
+    parse_devices(options.devices);
+    const ModelOptions defaults;
+    if (options.device != defaults.device || options.device_index != defaults.device_index)
+      fail(Status::invalid_argument, "devices '{}' and device {} / device_index {} both given (give the device list alone)",
+           options.devices, options.device == DeviceChoice::cpu ? "cpu" : options.device == DeviceChoice::cuda ? "cuda" : "auto",
+           options.device_index);
+  }
   if (options.cpu_threads < 0 || options.cpu_threads > 4096)
     fail(Status::invalid_argument, "cpu_threads {} (expected 0 .. 4096)", options.cpu_threads);
   if (options.store.direct_io < -1 || options.store.direct_io > 1)
@@ -132,22 +169,49 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const ModelOptions
   const std::string arch = model::source_architecture(source);
   if (!model::architecture_known(arch))
     fail(Status::unsupported, "{}: architecture '{}' is not supported (supported: {})", source, arch, model::known_architectures());
-  const bool use_cuda = choose_cuda(options.device, options.device_index, arch, source);
-  std::unique_ptr<Engine> e(new Engine());
-  void *cuda_stream = nullptr;
-#ifdef EP_HAVE_CUDA
-  if (use_cuda) {
-    auto cuda = std::make_unique<backend::cuda::CudaBackend>(options.device_index);
-    e->device_index_ = options.device_index;
-    cuda_stream = cuda->stream();
-    e->backend_ = std::move(cuda);
+  // The devices: the list, or the one device of device / device_index (a list of one).
+  std::vector<DeviceEntry> devices;
+  if (!options.devices.empty()) {
+    devices = parse_devices(options.devices);
+    int32_t top = 0;
+    for (const DeviceEntry &d : devices) top = std::max(top, d.index);
+    choose_cuda(devices.front().cuda ? DeviceChoice::cuda : DeviceChoice::cpu, top, arch, source);
+  } else {
+    devices.push_back({choose_cuda(options.device, options.device_index, arch, source), options.device_index});
   }
-#else
-  (void)use_cuda;
+  std::unique_ptr<Engine> e(new Engine());
+  std::vector<backend::Backend *> backends;
+  std::vector<void *> cuda_streams;
+  for (const DeviceEntry &d : devices) {
+    std::unique_ptr<backend::Backend> be;
+    void *stream = nullptr;
+#ifdef EP_HAVE_CUDA
+    if (d.cuda) {
+      auto cuda = std::make_unique<backend::cuda::CudaBackend>(d.index);
+      stream = cuda->stream();
+      be = std::move(cuda);
+    }
 #endif
-  if (!e->backend_) e->backend_ = std::make_unique<backend::CpuBackend>(static_cast<uint32_t>(options.cpu_threads));
+    if (!be) be = std::make_unique<backend::CpuBackend>(static_cast<uint32_t>(options.cpu_threads));
+    backends.push_back(be.get());
+    cuda_streams.push_back(stream);
+    if (!e->backend_) e->backend_ = std::move(be);
+    else e->peers_.push_back(std::move(be));
+  }
+  if (devices.front().cuda) {
+    e->device_index_ = devices.front().index;
+#ifdef EP_HAVE_CUDA
+    // Peer copies between distinct GPUs go directly where the hardware allows it.
+    for (const DeviceEntry &a : devices)
+      for (const DeviceEntry &b : devices)
+        if (a.index != b.index) gpu::enable_peer_access(a.index, b.index);
+#endif
+  }
+  e->backend_->make_current();
   if (options.resident_experts) {
-    e->lm_ = model::open_causal_lm(source, *e->backend_);
+    model::CausalLmOptions lo;
+    lo.expert_devices = backends;
+    e->lm_ = model::open_causal_lm(source, *e->backend_, lo);
     e->source_path_ = source;
     set_kv_budget(*e, options.kv_budget_bytes, e->kv_budget_bytes_);
     return e;
@@ -156,28 +220,41 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const ModelOptions
   model::CausalLmOptions lo;
   lo.resident_experts = false;
   e->lm_ = model::open_causal_lm(rm.source, *e->backend_, lo);
-  experts::PackedExpertsOptions po;
-  po.store = options.store;
-  po.cuda_device = e->device_index_;
-  po.cuda_stream = cuda_stream;
-  po.first_layer = e->lm_->first_expert_layer();
-  po.cuda_reserve_bytes += kv_reserve_beside_cache(options, e->device_index_);
-  auto packed = std::make_unique<experts::PackedExperts>(rm.pack, e->lm_->expert_shapes(), e->lm_->info().n_experts_used, po);
-  // On a GPU whose cache holds every expert, they are read once now and each step resolves its
-  // picks on the device (no host round trip per MoE layer); the CPU backend reads host picks
-  // either way. An expert that cannot be read or fails its check keeps the model on the store
-  // path, where it fails only the steps that pick it (as without this load).
-  if (use_cuda) {
-    try {
-      packed->load_every_expert(*e->backend_);
-    } catch (const Error &err) {
-      if (err.status() != Status::io && err.status() != Status::corrupt) throw;
-      log::warn("{}: not every expert could be read at open ({}); experts are read through the cache as steps pick them",
-                rm.pack, err.what());
+  // One store per device, each with its own expert cache (the budget is per device) and an equal
+  // share of the host tier; a device's store serves the experts it owns (experts::expert_owner).
+  std::vector<experts::ShardedExperts::Shard> shards;
+  for (size_t i = backends.size(); i-- > 0;) {
+    backends[i]->make_current();
+    experts::PackedExpertsOptions po;
+    po.store = options.store;
+    po.store.host_cache_bytes = options.store.host_cache_bytes / backends.size();
+    po.cuda_device = devices[i].cuda ? devices[i].index : -1;
+    po.cuda_stream = cuda_streams[i];
+    po.first_layer = e->lm_->first_expert_layer();
+    // The first device holds the sessions' state: its cache leaves the KV budget room.
+    if (i == 0) po.cuda_reserve_bytes += kv_reserve_beside_cache(options, po.cuda_device);
+    auto packed = std::make_unique<experts::PackedExperts>(rm.pack, e->lm_->expert_shapes(), e->lm_->info().n_experts_used, po);
+    // On one GPU whose cache holds every expert, they are read once now and each step resolves
+    // its picks on the device (no host round trip per MoE layer); the CPU backend reads host picks
+    // either way, and on several devices the host decides which device computes each pick. An
+    // expert that cannot be read or fails its check keeps the model on the store path, where it
+    // fails only the steps that pick it (as without this load).
+    if (devices.size() == 1 && devices[i].cuda) {
+      try {
+        packed->load_every_expert(*backends[i]);
+      } catch (const Error &err) {
+        if (err.status() != Status::io && err.status() != Status::corrupt) throw;
+        log::warn("{}: not every expert could be read at open ({}); experts are read through the cache as steps pick them",
+                  rm.pack, err.what());
+      }
     }
+    e->packed_.insert(e->packed_.begin(), packed.get());
+    shards.insert(shards.begin(), experts::ShardedExperts::Shard{backends[i], std::move(packed)});
   }
-  e->packed_ = packed.get();
-  e->lm_->set_experts(std::move(packed));
+  e->backend_->make_current();
+  auto sharded = std::make_unique<experts::ShardedExperts>(std::move(shards));
+  e->experts_ = sharded.get();
+  e->lm_->set_experts(std::move(sharded));
   e->pack_path_ = rm.pack;
   e->source_path_ = rm.source;
   set_kv_budget(*e, options.kv_budget_bytes, e->kv_budget_bytes_);
@@ -209,27 +286,42 @@ void Engine::kv_apply(uint64_t release_bytes, uint64_t take_bytes, int64_t sessi
   kv_sessions_ += sessions;
 }
 
-Engine::~Engine() = default;
-
-store::StoreStats Engine::store_stats() const {
-  if (!packed_) return {};
-  std::lock_guard<std::mutex> lock(mutex_);
-  return packed_->stats();
+Engine::~Engine() {
+  // The model (and the experts on every device) first; each other device's backend is freed with
+  // its device current.
+  lm_.reset();
+  try {
+    for (auto &peer : peers_) {
+      peer->make_current();
+      peer.reset();
+    }
+    if (backend_) backend_->make_current();
+  } catch (const std::exception &) {
+    // A failing device at close: nothing left to report it to.
+  }
 }
 
-uint64_t Engine::expert_read_bytes() const { return packed_ ? store_stats().pack_read_bytes : 0; }
+store::StoreStats Engine::store_stats() const {
+  if (packed_.empty()) return {};
+  std::lock_guard<std::mutex> lock(mutex_);
+  store::StoreStats sum = packed_.front()->stats();
+  for (size_t i = 1; i < packed_.size(); ++i) store::add_stats(sum, packed_[i]->stats());
+  return sum;
+}
+
+uint64_t Engine::expert_read_bytes() const { return packed_.empty() ? 0 : store_stats().pack_read_bytes; }
 
 void Engine::set_route_override(std::shared_ptr<experts::RouteOverride> route) {
-  if (!packed_)
+  if (!experts_)
     fail(Status::invalid_argument, "{}: replayed expert picks need the experts served from a pack; this model holds them in memory",
          source_path_);
-  if (route && packed_->wants_hints())
+  if (route && experts_->wants_hints())
     fail(Status::invalid_argument,
          "{}: replayed expert picks and prefetch: the prefetch hints predict the router's picks, not the replayed ones (open "
          "without prefetch)",
          source_path_);
   std::lock_guard<std::mutex> lock(mutex_);
-  packed_->set_route_override(std::move(route));
+  experts_->set_route_override(std::move(route));
 }
 
 }  // namespace ep::engine

@@ -16,9 +16,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace ep::experts {
 class PackedExperts;
+class ShardedExperts;
 }  // namespace ep::experts
 
 namespace ep::engine {
@@ -38,13 +40,15 @@ class Engine {
   /// Bytes of weights held in backend memory.
   uint64_t weight_bytes() const { return lm_->weight_bytes(); }
   backend::Device device() const { return backend_->device(); }
-  /// The CUDA device's ordinal; -1 on the CPU.
+  /// The CUDA device's ordinal (the first device's with several); -1 on the CPU.
   int32_t device_index() const { return device_index_; }
+  /// The devices the model runs on (ModelOptions::devices; 1 without a list).
+  int32_t n_devices() const { return 1 + static_cast<int32_t>(peers_.size()); }
   /// The file the dense weights (and the tokenizer) come from.
   const std::string &source_path() const { return source_path_; }
   /// The Expert Pack the routed experts are served from; "" with resident experts.
   const std::string &pack_path() const { return pack_path_; }
-  /// The expert store's statistics (all zero with resident experts).
+  /// The expert store's statistics, summed over the devices' stores (all zero with resident experts).
   store::StoreStats store_stats() const;
   /// Routed-expert bytes read from the pack so far (0 with resident experts).
   uint64_t expert_read_bytes() const;
@@ -79,9 +83,11 @@ class Engine {
 
  private:
   Engine() = default;
-  std::unique_ptr<backend::Backend> backend_;
+  std::unique_ptr<backend::Backend> backend_;            // the first device: the dense weights, the attention
+  std::vector<std::unique_ptr<backend::Backend>> peers_;  // the other devices (their experts)
   std::unique_ptr<model::CausalLm> lm_;
-  experts::PackedExperts *packed_ = nullptr;  // owned by lm_; null with resident experts
+  experts::ShardedExperts *experts_ = nullptr;   // owned by lm_; null with resident experts
+  std::vector<experts::PackedExperts *> packed_;  // per device, owned by experts_; empty with resident experts
   std::string pack_path_, source_path_;
   int32_t device_index_ = -1;
   uint64_t kv_budget_bytes_ = 0;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ep::engine {
 
@@ -27,6 +28,12 @@ enum class DeviceChoice : uint8_t {
 struct ModelOptions {
   DeviceChoice device = DeviceChoice::automatic;
   int32_t device_index = 0;       ///< CUDA device ordinal
+  /// Several devices of one kind, comma-separated: "cuda:0,cuda:1" (a GPU may be named twice: two
+  /// backends with two caches on it), or "cpu,cpu" (CPU backends standing for devices). The dense
+  /// weights and the attention run on the first; the routed experts are spread over all
+  /// (docs/multi-device.md). "" = the one device of device / device_index, which must then keep
+  /// their defaults when a list is given.
+  std::string devices;
   int32_t cpu_threads = 0;        ///< CPU backend threads (0 .. 4096); 0 = EP_CPU_THREADS, else the hardware concurrency
   std::string pack_dir;           ///< packs built for sources; "" = default_pack_dir()
   bool pack_build = true;         ///< build a missing pack, rebuild a stale one
@@ -71,7 +78,20 @@ inline constexpr uint64_t kKvAutomaticShare = 4;
   X(prefetch, store.prefetch)                                                                       \
   X(cache_policy, store.cache_policy)                                                               \
   X(no_pack, no_pack)                                                                               \
-  X(kv_budget_bytes, kv_budget_bytes)
+  X(kv_budget_bytes, kv_budget_bytes)                                                               \
+  X(devices, devices)
+
+/// One device of ModelOptions::devices.
+struct DeviceEntry {
+  bool cuda = false;
+  int32_t index = 0;  ///< the CUDA ordinal (0 on the CPU)
+};
+/// The most devices a list may name.
+inline constexpr size_t kMaxDevices = 64;
+/// The devices of a list (ModelOptions::devices); Status::invalid_argument naming the list and
+/// the entry for an entry other than "cpu" or "cuda:N", devices of two kinds, no entry or more
+/// than kMaxDevices.
+std::vector<DeviceEntry> parse_devices(const std::string &devices);
 
 /// Throws ep::Error(Status::invalid_argument) naming the field (its C name), the value and what
 /// it takes, for any value out of range or any two options that exclude each other.

@@ -25,6 +25,9 @@ struct PackedExperts::Held {
   std::vector<const void *> pair_slots;   // per pair (expert-major passes, staged batches: null for others)
   const int32_t *host_ids = nullptr;      // the picks of a staged acquire
   int64_t n_pairs = 0;
+  // An acquire of some experts (`only`): per pair, its expert's position in ids, or -1.
+  bool some = false;
+  std::vector<int32_t> pair_index;
 };
 
 namespace {
@@ -191,6 +194,11 @@ backend::ExpertBatch PackedExperts::acquire_staged(int64_t layer, const backend:
   return begin(layer, ids, host_ids, {}, overlap_reads_);
 }
 
+backend::ExpertBatch PackedExperts::acquire_staged_only(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                                                        std::span<const int32_t> only) {
+  return begin(layer, ids, host_ids, only, overlap_reads_);
+}
+
 bool PackedExperts::next_staged(int64_t layer, backend::ExpertBatch &batch) {
   if (!every_.empty()) return false;
   Held &h = *held_;
@@ -198,16 +206,20 @@ bool PackedExperts::next_staged(int64_t layer, backend::ExpertBatch &batch) {
   if (h.acq.pending == 0) return false;
   const std::vector<uint32_t> landed = store_->wait_ready(h.acq);
   if (landed.empty()) return false;
-  // A staged acquire asked for the picks as they are: store id p is pair p.
+  // A staged acquire of every pick asked for the picks as they are (store id p is pair p); one of
+  // some experts, for each listed expert once (pair_index).
   for (int64_t p = 0; p < h.n_pairs; ++p) {
     const auto i = static_cast<size_t>(p);
-    h.pair_slots[i] = std::binary_search(landed.begin(), landed.end(), h.ids[i]) ? h.acq.pointers[i] : nullptr;
+    const int32_t at = h.some ? h.pair_index[i] : static_cast<int32_t>(p);
+    const bool now = at >= 0 && std::binary_search(landed.begin(), landed.end(), h.ids[static_cast<size_t>(at)]);
+    h.pair_slots[i] = now ? h.acq.pointers[static_cast<size_t>(at)] : nullptr;
   }
   batch = backend::ExpertBatch{};
   batch.n_pairs = h.n_pairs;
   batch.pair_experts = h.host_ids;
   batch.pair_slots = h.pair_slots.data();
-  set_wave(h.acq, batch);
+  // The store's wave lists name positions in ids: pairs only when ids are the picks.
+  if (!h.some) set_wave(h.acq, batch);
   return true;
 }
 
@@ -250,24 +262,34 @@ backend::ExpertBatch PackedExperts::begin(int64_t layer, const backend::Tensor &
   h.layer = layer;
   h.host_ids = host_ids;
   h.n_pairs = n;
+  h.some = !only.empty();
+  if (h.some) {
+    h.pair_index.assign(static_cast<size_t>(n), -1);
+    for (int64_t p = 0; p < n; ++p)
+      for (size_t i = 0; i < h.ids.size(); ++i)
+        if (h.ids[i] == static_cast<uint32_t>(host_ids[p])) h.pair_index[static_cast<size_t>(p)] = static_cast<int32_t>(i);
+  }
   backend::ExpertBatch b;
   b.n_pairs = n;
   b.pair_experts = host_ids;
   if (h.acq.pending > 0) {
     // Staged, with reads in flight: the pairs of the ready experts now, the rest from next_staged().
     h.pair_slots.assign(static_cast<size_t>(n), nullptr);
-    for (int64_t p = 0; p < n; ++p)
-      if (h.acq.ready[static_cast<size_t>(p)]) h.pair_slots[static_cast<size_t>(p)] = h.acq.pointers[static_cast<size_t>(p)];
+    for (int64_t p = 0; p < n; ++p) {
+      const int32_t at = h.some ? h.pair_index[static_cast<size_t>(p)] : static_cast<int32_t>(p);
+      if (at >= 0 && h.acq.ready[static_cast<size_t>(at)])
+        h.pair_slots[static_cast<size_t>(p)] = h.acq.pointers[static_cast<size_t>(at)];
+    }
     b.pair_slots = h.pair_slots.data();
-    set_wave(h.acq, b);
+    if (!h.some) set_wave(h.acq, b);
   } else if (only.empty()) {
     b.pair_slots = h.acq.pointers.data();
     b.role_table = h.acq.device_table;
   } else {
     h.pair_slots.assign(static_cast<size_t>(n), nullptr);
     for (int64_t p = 0; p < n; ++p)
-      for (size_t i = 0; i < h.ids.size(); ++i)
-        if (h.ids[i] == static_cast<uint32_t>(host_ids[p])) h.pair_slots[static_cast<size_t>(p)] = h.acq.pointers[i];
+      if (const int32_t at = h.pair_index[static_cast<size_t>(p)]; at >= 0)
+        h.pair_slots[static_cast<size_t>(p)] = h.acq.pointers[static_cast<size_t>(at)];
     b.pair_slots = h.pair_slots.data();
   }
   return b;

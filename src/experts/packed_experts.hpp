@@ -79,6 +79,8 @@ class PackedExperts final : public ExpertProvider {
   int64_t max_unique() const override;
   bool stages_reads() const override { return overlap_reads_ && every_.empty(); }
   backend::ExpertBatch acquire_staged(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids) override;
+  backend::ExpertBatch acquire_staged_only(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                                           std::span<const int32_t> only) override;
   bool next_staged(int64_t layer, backend::ExpertBatch &batch) override;
   bool wants_hints() const override { return prefetch_ && every_.empty(); }
   void hint(int64_t layer, std::span<const int32_t> ids) override;

@@ -44,7 +44,10 @@ backend::ExpertBatch fixed_experts_batch(backend::Backend &be, int64_t layer, co
       const int32_t e = host_ids[p];
       if (e < 0 || e >= n_exp)
         fail(Status::corrupt, "experts: layer {}: expert id {} at pair {} is outside 0..{}", layer, e, p, n_exp - 1);
-      if (wanted.empty() || wanted[static_cast<size_t>(e)]) pair_slots[static_cast<size_t>(p)] = experts.slots[static_cast<size_t>(e)];
+      if (!wanted.empty() && !wanted[static_cast<size_t>(e)]) continue;
+      if (!experts.slots[static_cast<size_t>(e)])
+        fail(Status::internal, "experts: layer {}: expert {} is not held here (another device owns it)", layer, e);
+      pair_slots[static_cast<size_t>(p)] = experts.slots[static_cast<size_t>(e)];
     }
     b.pair_slots = pair_slots.data();
     b.pair_experts = host_ids;

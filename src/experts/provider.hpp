@@ -24,6 +24,7 @@
 namespace ep::experts {
 
 class RouteOverride;
+class ShardedExperts;
 
 /// One role (gate, up or down) of a layer's experts as a model's source stacks them: n_experts
 /// matrices of ne1 rows of ne0 values of one ggml type.
@@ -50,7 +51,9 @@ ExpertShape expert_shape_of(const StackedRole &gate, const StackedRole &up, cons
 /// gathered on the backend from the router's ids (no host round trip). Used by ResidentExperts
 /// and by PackedExperts once it holds every expert.
 struct FixedExperts {
-  std::vector<const void *> slots;  ///< per expert, its object's address (host copy)
+  /// Per expert, its object's address (host copy); null for an expert another device holds (a
+  /// model on several devices: sharded_experts.hpp), which a batch with host ids refuses.
+  std::vector<const void *> slots;
   backend::DeviceBuffer slots_dev;  ///< the same addresses in backend memory
   /// Uploads @p addresses (one per expert) as slots and slots_dev on @p be.
   void set(backend::Backend &be, std::vector<const void *> addresses);
@@ -58,7 +61,8 @@ struct FixedExperts {
 /// The batch of @p ids (i32 [k, T] on the backend; @p host_ids the same on the host, or null)
 /// over @p experts of MoE layer @p layer (named in errors), with acquire()'s meaning of @p only.
 /// @p pair_slots and @p role_table are the caller's buffers, reused from call to call; the
-/// batch points into them. Status::corrupt for a host id outside the layer's experts.
+/// batch points into them. Status::corrupt for a host id outside the layer's experts,
+/// Status::internal for one whose expert is not held here.
 backend::ExpertBatch fixed_experts_batch(backend::Backend &be, int64_t layer, const FixedExperts &experts,
                                          const backend::SlotLayout &layout, const backend::Tensor &ids,
                                          const int32_t *host_ids, std::span<const int32_t> only,
@@ -95,7 +99,15 @@ class ExpertProvider {
   virtual backend::ExpertBatch acquire_staged(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids) {
     return acquire(layer, ids, host_ids, {});
   }
-  /// Waits until more experts of the last acquire_staged() of @p layer are resident and sets
+  /// acquire_staged() of the pairs whose expert is in @p only (distinct experts, at most
+  /// max_unique(); a device's share of the picks, sharded_experts.hpp): returns once their misses'
+  /// reads are submitted, with the pairs of the resident ones; next_staged() hands out the rest
+  /// (its batches carry no wave table). The default: acquire() of them, complete.
+  virtual backend::ExpertBatch acquire_staged_only(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
+                                                   std::span<const int32_t> only) {
+    return acquire(layer, ids, host_ids, only);
+  }
+  /// Waits until more experts of the last acquire_staged() (or acquire_staged_only()) of @p layer are resident and sets
   /// @p batch to the pairs they cover (pair_slots null for every other pair); false once every
   /// pair was handed out. Throws the failed read's error (EP_ERR_IO, EP_ERR_CORRUPT) once the
   /// acquisition's reads all landed; release() must follow either way.
@@ -120,6 +132,10 @@ class ExpertProvider {
     if (staged_rows_.bytes() < bytes) staged_rows_ = backend::DeviceBuffer(be, bytes);
     return static_cast<float *>(staged_rows_.get());
   }
+
+  /// The experts spread over several devices (sharded_experts.hpp), when this provider is that;
+  /// null for a provider of one backend's experts.
+  virtual ShardedExperts *sharded() { return nullptr; }
 
   /// Benchmark-only picks that replace the router's (experts/route_override.hpp); null: none.
   void set_route_override(std::shared_ptr<RouteOverride> route) { route_override_ = std::move(route); }

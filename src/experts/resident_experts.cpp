@@ -1,6 +1,7 @@
 #include "experts/resident_experts.hpp"
 
 #include "core/error.hpp"
+#include "experts/sharded_experts.hpp"
 #include "format/ggml_type.hpp"
 
 #include <algorithm>
@@ -29,8 +30,14 @@ void ResidentExperts::add_layer(const StackedRole &gate, const StackedRole &up, 
   l.layout.down = slot_weight(down, gate_bytes + up_bytes);
   const uint64_t total = gate_bytes + up_bytes + down_bytes;
   std::vector<uint8_t> host(static_cast<size_t>(total));
+  const auto layer = static_cast<int64_t>(layers_.size());
   std::vector<const void *> addresses;
   for (int64_t e = 0; e < n_exp; ++e) {
+    if (expert_owner(layer, e, n_devices_) != device_) {
+      addresses.push_back(nullptr);  // another device's
+      l.objects.emplace_back();
+      continue;
+    }
     const std::vector<uint8_t> g = gate.read_expert(e), u = up.read_expert(e), d = down.read_expert(e);
     if (g.size() != gate_bytes || u.size() != up_bytes || d.size() != down_bytes)
       fail(Status::corrupt, "expert {} of {}: read {}+{}+{} bytes, expected {}+{}+{}", e, gate.origin, g.size(), u.size(),

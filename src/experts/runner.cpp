@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "experts/route_override.hpp"
+#include "experts/sharded_experts.hpp"
 
 #include <algorithm>
 #include <span>
@@ -58,6 +59,149 @@ void run_expert_major(backend::Backend &be, ExpertProvider &experts, const MoeSt
     be.moe_combine(pc, Tensor::make(picks.weights.as<float>() + t0 * k, GgmlType::f32, dv, {k, m}),
                    Tensor::make(y + t0 * d, GgmlType::f32, dv, {d, m}));
   }
+}
+
+/// One device's part of a sharded MoE chunk: its backend, its shard, its picks' tensors and rows.
+struct DevicePart {
+  int32_t dev = 0;
+  backend::Backend *be = nullptr;
+  ExpertProvider *shard = nullptr;
+  backend::Tensor x, ids, rows;
+  const std::vector<int32_t> *need = nullptr;  // the distinct experts it owns, ascending
+  bool held = false;                           // an acquisition not released yet
+};
+
+/// The MoE over several devices (sharded_experts.hpp), for chunks of tokens: every other device
+/// that owns some of the chunk's picks gets the chunk's activations (a copy from the first device)
+/// and picks (from the host); each device computes the rows of its picks (moe_pairs) into its rows,
+/// the other devices' rows come back into the first device's, and each token sums its rows in pick
+/// order there (moe_combine): moe()'s bits. When every device's share fits one acquire and the
+/// shards stage their reads, every device's reads are submitted first (acquire_staged_only) and
+/// each device computes its resident experts' rows meanwhile, then each expert's as it lands;
+/// otherwise each device goes through its experts in groups of at most max_unique().
+void run_sharded(backend::Backend &be, ShardedExperts &sharded, const MoeStep &picks, const float *x, float *y, int64_t d,
+                 const backend::Activation &act) {
+  using backend::GgmlType;
+  using backend::Tensor;
+  const backend::Device dv = be.device();
+  const int64_t k = picks.ids.ne[0], n = picks.ids.n_rows();
+  const int32_t n_dev = sharded.n_devices();
+  if (!picks.host_ids) fail(Status::internal, "experts: layer {}: the picks of several devices' experts are not on the host", picks.layer);
+  const uint64_t col_bytes = static_cast<uint64_t>(d) * sizeof(float);
+  const int64_t row_bytes = k * static_cast<int64_t>(col_bytes);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, static_cast<int64_t>(kPairRowsBytes) / row_bytes));
+  const backend::SlotLayout &layout = sharded.layout(picks.layer);
+  std::vector<std::vector<int32_t>> owned(static_cast<size_t>(n_dev));
+  std::vector<int32_t> pair_owner;
+  std::vector<DevicePart> parts;
+  for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+    const int64_t m = std::min(chunk, n - t0), np = m * k;
+    const int32_t *host = picks.host_ids + t0 * k;
+    for (auto &o : owned) o.clear();
+    for (int32_t e : distinct_experts(host, 0, np)) owned[static_cast<size_t>(sharded.owner(picks.layer, e))].push_back(e);
+    pair_owner.resize(static_cast<size_t>(np));
+    for (int64_t p = 0; p < np; ++p) pair_owner[static_cast<size_t>(p)] = sharded.owner(picks.layer, host[p]);
+    auto *rows0 = static_cast<float *>(sharded.exchange_buffer(0, 2, static_cast<uint64_t>(np) * col_bytes));
+    // The devices with picks, the others first (their rows come back to the first device).
+    parts.clear();
+    bool staged = true;
+    for (int32_t i = 1; i <= n_dev; ++i) {
+      const int32_t dev = i % n_dev;
+      if (owned[static_cast<size_t>(dev)].empty()) continue;
+      DevicePart part;
+      part.dev = dev;
+      part.be = &sharded.backend(dev);
+      part.shard = &sharded.shard(dev);
+      part.need = &owned[static_cast<size_t>(dev)];
+      staged = staged && part.shard->stages_reads() && static_cast<int64_t>(part.need->size()) <= part.shard->max_unique();
+      parts.push_back(part);
+    }
+    // Release every acquisition still held on the way out of an error.
+    auto release_all = [&] {
+      for (DevicePart &part : parts)
+        if (part.held) {
+          part.held = false;
+          part.be->make_current();
+          part.shard->release(picks.layer);
+        }
+      be.make_current();
+    };
+    try {
+      for (DevicePart &part : parts) {
+        backend::Backend &bd = *part.be;
+        bd.make_current();
+        if (part.dev == 0) {
+          part.x = Tensor::make(x + t0 * d, GgmlType::f32, dv, {d, m});
+          part.ids = Tensor::make(picks.ids.as<int32_t>() + t0 * k, GgmlType::i32, dv, {k, m});
+          part.rows = Tensor::make(rows0, GgmlType::f32, dv, {d, np});
+        } else {
+          const backend::Device dd = bd.device();
+          auto *xd = static_cast<float *>(sharded.exchange_buffer(part.dev, 0, static_cast<uint64_t>(m) * col_bytes));
+          auto *idd = static_cast<int32_t *>(sharded.exchange_buffer(part.dev, 1, static_cast<uint64_t>(np) * sizeof(int32_t)));
+          auto *rowsd = static_cast<float *>(sharded.exchange_buffer(part.dev, 2, static_cast<uint64_t>(np) * col_bytes));
+          // The activations are the first device's work; the picks come from their host copy.
+          bd.wait_for(be);
+          bd.copy_from(be, xd, x + t0 * d, static_cast<uint64_t>(m) * col_bytes);
+          bd.upload(idd, host, static_cast<uint64_t>(np) * sizeof(int32_t));
+          part.x = Tensor::make(xd, GgmlType::f32, dd, {d, m});
+          part.ids = Tensor::make(idd, GgmlType::i32, dd, {k, m});
+          part.rows = Tensor::make(rowsd, GgmlType::f32, dd, {d, np});
+        }
+        if (!staged) {
+          // In groups of the device's max_unique experts, each acquire complete.
+          const auto max_unique = static_cast<size_t>(std::max<int64_t>(part.shard->max_unique(), 1));
+          for (size_t e0 = 0; e0 < part.need->size(); e0 += max_unique) {
+            const std::span<const int32_t> group(part.need->data() + e0, std::min(part.need->size(), e0 + max_unique) - e0);
+            const backend::ExpertBatch batch = part.shard->acquire(picks.layer, part.ids, host, group);
+            part.held = true;
+            bd.moe_pairs(part.x, part.ids, batch, layout, act, part.rows);
+            part.held = false;
+            part.shard->release(picks.layer);
+          }
+          continue;
+        }
+        // Staged: this device's reads are submitted; the rows of its resident experts meanwhile.
+        const backend::ExpertBatch first = part.shard->acquire_staged_only(picks.layer, part.ids, host, *part.need);
+        part.held = true;
+        bool any = false;
+        for (int64_t p = 0; p < np && !any; ++p) any = first.pair_slots && first.pair_slots[p];
+        if (any) bd.moe_pairs(part.x, part.ids, first, layout, act, part.rows);
+      }
+      // Staged: each device's other experts as their reads land.
+      for (DevicePart &part : parts) {
+        if (!part.held) continue;
+        part.be->make_current();
+        backend::ExpertBatch more;
+        while (part.shard->next_staged(picks.layer, more)) part.be->moe_pairs(part.x, part.ids, more, layout, act, part.rows);
+        part.held = false;
+        part.shard->release(picks.layer);
+      }
+    } catch (...) {
+      release_all();
+      throw;
+    }
+    // The other devices' rows into the first device's, one copy per run of consecutive pairs.
+    be.make_current();
+    for (const DevicePart &part : parts) {
+      if (part.dev == 0) continue;
+      be.wait_for(*part.be);
+      const float *rowsd = part.rows.as<float>();
+      for (int64_t p = 0; p < np;) {
+        if (pair_owner[static_cast<size_t>(p)] != part.dev) {
+          ++p;
+          continue;
+        }
+        int64_t q = p + 1;
+        while (q < np && pair_owner[static_cast<size_t>(q)] == part.dev) ++q;
+        be.copy_from(*part.be, rows0 + p * d, rowsd + p * d, static_cast<uint64_t>(q - p) * col_bytes);
+        p = q;
+      }
+    }
+    be.moe_combine(Tensor::make(rows0, GgmlType::f32, dv, {d, np}),
+                   Tensor::make(picks.weights.as<float>() + t0 * k, GgmlType::f32, dv, {k, m}),
+                   Tensor::make(y + t0 * d, GgmlType::f32, dv, {d, m}));
+  }
+  if (picks.host_hint) sharded.hint(picks.hint_layer, std::span<const int32_t>(picks.host_hint, static_cast<size_t>(picks.n_hint)));
 }
 
 }  // namespace
@@ -141,6 +285,11 @@ void finish_moe(backend::Backend &be, ExpertProvider &experts, const MoeStep &pi
   const backend::Device dv = be.device();
   const int64_t k = picks.ids.ne[0], n = picks.ids.n_rows();
   if (picks.host_ids) be.wait_downloads();
+  // Experts on several devices: the exchange (one device is the same provider, run below as is).
+  if (ShardedExperts *sharded = experts.sharded(); sharded && sharded->n_devices() > 1) {
+    run_sharded(be, *sharded, picks, x, y, d, act);
+    return;
+  }
   const int64_t max_unique = std::max<int64_t>(experts.max_unique(), k);
   if (picks.host_ids && n > 1 && static_cast<int64_t>(distinct_experts(picks.host_ids, 0, n * k).size()) > max_unique) {
     run_expert_major(be, experts, picks, x, y, d, act, max_unique);

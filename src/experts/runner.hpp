@@ -5,7 +5,7 @@
 //   start_moe:  route this layer ─► (provider wants hints) route the next MoE layer on this
 //               layer's input ─► the ids' one device → host copy, only when the provider or the
 //               backend's moe op needs them on the host (returns at once)
-//   finish_moe: wait for that copy ─► acquire ─► hint ─► Backend::moe ─► release, by one of three
+//   finish_moe: wait for that copy ─► acquire ─► hint ─► Backend::moe ─► release, by one of four
 //               strategies that give the same bits:
 //                 direct        one acquire covers every pick; one moe()
 //                 staged        the provider stages_reads(): moe_pairs() over the resident
@@ -14,6 +14,10 @@
 //                 expert-major  the step's distinct experts exceed max_unique(): for chunks of
 //                               tokens, moe_pairs() per group of max_unique() experts, then
 //                               moe_combine()
+//                 sharded       the experts are on several devices (ShardedExperts): each
+//                               device computes its picks' rows (moe_pairs; its reads staged when
+//                               its share fits one acquire), the rows come back to the first
+//                               device, moe_combine() there (docs/multi-device.md)
 // The sums are in pick order in every strategy, so the logits do not depend on which one ran.
 #pragma once
 

@@ -55,4 +55,21 @@ std::string describe_device(int index) {
                      prop.multiProcessorCount, prop.l2CacheSize >> 20);
 }
 
+bool enable_peer_access(int from, int to) {
+  int can = 0;
+  EP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
+  if (!can) return false;
+  int current = 0;
+  EP_CUDA_CHECK(cudaGetDevice(&current));
+  EP_CUDA_CHECK(cudaSetDevice(from));
+  const cudaError_t error = cudaDeviceEnablePeerAccess(to, 0);
+  cudaSetDevice(current);
+  if (error == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();  // not sticky: enabled by an earlier model
+    return true;
+  }
+  if (error != cudaSuccess) throw_error(error, "cudaDeviceEnablePeerAccess");
+  return true;
+}
+
 }  // namespace ep::gpu

@@ -108,6 +108,7 @@ std::unique_ptr<CausalLm> open_deepseek_v4_lm(const std::string &source, backend
                                               const CausalLmOptions &options) {
   DeepseekV4LoadOptions lo;
   lo.resident_experts = options.resident_experts;
+  lo.expert_devices = options.expert_devices;
   auto m = DeepseekV4Model::open(source, backend, lo);
   CausalLmInfo info = info_of(m->config(), "deepseek4");
   // Every block is MoE (the first ones hash-routed): provider layer = block.
@@ -117,6 +118,7 @@ std::unique_ptr<CausalLm> open_deepseek_v4_lm(const std::string &source, backend
 std::unique_ptr<CausalLm> open_kimi_lm(const std::string &source, backend::Backend &backend, const CausalLmOptions &options) {
   KimiLoadOptions lo;
   lo.resident_experts = options.resident_experts;
+  lo.expert_devices = options.expert_devices;
   auto m = KimiModel::open(source, backend, lo);
   const KimiConfig &c = m->config();
   // Provider layer i must be MoE layer i = block n_dense_layers + i (moe_index()).

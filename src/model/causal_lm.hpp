@@ -55,6 +55,9 @@ struct CausalLmOptions {
   /// true: read every routed expert from the source into backend memory; false: check their
   /// tensors only and leave them to a provider installed with set_experts() before forward().
   bool resident_experts = true;
+  /// With resident_experts: the devices the experts are spread over, the model's backend first
+  /// (docs/multi-device.md); empty: the model's backend alone.
+  std::vector<backend::Backend *> expert_devices;
 };
 
 class CausalLm {

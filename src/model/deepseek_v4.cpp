@@ -4,7 +4,7 @@
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "experts/resident_experts.hpp"
+#include "experts/sharded_experts.hpp"
 #include "experts/runner.hpp"
 #include "format/file_format.hpp"
 #include "format/gguf.hpp"
@@ -207,7 +207,7 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
   w_->output_hc_fn = ld.matrix("output_hc_fn.weight", hc * D, hc);
   w_->output_hc_base = ld.params("output_hc_base.weight", {hc});
   w_->output_hc_scale = ld.params("output_hc_scale.weight", {1});
-  auto resident = std::make_unique<experts::ResidentExperts>(be);
+  experts::ResidentShards resident(be, options.expert_devices);
   bool experts_ok = true;
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const std::string b = fmt::format("blk.{}.", il);
@@ -258,7 +258,7 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
     if (ge && ue && de && experts_ok) {
       const experts::StackedRole gr = stacked_role(*ge), ur = stacked_role(*ue), dr = stacked_role(*de);
       expert_shapes_.push_back(experts::expert_shape_of(gr, ur, dr));
-      if (options.resident_experts) resident->add_layer(gr, ur, dr);
+      if (options.resident_experts) resident.add_layer(gr, ur, dr);
     } else {
       experts_ok = false;
     }
@@ -270,8 +270,8 @@ DeepseekV4Model::DeepseekV4Model(const DeepseekV4Config &c, WeightCatalog &cat, 
   for (int64_t il = c.n_layers; il < c.n_layers + c.n_mtp_layers; ++il) cat.skip_prefix(fmt::format("blk.{}.", il));
   cat.finish();
   if (options.resident_experts) {
-    weight_bytes_ += resident->bytes();
-    experts_ = std::move(resident);
+    weight_bytes_ += resident.bytes();
+    experts_ = resident.finish();
   }
   log::info("{} loaded from {} ({} MiB in backend memory)", c.summary(), cat.source(), weight_bytes_ >> 20);
 }

@@ -57,6 +57,9 @@ struct DeepseekV4LoadOptions {
   /// false: only check their tensors (names, types, shapes: expert_shapes()) and leave the
   /// experts to a provider installed with set_experts() (PackedExperts) before forward().
   bool resident_experts = true;
+  /// With resident_experts: the devices the experts are spread over (experts::ResidentShards;
+  /// the model's backend first); empty: the model's backend alone.
+  std::vector<backend::Backend *> expert_devices;
 };
 
 class DeepseekV4Model {

@@ -3,7 +3,7 @@
 #include "backend/dequant.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "experts/resident_experts.hpp"
+#include "experts/sharded_experts.hpp"
 #include "experts/runner.hpp"
 #include "format/file_format.hpp"
 #include "format/gguf.hpp"
@@ -135,7 +135,7 @@ KimiModel::KimiModel(const KimiConfig &c, WeightCatalog &cat, backend::Backend &
   w_->output_norm = ld.vec("output_norm.weight", D);
   if (c.attn_res_block_size > 0) w_->output_res = ld.vec("output_res_score.weight", D);
   const int64_t LAT = c.expert_latent_dim > 0 ? c.expert_latent_dim : D;
-  auto resident = std::make_unique<experts::ResidentExperts>(be);
+  experts::ResidentShards resident(be, options.expert_devices);
   bool experts_ok = true;
   for (int64_t il = 0; il < c.n_layers; ++il) {
     const std::string b = fmt::format("blk.{}.", il);
@@ -218,7 +218,7 @@ KimiModel::KimiModel(const KimiConfig &c, WeightCatalog &cat, backend::Backend &
       if (ge && ue && de && experts_ok) {
         const experts::StackedRole gr = stacked_role(*ge), ur = stacked_role(*ue), dr = stacked_role(*de);
         expert_shapes_.push_back(experts::expert_shape_of(gr, ur, dr));
-        if (options.resident_experts) resident->add_layer(gr, ur, dr);
+        if (options.resident_experts) resident.add_layer(gr, ur, dr);
       } else {
         experts_ok = false;
       }
@@ -232,8 +232,8 @@ KimiModel::KimiModel(const KimiConfig &c, WeightCatalog &cat, backend::Backend &
   }
   cat.finish();
   if (options.resident_experts) {
-    weight_bytes_ += resident->bytes();
-    experts_ = std::move(resident);
+    weight_bytes_ += resident.bytes();
+    experts_ = resident.finish();
   }
   log::info("{} loaded from {} ({} KiB in backend memory)", c.summary(), cat.source(), weight_bytes_ >> 10);
 }

@@ -52,6 +52,9 @@ struct KimiLoadOptions {
   /// true: read every routed expert from the source into backend memory (ResidentExperts);
   /// false: only check their tensors and leave the experts to set_experts().
   bool resident_experts = true;
+  /// With resident_experts: the devices the experts are spread over (experts::ResidentShards;
+  /// the model's backend first); empty: the model's backend alone.
+  std::vector<backend::Backend *> expert_devices;
 };
 
 class KimiModel {

@@ -4,11 +4,31 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
 
 namespace ep::store {
+
+void add_stats(StoreStats &into, const StoreStats &more) {
+  StoreStats &a = into;
+  const StoreStats &b = more;
+  for (auto field : {&StoreStats::acquires, &StoreStats::pack_reads, &StoreStats::pack_read_bytes, &StoreStats::pack_read_ns,
+                     &StoreStats::cache_hits, &StoreStats::cache_misses, &StoreStats::cache_evictions,
+                     &StoreStats::resident_experts, &StoreStats::resident_bytes, &StoreStats::h2d_bytes, &StoreStats::io_errors,
+                     &StoreStats::fallback_count, &StoreStats::cache_slots, &StoreStats::host_hits, &StoreStats::host_misses,
+                     &StoreStats::demotions, &StoreStats::host_resident_bytes, &StoreStats::host_slots,
+                     &StoreStats::prefetch_issued, &StoreStats::prefetch_used, &StoreStats::prefetch_read_bytes,
+                     &StoreStats::prefetch_used_read_bytes})
+    a.*field += b.*field;
+  a.slot_bytes = std::max(a.slot_bytes, b.slot_bytes);
+  if (a.layers.size() < b.layers.size()) a.layers.resize(b.layers.size());
+  for (size_t l = 0; l < b.layers.size(); ++l)
+    for (auto field : {&LayerStats::cache_hits, &LayerStats::cache_misses, &LayerStats::host_hits, &LayerStats::pack_reads,
+                       &LayerStats::pack_read_bytes})
+      a.layers[l].*field += b.layers[l].*field;
+}
 
 std::string stats_to_json(const StoreStats &s) {
   nlohmann::ordered_json j;

@@ -43,6 +43,9 @@ struct StoreStats {
   std::vector<LayerStats> layers;         ///< per layer of the pack
 };
 
+/// Adds @p more's counts to @p into (the stores of several devices: every count and slot count
+/// summed, per layer too; slot_bytes the larger).
+void add_stats(StoreStats &into, const StoreStats &more);
 /// {"acquires":...,"pack_reads":...} (every field above).
 std::string stats_to_json(const StoreStats &stats);
 /// Writes stats_to_json to @p path atomically (temporary file + rename).

@@ -44,7 +44,8 @@ _Static_assert(offsetof(ep_model_options, prefetch) == 92, "ep_model_options.pre
 _Static_assert(offsetof(ep_model_options, cache_policy) == 96, "ep_model_options.cache_policy");
 _Static_assert(offsetof(ep_model_options, no_pack) == 104, "ep_model_options.no_pack");
 _Static_assert(offsetof(ep_model_options, kv_budget_bytes) == 112, "ep_model_options.kv_budget_bytes");
-_Static_assert(sizeof(ep_model_options) == 120, "ep_model_options size");
+_Static_assert(offsetof(ep_model_options, devices) == 120, "ep_model_options.devices");
+_Static_assert(sizeof(ep_model_options) == 128, "ep_model_options size");
 _Static_assert(offsetof(ep_model_properties, architecture) == 8, "ep_model_properties.architecture");
 _Static_assert(offsetof(ep_model_properties, vocab_size) == 40, "ep_model_properties.vocab_size");
 _Static_assert(offsetof(ep_model_properties, weight_bytes) == 64, "ep_model_properties.weight_bytes");

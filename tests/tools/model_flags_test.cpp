@@ -65,6 +65,12 @@ TEST_CASE("model flags fill ep_model_options and leave other arguments alone", "
   CHECK(got.overlap_reads == d.overlap_reads);
   CHECK(got.direct_io == d.direct_io);
   CHECK(got.no_pack == 0);
+  CHECK(got.devices == nullptr);
+
+  // the device list is passed on as given (the library parses and checks it)
+  ep::cli::ModelFlags listed;
+  CHECK(parse(listed, {"--devices", "cuda:0,cuda:1"}).empty());
+  CHECK(std::string(listed.options().devices) == "cuda:0,cuda:1");
 }
 
 TEST_CASE("model flags name the flag and what it takes on a bad value", "[cli]") {

@@ -33,7 +33,7 @@ class FlagError : public std::runtime_error {
 /// What the model flags fill: the C options and the strings their `const char *` fields point at.
 struct ModelFlagValues {
   ep_model_options options;
-  std::string pack_dir, cache_policy;
+  std::string pack_dir, cache_policy, devices;
 };
 
 /// One model flag: one row of kModelFlags.
@@ -91,6 +91,10 @@ inline const ModelFlag kModelFlags[] = {
      [](ModelFlagValues &v, const std::string &flag, const std::string &n) {
        v.options.device_index = detail::int32(flag, n);
      }},
+    {"--devices", "LIST", "devices",
+     "several devices of one kind: cuda:0,cuda:1 (the experts spread over them, their\ncaches each --cache-mib), or "
+     "cpu,cpu; not with --device or --device-index",
+     [](ModelFlagValues &v, const std::string &, const std::string &list) { v.devices = list; }},
     {"--cpu-threads", "N", "cpu_threads",
      "threads of the CPU backend, 0 .. 4096 (default 0: EP_CPU_THREADS, else every core);\nresults are identical for any N",
      [](ModelFlagValues &v, const std::string &flag, const std::string &n) {
@@ -210,6 +214,7 @@ class ModelFlags {
     ep_model_options o = values_.options;
     o.pack_dir = values_.pack_dir.empty() ? nullptr : values_.pack_dir.c_str();
     o.cache_policy = values_.cache_policy.empty() ? nullptr : values_.cache_policy.c_str();
+    o.devices = values_.devices.empty() ? nullptr : values_.devices.c_str();
     return o;
   }
 

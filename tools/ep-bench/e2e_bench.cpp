@@ -330,6 +330,9 @@ int cmd_e2e(const Args &args) {
   ep_model_options mopt;
   ep_model_options_init(&mopt);
   mopt.device = device_arg(args.get("device", "auto"));
+  // Several devices (the library refuses it with --device): the cache budget is each device's.
+  const std::string devices = args.get("devices", "");
+  if (!devices.empty()) mopt.devices = devices.c_str();
   mopt.cache_budget_bytes = static_cast<uint64_t>(args.number("cache-mib", 0) * static_cast<double>(mib));
   mopt.staging_slots = static_cast<uint32_t>(args.number("staging-slots", 0));
   if (args.options.count("staging-mib")) {
@@ -513,6 +516,7 @@ int cmd_e2e(const Args &args) {
     j["workload"] = workload_path;
     j["replay_trace"] = replay_path.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(replay_path);
     j["device"] = args.get("device", "auto");
+    j["devices"] = devices;
     j["architecture"] = run.props.architecture;
     j["layers"] = run.props.num_layers;
     j["experts"] = run.props.num_experts;
@@ -594,7 +598,7 @@ int cmd_e2e(const Args &args) {
                 run.pack_path.c_str());
     std::printf("[%s] device %s, cache %llu MiB = %llu slots x %.1f MiB, host tier %llu slots, staging slots %s, policy %s, overlap %s, "
                 "prefetch %s\n",
-                run.mode.name.c_str(), args.get("device", "auto").c_str(), static_cast<unsigned long long>(mopt.cache_budget_bytes / mib),
+                run.mode.name.c_str(), devices.empty() ? args.get("device", "auto").c_str() : devices.c_str(), static_cast<unsigned long long>(mopt.cache_budget_bytes / mib),
                 static_cast<unsigned long long>(st1.cache_slots), static_cast<double>(st1.slot_bytes) / static_cast<double>(mib),
                 static_cast<unsigned long long>(st1.host_slots), mopt.staging_slots ? std::to_string(mopt.staging_slots).c_str() : "auto",
                 run.mode.policy.c_str(), run.mode.overlap ? "on" : "off", run.mode.prefetch ? "on" : "off");

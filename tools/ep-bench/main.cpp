@@ -35,7 +35,7 @@ constexpr const char *kUsage =
     "       (--graph: the timed GEMV and FFN launches replayed from a CUDA graph, without host work per launch;\n"
     "       --ffn: also the decode MoE FFN per model, three launches against the engine's two; --ffn-only: only that)\n"
     "  e2e  --model PATH [--tokenizer tokenizer.json|.gguf] [--workload bench/workload/seed-10.jsonl] [--max-new N]\n"
-    "       [--requests N] [--device auto|cpu|cuda] [--cache-mib N] [--staging-mib N | --staging-slots N] [--ignore-eos]\n"
+    "       [--requests N] [--device auto|cpu|cuda | --devices cuda:0,cuda:1] [--cache-mib N (per device)] [--staging-mib N | --staging-slots N] [--ignore-eos]\n"
     "       [--io-seconds 5] [--io-depth 32] [--pack-dir DIR] [--no-pack] [--json FILE] [--json-stdout] [--open-only]\n"
     "       [--host-cache-mib N] [--no-overlap] [--prefetch] [--policy decay|lru|sglang-lfu|...] [--mode ours|ours-prefetch|sglang|ours,sglang,...]\n"
     "       [--replay-trace FILE]\n"

@@ -70,6 +70,8 @@ struct CudaBackend::Impl {
   std::vector<void *> host_buffers = std::vector<void *>(kHostBufferSlots, nullptr);
   std::vector<uint64_t> host_buffer_bytes = std::vector<uint64_t>(kHostBufferSlots, 0);
   cudaEvent_t download_done = nullptr;
+  // wait_for(): recorded on this stream for another backend's stream to wait on.
+  cudaEvent_t order = nullptr;
   // The x row of every GEMV matrix of a decode MoE batch, per (pairs, k): launch_pair_tokens.
   std::map<std::pair<int64_t, int32_t>, void *> pair_tokens;
   // The grouped (prefill) MoE path's per-expert token and pair lists (uploaded per call).
@@ -104,6 +106,7 @@ CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
   EP_CUDA_CHECK(cudaHostAlloc(&ring, kUploadRingBytes, cudaHostAllocPortable));
   impl_->upload_ring = static_cast<std::byte *>(ring);
   EP_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->download_done, cudaEventDisableTiming));
+  EP_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->order, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
@@ -113,6 +116,7 @@ CudaBackend::~CudaBackend() {
   for (const auto &span : impl_->uploads_in_flight) cudaEventDestroy(span.done);
   for (cudaEvent_t e : impl_->free_events) cudaEventDestroy(e);
   if (impl_->download_done) cudaEventDestroy(impl_->download_done);
+  if (impl_->order) cudaEventDestroy(impl_->order);
   if (impl_->upload_ring) cudaFreeHost(impl_->upload_ring);
   for (void *p : impl_->host_buffers)
     if (p) cudaFreeHost(p);
@@ -195,6 +199,31 @@ void CudaBackend::download_async(void *dst, const void *src, uint64_t bytes) {
 void CudaBackend::wait_downloads() { EP_CUDA_CHECK(cudaEventSynchronize(impl_->download_done)); }
 void CudaBackend::fill_zero(void *dst, uint64_t bytes) { EP_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, impl_->stream)); }
 void CudaBackend::synchronize() { EP_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+void CudaBackend::make_current() { EP_CUDA_CHECK(cudaSetDevice(impl_->device)); }
+int CudaBackend::device_index() const noexcept { return impl_->device; }
+
+namespace {
+CudaBackend &cuda_peer(backend::Backend &other) {
+  auto *peer = dynamic_cast<CudaBackend *>(&other);
+  if (!peer)
+    fail(Status::invalid_argument, "cuda backend: ordered after a {} backend (the devices of a model are of one kind)",
+         backend::device_name(other.device()));
+  return *peer;
+}
+}  // namespace
+
+void CudaBackend::wait_for(backend::Backend &other) {
+  CudaBackend &peer = cuda_peer(other);
+  if (&peer == this) return;
+  // The event and the stream it is recorded on are the peer's (one device); waiting on it may cross devices.
+  EP_CUDA_CHECK(cudaEventRecord(peer.impl_->order, peer.impl_->stream));
+  EP_CUDA_CHECK(cudaStreamWaitEvent(impl_->stream, peer.impl_->order, 0));
+}
+void CudaBackend::copy_from(backend::Backend &from, void *dst, const void *src, uint64_t bytes) {
+  CudaBackend &peer = cuda_peer(from);
+  if (bytes == 0) return;
+  EP_CUDA_CHECK(cudaMemcpyPeerAsync(dst, impl_->device, src, peer.impl_->device, bytes, impl_->stream));
+}
 
 void *CudaBackend::workspace(unsigned slot, uint64_t bytes) {
   if (slot >= kWsCount) fail(Status::internal, "cuda workspace slot {} out of range", slot);

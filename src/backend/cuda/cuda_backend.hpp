@@ -41,6 +41,12 @@ class CudaBackend final : public backend::Backend {
   void wait_downloads() override;
   void fill_zero(void *dst, uint64_t bytes) override;
   void synchronize() override;
+  void make_current() override;
+  void wait_for(backend::Backend &other) override;
+  /// cudaMemcpyPeerAsync from @p from's device on this stream (the same GPU twice: a device copy).
+  void copy_from(backend::Backend &from, void *dst, const void *src, uint64_t bytes) override;
+  /// The CUDA device's ordinal.
+  int device_index() const noexcept;
 
   void matmul(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y) override;
   /// Up to kGemvMaxTokens tokens: one GEMV launch over the groups (several tokens: between a
