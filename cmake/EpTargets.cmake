@@ -15,6 +15,12 @@ function(ep_apply_sanitizers target)
     target_compile_options(${target} PRIVATE
       $<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=${EP_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
     target_link_options(${target} PRIVATE -fsanitize=${EP_SANITIZE})
+    # clang links UBSan's C++ part (the vptr and function-type checks the library's code calls)
+    # and the C++ library only into programs it links as C++: a C program on the library (the
+    # C API's header and layout tests, examples/minimal.c) is linked as C++ too.
+    if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+      set_property(TARGET ${target} PROPERTY LINKER_LANGUAGE CXX)
+    endif()
   endif()
 endfunction()
 

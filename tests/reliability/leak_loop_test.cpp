@@ -1,5 +1,5 @@
 // 1,000 open / generate / close cycles on a tiny model (EP_LEAK_CYCLES overrides the count):
-// no file descriptor, thread or memory may be left behind. Under ASan (CI's debug-asan build)
+// no file descriptor, thread or memory may be left behind. Under ASan (CI's asan build)
 // LeakSanitizer checks every allocation at exit; in every build the test itself checks open
 // file descriptors, threads and (without a sanitizer) resident memory after a warm-up.
 #include "rel_support.hpp"
