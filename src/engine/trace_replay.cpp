@@ -8,7 +8,7 @@
 namespace ep::engine {
 
 TraceReplay::TraceReplay(const cache::Trace &trace, int64_t num_experts, int64_t k)
-    : name_(trace.name), num_experts_(num_experts), k_(k) {
+    : name_(trace.name), k_(k) {
   if (num_experts <= 0 || k <= 0 || k > num_experts)
     fail(Status::invalid_argument, "trace replay {}: a model of {} experts and {} picks per token", name_, num_experts, k);
   if (trace.num_layers == 0 || trace.top_k == 0)

@@ -38,7 +38,7 @@ class TraceReplay final : public experts::RouteOverride {
 
  private:
   std::string name_;
-  int64_t num_experts_ = 0, k_ = 0;
+  int64_t k_ = 0;
   std::vector<std::vector<std::vector<int32_t>>> tokens_;  // trace layer -> token -> model expert ids
   std::vector<uint64_t> cursor_;                           // per model MoE layer: next recorded token
 };
