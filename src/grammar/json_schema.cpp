@@ -145,7 +145,8 @@ class SchemaCompiler {
            key);
     }
     auto only_beside = [&](const char *keyword, std::initializer_list<const char *> allowed) {
-      for (const auto &[key, value] : s.items()) {
+      for (const auto &item : s.items()) {
+        const std::string &key = item.key();
         if (key == keyword || annotations.count(key) || key == "$defs" || key == "definitions") continue;
         if (std::find_if(allowed.begin(), allowed.end(), [&](const char *a) { return key == a; }) != allowed.end()) continue;
         fail(Status::invalid_argument, "JSON schema {}: keyword \"{}\" beside \"{}\" is not supported", show(ptr + "/" + pointer_token(key)), key,
