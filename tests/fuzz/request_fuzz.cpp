@@ -37,7 +37,9 @@ void check_taken(const ep_server::ParsedRequest &p, const ep_server::RequestCont
   for (const int32_t id : j.prompt)
     if (id < 0 || static_cast<uint32_t>(id) >= ctx.vocab_size) __builtin_trap();
   if (j.snapshot_at > j.prompt.size()) __builtin_trap();
-  if (j.max_tokens < 1 || j.max_tokens > ctx.limits.max_tokens) __builtin_trap();
+  // 0: the request names no max_tokens (the scheduler's admission gives it what the context and
+  // the KV budget leave)
+  if (j.max_tokens > ctx.limits.max_tokens) __builtin_trap();
   const ep_generate_options &o = j.sampling;
   if (!(o.temperature >= 0 && o.temperature <= 2) || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0 || !(o.min_p >= 0 && o.min_p <= 1) ||
       !(o.repetition_penalty > 0))
