@@ -196,6 +196,7 @@ backend::ExpertBatch PackedExperts::acquire_staged(int64_t layer, const backend:
 
 backend::ExpertBatch PackedExperts::acquire_staged_only(int64_t layer, const backend::Tensor &ids, const int32_t *host_ids,
                                                         std::span<const int32_t> only) {
+  if (!every_.empty()) return every_batch(layer, ids, host_ids, only);
   return begin(layer, ids, host_ids, only, overlap_reads_);
 }
 
