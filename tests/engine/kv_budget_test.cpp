@@ -4,9 +4,8 @@
 // session continues afterwards exactly as a fresh one with the same tokens); what the sessions
 // count is ep_model_state_bytes at their lengths, and closing a session gives its bytes back.
 #include "support/catch.hpp"
+#include "support/context_model.hpp"
 #include "support/temp_dir.hpp"
-
-#include "testkit/deepseek_v4_gguf.hpp"
 
 #include <expertpack/expertpack.h>
 
@@ -17,15 +16,6 @@
 namespace {
 
 constexpr int64_t kContext = 64;
-
-std::string write_model(const ep::test::TempDir &dir) {
-  ep::testkit::DeepseekV4SyntheticSpec spec;
-  spec.yarn_factor = 1.0f;  // no YaRN: the context length is the original one
-  spec.yarn_original_max_positions = kContext;
-  const std::string path = dir / "ds4-ctx64.gguf";
-  ep::testkit::write_deepseek_v4_synthetic_gguf(spec, path);
-  return path;
-}
 
 ep_model *open_model(const std::string &path, uint64_t kv_budget_bytes) {
   ep_model_options o;
@@ -94,7 +84,7 @@ bool has(const std::string &text, const std::string &part) { return text.find(pa
 
 TEST_CASE("the context length: an append past it is refused and changes nothing", "[engine][kv]") {
   ep::test::TempDir dir;
-  const std::string path = write_model(dir);
+  const std::string path = ep::test::write_context_model(dir, kContext);
   ep_model *m = open_model(path, 0);
   ep_model_properties p;
   ep_model_properties_init(&p);
@@ -143,7 +133,7 @@ TEST_CASE("the context length: an append past it is refused and changes nothing"
 
 TEST_CASE("the KV budget: an open, append or fork past it is refused and changes nothing", "[engine][kv]") {
   ep::test::TempDir dir;
-  const std::string path = write_model(dir);
+  const std::string path = ep::test::write_context_model(dir, kContext);
   ep_model *probe = open_model(path, 0);
   const uint64_t empty = state_bytes(probe, 0), one = state_bytes(probe, 1), forty = state_bytes(probe, 40);
   CHECK(empty == 256 * sizeof(float));  // an empty session holds its row of logits only

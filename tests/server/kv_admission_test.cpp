@@ -4,12 +4,12 @@
 // KV budget, for every answer), the 400s for a request that never fits, with the field they
 // name, and the prefix cache's kept states within the KV budget (session_cache.cpp).
 #include "support/catch.hpp"
+#include "support/context_model.hpp"
 #include "support/temp_dir.hpp"
 
 #include "kv_admission.hpp"
 #include "request.hpp"
 #include "session_cache.hpp"
-#include "testkit/deepseek_v4_gguf.hpp"
 
 #include <expertpack/expertpack.h>
 
@@ -27,15 +27,6 @@ using ep_server::SessionPtr;
 namespace {
 
 constexpr uint64_t kContext = 64;
-
-std::string write_model(const ep::test::TempDir &dir) {
-  ep::testkit::DeepseekV4SyntheticSpec spec;
-  spec.yarn_factor = 1.0f;  // no YaRN: the context length is the original one
-  spec.yarn_original_max_positions = kContext;
-  const std::string path = dir / "ds4-ctx64.gguf";
-  ep::testkit::write_deepseek_v4_synthetic_gguf(spec, path);
-  return path;
-}
 
 struct Model {
   ep_model *m = nullptr;
@@ -80,7 +71,7 @@ ApiError refusal(const KvAdmission &kv, JobRequest r, uint32_t cap = 0) {
 
 TEST_CASE("admission: without max_tokens a request gets what remains of the context", "[server][kv]") {
   ep::test::TempDir dir;
-  const std::string path = write_model(dir);
+  const std::string path = ep::test::write_context_model(dir, static_cast<int64_t>(kContext));
   const Model model(path, 0);  // automatic: a quarter of the RAM, far more than a session of 64 tokens
   const KvAdmission kv(model.m);
   REQUIRE(kv.context_length() == kContext);
@@ -117,7 +108,7 @@ TEST_CASE("admission: without max_tokens a request gets what remains of the cont
 
 TEST_CASE("admission: without max_tokens a request gets what the KV budget holds of its answers", "[server][kv]") {
   ep::test::TempDir dir;
-  const std::string path = write_model(dir);
+  const std::string path = ep::test::write_context_model(dir, static_cast<int64_t>(kContext));
   // The last length within the context where one more token grows the state (the compressors'
   // entries and pending rows grow in steps), and what a session holds just below and at it.
   uint64_t grow = 0, below = 0, at = 0, at10 = 0;
@@ -162,7 +153,7 @@ TEST_CASE("admission: without max_tokens a request gets what the KV budget holds
 
 TEST_CASE("admission: a prefix state is kept only in KV budget no running request needs", "[server][kv]") {
   ep::test::TempDir dir;
-  const std::string path = write_model(dir);
+  const std::string path = ep::test::write_context_model(dir, static_cast<int64_t>(kContext));
   const Model model(path, 0);
   const KvAdmission kv(model.m);
   // Two sessions holding the 8 and 16 tokens of one prompt (blocks of 8).
