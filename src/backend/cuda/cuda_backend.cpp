@@ -496,9 +496,11 @@ namespace {
 
 // Whether a prompt's routed experts run faster as one-token GEMVs over their (token, expert)
 // pairs than in chunks of kGemvMaxTokens tokens per expert: when a role's chunk launch would
-// fall to a per-lane kernel (pipe or generic: IQ2_XXS has no tensor-core kernel) while one token
-// runs the dp4a family. Reading an expert once per token at the dp4a family's speed is still
-// many times faster than the per-lane kernels on chunks.
+// fall to a per-lane kernel (pipe or generic) while one token runs the dp4a family. Reading an
+// expert once per token at the dp4a family's speed is still many times faster than the per-lane
+// kernels on chunks. Every type with a dp4a-family kernel has a tensor-core one now (IQ2_XXS
+// since it joined the mma family: its chunks read each expert once per 8 tokens), so chunks
+// win for every type of the table; the rule stays for a type that gets the one without the other.
 bool one_token_gemvs_beat_chunks(const backend::SlotLayout &l) {
   static const void *const kTable[1] = {nullptr};  // any table: the kernels' choice only asks whether there is one
   const backend::SlotWeight *roles[3] = {&l.gate, &l.up, &l.down};

@@ -6,18 +6,23 @@
 //    weights streamed through a per-warp ring in shared memory, dp4a;
 //  - dp4a (gemv_dp4a.cu): the same arithmetic with the weights in registers, where stream's
 //    shared memory or alignment does not fit (not iq2_xxs);
-//  - mma (gemv_mma.cu; 2..8 tokens, mxfp4, q2_K, q3_K with k a multiple of 256): tensor cores;
-//  - rows (gemv_rows.cu; q8_0, f32, f16, bf16, 1..8 tokens, 16-byte aligned matrices): warps
-//    reading 256-value groups of several rows together (q8_0; 2..8 tokens of the float types,
-//    one kernel per token count), or lanes sharing a row (the float types' one token);
+//  - mma (gemv_mma.cu; 2..8 tokens, mxfp4, q2_K, q3_K, iq2_xxs and q8_0 with k a multiple of 256;
+//    q8_0 only while kQ8_0SeveralTokensOnMma): tensor cores, one read of the weights for all the
+//    tokens;
+//  - rows (gemv_rows.cu; q8_0 with k a multiple of 256, f32, f16, bf16, 1..8 tokens, 16-byte
+//    aligned matrices): warps reading 256-value groups of several rows together (q8_0; 2..8 tokens
+//    of the float types, one kernel per token count), or lanes sharing a row (the float types' one
+//    token);
 //  - else the per-lane kernel the type's row names (format::kGgmlTypes' gemv_lane: generic,
 //    gemv_generic.cu, for mxfp4, q4_K and q5_K; pipe, gemv_pipe.cu, for the rest), exact to f32
-//    rounding.
+//    rounding (q8_0 with k not a multiple of 256 comes here, whatever the token count).
 // Which families run a type is the type table's `gemv` column (format/ggml_type.hpp); each
 // family's covers function adds its shape and alignment rules.
 // Each default is the fastest that `ep-bench kernels` measured on an H200 for its types and shapes
-// (docs/benchmarks.md, "Kernels"). GemvArgs::kernel asks for one family; one asked for a type or
-// shape it does not cover falls back to the default there.
+// (docs/benchmarks.md, "Kernels"), but iq2_xxs and q8_0 on mma, not yet measured (by design: one
+// read of the weights for every token, where the per-lane and row kernels compute per token).
+// GemvArgs::kernel asks for one family; one asked for a type or shape it does not cover falls back
+// to the default there.
 #include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/gemv_families.hpp"
 #include "backend/cuda/kernels.hpp"
@@ -39,12 +44,22 @@ using namespace quant;
 // change with the launch it is in (the MoE's expert-major pass computes subsets of the pairs).
 constexpr int64_t kDp4aMinRows = 2048;
 
+// q8_0 at 2..8 tokens (the attention and shared-expert matrices of DeepSeek-V4's flash-ds4 files,
+// so most of a batched decode step), by default: true runs the tensor-core kernel (one read of the
+// weights for every token; a token's outputs differ in their last bits from its one-token launch,
+// whose row kernel sums in another order: a session decoded in a batch gets the same tokens, not
+// the same bits, on CUDA), false the row kernel (f32 FMAs per token, each token summed in the
+// one-token kernel's order: bit-identical to the token alone). `ep-bench kernels --types q8_0
+// --gemv-tokens 1,2,4,8 --kernels mma,rows` measures both.
+constexpr bool kQ8_0SeveralTokensOnMma = true;
+
 // The kernels that can apply GemvArgs::glu: they read x once per block, into their quantized copy.
 bool applies_glu(GemvKernel kernel) { return kernel == GemvKernel::dp4a || kernel == GemvKernel::stream; }
 
 GemvKernel pick_gemv_kernel(uint32_t type, const GemvArgs &args) {
   GemvKernel want = args.kernel;
   const bool mma_ok = gemv_mma_covers(type, args.k), dp4a_ok = gemv_dp4a_covers(type, args);
+  const bool mma_default = mma_ok && (type != static_cast<uint32_t>(kQ8_0) || kQ8_0SeveralTokensOnMma);
   if (want == GemvKernel::stream && !gemv_stream_covers(type, args)) want = GemvKernel::automatic;
   if (want == GemvKernel::rows && !gemv_rows_covers(type, args)) want = GemvKernel::automatic;
   if (want == GemvKernel::automatic || (want == GemvKernel::mma && !mma_ok) || (want == GemvKernel::dp4a && !dp4a_ok)) {
@@ -53,7 +68,7 @@ GemvKernel pick_gemv_kernel(uint32_t type, const GemvArgs &args) {
       if (gemv_stream_covers(type, args)) return GemvKernel::stream;
       if (dp4a_ok) return GemvKernel::dp4a;
     }
-    if (mma_ok && args.n_tok > 1) return GemvKernel::mma;
+    if (mma_default && args.n_tok > 1) return GemvKernel::mma;
     if (gemv_rows_covers(type, args)) return GemvKernel::rows;
     const format::GgmlTypeInfo *row = format::ggml_type_row(type);
     return row && row->gemv_lane == format::kGemvGeneric ? GemvKernel::generic : GemvKernel::pipe;

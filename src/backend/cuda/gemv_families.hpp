@@ -1,5 +1,5 @@
 // The decode-GEMV kernel families launch_gemv (gemv.cu) picks from, each in its own file with its
-// kernels: generic and pipe (every type), mma (tensor cores, mxfp4 / q2_K / q3_K), the dp4a
+// kernels: generic and pipe (every type), mma (tensor cores, mxfp4 / q2_K / q3_K / iq2_xxs / q8_0), the dp4a
 // family's two kernels, dp4a and stream (x quantized to int8 per block), and rows (q8_0 and the
 // plain float types, lanes sharing a row). A launcher takes
 // arguments launch_gemv has validated, for a type (ggml type id) and shape its covers function
@@ -21,8 +21,8 @@ void launch_gemv_generic(uint32_t type, const GemvArgs &args, cudaStream_t strea
 /// (gemv_pipe.cu).
 void launch_gemv_pipe(uint32_t type, const GemvArgs &args, cudaStream_t stream);
 
-/// Whether the tensor-core kernel runs `type` with rows of k values: mxfp4, q2_K, q3_K with k a
-/// multiple of 256 (gemv_mma.cu).
+/// Whether the tensor-core kernel runs `type` with rows of k values: mxfp4, q2_K, q3_K, iq2_xxs and
+/// q8_0 with k a multiple of 256, any alignment (gemv_mma.cu).
 bool gemv_mma_covers(uint32_t type, int64_t k);
 void launch_gemv_mma(uint32_t type, const GemvArgs &args, cudaStream_t stream);
 

@@ -1,15 +1,22 @@
-// The tensor-core decode-GEMV kernel (mxfp4, q2_K, q3_K; k a multiple of 256; 1..kGemvMaxTokens
-// tokens). Each warp owns 16 rows and streams them through a cp.async ring, 256 values per
-// stage; the block stages x once per phase as f16 hi + lo halves (x·2^e per token, so that hi +
-// lo carry ~22 bits and never overflow); weights decode with bit tricks straight into f16 mma
-// fragments (block scales folded in where they are small integers) and mma.sync m16n8k16
-// accumulates in f32. The 8 mma columns are the tokens: one mma serves 1..8 tokens (more tokens
-// only shorten the x phases; instantiated for 1, 2, 4 and 8 tokens, gemv_tokens_rounded, a smaller
-// count for longer phases). launch_gemv (gemv.cu) runs it for 2..8 tokens.
+// The tensor-core decode-GEMV kernel (mxfp4, q2_K, q3_K, q8_0, iq2_xxs; k a multiple of 256;
+// 1..kGemvMaxTokens tokens). Each warp owns 16 rows and streams them through a cp.async ring, 256
+// values per stage; the block stages x once per phase as f16 hi + lo halves (x·2^e per token, so
+// that hi + lo carry ~22 bits and never overflow); weights decode with bit tricks straight into
+// f16 mma fragments as exact small integers (mxfp4: e2m1 values scaled by 2^-15) and mma.sync
+// m16n8k16 accumulates in f32. Scales that are small integers are folded into the fragments
+// (q2_K's and q3_K's sub-block scales, iq2_xxs's 2s + 1); the others multiply f32 sums: q8_0's
+// and mxfp4's per 32 values (each block's mma products accumulated apart), the super-block scales
+// per 256. q8_0 and iq2_xxs decode in the "pairs" k order of mma_pairs.cuh (checked on a CPU by
+// tests/backend/cuda/mma_pairs_test.cpp); iq2_xxs reads its grid from a table in shared memory
+// (see mma_iq2xxs_block). The 8 mma columns are the tokens: one mma serves 1..8 tokens (more
+// tokens only shorten the x phases; instantiated for 1, 2, 4 and 8 tokens, gemv_tokens_rounded, a
+// smaller count for longer phases). Matrices of few rows split k over a block's warps
+// (kMmaSplitBelowRows). launch_gemv (gemv.cu) runs it for 2..8 tokens.
 #include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/gemv_families.hpp"
 #include "backend/cuda/kernels.hpp"
+#include "backend/cuda/mma_pairs.cuh"
 #include "backend/cuda/quant_unit.cuh"
 #include "backend/cuda/reduce.cuh"
 #include "core/status.hpp"
@@ -27,22 +34,56 @@ using namespace quant;
 // k 2t..2t+1; reg1 = row g+8, k 2t..; reg2 = row g, k 2t+8..2t+9; reg3 = row g+8, k 2t+8..;
 // B (16 k × 8 tokens) b0 = k 2t..2t+1 of token g, b1 = k 2t+8..; C c0,c1 = row g, tokens 2t, 2t+1;
 // c2,c3 = row g+8. The k order inside a step is free as long as A and B agree: every type here
-// gives lane t the values {4t, 4t+2} in k 2t..2t+1 and {4t+1, 4t+3} in k 2t+8..2t+9 of a
-// 16-value "step" (bytes 0, 2 and 1, 3 of a 32-bit word of packed weights).
+// gives lane t four values v0..v3 of a 16-value "step", (v0, v2) in k 2t..2t+1 and (v1, v3) in k
+// 2t+8..2t+9: mxfp4, q2_K and q3_K the step's values 4t..4t+3 (bytes 0, 2 and 1, 3 of a 32-bit
+// word of packed weights), q8_0 and iq2_xxs those of the pairs order (mma_pairs.cuh: lane t owns
+// values 8t..8t+7 of each 32-value block, over the block's two steps).
 constexpr int kMmaChunk = 256;        // values of a row per pipeline stage
 constexpr int kMmaXBytes = 16384;     // x fragments of one phase (hi + lo f16: 4 bytes per value, token)
 constexpr uint32_t kHalfMagic = 0x64006400u;  // f16 1024 in both halves: 1024 + i for mantissa bits i
+// Warps per block. A matrix of fewer than kMmaSplitBelowRows rows runs with the block's warps
+// sharing 16 rows and splitting k four ways (KSPLIT 4), others with each warp on its own 16 rows:
+// four times the blocks for one small dense matrix (DeepSeek-V4's q8_0 q_a, kv and o_a at 2..8
+// tokens: 512-1024 rows, 8-16 blocks unsplit against the GPU's 132 SMs; not measured). The rule
+// looks at the matrix, not at how many matrices share the launch: the split changes the order in
+// which a row's chunks are summed, and a matrix's outputs must not depend on the launch it is in
+// (the MoE's expert-major pass runs subsets of a step's expert chunks). The expert matrices
+// (2048 rows and more) stay unsplit: with 16 rows per block, each block's staging of x would
+// read several times the bytes of its weights.
+constexpr int kMmaWarps = 4;
+constexpr int64_t kMmaSplitBelowRows = 2048;
 
+// Per type: the bytes of a 256-value chunk of a row; whether the offset term needs x's per-group
+// sums (q2_K, q3_K); whether the weights decode in the pairs order (mma_pairs.cuh; x staged to
+// match); the bytes of a shared-memory decode table; the pipeline stages.
+struct MmaQuantBase {
+  static constexpr bool sums = false, pairs = false;
+  static constexpr int table_bytes = 0, stages = 4;
+};
 template <int T> struct MmaQuant;
-template <> struct MmaQuant<kMXFP4> { static constexpr int chunk_bytes = 136; static constexpr bool sums = false; };
-template <> struct MmaQuant<kQ2_K> { static constexpr int chunk_bytes = 84; static constexpr bool sums = true; };
-template <> struct MmaQuant<kQ3_K> { static constexpr int chunk_bytes = 110; static constexpr bool sums = true; };
+template <> struct MmaQuant<kMXFP4> : MmaQuantBase { static constexpr int chunk_bytes = 136; };
+template <> struct MmaQuant<kQ2_K> : MmaQuantBase { static constexpr int chunk_bytes = 84; static constexpr bool sums = true; };
+template <> struct MmaQuant<kQ3_K> : MmaQuantBase { static constexpr int chunk_bytes = 110; static constexpr bool sums = true; };
+// q8_0: 8 blocks of 34 bytes. Three stages (two chunks in flight per warp, 8.7 KB: more than the
+// others' three of 84-136 bytes per row) keep a block at 74 KiB of shared memory, three per SM.
+template <> struct MmaQuant<kQ8_0> : MmaQuantBase {
+  static constexpr int chunk_bytes = 272, stages = 3;
+  static constexpr bool pairs = true;
+};
+// iq2_xxs: one 66-byte block; the grid as f16 (mma::GridF16, 256 entries of 16 bytes).
+template <> struct MmaQuant<kIQ2_XXS> : MmaQuantBase {
+  static constexpr int chunk_bytes = 66, table_bytes = 256 * static_cast<int>(sizeof(mma::GridF16));
+  static constexpr bool pairs = true;
+};
 template <int T> constexpr int mma_granules() { return (MmaQuant<T>::chunk_bytes + 30) / 16; }
 template <int T> constexpr int mma_slot() { return 16 * mma_granules<T>() + 16; }  // + slack for lds_words
 template <int NTOK> constexpr int mma_phase_values() { return kMmaXBytes / (4 * NTOK); }
+// The ring (one per warp), x's fragments, the decode table, x's group sums, the per-token maxima
+// and inverse scales.
 template <int T, int NTOK, int WARPS, int STAGES>
 constexpr int mma_smem_bytes() {
-  return WARPS * STAGES * 16 * mma_slot<T>() + kMmaXBytes + NTOK * (mma_phase_values<NTOK>() / 16) * 4 + NTOK * 8;
+  return WARPS * STAGES * 16 * mma_slot<T>() + kMmaXBytes + MmaQuant<T>::table_bytes +
+         NTOK * (mma_phase_values<NTOK>() / 16) * 4 + NTOK * 8;
 }
 
 __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -93,9 +134,11 @@ __device__ __forceinline__ int x_exponent(uint32_t max_bits) {
 }
 
 // Stages x[v0, v0 + pv) of every token as mma B fragments: for each 16-value step and token,
-// 4 uint4 (one per t: hi b0, hi b1, lo b0, lo b1), and (sums) the per-token sums of each 16
-// values of the scaled x. q2_K / q3_K permute steps so that lane t sees whole scale groups
-// (see mma_kquant_step); mxfp4 keeps the natural order. Block-wide; ends with __syncthreads.
+// 4 uint4 (one per t: hi b0, hi b1, lo b0, lo b1; b0 holds a unit's values 0 and 2, b1 its 1 and
+// 3), and (sums) the per-token sums of each 16 values of the scaled x. q2_K / q3_K permute steps
+// so that lane t sees whole scale groups (see mma_kquant_block); q8_0 and iq2_xxs take the pairs
+// order (mma_pairs.cuh: unit u of a 32-value block to step pair_unit_step(u), lane
+// pair_unit_lane(u)); mxfp4 keeps the natural order. Block-wide; ends with __syncthreads.
 template <int T, int NTOK, int THREADS>
 __device__ void mma_stage_x(const float *xm, int64_t k, int n_tok, int64_t v0, int pv, uint4 *xfrag, float *sumx,
                             uint32_t *xmax, float *inv_s) {
@@ -133,7 +176,7 @@ __device__ void mma_stage_x(const float *xm, int64_t k, int n_tok, int64_t v0, i
     uint4 frag;
     split_hi_lo(x.x, x.z, frag.x, frag.z);
     split_hi_lo(x.y, x.w, frag.y, frag.w);
-    const int q = q4 >> 2, r = q4 & 3;  // 16-value group q of the phase, quarter r
+    [[maybe_unused]] const int q = q4 >> 2, r = q4 & 3;  // 16-value group q of the phase, quarter r
     if constexpr (MmaQuant<T>::sums) {
       const int gl = q & 15, sb = q >> 4;
       xfrag[((sb * 16 + 4 * (gl >> 2) + r) * NTOK + tok) * 4 + (gl & 3)] = frag;
@@ -141,6 +184,9 @@ __device__ void mma_stage_x(const float *xm, int64_t k, int n_tok, int64_t v0, i
       part += __shfl_xor_sync(0xffffffffu, part, 1);
       part += __shfl_xor_sync(0xffffffffu, part, 2);
       if (r == 0) sumx[tok * (pv / 16) + q] = part;
+    } else if constexpr (MmaQuant<T>::pairs) {
+      const int u = q4 & 7, step = 2 * (q4 >> 3) + mma::pair_unit_step(u);  // unit u of block q4 / 8
+      xfrag[(step * NTOK + tok) * 4 + mma::pair_unit_lane(u)] = frag;
     } else {
       xfrag[(q * NTOK + tok) * 4 + r] = frag;
     }
@@ -332,6 +378,93 @@ __device__ __forceinline__ void mma_mxfp4_chunk(const uint8_t *pa, const uint8_t
   }
 }
 
+// One q8_0 chunk (8 blocks of 32) of rows g and g+8, in the pairs order: lane t's bytes 8t..8t+7
+// of a block become its A registers (mma::q8_0_lane: exact f16 integers); each block's two steps
+// accumulate apart (hi and lo chains), and its scale d multiplies their sum in f32.
+template <int NTOK>
+__device__ __forceinline__ void mma_q8_0_chunk(const uint8_t *pa, const uint8_t *pb, const uint4 *xf, int g, int t,
+                                               int n_tok, const float inv[2], float acc[4]) {
+  const uint8_t *rows[2] = {pa, pb};
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    uint32_t a0[4], a1[4];
+    float d[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint8_t *p = rows[r] + 34 * b;
+      uint32_t w[2], dw[1], f[4];
+      lds_words<2>(p + 2 + 8 * t, w);
+      lds_words<1>(p, dw);
+      d[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dw[0] & 0xFFFF)));
+      mma::q8_0_lane(w, f);
+      a0[r] = f[0];      // (v0, v2) of values 8t..8t+3: k 2t, 2t+1 of the block's first step
+      a0[2 + r] = f[1];  // (v1, v3): k 2t+8, 2t+9
+      a1[r] = f[2];      // the same of 8t+4..8t+7, second step
+      a1[2 + r] = f[3];
+    }
+    const uint4 x0 = x_frag<NTOK>(xf, 2 * b, g, t, n_tok), x1 = x_frag<NTOK>(xf, 2 * b + 1, g, t, n_tok);
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, clo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma16816(c, a0, x0.x, x0.y);
+    mma16816(clo, a0, x0.z, x0.w);
+    mma16816(c, a1, x1.x, x1.y);
+    mma16816(clo, a1, x1.z, x1.w);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = fmaf(c[i] + clo[i], d[i >> 1] * inv[i & 1], acc[i]);
+  }
+}
+
+// One iq2_xxs block (256 values: 8 sub-blocks of 8 bytes after the f16 d) of rows g and g+8, in
+// the pairs order: lane t takes grid entry t of each sub-block (its index byte t, its sign bits
+// 7t..7t+6) as the integers (2s + 1)·grid·sign (mma::iq2xxs_lane: exact in f16), the whole block
+// accumulates in f32 (hi and lo chains) and d/8 multiplies the sum.
+//
+// The grid is read from a copy in shared memory (`table`, filled by each block from the constant
+// table): a lane reads one 16-byte entry (the 8 magnitudes as f16) per sub-block and row with
+// one 128-bit load. A __constant__ table serializes a warp's reads of different entries (up to
+// 32 per load here: the lanes' indices are the data's). In shared memory a 128-bit load is served
+// a quarter-warp (8 lanes, 4 of each of 2 rows) per pass, one pass when its entries sit in 8
+// different 4-bank groups (entry e: group e % 8); the indices are random, so about 2.2 passes on
+// average instead of 1 (a copy of the table per bank group, 32 KB per block, would remove the
+// conflicts at the price of residency). Entries of the raw grid bytes (8 bytes, 2 KB) conflict
+// less (16 lanes per pass over 16 two-bank pairs) but cost four more integer operations and a
+// second scale register per sub-block to make f16 of them; the f16 entries were chosen.
+template <int NTOK>
+__device__ __forceinline__ void mma_iq2xxs_block(const uint8_t *pa, const uint8_t *pb, const mma::GridF16 *table,
+                                                 const uint4 *xf, int g, int t, int n_tok, const float inv[2],
+                                                 float acc[4]) {
+  const uint8_t *rows[2] = {pa, pb};
+  uint32_t q[2][16];  // per row: sub-block s's grid indices in word 2s, its signs and scale in 2s + 1
+  float d8[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    uint32_t dw[1];
+    lds_words<16>(rows[r] + 2, q[r]);
+    lds_words<1>(rows[r], dw);
+    d8[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dw[0] & 0xFFFF))) * 0.125f;  // exact
+  }
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, clo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int sb = 0; sb < 8; ++sb) {
+    uint32_t a0[4], a1[4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      uint32_t f[4];
+      mma::iq2xxs_lane(q[r][2 * sb], q[r][2 * sb + 1], t, table, f);
+      a0[r] = f[0];
+      a0[2 + r] = f[1];
+      a1[r] = f[2];
+      a1[2 + r] = f[3];
+    }
+    const uint4 x0 = x_frag<NTOK>(xf, 2 * sb, g, t, n_tok), x1 = x_frag<NTOK>(xf, 2 * sb + 1, g, t, n_tok);
+    mma16816(c, a0, x0.x, x0.y);
+    mma16816(clo, a0, x0.z, x0.w);
+    mma16816(c, a1, x1.x, x1.y);
+    mma16816(clo, a1, x1.z, x1.w);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = fmaf(c[i] + clo[i], d8[i >> 1] * inv[i & 1], acc[i]);
+}
+
 // WARPS warps per block; KSPLIT of them share 16 rows and take every KSPLIT-th chunk of k (their
 // sums meet in shared memory at the end), so a block covers 16·WARPS/KSPLIT rows.
 template <int T, int NTOK, int WARPS, int STAGES, int KSPLIT>
@@ -343,8 +476,10 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_mma_kernel(GemvArgs a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int kpart = warp % KSPLIT;
   uint8_t *ring = smem + warp * STAGES * 16 * kSlot;
-  uint4 *xfrag = reinterpret_cast<uint4 *>(smem + WARPS * STAGES * 16 * kSlot);
-  float *sumx = reinterpret_cast<float *>(smem + WARPS * STAGES * 16 * kSlot + kMmaXBytes);
+  uint8_t *after_ring = smem + WARPS * STAGES * 16 * kSlot;
+  uint4 *xfrag = reinterpret_cast<uint4 *>(after_ring);
+  [[maybe_unused]] auto *table = reinterpret_cast<mma::GridF16 *>(after_ring + kMmaXBytes);
+  float *sumx = reinterpret_cast<float *>(after_ring + kMmaXBytes + MmaQuant<T>::table_bytes);
   uint32_t *xmax = reinterpret_cast<uint32_t *>(sumx + NTOK * (kPV / 16));
   float *inv_s = reinterpret_cast<float *>(xmax + NTOK);
 
@@ -394,6 +529,9 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_mma_kernel(GemvArgs a) {
     issue(i);
     cp_async_commit();
   }
+  if constexpr (T == kIQ2_XXS) {  // read after the first phase's barriers (mma_stage_x)
+    for (int e = static_cast<int>(threadIdx.x); e < 256; e += WARPS * 32) table[e] = mma::iq2xxs_table_entry(kIq2xxsGridDev[e]);
+  }
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   [[maybe_unused]] const KquantLane kl = kquant_lane(lane, T == kQ3_K);
   int i = 0;
@@ -410,6 +548,10 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_mma_kernel(GemvArgs a) {
       const uint8_t *pa = row_in_stage(i, g), *pb = row_in_stage(i, g + 8);
       if constexpr (T == kMXFP4) {
         mma_mxfp4_chunk<NTOK>(pa, pb, xfrag + sb * 16 * NTOK * 4, g, t, n_tok, inv, acc);
+      } else if constexpr (T == kQ8_0) {
+        mma_q8_0_chunk<NTOK>(pa, pb, xfrag + sb * 16 * NTOK * 4, g, t, n_tok, inv, acc);
+      } else if constexpr (T == kIQ2_XXS) {
+        mma_iq2xxs_block<NTOK>(pa, pb, table, xfrag + sb * 16 * NTOK * 4, g, t, n_tok, inv, acc);
       } else {
         mma_kquant_block<T, NTOK>(pa, pb, kl, xfrag + sb * 16 * NTOK * 4, sumx + sb * 16, pv / 16, g, n_tok, inv, acc);
       }
@@ -468,7 +610,9 @@ bool gemv_mma_covers(uint32_t type, int64_t k) {
 
 void launch_gemv_mma(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
   dispatch_gemv_family<format::kGemvMma>(type, "launch_gemv_mma", [&](auto tag) {
-    launch_mma_tokens<decltype(tag)::value, 4, 4, 1>(args, stream);
+    constexpr int T = decltype(tag)::value;
+    if (args.n < kMmaSplitBelowRows) return launch_mma_tokens<T, kMmaWarps, MmaQuant<T>::stages, kMmaWarps>(args, stream);
+    launch_mma_tokens<T, kMmaWarps, MmaQuant<T>::stages, 1>(args, stream);
   });
 }
 

@@ -10,10 +10,11 @@
 namespace ep::backend::cuda {
 
 /// GEMV kernel families (gemv.cu picks one; gemv_<family>.cu). automatic: the fastest for the
-/// type and shape; the others are asked for by tests and `ep-bench kernels`. dp4a and stream (one
-/// token) and mma (1..8 tokens) run mxfp4, q2_K and q3_K with k a multiple of 256, stream also
-/// iq2_xxs (one token, k a multiple of 256, 2-byte-aligned matrices); asked for other types or
-/// shapes they fall back to what automatic picks there. stream is dp4a's arithmetic with the
+/// type and shape (q8_0 at 2..8 tokens: gemv.cu's kQ8_0SeveralTokensOnMma decides between mma and
+/// rows); the others are asked for by tests and `ep-bench kernels`. dp4a and stream (one token)
+/// and mma (1..8 tokens) run mxfp4, q2_K and q3_K with k a multiple of 256, stream also iq2_xxs
+/// (one token, k a multiple of 256, 2-byte-aligned matrices), mma also iq2_xxs and q8_0 (k a
+/// multiple of 256); asked for other types or shapes they fall back to what automatic picks there. stream is dp4a's arithmetic with the
 /// weights streamed through shared memory (a ring per warp, filled by bulk copies on sm_90+).
 /// generic and pipe run every type exactly (f32 x).
 enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, stream, rows };
