@@ -337,6 +337,7 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
     a.n_mat = per_launch;
     a.n_tok = tokens;
     a.kernel = kernel;
+    a.w_ptrs_aligned16 = true;  // the pool's matrices start 4096 bytes apart (mat_stride): the row kernel takes them
     return pass_gbps(per_launch, mat_bytes, [&](const void *const *mats) {
       a.w_ptrs = mats;
       ep::backend::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
@@ -347,7 +348,9 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
     for (int tokens : o.gemv_tokens) {
       const ep::backend::cuda::GemvKernel want = o.kernels[wi];
       auto resolved = [&](int mats) {  // the kernel launch_gemv runs for this many matrices per launch
-        ep::backend::cuda::GemvArgs probe;
+        ep::backend::cuda::GemvArgs probe;  // as gemv_gbps launches: a table of 16-byte aligned matrices
+        probe.w_ptrs = table;
+        probe.w_ptrs_aligned16 = true;
         probe.k = s.k;
         probe.n = s.n;
         probe.n_mat = mats;
