@@ -13,6 +13,7 @@
 #include <deque>
 #include <map>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace ep::backend::cuda {
@@ -76,8 +77,10 @@ struct CudaBackend::Impl {
   std::map<std::pair<int64_t, int32_t>, void *> pair_tokens;
   // The grouped (prefill) MoE path's per-expert token and pair lists (uploaded per call).
   std::vector<int32_t> group_lists;
-  // grouped_matmul(): the row blocks' addresses of each weight, in device memory.
-  std::map<std::pair<const void *, int64_t>, void *> group_tables;
+  // grouped_matmul(): the row blocks' addresses of each weight, in device memory, per (address,
+  // groups, bytes of a group's block): a weight freed and another allocated at its address with
+  // another type or shape gets its own table, never the stale one's offsets.
+  std::map<std::tuple<const void *, int64_t, uint64_t>, void *> group_tables;
   // grouped_matmul() of several tokens, per (groups, tokens): the gather / scatter rows, then
   // each group's first x row.
   std::map<std::pair<int64_t, int64_t>, void *> group_rows;
@@ -332,10 +335,10 @@ void CudaBackend::grouped_matmul(const Tensor &w, int64_t groups, const Tensor &
   // covers every group, and its y [groups][t][O] is scattered back to [t][groups·O]: three
   // launches instead of a copy, a GEMV and a copy per group.
   const int64_t o = w.ne[1] / groups;
-  void *&table = impl_->group_tables[{w.data, groups}];
+  const uint64_t block_bytes = w.row_bytes() * static_cast<uint64_t>(o);
+  void *&table = impl_->group_tables[{w.data, groups, block_bytes}];
   if (!table) {
     std::vector<const void *> blocks(static_cast<size_t>(groups));
-    const uint64_t block_bytes = w.row_bytes() * static_cast<uint64_t>(o);
     for (int64_t g = 0; g < groups; ++g) blocks[static_cast<size_t>(g)] = static_cast<const uint8_t *>(w.data) + g * block_bytes;
     EP_CUDA_CHECK(cudaMalloc(&table, blocks.size() * sizeof(void *)));
     upload(table, blocks.data(), blocks.size() * sizeof(void *));
