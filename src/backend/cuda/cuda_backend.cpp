@@ -303,16 +303,30 @@ void CudaBackend::matmul(const Tensor &w, const Tensor &x, const Tensor &y) {
   if (plain && w.ne[0] % 32 != 0)  // rows the GEMV / dequant kernels cannot take (tiny test models)
     return launch_matmul_plain(type_id(w.type), w.data, x.as<float>(), y.as<float>(), w.ne[0], w.ne[1], t, impl_->stream);
   // Types without a GEMV kernel take dequantization + cuBLAS for every token count.
-  if (t > kGemvMaxTokens || !gemv_runs_type(type_id(w.type))) return matmul_gemm(w, x, y);
+  if (!gemv_runs_type(type_id(w.type))) return matmul_gemm(w, x, y);
   GemvArgs a;
   a.w = w.data;
   a.x = x.as<float>();
   a.y = y.as<float>();
   a.k = w.ne[0];
   a.n = w.ne[1];
-  a.n_tok = static_cast<int32_t>(t);
+  a.n_tok = static_cast<int32_t>(std::min<int64_t>(t, kGemvMaxTokens));
   a.n_mat = 1;
-  launch_gemv(type_id(w.type), a, impl_->stream);
+  if (t <= kGemvMaxTokens) return launch_gemv(type_id(w.type), a, impl_->stream);
+  // More tokens than one GEMV launch takes: up to kChunkedGemvMaxTokens, launches of
+  // kGemvMaxTokens tokens each (the last one shorter) where that launch's kernel reads the
+  // weights once for all its tokens (the row and tensor-core kernels: a batched decode step of
+  // 9-32 sessions costs a few weight reads, where dequantizing every dense matrix for a GEMM cost
+  // more than the product); beyond, or where the kernel computes per token, the GEMM.
+  if (t > kChunkedGemvMaxTokens) return matmul_gemm(w, x, y);
+  const GemvKernel chunk_kernel = gemv_kernel_for(type_id(w.type), a);
+  if (chunk_kernel != GemvKernel::rows && chunk_kernel != GemvKernel::mma) return matmul_gemm(w, x, y);
+  for (int64_t t0 = 0; t0 < t; t0 += kGemvMaxTokens) {
+    a.x = x.as<float>() + t0 * w.ne[0];
+    a.y = y.as<float>() + t0 * w.ne[1];
+    a.n_tok = static_cast<int32_t>(std::min<int64_t>(t - t0, kGemvMaxTokens));
+    launch_gemv(type_id(w.type), a, impl_->stream);
+  }
 }
 
 void CudaBackend::grouped_matmul(const Tensor &w, int64_t groups, const Tensor &x, const Tensor &y) {

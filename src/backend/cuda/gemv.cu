@@ -19,8 +19,8 @@
 // Which families run a type is the type table's `gemv` column (format/ggml_type.hpp); each
 // family's covers function adds its shape and alignment rules.
 // Each default is the fastest that `ep-bench kernels` measured on an H200 for its types and shapes
-// (docs/benchmarks.md, "Kernels"), but iq2_xxs and q8_0 on mma, not yet measured (by design: one
-// read of the weights for every token, where the per-lane and row kernels compute per token).
+// (docs/benchmarks.md, "Kernels"): iq2_xxs at 8 tokens on mma 47-68 us per 8 expert matrices
+// against 1,200-1,900 us on pipe (H100).
 // GemvArgs::kernel asks for one family; one asked for a type or shape it does not cover falls back
 // to the default there.
 #include "backend/cuda/dispatch.cuh"
@@ -50,8 +50,10 @@ constexpr int64_t kDp4aMinRows = 2048;
 // whose row kernel sums in another order: a session decoded in a batch gets the same tokens, not
 // the same bits, on CUDA), false the row kernel (f32 FMAs per token, each token summed in the
 // one-token kernel's order: bit-identical to the token alone). `ep-bench kernels --types q8_0
-// --gemv-tokens 1,2,4,8 --kernels mma,rows` measures both.
-constexpr bool kQ8_0SeveralTokensOnMma = true;
+// --gemv-tokens 1,2,4,8 --kernels mma,rows` measures both: on an H100 the row kernel took 6.5-39 us
+// at 2..8 tokens on DeepSeek-V4's dense q8_0 matrices where mma took 19-133 us (only the head at 8
+// tokens was faster on mma: 503 against 750 us), so the row kernel is the default.
+constexpr bool kQ8_0SeveralTokensOnMma = false;
 
 // The kernels that can apply GemvArgs::glu: they read x once per block, into their quantized copy.
 bool applies_glu(GemvKernel kernel) { return kernel == GemvKernel::dp4a || kernel == GemvKernel::stream; }

@@ -58,6 +58,10 @@ struct GemvArgs {
   GemvGlu glu;
 };
 inline constexpr int32_t kGemvMaxTokens = 8;
+/// CudaBackend::matmul runs up to this many tokens as GEMV launches of kGemvMaxTokens tokens
+/// each, where the type's several-token kernel reads the weights once per launch (rows, mma);
+/// more tokens take the GEMM.
+inline constexpr int32_t kChunkedGemvMaxTokens = 32;
 void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream);
 /// The kernel launch_gemv runs for this type and these arguments.
 GemvKernel gemv_kernel_for(uint32_t type, const GemvArgs &args);
