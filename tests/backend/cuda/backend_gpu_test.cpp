@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
@@ -224,6 +225,43 @@ TEST_CASE("split f16 GEMM: rows over 1e-4..1e2 and tokens over 1e-6..1e4 keep f3
     CHECK(err[0] <= 1e-4);
     CHECK(err[1] <= 1e-4);
   }
+}
+
+TEST_CASE("EP_CUDA_GEMM picks the GEMM mode by name; any other value is refused", "[gpu][matmul][split]") {
+  using ep::backend::cuda::GemmMode;
+  struct Restore {  // the environment as it was, however the case ends
+    const char *before = std::getenv("EP_CUDA_GEMM");
+    std::string saved = before ? before : "";
+    ~Restore() {
+      if (before) {
+        setenv("EP_CUDA_GEMM", saved.c_str(), 1);
+      } else {
+        unsetenv("EP_CUDA_GEMM");
+      }
+    }
+  } restore;
+  for (auto [name, mode] : {std::pair{"split", GemmMode::split_f16}, std::pair{"exact", GemmMode::exact_f32},
+                            std::pair{"bf16", GemmMode::fast_bf16}}) {
+    GemmMode parsed{};
+    CHECK(ep::backend::cuda::parse_gemm_mode(name, parsed));
+    CHECK(parsed == mode);
+    CHECK(std::string(ep::backend::cuda::gemm_mode_name(mode)) == name);
+    REQUIRE(setenv("EP_CUDA_GEMM", name, 1) == 0);
+    CudaBackend gpu;
+    CHECK(gpu.gemm_mode() == mode);
+  }
+  GemmMode untouched = GemmMode::exact_f32;
+  CHECK_FALSE(ep::backend::cuda::parse_gemm_mode("f32", untouched));
+  CHECK(untouched == GemmMode::exact_f32);
+  REQUIRE(setenv("EP_CUDA_GEMM", "fast", 1) == 0);
+  std::string refused;
+  try {
+    CudaBackend bad;
+  } catch (const std::exception &e) {
+    refused = e.what();
+  }
+  INFO(refused);
+  CHECK(refused.find("EP_CUDA_GEMM is 'fast'") != std::string::npos);
 }
 
 TEST_CASE("split f16 GEMM: NaN reaches the outputs it touches, zeros stay zero, inf gives NaN", "[gpu][matmul][split]") {
