@@ -274,7 +274,7 @@ void CudaBackend::matmul_gemm(const Tensor &w, const Tensor &x, const Tensor &y,
   const uint64_t row_bytes = w.row_bytes();
   if (mode == GemmMode::split_f16) {
     // x and each chunk of weight rows as f16 halves at their powers of two (split_f16.cuh), one
-    // f16 GEMM of 3k per chunk (W_hi·x_hi + W_hi·x_lo + W_lo·x_hi in f32), then the scales undone
+    // f16 GEMM of 3k per chunk (W_hi·x_lo + W_lo·x_hi + W_hi·x_hi in f32), then the scales undone
     // over all of y in one launch. kWsXBf16: the tokens' exponents, the rows', then x's halves.
     if (k % 32 != 0)
       fail(Status::shape, "matmul: the split f16 GEMM takes rows of a multiple of 32 values; W [{}, {}] of ggml type {} has {}",

@@ -27,8 +27,9 @@ enum class GemmMode : uint8_t {
   fast_bf16 = 1,
   /// The default: each weight row and each token of x scaled by a power of two (its largest |value|
   /// into [2^14, 2^15)) and split into f16 halves hi + lo (backend/cuda/split_f16.cuh: 22
-  /// significant bits); one cublasGemmEx of f16 over 3k, [W_hi | W_hi | W_lo] · [x_hi ; x_lo ;
-  /// x_hi], accumulated in f32 (CUBLAS_COMPUTE_32F), then both scales undone exactly. Within 1e-4
+  /// significant bits); one cublasGemmEx of f16 over 3k, [W_hi | W_lo | W_hi] · [x_lo ; x_hi ;
+  /// x_hi] (the small products first), accumulated in f32 (CUBLAS_COMPUTE_32F), then both scales
+  /// undone exactly. Within 1e-4
   /// of max |y| of the CPU (tests/backend/cuda/backend_gpu_test.cpp, measured far below). A NaN in
   /// a token of x (a row of W) makes that token's (row's) outputs NaN, as the sum does; an inf
   /// makes them NaN too (its lo half is inf − inf), never a finite number. Any type with a

@@ -161,7 +161,7 @@ __device__ __forceinline__ void split_words(const float (&v)[32], float scale, u
 // One block per weight row (blockIdx.x): its 32-value units decoded by the type's unit decoder
 // (kSplitKeep per thread kept in registers, any further ones decoded again), the row's largest
 // |value| reduced over the block, then every value split at the row's power of two. Row r of dst
-// (3k halves): [hi | hi | lo], the A operand of the one-GEMM product; exps[r]: the exponent.
+// (3k halves): [hi | lo | hi], the A operand of the one-GEMM product; exps[r]: the exponent.
 template <int T>
 __global__ void dequant_split_kernel(const uint8_t *__restrict__ src, int64_t k, uint16_t *__restrict__ dst,
                                      int32_t *__restrict__ exps) {
@@ -198,8 +198,8 @@ __global__ void dequant_split_kernel(const uint8_t *__restrict__ src, int64_t k,
     uint32_t hi[16], lo[16];
     split_words(v, scale, hi, lo);
     // 64 bytes per part; 16-byte aligned (k is a multiple of 32)
-    uint4 *h0 = reinterpret_cast<uint4 *>(out + u * 32), *h1 = reinterpret_cast<uint4 *>(out + k + u * 32);
-    uint4 *l0 = reinterpret_cast<uint4 *>(out + 2 * k + u * 32);
+    uint4 *h0 = reinterpret_cast<uint4 *>(out + u * 32), *h1 = reinterpret_cast<uint4 *>(out + 2 * k + u * 32);
+    uint4 *l0 = reinterpret_cast<uint4 *>(out + k + u * 32);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint4 hq = make_uint4(hi[4 * q], hi[4 * q + 1], hi[4 * q + 2], hi[4 * q + 3]);
@@ -221,7 +221,7 @@ __global__ void dequant_split_kernel(const uint8_t *__restrict__ src, int64_t k,
 }
 
 // One block per token (blockIdx.x) of x [t][k]: its largest |value|, then its halves at its power
-// of two. Token i of dst (3k halves): [hi ; lo ; hi], the B operand; exps[i]: the exponent. x is
+// of two. Token i of dst (3k halves): [lo ; hi ; hi], the B operand; exps[i]: the exponent. x is
 // read as pairs of floats (4-byte alignment suffices: x may be a view).
 __global__ void split_tokens_kernel(const float *__restrict__ x, int64_t k, uint16_t *__restrict__ dst,
                                     int32_t *__restrict__ exps) {
@@ -237,8 +237,8 @@ __global__ void split_tokens_kernel(const float *__restrict__ x, int64_t k, uint
   for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
     const split::Halves a = split::split(row[2 * p], scale), b = split::split(row[2 * p + 1], scale);
     const uint32_t hi = a.hi | (static_cast<uint32_t>(b.hi) << 16), lo = a.lo | (static_cast<uint32_t>(b.lo) << 16);
-    out[p] = hi;
-    out[pairs + p] = lo;
+    out[p] = lo;
+    out[pairs + p] = hi;
     out[2 * pairs + p] = hi;
   }
 }

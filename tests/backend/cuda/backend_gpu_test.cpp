@@ -374,9 +374,9 @@ TEST_CASE("split f16 halves on the device equal the host's split function bit fo
     const size_t base = static_cast<size_t>(r * 3 * k);
     for (int64_t j = 0; j < k; ++j) {
       const sp::Halves h = sp::split(v[static_cast<size_t>(r * k + j)], sp::pow2(e));
-      // weights [hi | hi | lo], tokens [hi ; lo ; hi]
-      bad += !same(w_halves[base + j], h.hi) || !same(w_halves[base + k + j], h.hi) || !same(w_halves[base + 2 * k + j], h.lo);
-      bad += !same(x_halves[base + j], h.hi) || !same(x_halves[base + k + j], h.lo) || !same(x_halves[base + 2 * k + j], h.hi);
+      // weights [hi | lo | hi], tokens [lo ; hi ; hi]
+      bad += !same(w_halves[base + j], h.hi) || !same(w_halves[base + k + j], h.lo) || !same(w_halves[base + 2 * k + j], h.hi);
+      bad += !same(x_halves[base + j], h.lo) || !same(x_halves[base + k + j], h.hi) || !same(x_halves[base + 2 * k + j], h.hi);
     }
   }
   CHECK(bad == 0);
