@@ -3,10 +3,10 @@
 // pack into a VRAM cache of three slots (evictions). Skips without a GPU.
 //
 // Tolerance: the CUDA backend's bound, logits at the golden's top-8 ids and each row's
-// log-sum-exp within 2e-2 · max|logit| (f32 GEMV / SGEMM without TF32; measured ~1e-6 on the
-// random goldens, see docs/models/deepseek-v4.md "On CUDA"), perplexity within 2 %; the top-1
-// token equal wherever the golden's top-1 / top-2 margin exceeds 0.1, and greedy continuations
-// equal over their clear steps with that margin.
+// log-sum-exp within 2e-2 · max|logit| (f32 GEMV / the split f16 GEMM, ~22 bits of each factor;
+// ~1e-6 measured on the random goldens with GEMV and SGEMM, see docs/models/deepseek-v4.md "On
+// CUDA"), perplexity within 2 %; the top-1 token equal wherever the golden's top-1 / top-2
+// margin exceeds 0.1, and greedy continuations equal over their clear steps with that margin.
 #include "support/catch.hpp"
 #include "support/temp_dir.hpp"
 

@@ -1,9 +1,10 @@
 // ep-bench kernels — measures, in one run on one GPU: the HBM device-to-device copy bandwidth
 // (read + write bytes), the cuBLAS bf16 GEMM rate per shape, and per weight type, expert shape
 // and GEMV kernel the decode GEMV bandwidth (weight bytes read / time, several experts per
-// launch) as a fraction of the copy bandwidth, and the prefill GEMM rate (dequantize + cuBLAS, in
-// the backend's exact f32 mode by default or its fast bf16 mode with --gemm-mode bf16) as a
-// fraction of the cuBLAS bf16 rate. --batch N (or N1,N2,N3,N4, one per shape) sets the experts
+// launch) as a fraction of the copy bandwidth, and the prefill GEMM rate (dequantize + cuBLAS) in
+// each of the backend's GEMM modes (--gemm-mode, a list: split, the default f16 halves on tensor
+// cores; exact, f32 + SGEMM; bf16, the opt-in; all three unless named) as a fraction of the cuBLAS
+// bf16 rate, in a table of its own. --batch N (or N1,N2,N3,N4, one per shape) sets the experts
 // per GEMV launch: the engine launches gate and up of all picked experts together and down apart,
 // i.e. 12/6/32/16 for DeepSeek-V4-Flash (top-6) and Kimi-K3 (top-16). Weights are cycled through
 // a pool much larger than L2 so that HBM is measured. --kernels picks the GEMV kernels (`auto`,
@@ -49,7 +50,7 @@ struct Options {
   bool json = false;
   bool gemm = true;          // prefill GEMM and cuBLAS references
   bool batch1 = true;        // also one matrix per launch (--no-batch1: skip, reported as 0)
-  ep::backend::cuda::GemmMode gemm_mode = ep::backend::cuda::GemmMode::exact_f32;  // the backend's prefill GEMM path
+  std::vector<ep::backend::cuda::GemmMode> gemm_modes;  // the backend's prefill GEMM paths timed, in order
   int batch[4] = {8, 8, 8, 8};  // experts per GEMV launch, per shape (--batch N or N1,N2,N3,N4)
   std::vector<int> gemv_tokens = {1};  // tokens per GEMV launch, each measured
   int passes = 10;           // timed passes over the weight pool
@@ -87,12 +88,13 @@ Options options_from(const Args &args) {
   o.json = args.has("json");
   o.gemm = !args.has("no-gemm");
   o.batch1 = !args.has("no-batch1");
-  const std::string mode = args.get("gemm-mode", "exact");
-  if (mode == "bf16") {
-    o.gemm_mode = ep::backend::cuda::GemmMode::fast_bf16;
-  } else if (mode != "exact") {
-    ep::fail(ep::Status::invalid_argument, "ep-bench kernels: --gemm-mode is 'exact' or 'bf16', not '{}'", mode);
+  for (const auto &name : split_list(args.get("gemm-mode", "split,exact,bf16"))) {
+    ep::backend::cuda::GemmMode m{};
+    if (!ep::backend::cuda::parse_gemm_mode(name.c_str(), m))
+      ep::fail(ep::Status::invalid_argument, "ep-bench kernels: --gemm-mode takes split, exact and bf16, not '{}'", name);
+    if (std::find(o.gemm_modes.begin(), o.gemm_modes.end(), m) == o.gemm_modes.end()) o.gemm_modes.push_back(m);
   }
+  if (o.gemm_modes.empty()) ep::fail(ep::Status::invalid_argument, "ep-bench kernels: --gemm-mode names no mode");
   {  // one number for every shape, or one per shape in the printed order
     const auto items = split_list(args.get("batch", "8"));
     if (items.size() != 1 && items.size() != 4)
@@ -291,7 +293,8 @@ struct Result {
   int pool_matrices;
   int batch;                     // experts per GEMV launch
   std::vector<GemvResult> gemv;  // one per distinct kernel asked for
-  double gemm_tflops, cublas_tflops;
+  std::vector<double> gemm_tflops;  // per Options::gemm_modes
+  double cublas_tflops;
 };
 
 Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape &s, int batch, const Options &o,
@@ -343,7 +346,7 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
       ep::backend::cuda::launch_gemv(static_cast<uint32_t>(type), a, stream);
     });
   };
-  Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, 0, cublas_tflops};
+  Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, {}, cublas_tflops};
   for (size_t wi = 0; wi < o.kernels.size(); ++wi)
     for (int tokens : o.gemv_tokens) {
       const ep::backend::cuda::GemvKernel want = o.kernels[wi];
@@ -376,19 +379,20 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
       const double us = static_cast<double>(mat_bytes) * batch / (gbps * 1e3);
       r.gemv.push_back({name, static_cast<int>(wi), tokens, gbps, o.batch1 ? gemv_gbps(1, want, tokens) : 0.0, us});
     }
-  if (o.gemm) {  // prefill GEMM through the backend (dequantize rows to f32 or bf16 + cuBLAS)
+  if (o.gemm) {  // prefill GEMM through the backend (dequantize rows + cuBLAS), in each mode
     const Tensor xt_t = Tensor::make(x.p, GgmlType::f32, Device::cuda, {s.k, o.prefill_tokens});
     const Tensor yt = Tensor::make(y.p, GgmlType::f32, Device::cuda, {s.n, o.prefill_tokens});
-    auto run = [&](int m) { be.matmul_gemm(Tensor::make(ptrs[m % pool], type, Device::cuda, {s.k, s.n}), xt_t, yt, o.gemm_mode);
-    };
-    for (int i = 0; i < 3; ++i) run(i);
-    Events ev;
-    const int iters = 30;
-    EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
-    for (int i = 0; i < iters; ++i) run(i);
-    EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
-    r.gemm_tflops = 2.0 * static_cast<double>(s.k) * static_cast<double>(s.n) * static_cast<double>(o.prefill_tokens) * iters /
-                    (ev.ms() * 1e9);
+    for (const ep::backend::cuda::GemmMode mode : o.gemm_modes) {
+      auto run = [&](int m) { be.matmul_gemm(Tensor::make(ptrs[m % pool], type, Device::cuda, {s.k, s.n}), xt_t, yt, mode); };
+      for (int i = 0; i < 3; ++i) run(i);
+      Events ev;
+      const int iters = 30;
+      EP_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+      for (int i = 0; i < iters; ++i) run(i);
+      EP_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+      r.gemm_tflops.push_back(2.0 * static_cast<double>(s.k) * static_cast<double>(s.n) *
+                              static_cast<double>(o.prefill_tokens) * iters / (ev.ms() * 1e9));
+    }
   }
   return r;
 }
@@ -554,10 +558,11 @@ int run(const Options &o) {
                             {"gemv_batch1_gbps", g.batch1_gbps},
                             {"gemv_batch1_fraction_of_hbm", g.batch1_gbps / hbm}};
         if (o.gemm) {
-          e["gemm_tflops"] = r.gemm_tflops;
-          e["gemm_mode"] = o.gemm_mode == ep::backend::cuda::GemmMode::exact_f32 ? "exact_f32" : "fast_bf16";
           e["cublas_bf16_tflops"] = r.cublas_tflops;
-          e["gemm_fraction_of_cublas"] = r.gemm_tflops / r.cublas_tflops;
+          for (size_t m = 0; m < o.gemm_modes.size(); ++m)
+            e["gemm"].push_back({{"mode", ep::backend::cuda::gemm_mode_name(o.gemm_modes[m])},
+                                 {"tflops", r.gemm_tflops[m]},
+                                 {"fraction_of_cublas", r.gemm_tflops[m] / r.cublas_tflops}});
         }
         j["results"].push_back(e);
       }
@@ -601,28 +606,38 @@ int run(const Options &o) {
     if (!token_list.empty()) token_list += ',';
     token_list += std::to_string(t);
   }
-  fmt::print("\ndecode GEMV: {} experts per launch by expert shape (and 1; dense shapes: the mats column), {} token(s){}; "
-             "prefill GEMM: {} tokens, {}\n",
+  fmt::print("\ndecode GEMV: {} experts per launch by expert shape (and 1; dense shapes: the mats column), {} token(s){}\n",
              fmt::format("{}/{}/{}/{}", o.batch[0], o.batch[1], o.batch[2], o.batch[3]), token_list,
-             o.graph ? ", launches replayed from a CUDA graph" : "", o.prefill_tokens,
-             o.gemm_mode == ep::backend::cuda::GemmMode::exact_f32 ? "dequantize to f32 + cuBLAS SGEMM (exact, the default)"
-                                                          : "dequantize to bf16 + cuBLAS bf16 GEMM (fast)");
+             o.graph ? ", launches replayed from a CUDA graph" : "");
   // tok: tokens per launch; us: time per launch (mats matrices); x1: that time over the same
   // kernel request's one-token launch (when 1 is in --gemv-tokens)
-  fmt::print("{:<8} {:>12} {:>9} {:<18} {:>3} {:>9} {:>6} {:>10} {:>8} {:>10} {:>8} {:>10} {:>8} {:>5}  {}\n", "type", "K x N",
-             "MiB/mat", "kernel", "tok", "us", "x1", "GEMV GB/s", "of HBM", "batch1", "of HBM", "GEMM TF/s", "of cuBLAS", "mats",
-             "matrix");
+  fmt::print("{:<8} {:>12} {:>9} {:<18} {:>3} {:>9} {:>6} {:>10} {:>8} {:>10} {:>8} {:>5}  {}\n", "type", "K x N", "MiB/mat",
+             "kernel", "tok", "us", "x1", "GEMV GB/s", "of HBM", "batch1", "of HBM", "mats", "matrix");
   for (const auto &r : results)
     for (const auto &g : r.gemv) {
       double one_us = 0;
       for (const auto &o1 : r.gemv)
         if (o1.want == g.want && o1.tokens == 1) one_us = o1.us;
-      fmt::print("{:<8} {:>12} {:>9.2f} {:<18} {:>3} {:>9.2f} {:>6} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>10.1f} {:>8.3f} {:>5}  {}\n",
-                 r.type, fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), g.kernel,
-                 g.tokens, g.us, one_us > 0 ? fmt::format("{:.2f}", g.us / one_us) : std::string("-"), g.gbps, g.gbps / hbm,
-                 g.batch1_gbps, g.batch1_gbps / hbm, r.gemm_tflops, o.gemm ? r.gemm_tflops / r.cublas_tflops : 0.0, r.batch,
-                 r.shape.what);
+      fmt::print("{:<8} {:>12} {:>9.2f} {:<18} {:>3} {:>9.2f} {:>6} {:>10.0f} {:>8.3f} {:>10.0f} {:>8.3f} {:>5}  {}\n", r.type,
+                 fmt::format("{}x{}", r.shape.k, r.shape.n), static_cast<double>(r.matrix_bytes) / (1 << 20), g.kernel, g.tokens,
+                 g.us, one_us > 0 ? fmt::format("{:.2f}", g.us / one_us) : std::string("-"), g.gbps, g.gbps / hbm,
+                 g.batch1_gbps, g.batch1_gbps / hbm, r.batch, r.shape.what);
     }
+  if (!o.gemm) return 0;
+  // the prefill GEMM per mode: TFLOP/s (2·K·N·tokens per call, the dequantization included) and
+  // that over cuBLAS bf16's rate at the same shape and token count
+  fmt::print("\nprefill GEMM: {} tokens through CudaBackend::matmul_gemm, TFLOP/s and the fraction of cuBLAS bf16 at the "
+             "shape (split: f16 halves on tensor cores, the exact default; exact: f32 + SGEMM without TF32; bf16: weights "
+             "and x rounded to bf16, the opt-in)\n",
+             o.prefill_tokens);
+  fmt::print("{:<8} {:>12} {:>11}", "type", "K x N", "cuBLAS bf16");
+  for (const auto mode : o.gemm_modes) fmt::print(" {:>10} {:>7}", fmt::format("{} TF/s", ep::backend::cuda::gemm_mode_name(mode)), "of bf16");
+  fmt::print("  {}\n", "matrix");
+  for (const auto &r : results) {
+    fmt::print("{:<8} {:>12} {:>11.1f}", r.type, fmt::format("{}x{}", r.shape.k, r.shape.n), r.cublas_tflops);
+    for (size_t m = 0; m < o.gemm_modes.size(); ++m) fmt::print(" {:>10.1f} {:>7.3f}", r.gemm_tflops[m], r.gemm_tflops[m] / r.cublas_tflops);
+    fmt::print("  {}\n", r.shape.what);
+  }
   return 0;
 }
 

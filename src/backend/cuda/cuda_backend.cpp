@@ -40,7 +40,7 @@ enum : unsigned {
   kWsGroupX = 13, kWsGroupY = 14,  // grouped_matmul of several tokens
   kWsCount = 15,
 };
-constexpr uint64_t kDequantChunkBytes = uint64_t{64} << 20;  // bf16 weight rows per cuBLAS call
+constexpr uint64_t kDequantChunkBytes = uint64_t{64} << 20;  // dequantized weight rows per cuBLAS call
 constexpr uint64_t kUploadRingBytes = uint64_t{16} << 20;   // pinned staging of upload()
 constexpr uint64_t kUploadAlign = 256;
 constexpr unsigned kHostBufferSlots = 4;
@@ -56,7 +56,7 @@ struct CudaBackend::Impl {
   cublasHandle_t cublas = nullptr;
   std::vector<void *> ws = std::vector<void *>(kWsCount, nullptr);
   std::vector<uint64_t> ws_bytes = std::vector<uint64_t>(kWsCount, 0);
-  GemmMode gemm_mode = GemmMode::exact_f32;
+  GemmMode gemm_mode = GemmMode::split_f16;
   // Uploads are staged in pinned memory so that they return without waiting for the device:
   // a ring of kUploadRingBytes; a span is reused only after the event recorded behind its copy.
   struct UploadSpan {
@@ -98,13 +98,14 @@ struct CudaBackend::Impl {
 };
 
 CudaBackend::CudaBackend(int device_index) : impl_(std::make_unique<Impl>()) {
+  // checked before anything is created (a throwing constructor runs no destructor)
+  if (const char *env = std::getenv("EP_CUDA_GEMM"); env && !parse_gemm_mode(env, impl_->gemm_mode))
+    fail(Status::invalid_argument, "EP_CUDA_GEMM is '{}': expected split (the default), exact or bf16", env);
   impl_->device = device_index;
   EP_CUDA_CHECK(cudaSetDevice(device_index));
   EP_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
   check_cublas(cublasCreate(&impl_->cublas), "cublasCreate");
   check_cublas(cublasSetStream(impl_->cublas, impl_->stream), "cublasSetStream");
-  if (const char *env = std::getenv("EP_CUDA_GEMM"); env && std::string_view(env) == "bf16")
-    impl_->gemm_mode = GemmMode::fast_bf16;
   void *ring = nullptr;
   EP_CUDA_CHECK(cudaHostAlloc(&ring, kUploadRingBytes, cudaHostAllocPortable));
   impl_->upload_ring = static_cast<std::byte *>(ring);
@@ -244,6 +245,26 @@ void *CudaBackend::workspace(unsigned slot, uint64_t bytes) {
   return impl_->ws[slot];
 }
 
+const char *gemm_mode_name(GemmMode mode) noexcept {
+  switch (mode) {
+    case GemmMode::exact_f32: return "exact";
+    case GemmMode::fast_bf16: return "bf16";
+    case GemmMode::split_f16: return "split";
+  }
+  return "?";
+}
+
+bool parse_gemm_mode(const char *name, GemmMode &out) noexcept {
+  if (!name) return false;
+  for (GemmMode m : {GemmMode::split_f16, GemmMode::exact_f32, GemmMode::fast_bf16}) {
+    if (std::string_view(name) == gemm_mode_name(m)) {
+      out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
 void CudaBackend::set_gemm_mode(GemmMode mode) noexcept { impl_->gemm_mode = mode; }
 GemmMode CudaBackend::gemm_mode() const noexcept { return impl_->gemm_mode; }
 
@@ -254,6 +275,38 @@ void CudaBackend::matmul_gemm(const Tensor &w, const Tensor &x, const Tensor &y,
   const int64_t k = w.ne[0], n = w.ne[1], t = x.n_rows();
   const float one = 1.0f, zero = 0.0f;
   const uint64_t row_bytes = w.row_bytes();
+  if (mode == GemmMode::split_f16) {
+    // x and each chunk of weight rows as f16 halves at their powers of two (split_f16.cuh), one
+    // f16 GEMM of 3k per chunk (W_hi·x_lo + W_lo·x_hi + W_hi·x_hi in f32), then the scales undone
+    // over all of y in one launch. kWsXBf16: the tokens' exponents, the rows', then x's halves.
+    if (k % 32 != 0)
+      fail(Status::shape, "matmul: the split f16 GEMM takes rows of a multiple of 32 values; W [{}, {}] of ggml type {} has {}",
+           k, n, type_id(w.type), k);
+    const uint64_t exps_bytes = (static_cast<uint64_t>(t + n) * 4 + 255) / 256 * 256;
+    auto *ws = static_cast<uint8_t *>(workspace(kWsXBf16, exps_bytes + static_cast<uint64_t>(t) * 3 * k * 2));
+    auto *tok_exps = reinterpret_cast<int32_t *>(ws);
+    int32_t *row_exps = tok_exps + t;
+    auto *xs = reinterpret_cast<uint16_t *>(ws + exps_bytes);
+    // tensor cores, f32 accumulation (the exact mode sets pedantic math for its own call only)
+    check_cublas(cublasSetMathMode(impl_->cublas, CUBLAS_DEFAULT_MATH), "matmul: cublasSetMathMode");
+    launch_split_tokens(x.as<float>(), k, t, xs, tok_exps, impl_->stream);
+    // rows per chunk a multiple of 8 where there are several chunks (16-byte aligned y columns)
+    int64_t rows_per_chunk = std::max<int64_t>(1, std::min<int64_t>(n, kDequantChunkBytes / (static_cast<uint64_t>(k) * 6)));
+    if (rows_per_chunk < n && rows_per_chunk > 8) rows_per_chunk -= rows_per_chunk % 8;
+    auto *wsplit = static_cast<uint16_t *>(workspace(kWsWBf16, static_cast<uint64_t>(rows_per_chunk) * 3 * k * 2));
+    for (int64_t r0 = 0; r0 < n; r0 += rows_per_chunk) {
+      const int64_t rows = std::min(rows_per_chunk, n - r0);
+      launch_dequant_rows_split(type_id(w.type), w.as<uint8_t>() + r0 * row_bytes, k, rows, wsplit, row_exps + r0,
+                                impl_->stream);
+      check_cublas(cublasGemmEx(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(t),
+                                static_cast<int>(3 * k), &one, wsplit, CUDA_R_16F, static_cast<int>(3 * k), xs, CUDA_R_16F,
+                                static_cast<int>(3 * k), &zero, y.as<float>() + r0, CUDA_R_32F, static_cast<int>(n),
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "matmul: cublasGemmEx split f16");
+    }
+    launch_unscale_split(y.as<float>(), n, t, row_exps, tok_exps, impl_->stream);
+    return;
+  }
   if (w.type == GgmlType::f32 || mode == GemmMode::exact_f32) {
     // f32 weights (dequantized in chunks unless they are f32 already) and SGEMM without TF32.
     check_cublas(cublasSetMathMode(impl_->cublas, CUBLAS_PEDANTIC_MATH), "matmul: cublasSetMathMode");

@@ -1,10 +1,10 @@
 // The CUDA backend: the ops of backend::Backend on one device and one stream. Quantized
 // matrix-vector products (up to 8 tokens) run the bandwidth-oriented GEMV kernels; larger
-// batches dequantize weight rows in chunks and call cuBLAS: by default to f32 and SGEMM with
-// pedantic math (no TF32: f32 products, f32 sums; within ~1e-6 of the CPU backend), or, as an
-// opt-in (GemmMode::fast_bf16, EP_CUDA_GEMM=bf16), to bf16 with x rounded to bf16 (tensor cores,
-// f32 accumulate; ~1e-1 relative on small random models). Routed experts run batched over the
-// selected slots.
+// batches dequantize weight rows in chunks and call cuBLAS (GemmMode): by default on tensor cores
+// with each factor carried as two f16 halves (split_f16: ~22 bits of the weights and of x, f32
+// sums; f32-like), or to f32 and SGEMM with pedantic math (exact_f32: no TF32, the reference
+// path), or, as an opt-in, to bf16 with x rounded to bf16 (fast_bf16: ~1e-1 relative on small
+// random models). Routed experts run batched over the selected slots.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,16 +16,38 @@
 
 namespace ep::backend::cuda {
 
-/// How matmul multiplies more than kGemvMaxTokens tokens (prefill).
+/// How matmul multiplies more than kGemvMaxTokens tokens (prefill). Every mode dequantizes the
+/// weight rows in chunks of at most 64 MiB of its operand format and calls cuBLAS once per chunk.
 enum class GemmMode : uint8_t {
-  exact_f32 = 0,  ///< weights dequantized to f32, x as is, cublasSgemm with CUBLAS_PEDANTIC_MATH
-  fast_bf16 = 1,  ///< weights dequantized to bf16, x rounded to bf16, cublasGemmEx (f32 accumulate)
+  /// Weights dequantized to f32 (f32 weights used as they are), x as is, cublasSgemm under
+  /// CUBLAS_PEDANTIC_MATH (no TF32): the reference path. Any type with a dequantization kernel.
+  exact_f32 = 0,
+  /// Weights dequantized to bf16, x rounded to bf16, cublasGemmEx (tensor cores, f32 accumulate);
+  /// f32 weights are not rounded: they take exact_f32's SGEMM. Any type with a dequantization kernel.
+  fast_bf16 = 1,
+  /// The default: each weight row and each token of x scaled by a power of two (its largest |value|
+  /// into [2^14, 2^15)) and split into f16 halves hi + lo (backend/cuda/split_f16.cuh: 22
+  /// significant bits); one cublasGemmEx of f16 over 3k, [W_hi | W_lo | W_hi] · [x_lo ; x_hi ;
+  /// x_hi] (the small products first), accumulated in f32 (CUBLAS_COMPUTE_32F), then both scales
+  /// undone exactly. Within 1e-4
+  /// of max |y| of the CPU (tests/backend/cuda/backend_gpu_test.cpp, measured far below). A NaN in
+  /// a token of x (a row of W) makes that token's (row's) outputs NaN, as the sum does; an inf
+  /// makes them NaN too (its lo half is inf − inf), never a finite number. Any type with a
+  /// dequantization kernel, f32 included; rows of a multiple of 32 values (Status::shape otherwise).
+  split_f16 = 2,
 };
+
+/// The mode's name as EP_CUDA_GEMM and `ep-bench kernels --gemm-mode` spell it: "exact", "bf16",
+/// "split".
+const char *gemm_mode_name(GemmMode mode) noexcept;
+/// Parses a gemm_mode_name(); false for any other string (nothing written).
+bool parse_gemm_mode(const char *name, GemmMode &out) noexcept;
 
 class CudaBackend final : public backend::Backend {
  public:
   /// Uses device @p device_index and creates its own stream. The GEMM mode starts as
-  /// GemmMode::exact_f32, or fast_bf16 when the environment has EP_CUDA_GEMM=bf16.
+  /// GemmMode::split_f16, or as the environment's EP_CUDA_GEMM names it (exact, bf16 or split);
+  /// any other value of EP_CUDA_GEMM throws Error(Status::invalid_argument).
   explicit CudaBackend(int device_index = 0);
   ~CudaBackend() override;
 
@@ -113,8 +135,9 @@ class CudaBackend final : public backend::Backend {
   void attn_res_mix(const backend::Tensor *banked, const backend::Tensor &cur, const backend::Tensor &w, float eps,
                     const backend::Tensor &out) override;
 
-  /// y[N, T] = W · x through the dequantize + cuBLAS path regardless of T (benchmarks), in the
-  /// current GEMM mode / in @p mode.
+  /// y[N, T] = W · x through the dequantize + cuBLAS path regardless of T (benchmarks, tests), in
+  /// the current GEMM mode / in @p mode. Throws Error(Status::unsupported) for a type without a
+  /// CUDA dequantization kernel and Error(Status::shape) for rows the mode cannot take.
   void matmul_gemm(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y);
   void matmul_gemm(const backend::Tensor &w, const backend::Tensor &x, const backend::Tensor &y, GemmMode mode);
   /// The path of prefill matmuls (and the routed experts' products above kGemvMaxTokens tokens).

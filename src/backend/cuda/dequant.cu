@@ -1,6 +1,7 @@
 // Dequantization kernels: rows of any supported type to f32 (bit-exact with ggml) or bf16
-// (the f32 value rounded to nearest even), embedding lookup, f32 → bf16; which types the GEMV
-// kernels run (the others are dequantized for cuBLAS).
+// (the f32 value rounded to nearest even), or to the f16 halves of the split GEMM (split_f16.cuh,
+// with the activations' split and the scales' undoing), embedding lookup, f32 → bf16; which types
+// the GEMV kernels run (the others are dequantized for cuBLAS).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,6 +9,10 @@
 #include "backend/cuda/dequant_unit.cuh"
 #include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/kernels.hpp"
+#include "backend/cuda/reduce.cuh"
+#include "backend/cuda/split_f16.cuh"
+
+#include <algorithm>
 
 namespace ep::backend::cuda {
 namespace {
@@ -137,6 +142,153 @@ void launch_matmul_plain(uint32_t type, const void *w, const float *x, float *y,
     default: throw Error(Status::unsupported, "matmul_plain: ggml type " + std::to_string(type) + " is not f32/f16/bf16");
   }
   EP_CUDA_CHECK_LAUNCH("matmul_plain_kernel");
+}
+
+namespace {
+
+constexpr int kSplitKeep = 2;  // units per thread kept in registers between the max and the split
+
+// hi, hi and lo of 2·16 values at the row's scale, as 16 words each (value 2l in the low half).
+__device__ __forceinline__ void split_words(const float (&v)[32], float scale, uint32_t (&hi)[16], uint32_t (&lo)[16]) {
+#pragma unroll
+  for (int l = 0; l < 16; ++l) {
+    const split::Halves a = split::split(v[2 * l], scale), b = split::split(v[2 * l + 1], scale);
+    hi[l] = a.hi | (static_cast<uint32_t>(b.hi) << 16);
+    lo[l] = a.lo | (static_cast<uint32_t>(b.lo) << 16);
+  }
+}
+
+// One block per weight row (blockIdx.x): its 32-value units decoded by the type's unit decoder
+// (kSplitKeep per thread kept in registers, any further ones decoded again), the row's largest
+// |value| reduced over the block, then every value split at the row's power of two. Row r of dst
+// (3k halves): [hi | lo | hi], the A operand of the one-GEMM product; exps[r]: the exponent.
+template <int T>
+__global__ void dequant_split_kernel(const uint8_t *__restrict__ src, int64_t k, uint16_t *__restrict__ dst,
+                                     int32_t *__restrict__ exps) {
+  using Tr = Traits<T>;
+  constexpr int kUnits = Tr::elems / 32;
+  const int64_t r = blockIdx.x, units = k / 32;
+  const uint8_t *row = src + r * (k / Tr::elems * Tr::bytes);
+  const auto decode = [&](int64_t u, float (&v)[32]) {
+    unit_values<T>(row + (u / kUnits) * Tr::bytes, static_cast<int>(u % kUnits), v);
+  };
+  float kept[kSplitKeep][32];
+  float m = 0.0f;  // fmaxf drops NaN: a NaN value stays NaN in its halves whatever the scale
+#pragma unroll
+  for (int j = 0; j < kSplitKeep; ++j) {
+    const int64_t u = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (u < units) {
+      decode(u, kept[j]);
+#pragma unroll
+      for (int l = 0; l < 32; ++l) m = fmaxf(m, fabsf(kept[j][l]));
+    }
+  }
+  for (int64_t u = threadIdx.x + static_cast<int64_t>(kSplitKeep) * blockDim.x; u < units; u += blockDim.x) {
+    float v[32];
+    decode(u, v);
+#pragma unroll
+    for (int l = 0; l < 32; ++l) m = fmaxf(m, fabsf(v[l]));
+  }
+  m = block_reduce(m, MaxOp{}, 0.0f);
+  const int e = split::scale_exponent(m);
+  const float scale = split::pow2(e);
+  if (threadIdx.x == 0) exps[r] = e;
+  uint16_t *out = dst + r * 3 * k;
+  const auto store = [&](int64_t u, const float (&v)[32]) {
+    uint32_t hi[16], lo[16];
+    split_words(v, scale, hi, lo);
+    // 64 bytes per part; 16-byte aligned (k is a multiple of 32)
+    uint4 *h0 = reinterpret_cast<uint4 *>(out + u * 32), *h1 = reinterpret_cast<uint4 *>(out + 2 * k + u * 32);
+    uint4 *l0 = reinterpret_cast<uint4 *>(out + k + u * 32);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 hq = make_uint4(hi[4 * q], hi[4 * q + 1], hi[4 * q + 2], hi[4 * q + 3]);
+      h0[q] = hq;
+      h1[q] = hq;
+      l0[q] = make_uint4(lo[4 * q], lo[4 * q + 1], lo[4 * q + 2], lo[4 * q + 3]);
+    }
+  };
+#pragma unroll
+  for (int j = 0; j < kSplitKeep; ++j) {
+    const int64_t u = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (u < units) store(u, kept[j]);
+  }
+  for (int64_t u = threadIdx.x + static_cast<int64_t>(kSplitKeep) * blockDim.x; u < units; u += blockDim.x) {
+    float v[32];
+    decode(u, v);
+    store(u, v);
+  }
+}
+
+// One block per token (blockIdx.x) of x [t][k]: its largest |value|, then its halves at its power
+// of two. Token i of dst (3k halves): [lo ; hi ; hi], the B operand; exps[i]: the exponent. x is
+// read as pairs of floats (4-byte alignment suffices: x may be a view).
+__global__ void split_tokens_kernel(const float *__restrict__ x, int64_t k, uint16_t *__restrict__ dst,
+                                    int32_t *__restrict__ exps) {
+  const int64_t i = blockIdx.x, pairs = k / 2;
+  const float *row = x + i * k;
+  float m = 0.0f;
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) m = fmaxf(m, fmaxf(fabsf(row[2 * p]), fabsf(row[2 * p + 1])));
+  m = block_reduce(m, MaxOp{}, 0.0f);
+  const int e = split::scale_exponent(m);
+  const float scale = split::pow2(e);
+  if (threadIdx.x == 0) exps[i] = e;
+  auto *out = reinterpret_cast<uint32_t *>(dst + i * 3 * k);  // k is even: every part 4-byte aligned
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const split::Halves a = split::split(row[2 * p], scale), b = split::split(row[2 * p + 1], scale);
+    const uint32_t hi = a.hi | (static_cast<uint32_t>(b.hi) << 16), lo = a.lo | (static_cast<uint32_t>(b.lo) << 16);
+    out[p] = lo;
+    out[pairs + p] = hi;
+    out[2 * pairs + p] = hi;
+  }
+}
+
+// y [t][n]: y[i][r] · 2^−(row_exps[r] + tok_exps[i]), exactly (ldexpf rounds only a result
+// below f32's normal range, as the unscaled sum would have been).
+__global__ void unscale_split_kernel(float *__restrict__ y, int64_t n, int64_t total, const int32_t *__restrict__ row_exps,
+                                     const int32_t *__restrict__ tok_exps) {
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < total;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = j / n;
+    y[j] = ldexpf(y[j], -(row_exps[j - i * n] + tok_exps[i]));
+  }
+}
+
+}  // namespace
+
+void launch_dequant_rows_split(uint32_t type, const void *src, int64_t k, int64_t rows, uint16_t *dst, int32_t *exps,
+                               cudaStream_t stream) {
+  if (k % 32 != 0)
+    throw Error(Status::shape, "dequant_split: row of " + std::to_string(k) + " values is not a multiple of 32");
+  if (rows == 0) return;
+  if (rows > 0x7FFFFFFF) throw Error(Status::invalid_argument, "dequant_split: " + std::to_string(rows) + " rows in one launch");
+  dispatch_dequant_type(type, "dequant_split", [&](auto tag) {
+    constexpr int T = decltype(tag)::value;
+    if (k % Traits<T>::elems != 0)
+      throw Error(Status::shape, "dequant_split: row of " + std::to_string(k) + " values is not a whole number of blocks");
+    const int64_t units = k / 32;
+    const int64_t per_thread = (units + kSplitKeep - 1) / kSplitKeep;
+    const unsigned threads = static_cast<unsigned>(std::min<int64_t>(256, std::max<int64_t>(32, (per_thread + 31) / 32 * 32)));
+    dequant_split_kernel<T><<<static_cast<unsigned>(rows), threads, 0, stream>>>(static_cast<const uint8_t *>(src), k, dst, exps);
+    EP_CUDA_CHECK_LAUNCH("dequant_split_kernel");
+  });
+}
+
+void launch_split_tokens(const float *x, int64_t k, int64_t t, uint16_t *dst, int32_t *exps, cudaStream_t stream) {
+  if (k % 2 != 0) throw Error(Status::shape, "split_tokens: rows of " + std::to_string(k) + " values (expected an even count)");
+  if (t == 0 || k == 0) return;
+  if (t > 0x7FFFFFFF) throw Error(Status::invalid_argument, "split_tokens: " + std::to_string(t) + " tokens in one launch");
+  split_tokens_kernel<<<static_cast<unsigned>(t), 256, 0, stream>>>(x, k, dst, exps);
+  EP_CUDA_CHECK_LAUNCH("split_tokens_kernel");
+}
+
+void launch_unscale_split(float *y, int64_t n, int64_t t, const int32_t *row_exps, const int32_t *tok_exps,
+                          cudaStream_t stream) {
+  const int64_t total = n * t;
+  if (total == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 8192));
+  unscale_split_kernel<<<blocks, 256, 0, stream>>>(y, n, total, row_exps, tok_exps);
+  EP_CUDA_CHECK_LAUNCH("unscale_split_kernel");
 }
 
 void launch_f32_to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream) {

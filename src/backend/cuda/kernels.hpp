@@ -86,6 +86,23 @@ void launch_embed(uint32_t type, const void *table, int64_t d, int64_t vocab, co
                   int64_t n_ids, float *y, cudaStream_t stream);
 void launch_f32_to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream);
 
+/// The split GEMM's operands (GemmMode::split_f16; the format in split_f16.cuh). Weights: `rows`
+/// rows of k values of `type` (row stride = row bytes; k a multiple of 32 and of the type's
+/// block) dequantized with the type's unit decoder and split at each row's power of two into
+/// dst [rows][3k] f16 = [hi | lo | hi] per row, exps[rows] = each row's exponent. One block per
+/// row (its largest |value| is reduced before the split).
+void launch_dequant_rows_split(uint32_t type, const void *src, int64_t k, int64_t rows, uint16_t *dst, int32_t *exps,
+                               cudaStream_t stream);
+/// Activations: x [t][k] f32 (k even, x 4-byte aligned) split per token into dst [t][3k] f16 =
+/// [lo ; hi ; hi] per token, exps[t] = each token's exponent; so that the GEMM of 3k over the two
+/// is W_hi·x_lo + W_lo·x_hi + W_hi·x_hi, the small products first (a tensor core's f32 accumulator
+/// rounds each step relative to the sum so far: the corrections are summed while it is small).
+void launch_split_tokens(const float *x, int64_t k, int64_t t, uint16_t *dst, int32_t *exps, cudaStream_t stream);
+/// Undoes the two scales of the split GEMM's output y [t][n] f32: y[i][r] ·= 2^−(row_exps[r] +
+/// tok_exps[i]), exactly (ldexpf).
+void launch_unscale_split(float *y, int64_t n, int64_t t, const int32_t *row_exps, const int32_t *tok_exps,
+                          cudaStream_t stream);
+
 /// y[t][r] = Σ_i w[r][i] · x[t][i] for plain float weights (@p type f32, f16 or bf16) of any row
 /// length @p k (the GEMV and dequant kernels need k to be a multiple of 32): one warp per output,
 /// f32 accumulation. For the small dims of tiny test models; x, y: f32 [t][k] / [t][n].

@@ -3,7 +3,9 @@
 // Thresholds (relative to the largest magnitude of the reference output):
 //   dequantization and embedding: bit-exact (f32) / equal to the rounded CPU value (bf16);
 //   GEMV path (<= 8 tokens, fp32 accumulation in a different order): 1e-4;
-//   GEMM path (> 8 tokens; the default exact mode: f32 weights, cuBLAS SGEMM without TF32): 1e-4;
+//   GEMM path (> 8 tokens; the default split f16 mode: weights and x as f16 halves at per-row and
+//   per-token powers of two, tensor cores, f32 sums; and the exact f32 mode): 1e-4; the split
+//   GEMM over wide ranges: each output within 1e-4 of Σ|w·x| (its own scale);
 //   norms, RoPE, softmax, activations, router weights: 1e-5 (RoPE 1e-4 at large positions);
 //   router and top-k indices, greedy and seeded sampling: equal.
 #include "backend/cpu_backend.hpp"
@@ -11,14 +13,19 @@
 #include "gpu/check.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/kernels.hpp"
+#include "backend/cuda/split_f16.cuh"
 #include "backend/expert_batch.hpp"
 #include "backend/random_weights.hpp"
 #include "support/catch.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace ep::backend;
@@ -98,6 +105,7 @@ TEST_CASE("dequantization on the GPU is bit-exact with the CPU for every type", 
 TEST_CASE("matmul (GEMV and GEMM paths) matches the CPU for every type", "[gpu][matmul]") {
   CudaBackend gpu;
   CpuBackend cpu;
+  REQUIRE(gpu.gemm_mode() == ep::backend::cuda::GemmMode::split_f16);  // the default
   std::mt19937 rng(22);
   struct Shape {
     int64_t k, n;
@@ -119,12 +127,259 @@ TEST_CASE("matmul (GEMV and GEMM paths) matches the CPU for every type", "[gpu][
         gpu.matmul(t_of(dw.p, type, Device::cuda, {s.k, s.n}), t_of(dx.p, GgmlType::f32, Device::cuda, {s.k, t}),
                    t_of(dy.p, GgmlType::f32, Device::cuda, {s.n, t}));
         const double err = rel_err(dy.get<float>(), want);
-        const double limit = 1e-4;  // GEMV kernels and the default (exact f32) prefill GEMM alike
+        const double limit = 1e-4;  // GEMV kernels and the default (split f16) prefill GEMM alike
         INFO("type " << static_cast<int>(type) << " k " << s.k << " n " << s.n << " tokens " << t << " err " << err);
         CHECK(err <= limit);
       }
     }
   }
+}
+
+namespace {
+
+// The dequantized rows of W [k][n] (any type) and y = W·x in double: the reference of the split
+// GEMM's cases, with Σ|w·x| per output (the scale of its rounding).
+struct DoubleRef {
+  std::vector<double> y, abs;
+};
+DoubleRef double_matmul(GgmlType type, const std::vector<uint8_t> &w, int64_t k, int64_t n, const std::vector<float> &x,
+                        int64_t t) {
+  std::vector<float> wf(static_cast<size_t>(k * n));
+  dequantize_row(type, w.data(), wf.data(), k * n);
+  DoubleRef r{std::vector<double>(static_cast<size_t>(n * t)), std::vector<double>(static_cast<size_t>(n * t))};
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t row = 0; row < n; ++row) {
+      double sum = 0, abs = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const double p = static_cast<double>(wf[static_cast<size_t>(row * k + j)]) * x[static_cast<size_t>(i * k + j)];
+        sum += p;
+        abs += std::fabs(p);
+      }
+      r.y[static_cast<size_t>(i * n + row)] = sum;
+      r.abs[static_cast<size_t>(i * n + row)] = abs;
+    }
+  return r;
+}
+
+// max over outputs of |got − want| / Σ|w·x| (+inf for a non-finite output).
+double scaled_err(const std::vector<float> &got, const DoubleRef &ref) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    if (ref.abs[i] > 0) worst = std::max(worst, std::fabs(got[i] - ref.y[i]) / ref.abs[i]);
+    else if (got[i] != 0.0f) return INFINITY;
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("split f16 GEMM: rows over 1e-4..1e2 and tokens over 1e-6..1e4 keep f32 accuracy each", "[gpu][matmul][split]") {
+  // Each row and each token has its own power of two, so every output keeps ~22 bits of each factor
+  // whatever its own magnitude: checked per output against Σ|w·x| of that output (a bound relative
+  // to max|y| would hide the small rows and tokens), beside the exact f32 mode's error. Also a
+  // row and a token far outside f16's range (1e15, 1e-10; 1e-20, 1e20). Without the per-row or per-token
+  // scale the 1e-6 tokens and the 1e-20 token would fall into f16's subnormals and miss the bound.
+  using ep::backend::cuda::GemmMode;
+  CudaBackend gpu;
+  std::mt19937 rng(31);
+  const int64_t k = 1024, n = 66, t = 18;
+  std::vector<float> w(static_cast<size_t>(k * n));
+  for (int64_t r = 0; r < n; ++r) {
+    const double scale = r == n - 1 ? 1e15 : r == n - 2 ? 1e-10 : std::pow(10.0, -4.0 + 6.0 * static_cast<double>(r) / (n - 3));
+    for (int64_t j = 0; j < k; ++j)
+      w[static_cast<size_t>(r * k + j)] = static_cast<float>(std::uniform_real_distribution<double>(-1, 1)(rng) * scale);
+  }
+  std::vector<float> x(static_cast<size_t>(k * t));
+  for (int64_t i = 0; i < t; ++i) {
+    const double scale = i == t - 1 ? 1e20 : i == t - 2 ? 1e-20 : std::pow(10.0, -6.0 + 10.0 * static_cast<double>(i) / (t - 3));
+    for (int64_t j = 0; j < k; ++j)
+      x[static_cast<size_t>(i * k + j)] = static_cast<float>(std::uniform_real_distribution<double>(-1, 1)(rng) * scale);
+  }
+  std::vector<uint8_t> wb(w.size() * 4);
+  std::memcpy(wb.data(), w.data(), wb.size());
+  for (GgmlType type : {GgmlType::f32, GgmlType::f16}) {
+    // f16 weights: rows 1e-4.. as f16 values (1e15 and 1e-10 become inf and 0: those rows dropped)
+    const int64_t rows = type == GgmlType::f32 ? n : n - 2;
+    std::vector<uint8_t> wt = wb;
+    if (type == GgmlType::f16) {
+      wt.assign(static_cast<size_t>(k * rows) * 2, 0);
+      for (size_t i = 0; i < static_cast<size_t>(k * rows); ++i) {
+        const uint16_t v = fp32_to_fp16(w[i]);
+        std::memcpy(wt.data() + 2 * i, &v, 2);
+      }
+    }
+    const DoubleRef ref = double_matmul(type, wt, k, rows, x, t);
+    DevBuf dw(gpu, wt), dx(gpu, x);
+    double err[2] = {0, 0};
+    for (GemmMode mode : {GemmMode::split_f16, GemmMode::exact_f32}) {
+      DevBuf dy(gpu, static_cast<uint64_t>(rows * t) * 4);
+      gpu.matmul_gemm(t_of(dw.p, type, Device::cuda, {k, rows}), t_of(dx.p, GgmlType::f32, Device::cuda, {k, t}),
+                      t_of(dy.p, GgmlType::f32, Device::cuda, {rows, t}), mode);
+      err[mode == GemmMode::split_f16 ? 0 : 1] = scaled_err(dy.get<float>(), ref);
+    }
+    std::printf("split f16 GEMM, %s weights, rows 1e-4..1e2 (and 1e-10, 1e15), tokens 1e-6..1e4 (and 1e+-20): max |err| / "
+                "sum|w*x| split %.3g, exact f32 %.3g\n",
+                type == GgmlType::f32 ? "f32" : "f16", err[0], err[1]);
+    INFO("type " << static_cast<int>(type) << " split " << err[0] << " exact " << err[1]);
+    CHECK(err[0] <= 1e-4);
+    CHECK(err[1] <= 1e-4);
+  }
+}
+
+TEST_CASE("EP_CUDA_GEMM picks the GEMM mode by name; any other value is refused", "[gpu][matmul][split]") {
+  using ep::backend::cuda::GemmMode;
+  struct Restore {  // the environment as it was, however the case ends
+    const char *before = std::getenv("EP_CUDA_GEMM");
+    std::string saved = before ? before : "";
+    ~Restore() {
+      if (before) {
+        setenv("EP_CUDA_GEMM", saved.c_str(), 1);
+      } else {
+        unsetenv("EP_CUDA_GEMM");
+      }
+    }
+  } restore;
+  for (auto [name, mode] : {std::pair{"split", GemmMode::split_f16}, std::pair{"exact", GemmMode::exact_f32},
+                            std::pair{"bf16", GemmMode::fast_bf16}}) {
+    GemmMode parsed{};
+    CHECK(ep::backend::cuda::parse_gemm_mode(name, parsed));
+    CHECK(parsed == mode);
+    CHECK(std::string(ep::backend::cuda::gemm_mode_name(mode)) == name);
+    REQUIRE(setenv("EP_CUDA_GEMM", name, 1) == 0);
+    CudaBackend gpu;
+    CHECK(gpu.gemm_mode() == mode);
+  }
+  GemmMode untouched = GemmMode::exact_f32;
+  CHECK_FALSE(ep::backend::cuda::parse_gemm_mode("f32", untouched));
+  CHECK(untouched == GemmMode::exact_f32);
+  REQUIRE(setenv("EP_CUDA_GEMM", "fast", 1) == 0);
+  std::string refused;
+  try {
+    CudaBackend bad;
+  } catch (const std::exception &e) {
+    refused = e.what();
+  }
+  INFO(refused);
+  CHECK(refused.find("EP_CUDA_GEMM is 'fast'") != std::string::npos);
+}
+
+TEST_CASE("split f16 GEMM: NaN reaches the outputs it touches, zeros stay zero, inf gives NaN", "[gpu][matmul][split]") {
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(32);
+  const int64_t k = 512, n = 40, t = 12;
+  const int64_t nan_tok = 3, inf_tok = 7, zero_tok = 9, zero_row = 5, nan_row = 11;
+  auto w = ep::test::random_floats(static_cast<size_t>(k * n), rng);
+  auto x = ep::test::random_floats(static_cast<size_t>(k * t), rng);
+  x[static_cast<size_t>(nan_tok * k + 17)] = std::nanf("");
+  x[static_cast<size_t>(inf_tok * k + 100)] = INFINITY;
+  std::fill(x.begin() + zero_tok * k, x.begin() + (zero_tok + 1) * k, 0.0f);
+  std::fill(w.begin() + zero_row * k, w.begin() + (zero_row + 1) * k, 0.0f);
+  w[static_cast<size_t>(nan_row * k + 300)] = std::nanf("");
+  DevBuf dw(gpu, w), dx(gpu, x), dy(gpu, static_cast<uint64_t>(n * t) * 4);
+  std::vector<float> want(static_cast<size_t>(n * t));
+  cpu.matmul(t_of(w.data(), GgmlType::f32, Device::cpu, {k, n}), t_of(x.data(), GgmlType::f32, Device::cpu, {k, t}),
+             t_of(want.data(), GgmlType::f32, Device::cpu, {n, t}));
+  gpu.matmul(t_of(dw.p, GgmlType::f32, Device::cuda, {k, n}), t_of(dx.p, GgmlType::f32, Device::cuda, {k, t}),
+             t_of(dy.p, GgmlType::f32, Device::cuda, {n, t}));  // 12 tokens: the GEMM path, split by default
+  const auto got = dy.get<float>();
+  double num = 0, den = 0;
+  int wrong = 0;
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t r = 0; r < n; ++r) {
+      const float g = got[static_cast<size_t>(i * n + r)], c = want[static_cast<size_t>(i * n + r)];
+      INFO("token " << i << " row " << r << " got " << g << " cpu " << c);
+      if (i == nan_tok || i == inf_tok || r == nan_row) {
+        // the math (the CPU) gives NaN here, or ±inf for the inf token: the split GEMM NaN
+        wrong += !std::isnan(g);
+        if (i != inf_tok) wrong += !std::isnan(c);
+      } else if (i == zero_tok || r == zero_row) {
+        wrong += g != 0.0f;
+      } else {
+        wrong += !std::isfinite(g);
+        num = std::max(num, std::fabs(static_cast<double>(g) - c));
+        den = std::max(den, std::fabs(static_cast<double>(c)));
+      }
+    }
+  CHECK(wrong == 0);
+  CHECK(num / den <= 1e-4);
+}
+
+TEST_CASE("split f16 GEMM against the exact f32 GEMM on every kind of weight and token count", "[gpu][matmul][split]") {
+  using ep::backend::cuda::GemmMode;
+  CudaBackend gpu;
+  std::mt19937 rng(33);
+  const int64_t k = 2048, n = 256;
+  for (GgmlType type : {GgmlType::q8_0, GgmlType::iq2_xxs, GgmlType::q2_k, GgmlType::f16, GgmlType::f32}) {
+    auto w = ep::test::random_weights(type, k, n, rng);
+    DevBuf dw(gpu, w);
+    const Tensor wt = t_of(dw.p, type, Device::cuda, {k, n});
+    for (int64_t t : {int64_t{9}, int64_t{16}, int64_t{64}, int64_t{512}}) {
+      auto x = ep::test::random_floats(static_cast<size_t>(k * t), rng);
+      DevBuf dx(gpu, x), exact(gpu, static_cast<uint64_t>(n * t) * 4), split(gpu, static_cast<uint64_t>(n * t) * 4);
+      const Tensor xt = t_of(dx.p, GgmlType::f32, Device::cuda, {k, t});
+      gpu.matmul_gemm(wt, xt, t_of(exact.p, GgmlType::f32, Device::cuda, {n, t}), GemmMode::exact_f32);
+      gpu.matmul_gemm(wt, xt, t_of(split.p, GgmlType::f32, Device::cuda, {n, t}), GemmMode::split_f16);
+      const double err = rel_err(split.get<float>(), exact.get<float>());
+      const std::string name(ep::format::ggml_type_info(static_cast<uint32_t>(type))->name);
+      std::printf("split f16 vs exact f32 GEMM, %-8s %4lld tokens: max|diff| / max|y| %.3g\n", name.c_str(),
+                  static_cast<long long>(t), err);
+      INFO("type " << static_cast<int>(type) << " tokens " << t << " err " << err);
+      CHECK(err <= 1e-4);
+    }
+  }
+}
+
+TEST_CASE("split f16 halves on the device equal the host's split function bit for bit", "[gpu][matmul][split]") {
+  // split_f16.cuh runs the hardware's f16 conversions on the device and backend::fp32_to_fp16 on the
+  // host (where split_f16_test checks its bounds): the same halves and exponents from both, for
+  // rows and tokens over f32's whole range, subnormals, zero, NaN and inf included.
+  namespace sp = ep::backend::cuda::split;
+  CudaBackend gpu;
+  std::mt19937 rng(34);
+  const int64_t k = 256, rows = 40;
+  std::vector<float> v(static_cast<size_t>(k * rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int top = -149 + static_cast<int>(r * 276 / (rows - 1));  // the row's largest exponent, -149..127
+    for (int64_t j = 0; j < k; ++j) {
+      const int e = std::max(-149, top - static_cast<int>(rng() % 40));
+      v[static_cast<size_t>(r * k + j)] = std::ldexp(std::uniform_real_distribution<float>(1, 2)(rng), e) * (rng() % 2 ? 1.f : -1.f);
+    }
+  }
+  std::fill(v.begin() + 3 * k, v.begin() + 4 * k, 0.0f);
+  v[static_cast<size_t>(5 * k + 7)] = std::nanf("");
+  v[static_cast<size_t>(6 * k + 9)] = -INFINITY;
+  DevBuf dv(gpu, v), dw(gpu, static_cast<uint64_t>(3 * k * rows) * 2), dwe(gpu, static_cast<uint64_t>(rows) * 4);
+  DevBuf dx(gpu, static_cast<uint64_t>(3 * k * rows) * 2), dxe(gpu, static_cast<uint64_t>(rows) * 4);
+  // the same values as f32 weight rows and as tokens
+  ep::backend::cuda::launch_dequant_rows_split(static_cast<uint32_t>(GgmlType::f32), dv.p, k, rows, static_cast<uint16_t *>(dw.p),
+                                               static_cast<int32_t *>(dwe.p), gpu.stream());
+  ep::backend::cuda::launch_split_tokens(static_cast<const float *>(dv.p), k, rows, static_cast<uint16_t *>(dx.p),
+                                         static_cast<int32_t *>(dxe.p), gpu.stream());
+  const auto w_halves = dw.get<uint16_t>(), x_halves = dx.get<uint16_t>();
+  const auto w_exps = dwe.get<int32_t>(), x_exps = dxe.get<int32_t>();
+  auto same = [](uint16_t a, uint16_t b) {
+    const bool nan_a = (a & 0x7C00) == 0x7C00 && (a & 0x3FF), nan_b = (b & 0x7C00) == 0x7C00 && (b & 0x3FF);
+    return nan_a || nan_b ? nan_a && nan_b : a == b;
+  };
+  int bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float m = 0;
+    for (int64_t j = 0; j < k; ++j) m = std::fmax(m, std::fabs(v[static_cast<size_t>(r * k + j)]));
+    const int e = sp::scale_exponent(m);
+    INFO("row " << r << " exponent " << e << " device " << w_exps[r] << " / " << x_exps[r]);
+    CHECK(w_exps[r] == e);
+    CHECK(x_exps[r] == e);
+    const size_t base = static_cast<size_t>(r * 3 * k);
+    for (int64_t j = 0; j < k; ++j) {
+      const sp::Halves h = sp::split(v[static_cast<size_t>(r * k + j)], sp::pow2(e));
+      // weights [hi | lo | hi], tokens [lo ; hi ; hi]
+      bad += !same(w_halves[base + j], h.hi) || !same(w_halves[base + k + j], h.lo) || !same(w_halves[base + 2 * k + j], h.hi);
+      bad += !same(x_halves[base + j], h.lo) || !same(x_halves[base + k + j], h.hi) || !same(x_halves[base + 2 * k + j], h.hi);
+    }
+  }
+  CHECK(bad == 0);
 }
 
 TEST_CASE("grouped_matmul matches the CPU for 1..9 tokens, each token as it is alone", "[gpu][matmul]") {
