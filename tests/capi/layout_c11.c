@@ -95,7 +95,9 @@ _Static_assert(offsetof(ep_store_stats, acquires) == 8, "ep_store_stats.acquires
 _Static_assert(offsetof(ep_store_stats, slot_bytes) == 112, "ep_store_stats.slot_bytes");
 _Static_assert(offsetof(ep_store_stats, host_hits) == 120, "ep_store_stats.host_hits (first appended field)");
 _Static_assert(offsetof(ep_store_stats, prefetch_used) == 168, "ep_store_stats.prefetch_used");
-_Static_assert(sizeof(ep_store_stats) == 176, "ep_store_stats size");
+_Static_assert(offsetof(ep_store_stats, pack_read_full_ns) == 176, "ep_store_stats.pack_read_full_ns (second appended block)");
+_Static_assert(offsetof(ep_store_stats, store_disk_idle_ns) == 200, "ep_store_stats.store_disk_idle_ns");
+_Static_assert(sizeof(ep_store_stats) == 208, "ep_store_stats size");
 
 /* experts.h */
 _Static_assert(sizeof(ep_expert_role) == 4, "ep_expert_role is 32 bits");
