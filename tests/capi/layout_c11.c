@@ -78,7 +78,9 @@ _Static_assert(offsetof(ep_generate_stats, prefill_tokens_per_second) == 40, "ep
 _Static_assert(offsetof(ep_generate_stats, session_tokens) == 56, "ep_generate_stats.session_tokens");
 _Static_assert(offsetof(ep_generate_stats, prefill_expert_bytes) == 64, "ep_generate_stats.prefill_expert_bytes");
 _Static_assert(offsetof(ep_generate_stats, decode_expert_bytes) == 72, "ep_generate_stats.decode_expert_bytes");
-_Static_assert(sizeof(ep_generate_stats) == 80, "ep_generate_stats size");
+_Static_assert(offsetof(ep_generate_stats, decode_read_busy_seconds) == 80, "ep_generate_stats.decode_read_busy_seconds");
+_Static_assert(offsetof(ep_generate_stats, decode_store_idle_seconds) == 104, "ep_generate_stats.decode_store_idle_seconds");
+_Static_assert(sizeof(ep_generate_stats) == 112, "ep_generate_stats size");
 _Static_assert(sizeof(ep_stop_reason) == 4, "ep_stop_reason is 32 bits");
 _Static_assert(sizeof(ep_chat_template) == 4, "ep_chat_template is 32 bits");
 _Static_assert(offsetof(ep_tokenizer_properties, vocab_size) == 8, "ep_tokenizer_properties.vocab_size");
