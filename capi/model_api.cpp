@@ -157,6 +157,10 @@ void write_generate_stats(ep_generate_stats *out, const ep::engine::GenerateStat
   st.session_tokens = s.session_tokens;
   st.prefill_expert_bytes = s.prefill_expert_bytes;
   st.decode_expert_bytes = s.decode_expert_bytes;
+  st.decode_read_busy_seconds = static_cast<double>(s.decode_read_busy_ns) * 1e-9;
+  st.decode_read_full_seconds = static_cast<double>(s.decode_read_full_ns) * 1e-9;
+  st.decode_expert_wait_seconds = static_cast<double>(s.decode_expert_wait_ns) * 1e-9;
+  st.decode_store_idle_seconds = static_cast<double>(s.decode_store_idle_ns) * 1e-9;
   std::memcpy(out, &st, std::min(out->struct_size, sizeof(st)));
 }
 

@@ -66,6 +66,10 @@ EP_API ep_status ep_store_stats_read_file(ep_store_stats *out_stats, const char 
         {"host_slots", &s.host_slots},
         {"prefetch_issued", &s.prefetch_issued},
         {"prefetch_used", &s.prefetch_used},
+        {"pack_read_full_ns", &s.pack_read_full_ns},
+        {"pack_read_full_depth", &s.pack_read_full_depth},
+        {"expert_wait_ns", &s.expert_wait_ns},
+        {"store_disk_idle_ns", &s.store_disk_idle_ns},
     };
     for (const auto &[name, dst] : fields) {
       auto it = j.find(name);
@@ -106,5 +110,9 @@ ep_store_stats ep::capi::to_c_store_stats(const ep::store::StoreStats &t) {
   s.host_slots = t.host_slots;
   s.prefetch_issued = t.prefetch_issued;
   s.prefetch_used = t.prefetch_used;
+  s.pack_read_full_ns = t.pack_read_full_ns;
+  s.pack_read_full_depth = t.pack_read_full_depth;
+  s.expert_wait_ns = t.expert_wait_ns;
+  s.store_disk_idle_ns = t.store_disk_idle_ns;
   return s;
 }

@@ -31,7 +31,8 @@ typedef struct ep_store_stats {
                                   one per role (gate, up, down) from the source files, two for an FP4 role stored with
                                   separate scales (its values, its scales). */
   uint64_t pack_read_bytes;  /**< Bytes those reads transferred (each read a 4096-aligned range around its payload). */
-  uint64_t pack_read_ns;     /**< Wall time with at least one pack read in flight, summed over acquires. */
+  uint64_t pack_read_ns;     /**< Wall time with at least one pack read in flight (demand and prefetch alike: the disk
+                                  busy), over the store's life. Several devices: their stores' times summed. */
   uint64_t cache_hits;       /**< Unique experts of an acquire already resident. */
   uint64_t cache_misses;     /**< Unique experts of an acquire that were read (hits + misses = unique experts asked for). */
   uint64_t cache_evictions;  /**< Resident experts replaced. */
@@ -50,6 +51,14 @@ typedef struct ep_store_stats {
   uint64_t host_slots;       /**< Slots of the host tier (0: no tier). */
   uint64_t prefetch_issued;  /**< Experts loaded ahead of their layer from a prediction (ep_model_options::prefetch). */
   uint64_t prefetch_used;    /**< Prefetched experts their layer then asked for. */
+  /* Appended after the second version: */
+  uint64_t pack_read_full_ns;    /**< Wall time with at least pack_read_full_depth reads in flight (the queue kept full). */
+  uint64_t pack_read_full_depth; /**< Reads in flight that count as a full queue: staging slots x reads per expert x
+                                      read splits, at most the I/O queue depth. A setting, not a count. */
+  uint64_t expert_wait_ns;       /**< Wall time the model's thread was blocked waiting for expert reads to land (the
+                                      disk busy meanwhile: never more than pack_read_ns). */
+  uint64_t store_disk_idle_ns;   /**< Wall time the expert store's own work (deciding hits and misses, submitting reads,
+                                      issuing copies, publishing tables, releasing) ran with no read in flight. */
 } ep_store_stats;
 
 /**

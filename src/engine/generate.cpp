@@ -64,15 +64,24 @@ void generate(Session &session, std::span<const int32_t> prompt, const GenerateP
   if (!prompt.empty()) session.append(prompt);
   st.prompt_tokens = static_cast<uint32_t>(prompt.size());
   st.prefill_seconds = seconds_since(t0);
-  const uint64_t read1 = engine.expert_read_bytes();
-  st.prefill_expert_bytes = read1 - read0;
+  // One snapshot of the store at the split: the decode window's times are the differences. The
+  // window's clock starts before it and stops after the last one, so the store's times lie
+  // inside decode_seconds.
   t0 = std::chrono::steady_clock::now();
+  const store::StoreStats split = engine.store_stats();
+  const uint64_t read1 = split.pack_read_bytes;
+  st.prefill_expert_bytes = read1 - read0;
   auto finish = [&] {
+    const store::StoreStats end = engine.store_stats();
     st.decode_seconds = seconds_since(t0);
     st.prefill_tokens_per_second = st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0;
     st.decode_tokens_per_second = st.decode_seconds > 0 ? st.generated_tokens / st.decode_seconds : 0.0;
     st.session_tokens = session.tokens().size();
-    st.decode_expert_bytes = engine.expert_read_bytes() - read1;
+    st.decode_expert_bytes = end.pack_read_bytes - read1;
+    st.decode_read_busy_ns = end.pack_read_ns - split.pack_read_ns;
+    st.decode_read_full_ns = end.pack_read_full_ns - split.pack_read_full_ns;
+    st.decode_expert_wait_ns = end.expert_wait_ns - split.expert_wait_ns;
+    st.decode_store_idle_ns = end.store_disk_idle_ns - split.store_disk_idle_ns;
   };
   bool cancelled = false;
   try {

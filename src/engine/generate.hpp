@@ -50,6 +50,11 @@ struct GenerateStats {
   double prefill_tokens_per_second = 0, decode_tokens_per_second = 0;
   uint64_t session_tokens = 0;
   uint64_t prefill_expert_bytes = 0, decode_expert_bytes = 0;  ///< read from the pack meanwhile
+  /// The generation steps' share of the expert store's times (store::StoreStats, summed over the
+  /// devices' stores): the disk busy (pack_read_ns), its queue full (pack_read_full_ns), the
+  /// model's thread blocked on reads (expert_wait_ns) and the store's own work with the disk idle
+  /// (store_disk_idle_ns). All 0 with resident experts.
+  uint64_t decode_read_busy_ns = 0, decode_read_full_ns = 0, decode_expert_wait_ns = 0, decode_store_idle_ns = 0;
   uint32_t reused_tokens = 0;  ///< chat: prompt tokens already in the session
   StopReason stop_reason = StopReason::length;
 };

@@ -30,6 +30,11 @@ int64_t filter(const std::shared_ptr<IoSeam> &seam, uint32_t file, uint64_t offs
   return result;
 }
 
+/// ReaderOptions::full_depth for a reader that can have @p most reads in flight.
+uint32_t full_depth_of(const ReaderOptions &options, uint32_t most) {
+  return options.full_depth == 0 ? most : std::min(options.full_depth, most);
+}
+
 void warn_switch_buffered(const std::string &path, ReaderCounters &counters) {
   counters.fallback_count.fetch_add(1);
   log::warn("{}: the filesystem rejects O_DIRECT reads (EINVAL): reopened buffered; reads now go "
@@ -41,7 +46,8 @@ void warn_switch_buffered(const std::string &path, ReaderCounters &counters) {
 class PreadReader final : public Reader {
  public:
   PreadReader(const std::vector<std::string> &paths, const ReaderOptions &options, ReaderCounters &counters)
-      : Reader(paths), options_(options), counters_(counters), tracker_(paths, options, counters), files_(paths.size()),
+      : Reader(paths), options_(options), counters_(counters), tracker_(paths, options, counters),
+        busy_(options.clock, full_depth_of(options, std::max<uint32_t>(1, options.pread_threads))), files_(paths.size()),
         buffered_(paths.size()), fds_(paths.size(), -1) {
     for (uint32_t f = 0; f < paths.size(); ++f) {
       bool direct = false;
@@ -97,6 +103,12 @@ class PreadReader final : public Reader {
     return tracker_.outstanding();
   }
 
+  BusyTimes busy_times() const override {
+    std::lock_guard lock(mutex_);
+    return busy_.until_now();
+  }
+  uint32_t full_depth() const override { return busy_.full_depth(); }
+
  private:
   void worker() {
     std::unique_lock lock(mutex_);
@@ -106,6 +118,9 @@ class PreadReader final : public Reader {
       const uint32_t pid = tracker_.ready().front();
       tracker_.ready().pop_front();
       ++running_;
+      // In flight from this thread's first pread of the part until its last one returned
+      // (retries and resubmitted remainders continue the same read).
+      busy_.started();
       for (;;) {
         const uint64_t offset = tracker_.file_offset(pid);
         void *dst = tracker_.dst(pid);
@@ -126,6 +141,7 @@ class PreadReader final : public Reader {
           warn_switch_buffered(path(file), counters_);
         }
       }
+      busy_.finished();
       --running_;
       done_cv_.notify_all();
     }
@@ -136,6 +152,7 @@ class PreadReader final : public Reader {
   mutable std::mutex mutex_;
   std::condition_variable work_cv_, done_cv_;
   ReadTracker tracker_;
+  BusyClock busy_;
   std::vector<FileHandle> files_, buffered_;  // per file; buffered_ after a switch away from O_DIRECT
   std::vector<int> fds_;
   uint32_t running_ = 0;
@@ -154,7 +171,8 @@ class UringReader final : public Reader {
  public:
   UringReader(const std::vector<std::string> &paths, const ReaderOptions &options, ReaderCounters &counters)
       : Reader(paths), options_(options), counters_(counters), tracker_(paths, options, counters), files_(paths.size()),
-        buffered_(paths.size()), depth_(std::clamp<uint32_t>(options.queue_depth, 1, 4096)) {
+        buffered_(paths.size()), depth_(std::clamp<uint32_t>(options.queue_depth, 1, 4096)),
+        busy_(options.clock, full_depth_of(options, depth_)) {
     if (options.seam) {
       if (const int e = options.seam->uring_setup_error())
         throw UringSetupError{e, fmt::format("io_uring_queue_init: {} (errno {}, injected)", std::strerror(e), e)};
@@ -235,6 +253,8 @@ class UringReader final : public Reader {
   }
 
   std::size_t outstanding() const override { return tracker_.outstanding(); }
+  BusyTimes busy_times() const override { return busy_.until_now(); }
+  uint32_t full_depth() const override { return busy_.full_depth(); }
 
  private:
   void pump() {
@@ -261,6 +281,7 @@ class UringReader final : public Reader {
       ++queued;
     }
     if (queued) {
+      busy_.started(queued);
       int r;
       do {
         r = io_uring_submit(&ring_);
@@ -277,6 +298,7 @@ class UringReader final : public Reader {
     io_uring_cqe_seen(&ring_, cqe);
     --inflight_;
     result = filter(options_.seam, tracker_.file(pid), tracker_.file_offset(pid), tracker_.length(pid), result, tracker_.dst(pid));
+    busy_.finished();  // after the seam, which stands for the device in tests (its latency counts)
     switch (tracker_.on_result(pid, result)) {
       case Action::finished:
         break;
@@ -306,6 +328,9 @@ class UringReader final : public Reader {
   std::vector<FileHandle> files_, buffered_;  // per file; buffered_ after a switch away from O_DIRECT
   io_uring ring_{};
   uint32_t depth_;
+  // Declared after depth_: initialised from it. A completion counts when it is reaped (io_uring
+  // tells no completion time), which the store does whenever it is called and while it waits.
+  BusyClock busy_;
   uint32_t inflight_ = 0;
   bool fixed_files_ = false;
   bool fixed_buffer_ = false;

@@ -17,6 +17,7 @@
 // Threading: one Reader is used by one thread at a time (the store serialises acquires).
 #pragma once
 
+#include "io/busy_clock.hpp"
 #include "io/file.hpp"
 #include "io/seam.hpp"
 
@@ -42,6 +43,10 @@ struct ReaderOptions {
   uint32_t pread_threads = 8;   ///< threads of the pread pool
   uint32_t eio_retries = 2;     ///< EIO retries per part before the request fails
   std::shared_ptr<IoSeam> seam; ///< fault injection for tests (null: none)
+  /// Reads in flight that count as a full queue (Reader::busy_times' full_ns); 0, or more than
+  /// the reader can have in flight: that most (io_uring: queue_depth; pread: pread_threads).
+  uint32_t full_depth = 0;
+  NanoClock clock;              ///< the busy times' clock (null: steady_now_ns; tests inject one)
 };
 
 /// Counters the reader adds to (shared with the store's stats; all atomic).
@@ -89,6 +94,13 @@ class Reader {
   virtual std::size_t wait(std::vector<ReadCompletion> &out, std::size_t min_count) = 0;
   /// Requests submitted and not yet returned by wait().
   virtual std::size_t outstanding() const = 0;
+  /// The disk's busy time up to now, over the reader's life (BusyClock): the wall time with at
+  /// least one read handed to the kernel (io_uring: from its submission until the reader reaps
+  /// its completion, which it does in wait(); pread: while a pool thread is in the call), and
+  /// with at least full_depth() of them. Reads of every kind count (demand and prefetch alike).
+  virtual BusyTimes busy_times() const = 0;
+  /// ReaderOptions::full_depth as it took effect.
+  virtual uint32_t full_depth() const = 0;
   /// The first file (the only one of a single-file reader).
   const std::string &path() const { return paths_[0]; }
   const std::string &path(uint32_t file) const { return paths_.at(file); }

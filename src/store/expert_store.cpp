@@ -73,6 +73,26 @@ io::ReadRequest extent_read(uint32_t file, uint64_t offset, uint64_t bytes, std:
 
 }  // namespace
 
+/// Adds a store call's wall time with no read in flight to StoreStats::store_disk_idle_ns: the
+/// call's time less the disk's busy time during it, on the reader's clock. Made under the store's
+/// mutex (the reader's io_uring bookkeeping is guarded by it).
+class ExpertStore::CallTimer {
+ public:
+  CallTimer(const io::Reader &reader, uint64_t &idle_ns) : reader_(reader), idle_ns_(idle_ns), start_(reader.busy_times()) {}
+  ~CallTimer() {
+    const io::BusyTimes end = reader_.busy_times();
+    const uint64_t wall = end.now_ns - std::min(end.now_ns, start_.now_ns);
+    idle_ns_ += wall - std::min(wall, end.busy_ns - start_.busy_ns);
+  }
+  CallTimer(const CallTimer &) = delete;
+  CallTimer &operator=(const CallTimer &) = delete;
+
+ private:
+  const io::Reader &reader_;
+  uint64_t &idle_ns_;
+  io::BusyTimes start_;
+};
+
 /// An unreleased acquisition: its unique experts and their pinned slots, and the reads it
 /// waits for.
 struct ExpertStore::Held {
@@ -98,6 +118,7 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   std::vector<uint64_t> file_bytes;
   for (const std::string &p : options_.data_paths) file_bytes.push_back(io::file_size_bytes(p));
   uint64_t staging_room = 0;
+  uint32_t object_reads = 1;  // the most reads one object takes (extents, and FP4 pieces' scales)
   for (uint32_t l = 0; l < layout.num_layers(); ++l) {
     for (uint32_t e = 0; e < layout.num_experts(); ++e) {
       const uint64_t object_bytes = layout.object_bytes(l, e);
@@ -127,6 +148,9 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
         room = staged_extent(x, room).end;
       }
       staging_room = std::max(staging_room, room);
+      uint32_t reads = 0;
+      for (const ObjectExtent &x : extents) reads += x.fp4() ? 2 : 1;
+      object_reads = std::max(object_reads, reads);
     }
   }
   slot_bytes_ = io::align_up(layout.max_object_bytes(), io::kDirectAlignment);
@@ -186,6 +210,10 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
   shape.host_slots = host_slots_;
   device_->allocate(shape);
 
+  // A full queue is as many reads as the staging ring lets the store have in flight (each read
+  // split in read_splits parts), or the reader's depth if that is less.
+  if (options_.reader.full_depth == 0)
+    options_.reader.full_depth = options_.staging_slots * object_reads * std::max<uint32_t>(1, options_.reader.read_splits);
   reader_ = io::open_reader(options_.data_paths, options_.reader, counters_);
   reader_->register_buffer(device_->staging_base(), static_cast<std::size_t>(shape.staging_slots) * staging_slot_bytes_);
   cache_ = std::make_unique<cache::SlotCache>(budget.slots, cache::make_policy(options_.policy, options_.decay));
@@ -220,6 +248,12 @@ ExpertStore::ExpertStore(StoreOptions options, std::unique_ptr<StoreDevice> devi
 
 ExpertStore::~ExpertStore() {
   try {
+    {
+      // The final stats are written after the reader is gone: its times up to now stay for them.
+      std::lock_guard lock(mutex_);
+      closed_busy_ = reader_->busy_times();
+      closed_full_depth_ = reader_->full_depth();
+    }
     reader_.reset();  // drains reads still writing into staging
     if (device_) device_->synchronize();
     if (!options_.stats_path.empty()) flush_stats();
@@ -315,7 +349,6 @@ void ExpertStore::pump() {
     l.staging = st;
     l.reads_left = 0;
     for (const ObjectExtent &x : l.extents) l.reads_left += x.fp4() ? 2 : 1;
-    if (reads_in_flight_++ == 0) in_flight_since_ns_ = io::detail::now_ns();
     if (l.prefetch) ++prefetch_in_flight_;
     std::byte *staged = base + static_cast<uint64_t>(st) * staging_slot_bytes_;
     uint64_t at = 0;
@@ -343,7 +376,6 @@ void ExpertStore::land(uint32_t slot, const io::ReadCompletion &c) {
   if (!c.ok && in_flight->io_error.empty()) in_flight->io_error = c.message;
   if (--in_flight->reads_left > 0) return;  // the object's other extents are still being read
   std::unique_ptr<Load> l = std::move(loads_[slot]);
-  if (--reads_in_flight_ == 0) totals_.pack_read_ns += io::detail::now_ns() - in_flight_since_ns_;
   if (l->prefetch) --prefetch_in_flight_;
   const uint32_t layer = cache::key_layer(l->key), expert = cache::key_expert(l->key);
   std::byte *staged = device_->staging_base() + static_cast<uint64_t>(l->staging) * staging_slot_bytes_;
@@ -606,6 +638,7 @@ Acquisition ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> ids, 
   const std::vector<uint32_t> unique = checked_unique(layer, ids, table_offsets);
 
   std::lock_guard lock(mutex_);
+  const CallTimer timer(*reader_, totals_.store_disk_idle_ns);
   poll(false);  // land what finished meanwhile (prefetches): their copies start now
   const uint64_t tick = ++tick_;
   // The one dedup of a step: each distinct expert is a hit (pinned in its slot), a host-tier hit
@@ -730,6 +763,7 @@ std::vector<uint32_t> ExpertStore::take_ready(Held &h, Acquisition &a) {
 
 std::vector<uint32_t> ExpertStore::wait_ready(Acquisition &a) {
   std::lock_guard lock(mutex_);
+  const CallTimer timer(*reader_, totals_.store_disk_idle_ns);
   return wait_ready_locked(a);
 }
 
@@ -757,7 +791,13 @@ std::vector<uint32_t> ExpertStore::wait_ready_locked(Acquisition &a) {
     if (reader_->outstanding() == 0)
       fail(Status::internal, "ExpertStore::wait_ready: layer {}: {} expert(s) pending with no read in flight", a.layer,
            h.pending.size());
+    // The caller is stalled on the disk: the busy time that passes meanwhile (a wake-up after
+    // the last read landed is the store's own time, in store_disk_idle_ns).
+    const io::BusyTimes before = reader_->busy_times();
     poll(true);
+    const uint64_t waited = reader_->busy_times().busy_ns - before.busy_ns;
+    totals_.expert_wait_ns += waited;
+    totals_.layers[a.layer].expert_wait_ns += waited;
   }
 }
 
@@ -782,6 +822,7 @@ void ExpertStore::release(const Acquisition &a) {
   if (it == held_.end())
     fail(Status::invalid_argument, "ExpertStore::release: acquisition {} (layer {}) is not held: released twice?",
          a.ticket, a.layer);
+  const CallTimer timer(*reader_, totals_.store_disk_idle_ns);
   end_held(it);
   poll(false);  // copies of reads that landed meanwhile start now
 }
@@ -796,6 +837,7 @@ void ExpertStore::hint(uint32_t layer, std::span<const uint32_t> ids) {
   std::sort(unique.begin(), unique.end());
   unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
   std::lock_guard lock(mutex_);
+  const CallTimer timer(*reader_, totals_.store_disk_idle_ns);
   poll(false);
   for (uint32_t e : unique) {
     const cache::Key key = cache::make_key(layer, e);
@@ -831,6 +873,10 @@ StoreStats ExpertStore::stats_locked() const {
   s.pack_read_bytes = counters_.read_bytes.load();
   s.io_errors = counters_.io_errors.load();
   s.fallback_count = counters_.fallback_count.load();
+  const io::BusyTimes busy = reader_ ? reader_->busy_times() : closed_busy_;
+  s.pack_read_ns = busy.busy_ns;
+  s.pack_read_full_ns = busy.full_ns;
+  s.pack_read_full_depth = reader_ ? reader_->full_depth() : closed_full_depth_;
   s.resident_experts = cache_->resident();
   return s;
 }

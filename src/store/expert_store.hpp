@@ -35,7 +35,14 @@
 //
 // Thread safety: every public method may be called from any thread. acquire(), wait_ready(),
 // hint() and release() are serialised by one internal mutex (I/O completions are handled under
-// it); stats() takes the same mutex briefly. An Acquisition must be released exactly once, by
+// it); stats() takes the same mutex briefly.
+//
+// Time (StoreStats): the reader's busy time (pack_read_ns, pack_read_full_ns) is the disk's; the
+// store adds the time its caller spent blocked waiting for reads to land (expert_wait_ns, per
+// layer too: the busy time that passed while it waited, so it never exceeds pack_read_ns) and the
+// time its calls ran with no read in flight (store_disk_idle_ns: the decisions, submissions,
+// copies and tables of the delivery itself, and its waits for staging or tables). Both read the
+// reader's clock twice per call or wait, never per read. An Acquisition must be released exactly once, by
 // any thread.
 #pragma once
 
@@ -197,6 +204,7 @@ class ExpertStore {
  private:
   struct Load;
   struct Held;
+  class CallTimer;
   bool evictable_demand(uint32_t slot) const;
   bool evictable_prefetch(uint32_t slot) const;
   std::optional<uint32_t> place(cache::Key key, uint64_t tick, bool prefetch);
@@ -255,14 +263,15 @@ class ExpertStore {
   std::vector<std::unique_ptr<Load>> loads_;  // per slot: the read in flight into it, if any
   std::deque<uint32_t> queued_;           // slots whose read waits for a staging slot (demand first)
   std::vector<uint32_t> free_staging_;
-  uint32_t reads_in_flight_ = 0, prefetch_in_flight_ = 0;
-  uint64_t in_flight_since_ns_ = 0;
+  uint32_t prefetch_in_flight_ = 0;
   std::vector<uint32_t> host_pins_;
   std::vector<uint64_t> host_payload_bytes_;
   std::vector<char> table_held_;
   uint32_t next_table_ = 0;
   std::vector<std::pair<uint64_t, Held>> held_;
   StoreStats totals_;
+  io::BusyTimes closed_busy_;      // the reader's times when the destructor let it go
+  uint32_t closed_full_depth_ = 0;
   cache::Trace trace_;
 };
 

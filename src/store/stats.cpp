@@ -20,13 +20,15 @@ void add_stats(StoreStats &into, const StoreStats &more) {
                      &StoreStats::fallback_count, &StoreStats::cache_slots, &StoreStats::host_hits, &StoreStats::host_misses,
                      &StoreStats::demotions, &StoreStats::host_resident_bytes, &StoreStats::host_slots,
                      &StoreStats::prefetch_issued, &StoreStats::prefetch_used, &StoreStats::prefetch_read_bytes,
-                     &StoreStats::prefetch_used_read_bytes})
+                     &StoreStats::prefetch_used_read_bytes, &StoreStats::pack_read_full_ns, &StoreStats::expert_wait_ns,
+                     &StoreStats::store_disk_idle_ns})
     a.*field += b.*field;
   a.slot_bytes = std::max(a.slot_bytes, b.slot_bytes);
+  a.pack_read_full_depth = std::max(a.pack_read_full_depth, b.pack_read_full_depth);
   if (a.layers.size() < b.layers.size()) a.layers.resize(b.layers.size());
   for (size_t l = 0; l < b.layers.size(); ++l)
     for (auto field : {&LayerStats::cache_hits, &LayerStats::cache_misses, &LayerStats::host_hits, &LayerStats::pack_reads,
-                       &LayerStats::pack_read_bytes})
+                       &LayerStats::pack_read_bytes, &LayerStats::expert_wait_ns})
       a.layers[l].*field += b.layers[l].*field;
 }
 
@@ -55,13 +57,18 @@ std::string stats_to_json(const StoreStats &s) {
   j["prefetch_used"] = s.prefetch_used;
   j["prefetch_read_bytes"] = s.prefetch_read_bytes;
   j["prefetch_used_read_bytes"] = s.prefetch_used_read_bytes;
+  j["pack_read_full_ns"] = s.pack_read_full_ns;
+  j["pack_read_full_depth"] = s.pack_read_full_depth;
+  j["expert_wait_ns"] = s.expert_wait_ns;
+  j["store_disk_idle_ns"] = s.store_disk_idle_ns;
   j["layers"] = nlohmann::ordered_json::array();
   for (const LayerStats &l : s.layers)
     j["layers"].push_back({{"cache_hits", l.cache_hits},
                            {"cache_misses", l.cache_misses},
                            {"host_hits", l.host_hits},
                            {"pack_reads", l.pack_reads},
-                           {"pack_read_bytes", l.pack_read_bytes}});
+                           {"pack_read_bytes", l.pack_read_bytes},
+                           {"expert_wait_ns", l.expert_wait_ns}});
   return j.dump();
 }
 

@@ -78,7 +78,9 @@ _Static_assert(offsetof(ep_generate_stats, prefill_tokens_per_second) == 40, "ep
 _Static_assert(offsetof(ep_generate_stats, session_tokens) == 56, "ep_generate_stats.session_tokens");
 _Static_assert(offsetof(ep_generate_stats, prefill_expert_bytes) == 64, "ep_generate_stats.prefill_expert_bytes");
 _Static_assert(offsetof(ep_generate_stats, decode_expert_bytes) == 72, "ep_generate_stats.decode_expert_bytes");
-_Static_assert(sizeof(ep_generate_stats) == 80, "ep_generate_stats size");
+_Static_assert(offsetof(ep_generate_stats, decode_read_busy_seconds) == 80, "ep_generate_stats.decode_read_busy_seconds");
+_Static_assert(offsetof(ep_generate_stats, decode_store_idle_seconds) == 104, "ep_generate_stats.decode_store_idle_seconds");
+_Static_assert(sizeof(ep_generate_stats) == 112, "ep_generate_stats size");
 _Static_assert(sizeof(ep_stop_reason) == 4, "ep_stop_reason is 32 bits");
 _Static_assert(sizeof(ep_chat_template) == 4, "ep_chat_template is 32 bits");
 _Static_assert(offsetof(ep_tokenizer_properties, vocab_size) == 8, "ep_tokenizer_properties.vocab_size");
@@ -95,7 +97,9 @@ _Static_assert(offsetof(ep_store_stats, acquires) == 8, "ep_store_stats.acquires
 _Static_assert(offsetof(ep_store_stats, slot_bytes) == 112, "ep_store_stats.slot_bytes");
 _Static_assert(offsetof(ep_store_stats, host_hits) == 120, "ep_store_stats.host_hits (first appended field)");
 _Static_assert(offsetof(ep_store_stats, prefetch_used) == 168, "ep_store_stats.prefetch_used");
-_Static_assert(sizeof(ep_store_stats) == 176, "ep_store_stats size");
+_Static_assert(offsetof(ep_store_stats, pack_read_full_ns) == 176, "ep_store_stats.pack_read_full_ns (second appended block)");
+_Static_assert(offsetof(ep_store_stats, store_disk_idle_ns) == 200, "ep_store_stats.store_disk_idle_ns");
+_Static_assert(sizeof(ep_store_stats) == 208, "ep_store_stats size");
 
 /* experts.h */
 _Static_assert(sizeof(ep_expert_role) == 4, "ep_expert_role is 32 bits");

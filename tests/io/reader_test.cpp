@@ -6,6 +6,7 @@
 #include "io/reader.hpp"
 #include "testkit/store_pack.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -297,4 +298,130 @@ TEST_CASE("misaligned O_DIRECT requests are rejected up front", "[io]") {
   io::AlignedBuffer buf(1 << 16);
   io::ReadRequest r{4096 + 512, 4096, buf.data(), 0};
   CHECK_THROWS_AS(reader->submit(r), Error);
+}
+
+namespace {
+
+// A clock the test drives: it moves only when a read "takes" time in the seam.
+struct FakeClock {
+  std::atomic<uint64_t> t{1000};
+  std::atomic<uint64_t> reads{0};
+  io::NanoClock clock() {
+    return [this] {
+      reads.fetch_add(1);
+      return t.load();
+    };
+  }
+};
+
+// Every raw read result takes @p ns on the fake clock (the seam stands for the device).
+class SlowDevice final : public io::IoSeam {
+ public:
+  SlowDevice(FakeClock &clock, uint64_t ns) : clock_(clock), ns_(ns) {}
+  int64_t on_read_result(uint64_t, uint64_t, int64_t result) override {
+    calls.fetch_add(1);
+    clock_.t.fetch_add(ns_);
+    return result;
+  }
+  std::atomic<uint64_t> calls{0};
+
+ private:
+  FakeClock &clock_;
+  uint64_t ns_;
+};
+
+}  // namespace
+
+TEST_CASE("BusyClock sums the time with reads in flight, reading the clock only at transitions", "[io]") {
+  FakeClock c;
+  io::BusyClock busy(c.clock(), 2);
+  c.t = 10;
+  busy.started();  // 0 -> 1: opens busy
+  c.t = 20;
+  busy.started();  // 1 -> 2: opens full
+  c.t = 25;
+  busy.started();  // 2 -> 3: no transition
+  c.t = 35;
+  busy.finished();  // 3 -> 2: still full
+  CHECK(c.reads == 2);
+  c.t = 40;
+  busy.finished();  // 2 -> 1: closes full (20 ns)
+  c.t = 50;
+  busy.finished();  // 1 -> 0: closes busy (40 ns)
+  CHECK(c.reads == 4);
+  c.t = 60;
+  io::BusyTimes b = busy.until_now();
+  CHECK(b.now_ns == 60);
+  CHECK(b.busy_ns == 40);
+  CHECK(b.full_ns == 20);
+  c.t = 100;
+  busy.started(2);  // opens both with one clock read
+  CHECK(c.reads == 6);
+  c.t = 130;
+  b = busy.until_now();  // the open intervals count up to now
+  CHECK(b.busy_ns == 70);
+  CHECK(b.full_ns == 50);
+  CHECK(busy.in_flight() == 2);
+  CHECK_THROWS_AS(busy.finished(3), Error);
+}
+
+TEST_CASE("a reader's busy time is the time its reads spend in the device, on every backend", "[io]") {
+  // The clock moves only inside reads (500 ns each): whatever the interleaving of the pool's
+  // threads or of io_uring's completions, the busy time is 500 ns per raw read, and with a full
+  // depth of 1 the full time is the same.
+  for (auto backend : backends()) {
+    for (uint32_t threads : {1u, 3u}) {
+      FakeClock c;
+      auto seam = std::make_shared<SlowDevice>(c, 500);
+      io::ReaderOptions o;
+      o.backend = backend;
+      o.direct = io::DirectMode::buffered;
+      o.queue_depth = 4;
+      o.pread_threads = threads;
+      o.full_depth = 1;
+      o.seam = seam;
+      o.clock = c.clock();
+      io::ReaderCounters counters;
+      auto reader = io::open_reader(fixture().path, o, counters);
+      CHECK(reader->full_depth() == 1);
+      CHECK(reader->busy_times().busy_ns == 0);  // nothing read yet
+      const uint64_t t0 = c.t;
+      io::AlignedBuffer buffer(fixture().spec.stride());
+      reader->register_buffer(buffer.data(), buffer.size());
+      std::vector<io::ReadCompletion> got;
+      for (int i = 0; i < 3; ++i) {
+        io::ReadRequest r;
+        r.offset = fixture().spec.object_map()->object_offset(0, static_cast<uint32_t>(i));
+        r.bytes = fixture().spec.object_bytes;
+        r.dst = buffer.data();
+        r.tag = static_cast<uint64_t>(i);
+        reader->submit(r);
+        while (reader->outstanding() > 0) reader->wait(got, 1);
+      }
+      const io::BusyTimes b = reader->busy_times();
+      const uint64_t calls = seam->calls;
+      CHECK(got.size() == 3);
+      CHECK(calls >= 3);
+      CHECK(b.busy_ns == 500 * calls);
+      CHECK(b.full_ns == b.busy_ns);
+      CHECK(b.now_ns == t0 + 500 * calls);
+    }
+  }
+}
+
+TEST_CASE("a reader's full depth is at most what it can have in flight", "[io]") {
+  for (auto backend : backends()) {
+    io::ReaderOptions o;
+    o.backend = backend;
+    o.queue_depth = 4;
+    o.pread_threads = 3;
+    io::ReaderCounters counters;
+    auto reader = io::open_reader(fixture().path, o, counters);
+    const uint32_t most = reader->backend_name() == "pread" ? 3 : 4;
+    CHECK(reader->full_depth() == most);
+    o.full_depth = 2;
+    CHECK(io::open_reader(fixture().path, o, counters)->full_depth() == 2);
+    o.full_depth = 100;
+    CHECK(io::open_reader(fixture().path, o, counters)->full_depth() == most);
+  }
 }

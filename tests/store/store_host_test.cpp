@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <filesystem>
 #include <fstream>
@@ -290,7 +291,8 @@ TEST_CASE("stats file is written atomically every N acquires", "[store]") {
     CHECK(j.at("cache_hits").get<uint64_t>() + j.at("cache_misses").get<uint64_t>() == 10);
     for (const char *k : {"pack_reads", "pack_read_bytes", "pack_read_ns", "cache_evictions", "resident_experts",
                           "resident_bytes", "h2d_bytes", "io_errors", "fallback_count", "host_hits", "host_misses", "demotions",
-                          "host_resident_bytes", "host_slots", "prefetch_issued", "prefetch_used"})
+                          "host_resident_bytes", "host_slots", "prefetch_issued", "prefetch_used", "pack_read_full_ns",
+                          "pack_read_full_depth", "expert_wait_ns", "store_disk_idle_ns"})
       CHECK(j.contains(k));
   }
 }
@@ -321,6 +323,85 @@ TEST_CASE("concurrent acquires from several threads", "[store]") {
   CHECK(s.cache_hits + s.cache_misses == unique);
 }
 
+namespace {
+
+// A clock the test drives (a tick per read when @p tick, else only when the seam moves it).
+struct TestClock {
+  std::atomic<uint64_t> t{1000};
+  bool tick = false;
+  io::NanoClock clock() {
+    return [this] { return tick ? t.fetch_add(1) : t.load(); };
+  }
+};
+
+// Every raw read takes @p ns on the test's clock.
+class SlowDevice final : public io::IoSeam {
+ public:
+  SlowDevice(TestClock &clock, uint64_t ns) : clock_(clock), ns_(ns) {}
+  int64_t on_read_result(uint64_t, uint64_t, int64_t result) override {
+    calls.fetch_add(1);
+    clock_.t.fetch_add(ns_);
+    return result;
+  }
+  std::atomic<uint64_t> calls{0};
+
+ private:
+  TestClock &clock_;
+  uint64_t ns_;
+};
+
+}  // namespace
+
+TEST_CASE("the store's times: disk busy, the caller stalled on it, its own work with the disk idle", "[store]") {
+  for (auto backend : {io::Backend::automatic, io::Backend::pread}) {
+    TestClock c;
+    auto seam = std::make_shared<SlowDevice>(c, 500);
+    StoreOptions o = options(6, 4, 1);
+    o.reader.backend = backend;
+    o.reader.seam = seam;
+    o.reader.clock = c.clock();
+    ExpertStore store(o, std::make_unique<HostDevice>());
+    const bool uring = store.reader().backend_name() == "io_uring";
+    std::mt19937 rng(3);
+    for (int i = 0; i < 40; ++i) {
+      const uint32_t layer = rng() % spec().num_layers;
+      Acquisition a = store.acquire(layer, random_ids(rng, 4), {}, i % 2 == 1);
+      while (a.pending > 0) store.wait_ready(a);
+      store.release(a);
+    }
+    StoreStats s = store.stats();
+    REQUIRE(s.pack_reads > 0);
+    // The clock moves only inside reads: the disk was busy 500 ns per raw read, the store never
+    // ran with the disk idle, and the caller's stall is part of the busy time.
+    CHECK(s.pack_read_ns == 500 * seam->calls);
+    CHECK(s.store_disk_idle_ns == 0);
+    CHECK(s.expert_wait_ns <= s.pack_read_ns);
+    // staging 3 slots x 1 read per object, within the depth of 4 (pread: 2 threads)
+    CHECK(s.pack_read_full_depth == (uring ? 3u : 2u));
+    uint64_t per_layer = 0;
+    for (const LayerStats &l : s.layers) per_layer += l.expert_wait_ns;
+    CHECK(per_layer == s.expert_wait_ns);
+    // io_uring completes reads only when the store reaps them, which it does while the caller
+    // waits: the whole busy time is the caller's stall.
+    if (uring) CHECK(s.expert_wait_ns == s.pack_read_ns);
+
+    // An acquire of resident experts: no read, so its whole time is the store's own with the
+    // disk idle (one tick between the call's two clock reads).
+    const std::vector<ExpertStore::Resident> resident = store.resident();
+    REQUIRE(!resident.empty());
+    c.tick = true;
+    const uint32_t one[1] = {resident.front().expert};
+    const Acquisition a = store.acquire(resident.front().layer, one);
+    CHECK(a.hits == 1);
+    store.release(a);
+    c.tick = false;
+    const StoreStats s2 = store.stats();
+    CHECK(s2.store_disk_idle_ns == 2);  // the acquire's tick and the release's
+    CHECK(s2.pack_read_ns == s.pack_read_ns);
+    CHECK(s2.expert_wait_ns == s.expert_wait_ns);
+  }
+}
+
 TEST_CASE("the C API reads the stats file a store writes", "[store][capi]") {
   const auto path = (std::filesystem::current_path() / "store_host_test.capi.json").string();
   StoreStats s;
@@ -332,6 +413,8 @@ TEST_CASE("the C API reads the stats file a store writes", "[store][capi]") {
   s.host_hits = 3;
   s.demotions = 5;
   s.prefetch_used = 2;
+  s.expert_wait_ns = 11;
+  s.store_disk_idle_ns = 13;
   write_stats_file(s, path);
   ep_store_stats out;
   ep_store_stats_init(&out);
@@ -344,6 +427,8 @@ TEST_CASE("the C API reads the stats file a store writes", "[store][capi]") {
   CHECK(out.host_hits == 3);
   CHECK(out.demotions == 5);
   CHECK(out.prefetch_used == 2);
+  CHECK(out.expert_wait_ns == 11);
+  CHECK(out.store_disk_idle_ns == 13);
   // A caller of the first version gets the fields it knows.
   ep_store_stats v1;
   ep_store_stats_init(&v1);

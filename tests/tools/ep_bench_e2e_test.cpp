@@ -143,6 +143,38 @@ TEST_CASE("ep-bench e2e: two requests on a tiny synthetic model, cold cache") {
   CHECK(std::abs(j.at("decode_measured_seconds").get<double>() - all.at("decode_seconds").get<double>()) <= 1e-9);
   const double decode_eff = j.at("decode_efficiency").get<double>();
   CHECK(std::abs(decode_eff - decode_bound / all.at("decode_seconds").get<double>()) <= 1e-9 + 1e-6 * decode_eff);
+
+  // The decode steps' breakdown, per request and for the run: the four parts are each >= 0 and sum
+  // to the decode time; the disk busy is the stall plus the overlap and never more than the time
+  // (the generation steps read: the disk was busy).
+  auto check_breakdown = [](const nlohmann::json &b, double decode_seconds, bool read) {
+    CHECK(std::abs(b.at("decode_seconds").get<double>() - decode_seconds) <= 1e-12);
+    double sum = 0, fractions = 0;
+    for (const char *k : {"stalled_on_disk", "overlap", "disk_idle_compute", "both_idle"}) {
+      const double v = b.at(k).at("seconds").get<double>();
+      CHECK(v >= 0);
+      sum += v;
+      fractions += b.at(k).at("fraction").get<double>();
+    }
+    CHECK(std::abs(sum - decode_seconds) <= 1e-9 * std::max(1.0, decode_seconds));
+    CHECK(std::abs(fractions - 1.0) <= 1e-9);
+    const double busy = b.at("disk_busy").at("seconds").get<double>();
+    CHECK(busy >= 0);
+    if (read) CHECK(busy > 0);
+    CHECK(busy <= decode_seconds);
+    CHECK(std::abs(busy - b.at("stalled_on_disk").at("seconds").get<double>() - b.at("overlap").at("seconds").get<double>()) <=
+          1e-12);
+    CHECK(b.at("disk_queue_full").at("seconds").get<double>() <= busy);
+  };
+  for (const auto &r : j["requests"])
+    check_breakdown(r.at("decode_breakdown"), r.at("decode_seconds").get<double>(), r.at("decode_ssd_bytes").get<uint64_t>() > 0);
+  check_breakdown(j.at("decode_breakdown"), all.at("decode_seconds").get<double>(), true);
+  CHECK(j.at("decode_breakdown") == all.at("decode_breakdown"));
+  CHECK(j.at("read_queue_full_depth").get<uint64_t>() >= 1);
+  // The stall per layer group is the run's (prompt passes included): together, the store's.
+  const double wait = j.at("expert_wait_seconds").get<double>();
+  CHECK(wait >= all.at("decode_breakdown").at("stalled_on_disk").at("seconds").get<double>() - 1e-12);
+  CHECK(std::abs(hash.at("expert_wait_seconds").get<double>() + score.at("expert_wait_seconds").get<double>() - wait) <= 1e-9);
 }
 
 TEST_CASE("ep-bench e2e: --staging-mib sizes staging from the experts of a model whose first layer is dense (Kimi)") {

@@ -8,7 +8,8 @@
 // mode in the same process (the published SGLang algorithm on this engine beside ours) and
 // prints them side by side. --replay-trace FILE: every MoE layer's picks come from a recorded
 // routing trace instead of the router (engine/trace_replay.hpp: the mapping onto the model), the
-// compute unchanged.
+// compute unchanged. decode_breakdown: where the generation steps' time went (the disk busy, the
+// model stalled on it, the disk idle while the model computes, both idle; decode_breakdown_json).
 #include "bench_common.hpp"
 
 #include "cache/trace.hpp"
@@ -135,6 +136,7 @@ nlohmann::ordered_json layer_group_json(const std::vector<store::LayerStats> &la
     sum.host_hits += layers[l].host_hits;
     sum.pack_reads += layers[l].pack_reads;
     sum.pack_read_bytes += layers[l].pack_read_bytes;
+    sum.expert_wait_ns += layers[l].expert_wait_ns;
   }
   nlohmann::ordered_json j;
   j["layers"] = std::min(end, layers.size()) - std::min(begin, layers.size());
@@ -147,6 +149,7 @@ nlohmann::ordered_json layer_group_json(const std::vector<store::LayerStats> &la
   j["pack_reads"] = sum.pack_reads;
   j["pack_read_bytes"] = sum.pack_read_bytes;
   j["pack_read_bytes_per_token"] = generated_tokens ? static_cast<double>(sum.pack_read_bytes) / generated_tokens : 0.0;
+  j["expert_wait_seconds"] = static_cast<double>(sum.expert_wait_ns) * 1e-9;  // the model's thread stalled on these layers' reads
   return j;
 }
 
@@ -159,6 +162,8 @@ struct RequestResult {
   double wall_seconds = 0;  ///< the whole ep_generate_chat call
   uint64_t hits = 0, misses = 0, host_hits = 0, read_bytes = 0, reads = 0, h2d_bytes = 0, evictions = 0;
   uint64_t prefill_read_bytes = 0, decode_read_bytes = 0;  ///< read_bytes split at the first token (ep_generate_stats)
+  /// The store's times over the generation steps (ep_generate_stats; decode_breakdown_json).
+  double decode_busy_seconds = 0, decode_full_seconds = 0, decode_wait_seconds = 0, decode_store_idle_seconds = 0;
   double prefill_tps() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
   double decode_tps() const { return decode_seconds > 0 ? generated_tokens / decode_seconds : 0; }
 };
@@ -169,6 +174,7 @@ struct Summary {
   double prefill_tps_mean = 0, decode_tps_mean = 0;
   uint64_t prompt_tokens = 0, generated_tokens = 0, hits = 0, misses = 0, read_bytes = 0, decode_read_bytes = 0;
   double seconds = 0, decode_seconds = 0;
+  double decode_busy_seconds = 0, decode_full_seconds = 0, decode_wait_seconds = 0, decode_store_idle_seconds = 0;
   double hit_rate() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0; }
   /// Every SSD byte of the requests (prompt passes included) per generated token.
   double bytes_per_token() const { return generated_tokens ? static_cast<double>(read_bytes) / generated_tokens : 0; }
@@ -194,12 +200,47 @@ Summary summarize(const std::string &name, const std::vector<RequestResult> &rs)
     s.decode_read_bytes += r.decode_read_bytes;
     s.seconds += r.prefill_seconds + r.decode_seconds;
     s.decode_seconds += r.decode_seconds;
+    s.decode_busy_seconds += r.decode_busy_seconds;
+    s.decode_full_seconds += r.decode_full_seconds;
+    s.decode_wait_seconds += r.decode_wait_seconds;
+    s.decode_store_idle_seconds += r.decode_store_idle_seconds;
   }
   if (s.requests) {
     s.prefill_tps_mean /= s.requests;
     s.decode_tps_mean /= s.requests;
   }
   return s;
+}
+
+/// Where the decode steps' wall time went, in seconds and as fractions of it, from the store's
+/// times over the generation steps (ep_generate_stats), summed over the requests:
+///   stalled_on_disk   = expert_wait: the model's thread blocked waiting for reads (the disk busy);
+///   overlap           = read_busy - expert_wait: the disk busy while the model computes;
+///   disk_idle_compute = decode - read_busy - store_idle: no read in flight while the model computes
+///                       (its work on the host and the device, and its waits for the device: the
+///                       router's ids before a layer's reads can be submitted, the sampled token);
+///   both_idle         = store_idle: the store's own work (deciding hits, submitting reads, issuing
+///                       copies, publishing tables, releasing) with no read in flight.
+/// They sum to decode_seconds (disk_idle_compute is the remainder, >= 0 because the store's times
+/// are taken inside the decode window); disk_busy = stalled_on_disk + overlap. The model's thread is
+/// "computing" whenever it is outside the store: on CUDA that covers the GPU's work and the host's
+/// waits for it alike (the host cannot tell them apart without device timing).
+nlohmann::ordered_json decode_breakdown_json(double decode, double busy, double full, double wait, double store_idle) {
+  nlohmann::ordered_json j;
+  const double overlap = busy - wait;
+  const double compute = decode - busy - store_idle;
+  auto part = [&](const char *name, double seconds) {
+    j[name] = {{"seconds", seconds}, {"fraction", decode > 0 ? seconds / decode : 0.0}};
+  };
+  j["decode_seconds"] = decode;
+  part("disk_busy", busy);
+  part("disk_queue_full", full);
+  part("stalled_on_disk", wait);
+  part("overlap", overlap);
+  part("disk_idle_compute", compute);
+  part("both_idle", store_idle);
+  j["identity"] = "stalled_on_disk + overlap + disk_idle_compute + both_idle = decode_seconds; disk_busy = stalled_on_disk + overlap";
+  return j;
 }
 
 nlohmann::ordered_json summary_json(const Summary &s) {
@@ -218,6 +259,8 @@ nlohmann::ordered_json summary_json(const Summary &s) {
   j["decode_ssd_bytes_per_token"] = s.decode_bytes_per_token();
   j["seconds"] = s.seconds;
   j["decode_seconds"] = s.decode_seconds;
+  j["decode_breakdown"] = decode_breakdown_json(s.decode_seconds, s.decode_busy_seconds, s.decode_full_seconds,
+                                                s.decode_wait_seconds, s.decode_store_idle_seconds);
   return j;
 }
 
@@ -448,6 +491,10 @@ int cmd_e2e(const Args &args) {
       r.evictions = b.cache_evictions - a.cache_evictions;
       r.prefill_read_bytes = gs.prefill_expert_bytes;
       r.decode_read_bytes = gs.decode_expert_bytes;
+      r.decode_busy_seconds = gs.decode_read_busy_seconds;
+      r.decode_full_seconds = gs.decode_read_full_seconds;
+      r.decode_wait_seconds = gs.decode_expert_wait_seconds;
+      r.decode_store_idle_seconds = gs.decode_store_idle_seconds;
       std::fprintf(stderr,
                    "ep-bench e2e [%s]: %2d %-28s %4u prompt %4u new  prefill %8.2f tok/s  decode %7.3f tok/s  hit %.3f  %.1f MB read\n",
                    mode.name.c_str(), rq.order, rq.id.c_str(), r.prompt_tokens, r.generated_tokens, r.prefill_tps(), r.decode_tps(),
@@ -552,6 +599,10 @@ int cmd_e2e(const Args &args) {
     j["host_resident_bytes"] = st1.host_resident_bytes;
     j["prefetch_issued"] = st1.prefetch_issued;
     j["prefetch_used"] = st1.prefetch_used;
+    j["read_queue_full_depth"] = st1.pack_read_full_depth;
+    j["expert_wait_seconds"] = static_cast<double>(st1.expert_wait_ns) * 1e-9;  // the whole run's stall, prompt passes too
+    // The decode steps' breakdown of every request together (per dataset and per request below too).
+    j["decode_breakdown"] = summary_json(all)["decode_breakdown"];
     // Hash- and score-routed layers apart (the whole run, prompt passes included), where the
     // source tells which are which.
     if (run.hash_layers >= 0) {
@@ -581,6 +632,8 @@ int cmd_e2e(const Args &args) {
                       {"ssd_bytes", r.read_bytes},
                       {"prefill_ssd_bytes", r.prefill_read_bytes},
                       {"decode_ssd_bytes", r.decode_read_bytes},
+                      {"decode_breakdown", decode_breakdown_json(r.decode_seconds, r.decode_busy_seconds, r.decode_full_seconds,
+                                                                 r.decode_wait_seconds, r.decode_store_idle_seconds)},
                       {"ssd_reads", r.reads},
                       {"h2d_bytes", r.h2d_bytes},
                       {"evictions", r.evictions}});
@@ -630,8 +683,24 @@ int cmd_e2e(const Args &args) {
                 static_cast<double>(wasted) / 1e9);
     std::printf("I/O bound of the used bytes %.2f s vs measured %.2f s (prefill + decode): efficiency %.3f\n", bound_seconds,
                 all.seconds, efficiency);
-    std::printf("decode only: I/O bound %.2f s vs measured %.2f s: efficiency %.3f; decode bound %.3f tok/s\n\n",
+    std::printf("decode only: I/O bound %.2f s vs measured %.2f s: efficiency %.3f; decode bound %.3f tok/s\n",
                 decode_bound_seconds, all.decode_seconds, decode_efficiency, decode_bound_tps);
+    {
+      const auto &b = reports.back().json["decode_breakdown"];
+      auto sec = [&](const char *k) { return b[k]["seconds"].get<double>(); };
+      auto pct = [&](const char *k) { return 100.0 * b[k]["fraction"].get<double>(); };
+      std::printf("decode %.2f s: disk busy %.2f s (%.1f %%; queue of %llu full %.1f %%) = stalled on the disk %.2f s (%.1f %%) + "
+                  "overlap %.2f s (%.1f %%); disk idle while computing %.2f s (%.1f %%); both idle (the store's work) %.2f s (%.1f %%)\n",
+                  all.decode_seconds, sec("disk_busy"), pct("disk_busy"), static_cast<unsigned long long>(st1.pack_read_full_depth),
+                  pct("disk_queue_full"), sec("stalled_on_disk"), pct("stalled_on_disk"), sec("overlap"), pct("overlap"),
+                  sec("disk_idle_compute"), pct("disk_idle_compute"), sec("both_idle"), pct("both_idle"));
+      if (run.hash_layers >= 0) {
+        const auto &g = reports.back().json["layer_groups"];
+        std::printf("stalled on the disk per layer group (whole run): hash-routed %.2f s, score-routed %.2f s\n",
+                    g["hash_routed"]["expert_wait_seconds"].get<double>(), g["score_routed"]["expert_wait_seconds"].get<double>());
+      }
+      std::printf("\n");
+    }
   }
 
   nlohmann::ordered_json top = reports.front().json;

@@ -235,10 +235,11 @@ _STORE_FIELDS = ["acquires", "pack_reads", "pack_read_bytes", "pack_read_ns", "c
 # appended after the first version (None in StoreStats with a library older than them):
 _STORE_FIELDS_V2 = ["host_hits", "host_misses", "demotions", "host_resident_bytes", "host_slots", "prefetch_issued",
                     "prefetch_used"]
+_STORE_FIELDS_V3 = ["pack_read_full_ns", "pack_read_full_depth", "expert_wait_ns", "store_disk_idle_ns"]
 
 
 class _StoreStats(Structure):
-    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _STORE_FIELDS + _STORE_FIELDS_V2]
+    _fields_ = [("struct_size", c_size_t)] + [(n, c_uint64) for n in _STORE_FIELDS + _STORE_FIELDS_V2 + _STORE_FIELDS_V3]
 
 
 class _PackOpenOptions(Structure):
@@ -559,10 +560,18 @@ class StoreStats:
     """Experts loaded ahead of their layer from a prediction (``Model(prefetch=True)``)."""
     prefetch_used: Optional[int] = None
     """Prefetched experts their layer then asked for."""
+    pack_read_full_ns: Optional[int] = None
+    """Wall time with at least ``pack_read_full_depth`` reads in flight (the queue kept full)."""
+    pack_read_full_depth: Optional[int] = None
+    """Reads in flight that count as a full queue (a setting, not a count)."""
+    expert_wait_ns: Optional[int] = None
+    """Wall time the model's thread was blocked waiting for expert reads to land."""
+    store_disk_idle_ns: Optional[int] = None
+    """Wall time the expert store's own work ran with no read in flight."""
 
     @classmethod
     def _from_c(cls, s: _StoreStats) -> "StoreStats":
-        names = _STORE_FIELDS + [n for n in _STORE_FIELDS_V2 if _fits(s, n)]
+        names = _STORE_FIELDS + [n for n in _STORE_FIELDS_V2 + _STORE_FIELDS_V3 if _fits(s, n)]
         return cls(**{n: int(getattr(s, n)) for n in names})
 
 

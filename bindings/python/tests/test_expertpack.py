@@ -380,12 +380,14 @@ class HierarchyTest(unittest.TestCase):
             s.generate(self.prompt, max_new_tokens=2)
             st = m.store_stats()
         for name in ("host_hits", "host_misses", "demotions", "host_resident_bytes", "host_slots",
-                     "prefetch_issued", "prefetch_used"):
+                     "prefetch_issued", "prefetch_used", "pack_read_full_ns", "pack_read_full_depth",
+                     "expert_wait_ns", "store_disk_idle_ns"):
             value = getattr(st, name)
             self.assertIsInstance(value, int, name)
             self.assertGreaterEqual(value, 0, name)
         self.assertEqual((st.host_slots, st.host_hits, st.demotions), (0, 0, 0))  # no host tier
         self.assertEqual(st.prefetch_issued, 0)  # prefetch is off by default
+        self.assertLessEqual(st.expert_wait_ns, st.pack_read_ns)  # the stall is part of the disk's busy time
 
     def test_host_tier_and_prefetch_give_the_same_tokens(self):
         # a cache for half the experts and a host tier below it: experts are evicted, demoted,
