@@ -281,8 +281,8 @@ TEST_CASE("split f16 GEMM: NaN reaches the outputs it touches, zeros stay zero, 
   std::vector<float> want(static_cast<size_t>(n * t));
   cpu.matmul(t_of(w.data(), GgmlType::f32, Device::cpu, {k, n}), t_of(x.data(), GgmlType::f32, Device::cpu, {k, t}),
              t_of(want.data(), GgmlType::f32, Device::cpu, {n, t}));
-  gpu.matmul(t_of(dw.p, GgmlType::f32, Device::cuda, {k, n}), t_of(dx.p, GgmlType::f32, Device::cuda, {k, t}),
-             t_of(dy.p, GgmlType::f32, Device::cuda, {n, t}));  // 12 tokens: the GEMM path, split by default
+  gpu.matmul_gemm(t_of(dw.p, GgmlType::f32, Device::cuda, {k, n}), t_of(dx.p, GgmlType::f32, Device::cuda, {k, t}),
+                  t_of(dy.p, GgmlType::f32, Device::cuda, {n, t}), ep::backend::cuda::GemmMode::split_f16);
   const auto got = dy.get<float>();
   double num = 0, den = 0;
   int wrong = 0;

@@ -454,11 +454,11 @@ TEST_CASE("launch_gemv picks the dp4a / tensor-core kernels where they apply", "
   a.w = reinterpret_cast<const void *>(uintptr_t{8});  // a misaligned single matrix
   CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::f32), a) == GemvKernel::pipe);
   a.w = nullptr;
-  a.n_tok = 2;  // several tokens: tensor cores for iq2_xxs, and for q8_0 (kQ8_0SeveralTokensOnMma)
+  a.n_tok = 2;  // several tokens: tensor cores for iq2_xxs, the row kernel for q8_0 (kQ8_0SeveralTokensOnMma off)
   CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::iq2_xxs), a) == GemvKernel::mma);
-  CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q8_0), a) == GemvKernel::mma);
-  a.kernel = GemvKernel::rows;  // asked for: the row kernel
   CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q8_0), a) == GemvKernel::rows);
+  a.kernel = GemvKernel::mma;  // asked for: the tensor-core kernel
+  CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q8_0), a) == GemvKernel::mma);
   a.kernel = GemvKernel::automatic;
   a.k = 4096 + 32;  // q8_0 rows of whole blocks but not of 256 values: neither mma nor rows
   CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q8_0), a) == GemvKernel::pipe);
