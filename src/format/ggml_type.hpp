@@ -39,7 +39,7 @@ enum class GgmlCompute : uint8_t {
 enum GemvFamily : uint8_t {
   kGemvGeneric = 1u << 0,  ///< gemv_generic.cu: per-lane 32-value units
   kGemvPipe = 1u << 1,     ///< gemv_pipe.cu: the per-lane split with a cp.async double buffer
-  kGemvMma = 1u << 2,      ///< gemv_mma.cu: tensor cores, 2..8 tokens
+  kGemvMma = 1u << 2,      ///< gemv_mma.cu: tensor cores, 2..32 tokens
   kGemvDp4a = 1u << 3,     ///< gemv_dp4a.cu: x quantized to int8, dp4a, weights in registers
   kGemvStream = 1u << 4,   ///< gemv_stream.cu: dp4a with the weights streamed through shared memory
   kGemvRows = 1u << 5,     ///< gemv_rows.cu: lanes sharing a row, 16-byte loads

@@ -12,8 +12,9 @@
 // dense matrices of DeepSeek-V4-Flash instead (dense_shapes: the attention, shared-expert and head
 // matrices in q8_0, the compressor, indexer, router and hyper-connection matrices in the float
 // types, as the ds4 layout stores them), one matrix per launch (the grouped o_a: 8); f16, bf16 and
-// f32 only when --types names them. --gemv-tokens takes a list of token counts (1,2,4,8): every
-// GEMV row is measured at each, with its time per launch and that time over the one-token
+// f32 only when --types names them. --gemv-tokens takes a list of token counts (1..8, and 9..32 for
+// the tensor-core kernel's types, gemv_runs_wide: a prompt's expert chunks of 16 and 32; rows of
+// other types skip those): every GEMV row is measured at each, with its time per launch and that time over the one-token
 // launch's. --ffn adds (and --ffn-only runs only) the decode MoE FFN per model (bench_ffn):
 // gate+up, activation and down of one token's experts as three launches, and as two (the
 // activation applied as down's kernel reads its input; the engine's path for every type but
@@ -112,9 +113,9 @@ Options options_from(const Args &args) {
   for (const auto &v : split_list(args.get("gemv-tokens", "1"))) {
     char *end = nullptr;
     const long n = std::strtol(v.c_str(), &end, 10);
-    if (end == v.c_str() || *end != '\0' || n < 1 || n > ep::backend::cuda::kGemvMaxTokens)
+    if (end == v.c_str() || *end != '\0' || n < 1 || n > ep::backend::cuda::kGemvMaxWideTokens)
       ep::fail(ep::Status::invalid_argument, "--gemv-tokens: '{}' is not a token count in 1..{}", v,
-               ep::backend::cuda::kGemvMaxTokens);
+               ep::backend::cuda::kGemvMaxWideTokens);
     if (std::find(o.gemv_tokens.begin(), o.gemv_tokens.end(), static_cast<int>(n)) == o.gemv_tokens.end())
       o.gemv_tokens.push_back(static_cast<int>(n));
   }
@@ -349,6 +350,8 @@ Result bench_one(ep::backend::cuda::CudaBackend &be, GgmlType type, const Shape 
   Result r{std::string(info.name), s, mat_bytes, pool, batch, {}, {}, cublas_tflops};
   for (size_t wi = 0; wi < o.kernels.size(); ++wi)
     for (int tokens : o.gemv_tokens) {
+      if (tokens > ep::backend::cuda::kGemvMaxTokens && !ep::backend::cuda::gemv_runs_wide(static_cast<uint32_t>(type), s.k))
+        continue;  // only the tensor-core kernel takes more than 8 tokens
       const ep::backend::cuda::GemvKernel want = o.kernels[wi];
       auto resolved = [&](int mats) {  // the kernel launch_gemv runs for this many matrices per launch
         ep::backend::cuda::GemvArgs probe;  // as gemv_gbps launches: a table of 16-byte aligned matrices

@@ -29,7 +29,7 @@ constexpr const char *kUsage =
     "  h2d  [--object-bytes N | --pack PACK | --create-size SIZE] [--slots 64] [--staging 16] [--bytes 16G] [--json]\n"
     "       the store's staging -> VRAM copy path vs plain pinned cudaMemcpyAsync\n"
     "  kernels [--kernels auto|generic|pipe|mma|dp4a|stream|rows,...] [--types mxfp4,q2_K,...,q8_0,f16,bf16,f32] [--batch 8 | --batch 12,6,32,16]\n"
-    "       [--gemv-tokens 1 | --gemv-tokens 1,2,4,8] [--pool-mib 1024] [--passes 10] [--tokens 512] [--no-gemm] [--no-batch1] [--gemm-mode split,exact,bf16] [--graph] [--ffn | --ffn-only] [--json]\n"
+    "       [--gemv-tokens 1 | --gemv-tokens 1,2,4,8,16,32] [--pool-mib 1024] [--passes 10] [--tokens 512] [--no-gemm] [--no-batch1] [--gemm-mode split,exact,bf16] [--graph] [--ffn | --ffn-only] [--json]\n"
     "       HBM copy bandwidth, decode GEMV per type/shape/kernel/token count as a fraction of it (q8_0 and the float types\n"
     "       on DeepSeek-V4-Flash's dense matrices), prefill GEMM vs cuBLAS\n"
     "       (--graph: the timed GEMV and FFN launches replayed from a CUDA graph, without host work per launch;\n"

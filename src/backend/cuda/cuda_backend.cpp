@@ -591,6 +591,36 @@ bool one_token_gemvs_beat_chunks(const backend::SlotLayout &l) {
   return false;
 }
 
+// The chunk sizes of run_chunked_expert_gemvs: kGemvMaxTokens, and where all three roles run
+// wide (gemv_runs_wide: the tensor-core kernel) 16 and kGemvMaxWideTokens, whose launches use
+// each decoded weight fragment for 2 and 4 tiles of 8 tokens.
+constexpr int kChunkSizes = 3;
+constexpr int64_t kChunkSize[kChunkSizes] = {kGemvMaxTokens, 2 * kGemvMaxTokens, kGemvMaxWideTokens};
+static_assert(kGemvMaxWideTokens == 4 * kGemvMaxTokens, "expert_chunks' sizes");
+
+bool expert_chunks_wide(const backend::SlotLayout &l) {
+  const backend::SlotWeight *roles[3] = {&l.gate, &l.up, &l.down};
+  for (const backend::SlotWeight *w : roles)
+    if (!gemv_runs_type(type_id(w->type)) || !gemv_runs_wide(type_id(w->type), w->ne0)) return false;
+  return true;
+}
+
+// How many chunks of each size (kChunkSize) an expert of @p n tokens runs: not wide, ceil(n / 8)
+// of 8; wide, n / 32 of 32 and the rest r (if any) in one chunk of 8 (r <= 8), 16 (r <= 16) or 32.
+// A function of n alone (and the layout): an expert's chunks, so its rows' bits, are the same in
+// every pass that computes it.
+void expert_chunks(int64_t n, bool wide, int64_t (&out)[kChunkSizes]) {
+  out[0] = out[1] = out[2] = 0;
+  if (!wide) {
+    out[0] = (n + kGemvMaxTokens - 1) / kGemvMaxTokens;
+    return;
+  }
+  out[2] = n / kGemvMaxWideTokens;
+  const int64_t r = n % kGemvMaxWideTokens;
+  if (r == 0) return;
+  ++out[r <= kChunkSize[0] ? 0 : r <= kChunkSize[1] ? 1 : 2];
+}
+
 }  // namespace
 
 bool CudaBackend::moe_reads_host_picks(int64_t n_tokens, const backend::SlotLayout &l) const {
@@ -797,13 +827,14 @@ void CudaBackend::compute_pairs_grouped(const Tensor &x, const backend::ExpertBa
 
 void CudaBackend::run_chunked_expert_gemvs(const Tensor &x, const std::vector<backend::ExpertGroup> &groups, int64_t k,
                                            const backend::SlotLayout &l, const backend::Activation &act, float *pair_out) {
-  // Every expert's tokens in chunks of kGemvMaxTokens rows (the last one padded with zero rows
-  // whose results are dropped), every chunk a matrix of one GEMV launch per role: a prompt
-  // pass is a handful of launches, and each expert's weights are read once per chunk. A
-  // chunk's rows depend only on its own expert's tokens, so disjoint expert sets (moe_pairs)
-  // give moe()'s bits.
-  constexpr int64_t kChunk = kGemvMaxTokens;
+  // Every expert's tokens in chunks (expert_chunks: of 8 tokens, or where the three roles run
+  // wide, of 32 with the last of 8, 16 or 32; each padded with zero rows whose results are
+  // dropped), every chunk a matrix of one GEMV launch per role and chunk size: a prompt pass is a
+  // handful of launches, and each expert's weights are read and decoded once per chunk. A chunk's
+  // rows depend only on its own expert's tokens, and the chunk sizes only on its expert's token
+  // count and the layout, so disjoint expert sets (moe_pairs) give moe()'s bits.
   constexpr int64_t kMaxRows = 16384;  // rows gathered per pass (bounds the workspaces)
+  const bool wide = expert_chunks_wide(l);
   const int64_t d = x.ne[0];
   cudaStream_t s = impl_->stream;
   const uint64_t offsets[3] = {l.gate.offset, l.up.offset, l.down.offset};
@@ -812,33 +843,55 @@ void CudaBackend::run_chunked_expert_gemvs(const Tensor &x, const std::vector<ba
   for (size_t g0 = 0; g0 < groups.size();) {
     // the experts of this pass: as many as keep the padded rows within kMaxRows (at least one)
     size_t g1 = g0;
-    int64_t chunks = 0;
+    int64_t chunks[kChunkSizes] = {}, rows = 0;
     while (g1 < groups.size()) {
-      const int64_t c = (static_cast<int64_t>(groups[g1].pairs.size()) + kChunk - 1) / kChunk;
-      if (g1 > g0 && (chunks + c) * kChunk > kMaxRows) break;
-      chunks += c;
+      int64_t c[kChunkSizes];
+      expert_chunks(static_cast<int64_t>(groups[g1].pairs.size()), wide, c);
+      int64_t r = 0;
+      for (int z = 0; z < kChunkSizes; ++z) r += c[z] * kChunkSize[z];
+      if (g1 > g0 && rows + r > kMaxRows) break;
+      for (int z = 0; z < kChunkSizes; ++z) chunks[z] += c[z];
+      rows += r;
       ++g1;
     }
-    const int64_t rows = chunks * kChunk;
-    if (2 * chunks > 65535) fail(Status::unsupported, "moe: {} expert chunks in one pass (at most 32767)", chunks);
-    // per row: the token it gathers and the pair it scatters to (-1: padding); per chunk: the
-    // addresses of its expert's roles and its first row
-    table.assign(static_cast<size_t>(3 * chunks), nullptr);
-    lists.assign(static_cast<size_t>(2 * rows + 2 * chunks), -1);
+    // rows and tables by chunk size: size z's chunks from row base[z], their three roles'
+    // addresses from table entry 3·first[z] (role-major), their first rows (relative to base[z],
+    // twice: gate's and up's x rows) from list entry 2·rows + 2·first[z]
+    int64_t base[kChunkSizes], first[kChunkSizes], total = 0;
+    int64_t at_row = 0;
+    for (int z = 0; z < kChunkSizes; ++z) {
+      if (2 * chunks[z] > 65535)
+        fail(Status::unsupported, "moe: {} expert chunks of {} tokens in one pass (at most 32767)", chunks[z], kChunkSize[z]);
+      base[z] = at_row;
+      first[z] = total;
+      at_row += chunks[z] * kChunkSize[z];
+      total += chunks[z];
+    }
+    // per row: the token it gathers and the pair it scatters to (-1: padding)
+    table.assign(static_cast<size_t>(3 * total), nullptr);
+    lists.assign(static_cast<size_t>(2 * rows + 2 * total), -1);
     int32_t *gather_rows = lists.data(), *scatter_rows = gather_rows + rows, *chunk_rows = scatter_rows + rows;
-    int64_t c = 0;
+    int64_t next[kChunkSizes] = {};  // chunks placed so far per size
     for (size_t gi = g0; gi < g1; ++gi) {
       const std::vector<int32_t> &pairs = groups[gi].pairs;
-      const auto *base = static_cast<const uint8_t *>(groups[gi].slot);
-      for (size_t p0 = 0; p0 < pairs.size(); p0 += kChunk, ++c) {
-        for (int r = 0; r < 3; ++r) table[static_cast<size_t>(r * chunks + c)] = base + offsets[r];
-        chunk_rows[c] = chunk_rows[chunks + c] = static_cast<int32_t>(c * kChunk);
-        for (size_t i = p0; i < std::min(pairs.size(), p0 + kChunk); ++i) {
-          const int64_t row = c * kChunk + static_cast<int64_t>(i - p0);
-          gather_rows[row] = pairs[i] / static_cast<int32_t>(k);
-          scatter_rows[row] = pairs[i];
+      const auto *base_addr = static_cast<const uint8_t *>(groups[gi].slot);
+      int64_t c[kChunkSizes];
+      expert_chunks(static_cast<int64_t>(pairs.size()), wide, c);
+      size_t p0 = 0;
+      for (int z = kChunkSizes - 1; z >= 0; --z) {  // the largest first: full chunks, then the rest
+        for (int64_t n = 0; n < c[z]; ++n, ++next[z]) {
+          const int64_t size = kChunkSize[z], row0 = next[z] * size;
+          for (int r = 0; r < 3; ++r) table[static_cast<size_t>(3 * first[z] + r * chunks[z] + next[z])] = base_addr + offsets[r];
+          chunk_rows[2 * first[z] + next[z]] = chunk_rows[2 * first[z] + chunks[z] + next[z]] = static_cast<int32_t>(row0);
+          for (int64_t i = 0; i < size && p0 < pairs.size(); ++i, ++p0) {
+            const int64_t row = base[z] + row0 + i;
+            gather_rows[row] = pairs[p0] / static_cast<int32_t>(k);
+            scatter_rows[row] = pairs[p0];
+          }
         }
       }
+      if (p0 != pairs.size())
+        fail(Status::internal, "moe: an expert's chunks hold {} of its {} tokens", p0, pairs.size());
     }
     const uint64_t table_bytes = table.size() * sizeof(void *);
     auto *dev = static_cast<uint8_t *>(workspace(kWsTables, table_bytes + lists.size() * 4));
@@ -850,9 +903,14 @@ void CudaBackend::run_chunked_expert_gemvs(const Tensor &x, const std::vector<ba
     auto *xe = static_cast<float *>(workspace(kWsGather, static_cast<uint64_t>(rows * d) * 4));
     auto *o = static_cast<float *>(workspace(kWsOut, static_cast<uint64_t>(rows * d) * 4));
     launch_gather_rows(x.as<float>(), dev_gather, d, rows, xe, s);
-    // chunk c's rows of the gathered x and of the gate output start at row c · kChunk
-    run_pair_gemvs(Tensor::make(xe, GgmlType::f32, Device::cuda, {d, rows}), dev_table, dev_chunk_rows, chunks,
-                   static_cast<int32_t>(kChunk), dev_chunk_rows, l, act, o);
+    for (int z = 0; z < kChunkSizes; ++z) {
+      if (chunks[z] == 0) continue;
+      // chunk c's rows of this size's gathered x and of its gate output start at row c · size
+      const int64_t size_rows = chunks[z] * kChunkSize[z];
+      run_pair_gemvs(Tensor::make(xe + base[z] * d, GgmlType::f32, Device::cuda, {d, size_rows}), dev_table + 3 * first[z],
+                     dev_chunk_rows + 2 * first[z], chunks[z], static_cast<int32_t>(kChunkSize[z]),
+                     dev_chunk_rows + 2 * first[z], l, act, o + base[z] * d);
+    }
     launch_scatter_rows(o, dev_scatter, d, rows, pair_out, s);
     g0 = g1;
   }

@@ -164,7 +164,11 @@ class CudaBackend final : public backend::Backend {
                              const backend::Activation &act, float *pair_out);
 
   /// The grouped path's rows on GEMV kernels: each expert's tokens in chunks of kGemvMaxTokens,
-  /// one launch per role for all chunks.
+  /// or, where all three roles run on the tensor-core kernel (gemv_runs_wide), in chunks of
+  /// kGemvMaxWideTokens (32) with the rest in one chunk of 8, 16 or 32 (9..16 tokens: one of 16),
+  /// so that each expert's weights are read and decoded once per 32 tokens; one launch per role
+  /// and chunk size for all chunks. The chunk sizes are a function of the expert's token count
+  /// and the layout only: moe_pairs over disjoint expert sets gives moe()'s bits.
   void run_chunked_expert_gemvs(const backend::Tensor &x, const std::vector<backend::ExpertGroup> &groups, int64_t k,
                                 const backend::SlotLayout &layout, const backend::Activation &act, float *pair_out);
 

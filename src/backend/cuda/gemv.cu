@@ -8,7 +8,9 @@
 //    shared memory or alignment does not fit (not iq2_xxs);
 //  - mma (gemv_mma.cu; 2..8 tokens, mxfp4, q2_K, q3_K, iq2_xxs and q8_0 with k a multiple of 256;
 //    q8_0 only while kQ8_0SeveralTokensOnMma): tensor cores, one read of the weights for all the
-//    tokens;
+//    tokens; the only family that takes 9..kGemvMaxWideTokens (32) tokens (gemv_runs_wide: a
+//    prompt's expert chunks of 16 and 32 tokens, each decoded weight fragment used for 2 or 4
+//    tiles of 8 tokens); asked for another family there, a launch runs mma;
 //  - rows (gemv_rows.cu; q8_0 with k a multiple of 256, f32, f16, bf16, 1..8 tokens, 16-byte
 //    aligned matrices): warps reading 256-value groups of several rows together (q8_0; 2..8 tokens
 //    of the float types, one kernel per token count), or lanes sharing a row (the float types' one
@@ -59,6 +61,8 @@ constexpr bool kQ8_0SeveralTokensOnMma = false;
 bool applies_glu(GemvKernel kernel) { return kernel == GemvKernel::dp4a || kernel == GemvKernel::stream; }
 
 GemvKernel pick_gemv_kernel(uint32_t type, const GemvArgs &args) {
+  // more tokens than the other families take: the tensor-core kernel or none (launch_gemv throws)
+  if (args.n_tok > kGemvMaxTokens) return gemv_mma_covers(type, args.k) ? GemvKernel::mma : GemvKernel::automatic;
   GemvKernel want = args.kernel;
   const bool mma_ok = gemv_mma_covers(type, args.k), dp4a_ok = gemv_dp4a_covers(type, args);
   const bool mma_default = mma_ok && (type != static_cast<uint32_t>(kQ8_0) || kQ8_0SeveralTokensOnMma);
@@ -106,11 +110,18 @@ bool parse_gemv_kernel(const char *name, GemvKernel &out) {
 
 GemvKernel gemv_kernel_for(uint32_t type, const GemvArgs &args) { return pick_gemv_kernel(type, args); }
 
+bool gemv_runs_wide(uint32_t type, int64_t k) { return gemv_mma_covers(type, k); }
+
 bool gemv_takes_glu(uint32_t type, const GemvArgs &args) { return applies_glu(pick_gemv_kernel(type, args)); }
 
 void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream) {
-  if (args.n_tok < 1 || args.n_tok > kGemvMaxTokens)
-    throw Error(Status::invalid_argument, "launch_gemv: n_tok " + std::to_string(args.n_tok) + " outside 1..8");
+  if (args.n_tok < 1 || args.n_tok > kGemvMaxWideTokens)
+    throw Error(Status::invalid_argument, "launch_gemv: n_tok " + std::to_string(args.n_tok) + " outside 1..32");
+  if (args.n_tok > kGemvMaxTokens && !gemv_runs_wide(type, args.k))
+    throw Error(Status::invalid_argument, "launch_gemv: n_tok " + std::to_string(args.n_tok) + " above 8 for type " +
+                                              std::to_string(type) + " with k = " + std::to_string(args.k) +
+                                              ": only the tensor-core kernel's types (mxfp4, q2_K, q3_K, iq2_xxs, "
+                                              "q8_0) with k a multiple of 256 take 9..32 tokens");
   if (args.n_mat < 1 || args.n_mat > 65535)
     throw Error(Status::invalid_argument, "launch_gemv: n_mat " + std::to_string(args.n_mat) + " outside 1..65535");
   if (args.k % 32 != 0 || (reinterpret_cast<uintptr_t>(args.x) & 15) != 0)

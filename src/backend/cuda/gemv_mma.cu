@@ -8,15 +8,21 @@
 // and mxfp4's per 32 values (each block's mma products accumulated apart), the super-block scales
 // per 256. q8_0 and iq2_xxs decode in the "pairs" k order of mma_pairs.cuh (checked on a CPU by
 // tests/backend/cuda/mma_pairs_test.cpp); iq2_xxs reads its grid from a table in shared memory
-// (see mma_iq2xxs_block). The 8 mma columns are the tokens: one mma serves 1..8 tokens (more
-// tokens only shorten the x phases; instantiated for 1, 2, 4 and 8 tokens, gemv_tokens_rounded, a
-// smaller count for longer phases). Matrices of few rows split k over a block's warps
-// (kMmaSplitBelowRows). launch_gemv (gemv.cu) runs it for 2..8 tokens.
+// (see mma_iq2xxs_block). The 8 mma columns are the tokens: one mma serves 1..8 tokens, and at 16
+// and 32 tokens every decoded A fragment feeds two or four mmas, one per tile of 8 tokens
+// (mma_tiles.cuh: the token side's index arithmetic, checked on a CPU by mma_pairs_test; the
+// fragment decode, not the tensor cores, bounds the kernel, so more tokens per decode are nearly
+// free). Instantiated for 1, 2, 4, 8, 16 and 32 tokens (mma::tokens_rounded; fewer tokens, longer
+// x phases: 16 KB of staging, 4096 values per token at one token down to 256 at 16; 32 KB, 256
+// values, at 32); tiles wholly past the launch's tokens skip their mmas. Matrices of few rows
+// split k over a block's warps (kMmaSplitBelowRows). launch_gemv (gemv.cu) runs it for 2..8
+// tokens and, the only family that takes them, 9..32 (the chunks of a prompt's experts).
 #include "backend/cuda/dispatch.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/gemv_families.hpp"
 #include "backend/cuda/kernels.hpp"
 #include "backend/cuda/mma_pairs.cuh"
+#include "backend/cuda/mma_tiles.cuh"
 #include "backend/cuda/quant_unit.cuh"
 #include "backend/cuda/reduce.cuh"
 #include "core/status.hpp"
@@ -38,8 +44,7 @@ using namespace quant;
 // 2t+8..2t+9: mxfp4, q2_K and q3_K the step's values 4t..4t+3 (bytes 0, 2 and 1, 3 of a 32-bit
 // word of packed weights), q8_0 and iq2_xxs those of the pairs order (mma_pairs.cuh: lane t owns
 // values 8t..8t+7 of each 32-value block, over the block's two steps).
-constexpr int kMmaChunk = 256;        // values of a row per pipeline stage
-constexpr int kMmaXBytes = 16384;     // x fragments of one phase (hi + lo f16: 4 bytes per value, token)
+constexpr int kMmaChunk = mma::kChunkValues;  // values of a row per pipeline stage
 constexpr uint32_t kHalfMagic = 0x64006400u;  // f16 1024 in both halves: 1024 + i for mantissa bits i
 // Warps per block. A matrix of fewer than kMmaSplitBelowRows rows runs with the block's warps
 // sharing 16 rows and splitting k four ways (KSPLIT 4), others with each warp on its own 16 rows:
@@ -77,12 +82,17 @@ template <> struct MmaQuant<kIQ2_XXS> : MmaQuantBase {
 };
 template <int T> constexpr int mma_granules() { return (MmaQuant<T>::chunk_bytes + 30) / 16; }
 template <int T> constexpr int mma_slot() { return 16 * mma_granules<T>() + 16; }  // + slack for lds_words
-template <int NTOK> constexpr int mma_phase_values() { return kMmaXBytes / (4 * NTOK); }
+// x's staging: mma::x_bytes (16 KB up to 16 tokens, 32 KB at 32), mma::phase_values per token.
+template <int NTOK> constexpr int mma_phase_values() { return mma::phase_values(NTOK); }
+static_assert(mma::phase_values(1) % kMmaChunk == 0 && mma::phase_values(2) % kMmaChunk == 0 &&
+                  mma::phase_values(4) % kMmaChunk == 0 && mma::phase_values(8) % kMmaChunk == 0 &&
+                  mma::phase_values(16) % kMmaChunk == 0 && mma::phase_values(32) % kMmaChunk == 0,
+              "a phase of x holds whole chunks at every token count");
 // The ring (one per warp), x's fragments, the decode table, x's group sums, the per-token maxima
 // and inverse scales.
 template <int T, int NTOK, int WARPS, int STAGES>
 constexpr int mma_smem_bytes() {
-  return WARPS * STAGES * 16 * mma_slot<T>() + kMmaXBytes + MmaQuant<T>::table_bytes +
+  return WARPS * STAGES * 16 * mma_slot<T>() + mma::x_bytes(NTOK) + MmaQuant<T>::table_bytes +
          NTOK * (mma_phase_values<NTOK>() / 16) * 4 + NTOK * 8;
 }
 
@@ -142,9 +152,13 @@ __device__ __forceinline__ int x_exponent(uint32_t max_bits) {
 template <int T, int NTOK, int THREADS>
 __device__ void mma_stage_x(const float *xm, int64_t k, int n_tok, int64_t v0, int pv, uint4 *xfrag, float *sumx,
                             uint32_t *xmax, float *inv_s) {
-  constexpr int kPer = kMmaXBytes / 16 / THREADS;  // 4-value units per thread at most (one read of x)
+  static_assert(NTOK <= THREADS);
+  constexpr int kPer = mma::x_bytes(NTOK) / 16 / THREADS;  // 4-value units per thread at most (one read of x)
+  constexpr mma::XOrder kOrder = MmaQuant<T>::sums    ? mma::XOrder::kquant
+                                 : MmaQuant<T>::pairs ? mma::XOrder::pairs
+                                                      : mma::XOrder::natural;
   const int units_per_tok = pv / 4;               // a multiple of 64
-  const int total = n_tok * units_per_tok;        // <= kMmaXBytes / 16
+  const int total = n_tok * units_per_tok;        // <= mma::x_bytes(NTOK) / 16
   if (threadIdx.x < NTOK) xmax[threadIdx.x] = 0;
   float4 f[kPer];
 #pragma unroll
@@ -176,31 +190,30 @@ __device__ void mma_stage_x(const float *xm, int64_t k, int n_tok, int64_t v0, i
     uint4 frag;
     split_hi_lo(x.x, x.z, frag.x, frag.z);
     split_hi_lo(x.y, x.w, frag.y, frag.w);
-    [[maybe_unused]] const int q = q4 >> 2, r = q4 & 3;  // 16-value group q of the phase, quarter r
+    xfrag[mma::x_slot(kOrder, q4, tok, NTOK)] = frag;
     if constexpr (MmaQuant<T>::sums) {
-      const int gl = q & 15, sb = q >> 4;
-      xfrag[((sb * 16 + 4 * (gl >> 2) + r) * NTOK + tok) * 4 + (gl & 3)] = frag;
+      const int q = q4 >> 2, r = q4 & 3;  // 16-value group q of the phase, quarter r
       float part = (x.x + x.y) + (x.z + x.w);
       part += __shfl_xor_sync(0xffffffffu, part, 1);
       part += __shfl_xor_sync(0xffffffffu, part, 2);
       if (r == 0) sumx[tok * (pv / 16) + q] = part;
-    } else if constexpr (MmaQuant<T>::pairs) {
-      const int u = q4 & 7, step = 2 * (q4 >> 3) + mma::pair_unit_step(u);  // unit u of block q4 / 8
-      xfrag[(step * NTOK + tok) * 4 + mma::pair_unit_lane(u)] = frag;
-    } else {
-      xfrag[(q * NTOK + tok) * 4 + r] = frag;
     }
   }
   if (threadIdx.x < NTOK) inv_s[threadIdx.x] = ldexpf(1.0f, -x_exponent(xmax[threadIdx.x]));
   __syncthreads();
 }
 
-// The B fragments (hi b0, hi b1, lo b0, lo b1) of one step for this lane; zero for lanes whose
-// token is past n_tok.
+// The B fragments (hi b0, hi b1, lo b0, lo b1) of one step and token tile j for this lane
+// (token 8j + g); zero for lanes whose token is past n_tok.
 template <int NTOK>
-__device__ __forceinline__ uint4 x_frag(const uint4 *xfrag, int step, int g, int t, int n_tok) {
-  if (g >= (NTOK == 1 ? 1 : n_tok)) return make_uint4(0u, 0u, 0u, 0u);
-  return xfrag[(step * NTOK + g) * 4 + t];
+__device__ __forceinline__ uint4 x_frag(const uint4 *xfrag, int step, int j, int g, int t, int n_tok) {
+  if (mma::kTileTokens * j + g >= (NTOK == 1 ? 1 : n_tok)) return make_uint4(0u, 0u, 0u, 0u);
+  return xfrag[mma::x_read_slot(step, j, g, t, NTOK)];
+}
+// Whether token tile j has a token of the launch (warp-uniform: skips the mmas of tiles of padding).
+template <int NTOK>
+__device__ __forceinline__ bool tile_live(int j, int n_tok) {
+  return mma::tiles(NTOK) == 1 || mma::kTileTokens * j < n_tok;
 }
 
 // Per-lane constants of the k-quant decoders: lane t owns the scale groups G = t + 4u (u < 4)
@@ -238,8 +251,10 @@ __device__ __forceinline__ KquantLane kquant_lane(int lane, bool bias) {
 template <int T, int NTOK>
 __device__ __forceinline__ void mma_kquant_block(const uint8_t *pa, const uint8_t *pb, const KquantLane &kl,
                                                  const uint4 *xf, const float *sx, int sx_stride, int g, int n_tok,
-                                                 const float inv[2], float acc[4]) {
+                                                 const float (&inv)[mma::tiles(NTOK)][2],
+                                                 float (&acc)[mma::tiles(NTOK)][4]) {
   constexpr bool q3 = T == kQ3_K;
+  constexpr int NT = mma::tiles(NTOK);
   constexpr int qs_off = q3 ? 32 : 16;
   const uint8_t *rows[2] = {pa, pb};
   uint32_t s1[2][4], s2[2][4], am[2][2];
@@ -300,7 +315,7 @@ __device__ __forceinline__ void mma_kquant_block(const uint8_t *pa, const uint8_
     am[r][0] = h2_bits(__floats2half2_rn(32.0f * static_cast<float>(sm[0]), 32.0f * static_cast<float>(sm[1])));
     am[r][1] = h2_bits(__floats2half2_rn(32.0f * static_cast<float>(sm[2]), 32.0f * static_cast<float>(sm[3])));
   }
-  float c1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two mma chains, not one
+  float c1[NT][4] = {}, c1lo[NT][4] = {};  // per tile two mma chains, not one
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
 #pragma unroll
@@ -317,27 +332,37 @@ __device__ __forceinline__ void mma_kquant_block(const uint8_t *pa, const uint8_
         a[r] = h2_bits(__hfma2(bits_h2(p02), bits_h2(s1[r][u]), bits_h2(s2[r][u])));
         a[2 + r] = h2_bits(__hfma2(bits_h2(p13), bits_h2(s1[r][u]), bits_h2(s2[r][u])));
       }
-      const uint4 b = x_frag<NTOK>(xf, 4 * u + v, g, kl.t, n_tok);
-      mma16816(c1, a, b.x, b.y);
-      mma16816(c1lo, a, b.z, b.w);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        if (!tile_live<NTOK>(j, n_tok)) continue;
+        const uint4 b = x_frag<NTOK>(xf, 4 * u + v, j, g, kl.t, n_tok);
+        mma16816(c1[j], a, b.x, b.y);
+        mma16816(c1lo[j], a, b.z, b.w);
+      }
     }
   }
   // offset term: k = scale group G, A = m_G (q2_K) or 4·sc_G (q3_K), B = Σx of the group
-  float c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  {
-    const uint32_t a[4] = {am[0][0], am[1][0], am[0][1], am[1][1]};
+  float c2[NT][4] = {};
+  const uint32_t am4[4] = {am[0][0], am[1][0], am[0][1], am[1][1]};
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    if (!tile_live<NTOK>(j, n_tok)) continue;
     uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
-    if (g < (NTOK == 1 ? 1 : n_tok)) {
-      const float *s = sx + g * sx_stride + 2 * kl.t;
+    const int tok = mma::kTileTokens * j + g;
+    if (tok < (NTOK == 1 ? 1 : n_tok)) {
+      const float *s = sx + tok * sx_stride + 2 * kl.t;
       constexpr float k1_32 = 1.0f / 32.0f;
       split_hi_lo(s[0] * k1_32, s[1] * k1_32, bh0, bl0);
       split_hi_lo(s[8] * k1_32, s[9] * k1_32, bh1, bl1);
     }
-    mma16816(c2, a, bh0, bh1);
-    mma16816(c2, a, bl0, bl1);
+    mma16816(c2[j], am4, bh0, bh1);
+    mma16816(c2[j], am4, bl0, bl1);
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] = fmaf(fmaf(d[i >> 1], c1[i] + c1lo[i], -dm[i >> 1] * c2[i]), inv[i & 1], acc[i]);
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[j][i] = fmaf(fmaf(d[i >> 1], c1[j][i] + c1lo[j][i], -dm[i >> 1] * c2[j][i]), inv[j][i & 1], acc[j][i]);
 }
 
 // One mxfp4 chunk (8 blocks of 32) of rows g and g+8. e2m1 nibbles become f16 by moving their
@@ -350,7 +375,8 @@ __device__ __forceinline__ uint32_t e2m1_pair(uint32_t w, int eem_shift_left, in
 }
 template <int NTOK>
 __device__ __forceinline__ void mma_mxfp4_chunk(const uint8_t *pa, const uint8_t *pb, const uint4 *xf, int g, int t,
-                                                int n_tok, const float inv[2], float acc[4]) {
+    int n_tok, const float (&inv)[mma::tiles(NTOK)][2], float (&acc)[mma::tiles(NTOK)][4]) {
+  constexpr int NT = mma::tiles(NTOK);
   const uint8_t *rows[2] = {pa, pb};
 #pragma unroll
   for (int b = 0; b < 8; ++b) {
@@ -367,14 +393,18 @@ __device__ __forceinline__ void mma_mxfp4_chunk(const uint8_t *pa, const uint8_t
       a1[r] = e2m1_pair(w[0], 5, 8);        // high nibbles: values 16 + ...
       a1[2 + r] = e2m1_pair(w[0], -3, 0);
     }
-    const uint4 x0 = x_frag<NTOK>(xf, 2 * b, g, t, n_tok), x1 = x_frag<NTOK>(xf, 2 * b + 1, g, t, n_tok);
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, clo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mma16816(c, a0, x0.x, x0.y);
-    mma16816(clo, a0, x0.z, x0.w);
-    mma16816(c, a1, x1.x, x1.y);
-    mma16816(clo, a1, x1.z, x1.w);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] = fmaf(c[i] + clo[i], d[i >> 1] * inv[i & 1], acc[i]);
+    for (int j = 0; j < NT; ++j) {
+      if (!tile_live<NTOK>(j, n_tok)) continue;
+      const uint4 x0 = x_frag<NTOK>(xf, 2 * b, j, g, t, n_tok), x1 = x_frag<NTOK>(xf, 2 * b + 1, j, g, t, n_tok);
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, clo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma16816(c, a0, x0.x, x0.y);
+      mma16816(clo, a0, x0.z, x0.w);
+      mma16816(c, a1, x1.x, x1.y);
+      mma16816(clo, a1, x1.z, x1.w);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] = fmaf(c[i] + clo[i], d[i >> 1] * inv[j][i & 1], acc[j][i]);
+    }
   }
 }
 
@@ -383,7 +413,8 @@ __device__ __forceinline__ void mma_mxfp4_chunk(const uint8_t *pa, const uint8_t
 // accumulate apart (hi and lo chains), and its scale d multiplies their sum in f32.
 template <int NTOK>
 __device__ __forceinline__ void mma_q8_0_chunk(const uint8_t *pa, const uint8_t *pb, const uint4 *xf, int g, int t,
-                                               int n_tok, const float inv[2], float acc[4]) {
+    int n_tok, const float (&inv)[mma::tiles(NTOK)][2], float (&acc)[mma::tiles(NTOK)][4]) {
+  constexpr int NT = mma::tiles(NTOK);
   const uint8_t *rows[2] = {pa, pb};
 #pragma unroll
   for (int b = 0; b < 8; ++b) {
@@ -402,14 +433,18 @@ __device__ __forceinline__ void mma_q8_0_chunk(const uint8_t *pa, const uint8_t 
       a1[r] = f[2];      // the same of 8t+4..8t+7, second step
       a1[2 + r] = f[3];
     }
-    const uint4 x0 = x_frag<NTOK>(xf, 2 * b, g, t, n_tok), x1 = x_frag<NTOK>(xf, 2 * b + 1, g, t, n_tok);
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, clo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mma16816(c, a0, x0.x, x0.y);
-    mma16816(clo, a0, x0.z, x0.w);
-    mma16816(c, a1, x1.x, x1.y);
-    mma16816(clo, a1, x1.z, x1.w);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] = fmaf(c[i] + clo[i], d[i >> 1] * inv[i & 1], acc[i]);
+    for (int j = 0; j < NT; ++j) {
+      if (!tile_live<NTOK>(j, n_tok)) continue;
+      const uint4 x0 = x_frag<NTOK>(xf, 2 * b, j, g, t, n_tok), x1 = x_frag<NTOK>(xf, 2 * b + 1, j, g, t, n_tok);
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, clo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma16816(c, a0, x0.x, x0.y);
+      mma16816(clo, a0, x0.z, x0.w);
+      mma16816(c, a1, x1.x, x1.y);
+      mma16816(clo, a1, x1.z, x1.w);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] = fmaf(c[i] + clo[i], d[i >> 1] * inv[j][i & 1], acc[j][i]);
+    }
   }
 }
 
@@ -430,8 +465,10 @@ __device__ __forceinline__ void mma_q8_0_chunk(const uint8_t *pa, const uint8_t 
 // second scale register per sub-block to make f16 of them; the f16 entries were chosen.
 template <int NTOK>
 __device__ __forceinline__ void mma_iq2xxs_block(const uint8_t *pa, const uint8_t *pb, const mma::GridF16 *table,
-                                                 const uint4 *xf, int g, int t, int n_tok, const float inv[2],
-                                                 float acc[4]) {
+                                                 const uint4 *xf, int g, int t, int n_tok,
+                                                 const float (&inv)[mma::tiles(NTOK)][2],
+                                                 float (&acc)[mma::tiles(NTOK)][4]) {
+  constexpr int NT = mma::tiles(NTOK);
   const uint8_t *rows[2] = {pa, pb};
   uint32_t q[2][16];  // per row: sub-block s's grid indices in word 2s, its signs and scale in 2s + 1
   float d8[2];
@@ -442,7 +479,7 @@ __device__ __forceinline__ void mma_iq2xxs_block(const uint8_t *pa, const uint8_
     lds_words<1>(rows[r], dw);
     d8[r] = __half2float(__ushort_as_half(static_cast<unsigned short>(dw[0] & 0xFFFF))) * 0.125f;  // exact
   }
-  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, clo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float c[NT][4] = {}, clo[NT][4] = {};
 #pragma unroll
   for (int sb = 0; sb < 8; ++sb) {
     uint32_t a0[4], a1[4];
@@ -455,14 +492,20 @@ __device__ __forceinline__ void mma_iq2xxs_block(const uint8_t *pa, const uint8_
       a1[r] = f[2];
       a1[2 + r] = f[3];
     }
-    const uint4 x0 = x_frag<NTOK>(xf, 2 * sb, g, t, n_tok), x1 = x_frag<NTOK>(xf, 2 * sb + 1, g, t, n_tok);
-    mma16816(c, a0, x0.x, x0.y);
-    mma16816(clo, a0, x0.z, x0.w);
-    mma16816(c, a1, x1.x, x1.y);
-    mma16816(clo, a1, x1.z, x1.w);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      if (!tile_live<NTOK>(j, n_tok)) continue;
+      const uint4 x0 = x_frag<NTOK>(xf, 2 * sb, j, g, t, n_tok), x1 = x_frag<NTOK>(xf, 2 * sb + 1, j, g, t, n_tok);
+      mma16816(c[j], a0, x0.x, x0.y);
+      mma16816(clo[j], a0, x0.z, x0.w);
+      mma16816(c[j], a1, x1.x, x1.y);
+      mma16816(clo[j], a1, x1.z, x1.w);
+    }
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] = fmaf(c[i] + clo[i], d8[i >> 1] * inv[i & 1], acc[i]);
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = fmaf(c[j][i] + clo[j][i], d8[i >> 1] * inv[j][i & 1], acc[j][i]);
 }
 
 // WARPS warps per block; KSPLIT of them share 16 rows and take every KSPLIT-th chunk of k (their
@@ -471,15 +514,16 @@ template <int T, int NTOK, int WARPS, int STAGES, int KSPLIT>
 __global__ void __launch_bounds__(WARPS * 32) gemv_mma_kernel(GemvArgs a) {
   static_assert(WARPS % KSPLIT == 0 && STAGES >= 2);
   constexpr int kCB = MmaQuant<T>::chunk_bytes, kG = mma_granules<T>(), kSlot = mma_slot<T>();
-  constexpr int kPV = mma_phase_values<NTOK>();
+  constexpr int kPV = mma_phase_values<NTOK>(), kXBytes = mma::x_bytes(NTOK), NT = mma::tiles(NTOK);
+  static_assert(WARPS * NT * 32 * 16 <= kXBytes, "the KSPLIT partial sums fit x's staging");
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int kpart = warp % KSPLIT;
   uint8_t *ring = smem + warp * STAGES * 16 * kSlot;
   uint8_t *after_ring = smem + WARPS * STAGES * 16 * kSlot;
   uint4 *xfrag = reinterpret_cast<uint4 *>(after_ring);
-  [[maybe_unused]] auto *table = reinterpret_cast<mma::GridF16 *>(after_ring + kMmaXBytes);
-  float *sumx = reinterpret_cast<float *>(after_ring + kMmaXBytes + MmaQuant<T>::table_bytes);
+  [[maybe_unused]] auto *table = reinterpret_cast<mma::GridF16 *>(after_ring + kXBytes);
+  float *sumx = reinterpret_cast<float *>(after_ring + kXBytes + MmaQuant<T>::table_bytes);
   uint32_t *xmax = reinterpret_cast<uint32_t *>(sumx + NTOK * (kPV / 16));
   float *inv_s = reinterpret_cast<float *>(xmax + NTOK);
 
@@ -532,14 +576,21 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_mma_kernel(GemvArgs a) {
   if constexpr (T == kIQ2_XXS) {  // read after the first phase's barriers (mma_stage_x)
     for (int e = static_cast<int>(threadIdx.x); e < 256; e += WARPS * 32) table[e] = mma::iq2xxs_table_entry(kIq2xxsGridDev[e]);
   }
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[NT][4] = {};
   [[maybe_unused]] const KquantLane kl = kquant_lane(lane, T == kQ3_K);
   int i = 0;
   for (int64_t v0 = 0; v0 < a.k; v0 += kPV) {  // phases of x, block-wide
     const int pv = static_cast<int>(a.k - v0 < kPV ? a.k - v0 : kPV);
     __syncthreads();  // every warp is done with the previous phase
     mma_stage_x<T, NTOK, WARPS * 32>(xm, a.k, n_tok, v0, pv, xfrag, sumx, xmax, inv_s);
-    const float inv[2] = {2 * t < n_tok ? inv_s[2 * t] : 0.0f, 2 * t + 1 < n_tok ? inv_s[2 * t + 1] : 0.0f};
+    float inv[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = mma::c_token(j, t, e);
+        inv[j][e] = tok < n_tok ? inv_s[tok] : 0.0f;
+      }
     const int c_end = static_cast<int>((v0 + pv) / kMmaChunk);
     for (; i < nlocal && kpart + i * KSPLIT < c_end; ++i) {
       cp_async_wait<STAGES - 2>();
@@ -563,22 +614,28 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_mma_kernel(GemvArgs a) {
   if constexpr (KSPLIT > 1) {  // the KSPLIT partial sums of each row tile meet in shared memory
     float4 *part = reinterpret_cast<float4 *>(xfrag);
     __syncthreads();
-    part[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) part[(warp * NT + j) * 32 + lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
     __syncthreads();
     if (kpart != 0) return;
 #pragma unroll
     for (int q = 1; q < KSPLIT; ++q) {
-      const float4 o = part[(warp + q) * 32 + lane];
-      acc[0] += o.x; acc[1] += o.y; acc[2] += o.z; acc[3] += o.w;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const float4 o = part[((warp + q) * NT + j) * 32 + lane];
+        acc[j][0] += o.x; acc[j][1] += o.y; acc[j][2] += o.z; acc[j][3] += o.w;
+      }
     }
   }
   float *y = a.y + static_cast<int64_t>(m) * a.n * n_tok;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int64_t row = row0 + g + 8 * (e >> 1);
-    const int tok = 2 * t + (e & 1);
-    if (row < a.n && tok < n_tok) y[static_cast<int64_t>(tok) * a.n + row] = acc[e];
-  }
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + g + 8 * (e >> 1);
+      const int tok = mma::c_token(j, t, e);
+      if (row < a.n && tok < n_tok) y[static_cast<int64_t>(tok) * a.n + row] = acc[j][e];
+    }
 }
 
 template <int T, int NTOK, int WARPS, int STAGES, int KSPLIT>
@@ -594,11 +651,14 @@ void launch_mma(const GemvArgs &args, cudaStream_t stream) {
 
 template <int T, int WARPS, int STAGES, int KSPLIT>
 void launch_mma_tokens(const GemvArgs &args, cudaStream_t stream) {
-  switch (gemv_tokens_rounded(args.n_tok)) {
+  static_assert(mma::kMaxTokens == kGemvMaxWideTokens && mma::tokens_rounded(kGemvMaxTokens) == kGemvMaxTokens);
+  switch (mma::tokens_rounded(args.n_tok)) {
     case 1: return launch_mma<T, 1, WARPS, STAGES, KSPLIT>(args, stream);
     case 2: return launch_mma<T, 2, WARPS, STAGES, KSPLIT>(args, stream);
     case 4: return launch_mma<T, 4, WARPS, STAGES, KSPLIT>(args, stream);
-    default: return launch_mma<T, kGemvMaxTokens, WARPS, STAGES, KSPLIT>(args, stream);
+    case 8: return launch_mma<T, 8, WARPS, STAGES, KSPLIT>(args, stream);
+    case 16: return launch_mma<T, 16, WARPS, STAGES, KSPLIT>(args, stream);
+    default: return launch_mma<T, 32, WARPS, STAGES, KSPLIT>(args, stream);
   }
 }
 

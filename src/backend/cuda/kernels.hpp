@@ -22,7 +22,8 @@ enum class GemvKernel : int32_t { automatic = 0, generic, pipe, mma, dp4a, strea
 /// Batched quantized GEMV / small-batch GEMM: for matrix m < n_mat, y_m[t·n + r] =
 /// Σ_i W_m[r, i] · x_m[t·k + i] for t < n_tok, where W_m = w_ptrs[m] (n rows of k values of
 /// type `type`), x_m = x + (x_rows ? x_rows[m] : m)·k and y_m = y + m·n·n_tok.
-/// w_ptrs and x_rows are device arrays. x must be 16-byte aligned; n_tok <= kGemvMaxTokens. The
+/// w_ptrs and x_rows are device arrays. x must be 16-byte aligned; n_tok <= kGemvMaxTokens
+/// (kGemvMaxWideTokens where gemv_runs_wide). The
 /// dp4a kernel needs every matrix 4-byte aligned (q3_K: 2-byte); a misaligned single `w` falls
 /// back to the per-lane kernels. The stream kernel (the one-token default for mxfp4, q2_K, q3_K)
 /// needs the same, and for q3_K 4-byte aligned rows: every matrix 4-byte aligned and k a multiple
@@ -62,8 +63,18 @@ inline constexpr int32_t kGemvMaxTokens = 8;
 /// each, where the type's several-token kernel reads the weights once per launch (rows, mma);
 /// more tokens take the GEMM.
 inline constexpr int32_t kChunkedGemvMaxTokens = 32;
+/// The most tokens of one launch_gemv where the tensor-core kernel runs the type and shape
+/// (gemv_runs_wide): 9..kGemvMaxWideTokens tokens run on it alone (GemvArgs::kernel asking for
+/// another family falls back to it; GemvArgs::glu is refused), as 16 or 32 token columns per
+/// decoded weight fragment. Other types and shapes take at most kGemvMaxTokens.
+inline constexpr int32_t kGemvMaxWideTokens = 32;
+/// Whether launch_gemv takes more than kGemvMaxTokens (up to kGemvMaxWideTokens) tokens of
+/// matrices of ggml type @p type with rows of @p k values: the tensor-core kernel's types (mxfp4,
+/// q2_K, q3_K, iq2_xxs, q8_0) with k a multiple of 256.
+bool gemv_runs_wide(uint32_t type, int64_t k);
 void launch_gemv(uint32_t type, const GemvArgs &args, cudaStream_t stream);
-/// The kernel launch_gemv runs for this type and these arguments.
+/// The kernel launch_gemv runs for this type and these arguments (above kGemvMaxTokens tokens:
+/// mma where gemv_runs_wide, else GemvKernel::automatic, none: launch_gemv refuses them).
 GemvKernel gemv_kernel_for(uint32_t type, const GemvArgs &args);
 /// Whether launch_gemv can apply args.glu for this type and these arguments (the kernel it runs
 /// is dp4a or stream: they read x once per block, into their quantized copy).

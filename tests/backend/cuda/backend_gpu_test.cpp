@@ -684,9 +684,9 @@ TEST_CASE("moe (decode and grouped prefill paths), moe_pairs + moe_combine, and 
 
 TEST_CASE("a prompt of IQ2_XXS experts runs the chunked tensor-core GEMVs: the CPU's result, the same bits by expert subsets",
           "[gpu][moe]") {
-  // gate/up IQ2_XXS and down Q2_K have tensor-core kernels for 2..8 tokens: a prompt's experts run
-  // in chunks of 8 of their tokens (each expert's weights read once per chunk), as the other
-  // quantized types' do. Expert-major passes (moe_pairs over disjoint expert sets, then
+  // gate/up IQ2_XXS and down Q2_K have tensor-core kernels for 2..32 tokens: a prompt's experts run
+  // in chunks of up to 32 of their tokens (each expert's weights read once per chunk), as the
+  // other tensor-core types' do. Expert-major passes (moe_pairs over disjoint expert sets, then
   // moe_combine) give moe()'s bits; decode-sized steps (the one-token kernels over their pairs)
   // agree with the prompt's rows within the kernels' tolerance.
   CudaBackend gpu;
@@ -788,6 +788,83 @@ TEST_CASE("a prompt of IQ2_XXS experts runs the chunked tensor-core GEMVs: the C
       INFO("tokens " << toks << " window from " << from << " err " << err);
       CHECK(err <= 1e-3);
     }
+  }
+}
+
+TEST_CASE("a prompt's experts of 12, 40 and 100 tokens run wide tensor-core chunks: the CPU's result, the same bits by "
+          "expert subsets",
+          "[gpu][moe]") {
+  // Experts whose three roles run on the tensor-core kernel take chunks of 32 tokens and the rest
+  // in one of 8, 16 or 32: 12 tokens one chunk of 16, 40 one of 32 and one of 8, 100 three of 32
+  // and one of 8 (one launch per role and chunk size). Two layouts: IQ2_XXS gate and up (one
+  // launch for both) with Q2_K down, and MXFP4 gate, Q8_0 up and Q3_K down (gate and up apart).
+  CudaBackend gpu;
+  CpuBackend cpu;
+  std::mt19937 rng(40);
+  const int64_t d = 1024, f = 2048;
+  const int n_exp = 4, k = 2;
+  const int counts[3] = {12, 40, 100};  // pairs of experts 0, 1, 2; expert 3 has none
+  const int64_t toks = (12 + 40 + 100) / k;
+  const GgmlType layouts[2][3] = {{GgmlType::iq2_xxs, GgmlType::iq2_xxs, GgmlType::q2_k},
+                                  {GgmlType::mxfp4, GgmlType::q8_0, GgmlType::q3_k}};
+  for (const auto &types : layouts) {
+    for (int r = 0; r < 3; ++r)
+      REQUIRE(ep::backend::cuda::gemv_runs_wide(static_cast<uint32_t>(types[r]), r == 2 ? f : d));
+    SlotLayout l;
+    const uint64_t gate_bytes = ep::format::ggml_row_bytes(types[0], d, "t") * f;
+    const uint64_t up_bytes = ep::format::ggml_row_bytes(types[1], d, "t") * f;
+    const uint64_t down_bytes = ep::format::ggml_row_bytes(types[2], f, "t") * d;
+    l.gate = {0, types[0], d, f};
+    l.up = {gate_bytes, types[1], d, f};
+    l.down = {gate_bytes + up_bytes, types[2], f, d};
+    std::vector<std::vector<uint8_t>> host(n_exp);
+    std::vector<std::unique_ptr<DevBuf>> dev;
+    std::vector<const void *> tc(n_exp), tg(n_exp);
+    for (int e = 0; e < n_exp; ++e) {
+      auto g = ep::test::random_weights(types[0], d, f, rng), u = ep::test::random_weights(types[1], d, f, rng);
+      auto o = ep::test::random_weights(types[2], f, d, rng);
+      host[e].resize(gate_bytes + up_bytes + down_bytes);
+      std::memcpy(host[e].data(), g.data(), g.size());
+      std::memcpy(host[e].data() + l.up.offset, u.data(), u.size());
+      std::memcpy(host[e].data() + l.down.offset, o.data(), o.size());
+      dev.push_back(std::make_unique<DevBuf>(gpu, host[e]));
+      tc[e] = host[e].data();
+      tg[e] = dev.back()->p;
+    }
+    const Activation act{ActivationKind::swiglu, 10.0f};
+    auto x = ep::test::random_floats(static_cast<size_t>(d * toks), rng);
+    std::vector<int32_t> ids;
+    for (int e = 0; e < 3; ++e) ids.insert(ids.end(), static_cast<size_t>(counts[e]), e);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    REQUIRE(static_cast<int64_t>(ids.size()) == k * toks);
+    std::vector<float> w = ep::test::random_floats(ids.size(), rng, 0.1f, 1.0f);
+    REQUIRE(gpu.moe_reads_host_picks(toks, l));
+    DevBuf dx(gpu, x), di(gpu, ids), dw(gpu, w), dy(gpu, static_cast<uint64_t>(d * toks) * 4);
+    const Tensor X = t_of(dx.p, GgmlType::f32, Device::cuda, {d, toks}), I = t_of(di.p, GgmlType::i32, Device::cuda, {k, toks});
+    const Tensor W = t_of(dw.p, GgmlType::f32, Device::cuda, {k, toks});
+    gpu.moe(X, I, W, ep::test::host_batch(ids, tg, l).batch, l, act, t_of(dy.p, GgmlType::f32, Device::cuda, {d, toks}));
+    const std::vector<float> got = dy.get<float>();
+    std::vector<float> want(static_cast<size_t>(d * toks));
+    cpu.moe(t_of(x.data(), GgmlType::f32, Device::cpu, {d, toks}), t_of(ids.data(), GgmlType::i32, Device::cpu, {k, toks}),
+            t_of(w.data(), GgmlType::f32, Device::cpu, {k, toks}), ep::test::host_batch(ids, tc, l).batch, l, act,
+            t_of(want.data(), GgmlType::f32, Device::cpu, {d, toks}));
+    const double err = rel_err(got, want);
+    INFO("types " << static_cast<int>(types[0]) << " " << static_cast<int>(types[1]) << " " << static_cast<int>(types[2])
+                  << " err " << err);
+    CHECK(err <= 2e-4);  // as the 8-token chunks: x in ~22 bits through gate/up, then down
+    // expert-major: each expert's chunks depend on its own token count only, so moe_pairs over
+    // disjoint expert sets, then moe_combine, give moe()'s bits
+    DevBuf dp(gpu, static_cast<uint64_t>(d * k * toks) * 4), dz(gpu, static_cast<uint64_t>(d * toks) * 4);
+    const Tensor P = t_of(dp.p, GgmlType::f32, Device::cuda, {d, k * toks});
+    for (const std::vector<int32_t> &set : {std::vector<int32_t>{2, 0}, {1}, {3}}) {
+      std::vector<const void *> table(static_cast<size_t>(n_exp), nullptr);
+      for (int32_t e : set) table[static_cast<size_t>(e)] = tg[static_cast<size_t>(e)];
+      gpu.moe_pairs(X, I, ep::test::host_batch(ids, table, l).batch, l, act, P);
+    }
+    gpu.moe_combine(P, W, t_of(dz.p, GgmlType::f32, Device::cuda, {d, toks}));
+    const std::vector<float> split = dz.get<float>();
+    CHECK(std::isfinite(split[0]));
+    CHECK(std::memcmp(split.data(), got.data(), got.size() * sizeof(float)) == 0);
   }
 }
 

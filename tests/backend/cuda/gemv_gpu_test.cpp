@@ -1,5 +1,6 @@
 // launch_gemv against a CPU reference (ggml dequantization + f64 dot products) for every GEMV
-// kernel variant: several matrices per launch through w_ptrs and x_rows, 1..8 tokens, partial
+// kernel variant: several matrices per launch through w_ptrs and x_rows, 1..8 tokens (9..32 on
+// the tensor-core kernel), partial
 // row tiles, unaligned q3_K rows and blocks, the mma kernel's k split (matrices below 2048 rows)
 // and unsplit warps, and x far outside the f16 range (the mma kernel carries x as scaled f16 hi +
 // lo halves, the dp4a kernel as int8 hi + lo parts per 32 values).
@@ -177,6 +178,49 @@ TEST_CASE("tensor-core and dp4a GEMV match the CPU for mxfp4, q2_K, q3_K, iq2_xx
   }
 }
 
+TEST_CASE("the tensor-core kernel's wide launches (9, 16, 17, 32 tokens) match the CPU for every type it runs",
+          "[gpu][gemv]") {
+  // 16 and 32 tokens: two and four tiles of 8 tokens per decoded weight fragment, x staged 256
+  // values per phase (32 KB at 32 tokens); 9 and 17 tokens leave the last tile partly or wholly
+  // padding. Shapes: the k split (100 rows) with its partial sums per tile, 18 phases (k 4608),
+  // q3_K's unaligned rows (768), warps on rows of their own with a partial tile (2060 rows), x
+  // far outside the f16 range.
+  std::mt19937 rng(32);
+  double worst = 0;
+  for (GgmlType type : {GgmlType::mxfp4, GgmlType::q2_k, GgmlType::q3_k, GgmlType::iq2_xxs, GgmlType::q8_0}) {
+    REQUIRE(ep::backend::cuda::gemv_runs_wide(static_cast<uint32_t>(type), 1024));
+    for (int n_tok : {9, 16, 17, 32}) {
+      for (Case c : {Case{type, 1024, 100, 3, n_tok}, Case{type, 4608, 20, 2, n_tok}, Case{type, 768, 67, 3, n_tok},
+                     Case{type, 512, 2060, 1, n_tok}, Case{type, 2048, 33, 2, n_tok, 3e5f}}) {
+        // asked for the row kernel, a wide launch runs the tensor-core kernel
+        for (GemvKernel kernel : {GemvKernel::automatic, GemvKernel::rows}) {
+          ep::backend::cuda::GemvArgs probe;
+          probe.k = c.k;
+          probe.n = c.n;
+          probe.n_tok = c.n_tok;
+          probe.kernel = kernel;
+          REQUIRE(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(type), probe) == GemvKernel::mma);
+          if (kernel == GemvKernel::rows && (c.k != 1024 || n_tok != 16)) continue;
+          const double err = run_case(c, kernel, rng);
+          worst = std::max(worst, err);
+          INFO("type " << static_cast<int>(type) << " k " << c.k << " n " << c.n << " mats " << c.n_mat << " tokens "
+                       << c.n_tok << " x scale " << c.x_scale << " err " << err);
+          CHECK(err <= limit_of(GemvKernel::mma));
+        }
+      }
+    }
+  }
+  std::printf("gemv mma 9..32 tokens: worst error %.3g of the largest output\n", worst);
+  // other types and shapes take at most 8 tokens: no kernel above that
+  ep::backend::cuda::GemvArgs probe;
+  probe.k = 1024;
+  probe.n = 64;
+  probe.n_tok = 16;
+  CHECK(ep::backend::cuda::gemv_kernel_for(static_cast<uint32_t>(GgmlType::q4_k), probe) == GemvKernel::automatic);
+  CHECK_FALSE(ep::backend::cuda::gemv_runs_wide(static_cast<uint32_t>(GgmlType::q4_k), 1024));
+  CHECK_FALSE(ep::backend::cuda::gemv_runs_wide(static_cast<uint32_t>(GgmlType::q2_k), 1024 + 32));
+}
+
 TEST_CASE("launch_gemv rejects shapes it cannot run, before any launch", "[gpu][gemv]") {
   GemvArgs a;  // no buffers: every check comes before the first CUDA call
   a.k = 4096;
@@ -192,8 +236,22 @@ TEST_CASE("launch_gemv rejects shapes it cannot run, before any launch", "[gpu][
   };
   CHECK(message().find("below 2^31") != std::string::npos);
   a.n = 16;
-  a.n_tok = 9;
-  CHECK(message().find("n_tok 9 outside 1..8") != std::string::npos);
+  a.n_tok = 33;
+  CHECK(message().find("n_tok 33 outside 1..32") != std::string::npos);
+  a.n_tok = 9;  // 9..32 tokens: only the tensor-core kernel's types and shapes
+  a.k = 4096 + 32;
+  CHECK(message().find("n_tok 9 above 8") != std::string::npos);
+  a.k = 4096;
+  auto message_q4_k = [&] {
+    try {
+      ep::backend::cuda::launch_gemv(static_cast<uint32_t>(GgmlType::q4_k), a, nullptr);
+    } catch (const ep::Error &e) {
+      CHECK(e.status() == ep::Status::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message_q4_k().find("n_tok 9 above 8") != std::string::npos);
   a.n_tok = 1;
   a.k = 100;
   CHECK(message().find("multiple of 32") != std::string::npos);

@@ -3,8 +3,11 @@
 // the block value pair_value names, times the f32 scale the kernel applies to the block's mma sums
 // (q8_0: d; iq2_xxs: d/8) is the dequantized value bit for bit, for random blocks with any finite
 // f16 d and for every iq2_xxs (grid entry, sign pattern, scale); x's staging (pair_unit_step,
-// pair_unit_lane) meets every A value at its k; and the host's f16 emulation rounds as f16 does.
+// pair_unit_lane) meets every A value at its k; the host's f16 emulation rounds as f16 does; and
+// the token side (mma_tiles.cuh) at 1..32 tokens: x's staging fills each slot of a phase once,
+// and the slot a lane reads for a token tile holds that tile's token at the lane's k.
 #include "backend/cuda/mma_pairs.cuh"
+#include "backend/cuda/mma_tiles.cuh"
 
 #include "backend/dequant.hpp"
 #include "backend/iq2xxs_table.hpp"
@@ -195,4 +198,78 @@ TEST_CASE("mma pairs: the host's f16 emulation rounds to nearest even", "[gemv][
   CHECK(mma::hsub2(0x64806480u, 0x64806480u) == 0u);  // 1152 − 1152 = +0
   CHECK(mma::hmul2(0x3C003C00u, 0xC000C000u) == 0xC000C000u);  // 1 · −2
   CHECK(checked == 0x7C00);
+}
+
+TEST_CASE("mma tiles: token counts, phases, and x's staging for 1..32 tokens and every k order", "[gemv][mma]") {
+  for (int n = 1; n <= mma::kMaxTokens; ++n) {
+    const int r = mma::tokens_rounded(n);
+    INFO("tokens " << n << " kernel " << r);
+    CHECK(r >= n);
+    CHECK((r == 1 || r == 2 || r == 4 || r == 8 || r == 16 || r == 32));
+    CHECK((n <= 8) == (r <= 8));                              // 1..8: the other families' counts
+    if (r > 1) CHECK(mma::tokens_rounded(r / 2 + 1) == r);  // the next count at or above
+  }
+  const mma::XOrder orders[3] = {mma::XOrder::natural, mma::XOrder::kquant, mma::XOrder::pairs};
+  for (int ntok : {1, 2, 4, 8, 16, 32}) {
+    const int pv = mma::phase_values(ntok), slots = mma::x_bytes(ntok) / 16, nt = mma::tiles(ntok);
+    INFO("kernel tokens " << ntok << " phase values " << pv);
+    CHECK(pv % mma::kChunkValues == 0);  // whole chunks per phase (a chunk never spans two)
+    CHECK(pv / 4 * ntok <= slots);       // the phase's units of every token fit the staging
+    CHECK(nt * mma::kTileTokens >= ntok);
+    CHECK((nt - 1) * mma::kTileTokens < ntok);
+    CHECK(4 * nt * 32 * 16 <= mma::x_bytes(ntok));  // four warps' partial sums per tile (the k split)
+    for (mma::XOrder order : orders) {
+      INFO("order " << static_cast<int>(order));
+      // who wrote each slot: (unit, token), each slot at most once
+      std::vector<int> unit_of(static_cast<size_t>(slots), -1), tok_of(static_cast<size_t>(slots), -1);
+      bool once = true, inside = true;
+      for (int tok = 0; tok < ntok; ++tok) {
+        for (int q4 = 0; q4 < pv / 4; ++q4) {
+          const int at = mma::x_slot(order, q4, tok, ntok);
+          if (at < 0 || at >= slots) {
+            inside = false;
+            continue;
+          }
+          if (unit_of[static_cast<size_t>(at)] != -1) once = false;
+          unit_of[static_cast<size_t>(at)] = q4;
+          tok_of[static_cast<size_t>(at)] = tok;
+        }
+      }
+      CHECK(inside);
+      CHECK(once);
+      // every (step, tile, g, t) a live token reads was written for that token; natural and pairs
+      // also at the lane's k (k-quant: steps permuted by scale group, checked by the GPU tests)
+      bool right_token = true, right_unit = true;
+      for (int step = 0; step < pv / 16; ++step) {
+        for (int j = 0; j < nt; ++j) {
+          for (int g = 0; g < 8; ++g) {
+            const int tok = mma::kTileTokens * j + g;
+            if (tok >= ntok) continue;
+            for (int t = 0; t < 4; ++t) {
+              const int at = mma::x_read_slot(step, j, g, t, ntok);
+              if (at < 0 || at >= slots || tok_of[static_cast<size_t>(at)] != tok) {
+                right_token = false;
+                continue;
+              }
+              const int u = unit_of[static_cast<size_t>(at)];
+              if (order == mma::XOrder::natural && u != 4 * step + t) right_unit = false;
+              if (order == mma::XOrder::pairs &&
+                  (u / 8 != step / 2 || mma::pair_unit_step(u % 8) != step % 2 || mma::pair_unit_lane(u % 8) != t))
+                right_unit = false;
+            }
+          }
+        }
+      }
+      CHECK(right_token);
+      CHECK(right_unit);
+    }
+    // the outputs: each token of the kernel held by one (tile, lane quarter, accumulator) per row pair
+    std::vector<int> held(static_cast<size_t>(nt * mma::kTileTokens), 0);
+    for (int j = 0; j < nt; ++j)
+      for (int t = 0; t < 4; ++t)
+        for (int e = 0; e < 4; ++e) ++held[static_cast<size_t>(mma::c_token(j, t, e))];
+    bool each_once = true;
+    for (int tok = 0; tok < nt * mma::kTileTokens; ++tok) each_once = each_once && held[static_cast<size_t>(tok)] == 2;
+    CHECK(each_once);  // twice: rows g and g + 8 (e / 2)
+  }
 }
