@@ -8,8 +8,9 @@
 //
 // Batched decode (--batch "1,2,4,8"): per batch size B, B fresh sessions get prompts of
 // --prompt-tokens tokens (each its own slice of the text) in one ep_sessions_append, then
-// --gen-tokens steps of one token each: every session samples (greedy) and one ep_sessions_append
-// runs the B tokens together, as a serving loop does. Reported per B: aggregate decode tok/s
+// --gen-tokens steps of one token each: one ep_sessions_sample draws every session's token
+// (greedy; one sampling launch and one download for the step) and one ep_sessions_append runs the
+// B tokens together, as the server's scheduler does. Reported per B: aggregate decode tok/s
 // (B x tokens / time), the step time, and the ratio to B = 1.
 //
 // Against the hardware: the HBM device-to-device copy bandwidth measured in the same run
@@ -219,13 +220,14 @@ double run_batch_once(ep_model *model, const std::vector<std::vector<int32_t>> &
   }
   check(ep_sessions_append(ss.data(), ptrs.data(), counts.data(), b), "batched prompt pass");
   std::vector<int32_t> next(b);
-  for (size_t i = 0; i < b; ++i) check(ep_session_sample(&next[i], ss[i], &g), "sample after the prompt");
+  const std::vector<const ep_generate_options *> opts(b, &g);
+  check(ep_sessions_sample(next.data(), nullptr, ss.data(), opts.data(), nullptr, b), "sample after the prompt");
   const std::vector<size_t> ones(b, 1);
   const auto t0 = Clock::now();
   for (uint32_t step = 0; step < gen; ++step) {
     for (size_t i = 0; i < b; ++i) ptrs[i] = &next[i];
     check(ep_sessions_append(ss.data(), ptrs.data(), ones.data(), b), "batched decode step");
-    for (size_t i = 0; i < b; ++i) check(ep_session_sample(&next[i], ss[i], &g), "sample");
+    check(ep_sessions_sample(next.data(), nullptr, ss.data(), opts.data(), nullptr, b), "sample");
   }
   return seconds_since(t0);
 }

@@ -59,7 +59,7 @@ constexpr const char *kUsage =
     "       prefill >= 1.0x ds4, decode <= 3x the HBM bound; medians). --device cpu: the same steps on the CPU backend\n"
     "       (no HBM bound; a check of the tool). Without a GPU (--device cuda) it fails with exit status 1\n"
     "       --batch: also the aggregate decode of that many sessions stepped together (ep_sessions_append +\n"
-    "       ep_session_sample per step, as a server does), with the ratio to one session\n"
+    "       one ep_sessions_sample per step, as the server does), with the ratio to one session\n"
     "--json prints one JSON object (io, h2d: raw_gbps, engine_gbps and ratio).\n";
 
 }  // namespace
