@@ -40,7 +40,7 @@ struct BatchDraw {
 /// Draws the next token of every session of @p draws (distinct sessions of one engine, each with
 /// logits) in one Backend::sample_rows() call: each token, its log-probabilities and the draw
 /// counter's advance are those of one Session::sample() per session. Status::invalid_argument
-/// naming draws[i] for a null or repeated session, sessions of different engines, a session
+/// naming sessions[i] (i: the index in @p draws) for a null or repeated session, sessions of different engines, a session
 /// with no logits or a bad logit bias, mask or top_n; checked before anything runs, so a refused
 /// call changes no draw counter.
 void sample_batch(std::span<BatchDraw> draws);
