@@ -15,6 +15,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <vector>
 
 struct ep_model {
@@ -426,6 +427,60 @@ EP_API ep_status ep_session_sample_logprobs(ep_token_logprobs *out_logprobs, ep_
     std::copy(lp.top_ids.begin(), lp.top_ids.end(), out.top_tokens);
     std::copy(lp.top_logprobs.begin(), lp.top_logprobs.end(), out.top_logprobs);
     *out_logprobs = out;
+  });
+}
+
+EP_API ep_status ep_sessions_sample(int32_t *out_tokens, ep_token_logprobs *const *out_logprobs, ep_session *const *sessions,
+                                    const ep_generate_options *const *options, const uint32_t *top_logprobs,
+                                    size_t n_sessions) {
+  return ep::capi::guard(__func__, [&](const char *fn) {
+    ep::capi::require_arg(out_tokens, fn, "out_tokens");
+    ep::capi::require_arg(sessions, fn, "sessions");
+    if (!n_sessions) ep::fail(ep::Status::invalid_argument, "{}: no sessions", fn);
+    std::vector<ep::engine::Session *> ss(n_sessions);
+    std::vector<ep::engine::GenerateParams> params(n_sessions);
+    std::vector<const ep::engine::GenerateParams *> param_ptrs(n_sessions);
+    std::vector<ep::backend::TokenLogprobs> lps(out_logprobs ? n_sessions : 0);
+    std::vector<ep::backend::TokenLogprobs *> lp_ptrs(out_logprobs ? n_sessions : 0, nullptr);
+    for (size_t i = 0; i < n_sessions; ++i) {
+      if (!sessions[i]) ep::fail(ep::Status::invalid_argument, "{}: sessions[{}] is NULL", fn, i);
+      ss[i] = sessions[i]->session.get();
+      const uint32_t top = top_logprobs ? top_logprobs[i] : 0;
+      if (top > EP_MAX_TOP_LOGPROBS)
+        ep::fail(ep::Status::invalid_argument, "{}: top_logprobs[{}] is {} (expected 0..{})", fn, i, top, EP_MAX_TOP_LOGPROBS);
+      if (out_logprobs && out_logprobs[i]) {
+        ep::capi::check_struct_size(out_logprobs[i]->struct_size, sizeof(ep_token_logprobs), sizeof(ep_token_logprobs),
+                                    fmt::format("out_logprobs[{}]", i).c_str());
+        lps[i].top_n = static_cast<int32_t>(top);
+        lp_ptrs[i] = &lps[i];
+      } else if (top) {
+        ep::fail(ep::Status::invalid_argument, "{}: top_logprobs[{}] is {} with no out_logprobs entry for the session", fn, i, top);
+      }
+      const std::string where = fmt::format("{}: options[{}]", fn, i);
+      try {
+        params[i] = ep::capi::generate_params(ep::capi::read_generate_options(options ? options[i] : nullptr, where.c_str()));
+        ep::engine::check_generate_params(params[i]);
+      } catch (const ep::Error &e) {
+        if (std::string_view(e.what()).starts_with(where)) throw;
+        ep::fail(e.status(), "{}: {}", where, e.what());
+      }
+      param_ptrs[i] = &params[i];
+    }
+    std::vector<int32_t> tokens(n_sessions, -1);
+    ep::engine::sample_next_batch(ss, param_ptrs, lp_ptrs, tokens);
+    for (size_t i = 0; i < n_sessions; ++i) {
+      out_tokens[i] = tokens[i];
+      if (lp_ptrs.empty() || !lp_ptrs[i]) continue;
+      const ep::backend::TokenLogprobs &lp = lps[i];
+      ep_token_logprobs out;
+      ep_token_logprobs_init(&out);
+      out.token = tokens[i];
+      out.logprob = lp.logprob;
+      out.n_top = static_cast<uint32_t>(lp.top_ids.size());
+      std::copy(lp.top_ids.begin(), lp.top_ids.end(), out.top_tokens);
+      std::copy(lp.top_logprobs.begin(), lp.top_logprobs.end(), out.top_logprobs);
+      *out_logprobs[i] = out;
+    }
   });
 }
 

@@ -6,7 +6,8 @@
 // The library is loaded as "expertpack" (libexpertpack.so on Linux: LD_LIBRARY_PATH, or next to
 // the assembly). The text API (Tokenizer, GenerateText, GenerateChat) needs a library that has
 // it: otherwise EntryPointNotFoundException at the first call. So do the 0.2 session functions
-// (Session.Fork, Sample, Append, Tokens, AppendMany, StepBatch, TextStream) with an older library.
+// (Session.Fork, Sample, Append, Tokens, AppendMany, StepBatch, TextStream) with an older library,
+// and Session.SampleMany (0.5) with a library before 0.5.
 using System;
 using System.Collections.Generic;
 using System.Runtime.ExceptionServices;
@@ -257,6 +258,10 @@ namespace ExpertPack
         [DllImport(Lib)] public static extern int ep_text_stream_push(TextStreamHandle stream, int token, TextFn callback, IntPtr payload, out int stopped);
         [DllImport(Lib)] public static extern int ep_text_stream_finish(TextStreamHandle stream, TextFn callback, IntPtr payload, out int stopped);
         [DllImport(Lib)] public static extern void ep_text_stream_close(IntPtr stream);
+
+        // 0.5
+        [DllImport(Lib)] public static extern int ep_sessions_sample(int[] out_tokens, IntPtr[] out_logprobs, IntPtr[] sessions,
+                                                                     IntPtr[] options, uint[] top_logprobs, UIntPtr n_sessions);
 
         public static string Utf8(IntPtr p)
         {
@@ -985,6 +990,76 @@ namespace ExpertPack
                         counts[i] = new UIntPtr((uint)t.Length);
                     }
                     Native.Check(Native.ep_sessions_append(raws, ptrs, counts, new UIntPtr((uint)n)), "ep_sessions_append");
+                }
+                finally
+                {
+                    for (int i = 0; i < n; i++) if (added[i]) sessions[i].h.DangerousRelease();
+                }
+            }
+        }
+
+        /// <summary>The next token of every session (distinct, of one model, each holding a token) in
+        /// one call (ep_sessions_sample, 0.5: one sampling launch and one download for all of them).
+        /// options: null (greedy defaults) or one entry per session (null: the defaults). topLogprobs:
+        /// null (no log-probabilities) or one entry per session: null, or the alternatives wanted
+        /// (0..20) with the token's log-probability. Each result is what Sample (or SampleLogprobs)
+        /// gives for the session alone, and each draw counter advances the same way; a refused call
+        /// (InvalidArgument naming the session's index) changes no session. Where no
+        /// log-probabilities were asked for, Logprob is 0 and the alternatives empty.</summary>
+        public static unsafe TokenLogprobs[] SampleMany(IList<Session> sessions, IList<GenerateOptions> options = null,
+                                                        IList<int?> topLogprobs = null)
+        {
+            int n = sessions.Count;
+            if ((options != null && options.Count != n) || (topLogprobs != null && topLogprobs.Count != n))
+                throw new ExpertPackException("ep_sessions_sample", Status.InvalidArgument,
+                    "SampleMany: " + n + " sessions, " + (options == null ? 0 : options.Count) + " option sets and " +
+                    (topLogprobs == null ? 0 : topLogprobs.Count) + " log-probability counts");
+            var raws = new IntPtr[n];
+            var optPtrs = new IntPtr[n];
+            var lpPtrs = new IntPtr[n];
+            var tops = new uint[n];
+            var tokens = new int[n];
+            var added = new bool[n];
+            using (var scope = new NativeScope())
+            {
+                try
+                {
+                    for (int i = 0; i < n; i++)
+                    {
+                        sessions[i].h.DangerousAddRef(ref added[i]);
+                        raws[i] = sessions[i].h.DangerousGetHandle();
+                        var o = scope.Options(options == null ? null : options[i]);
+                        optPtrs[i] = scope.Alloc(Marshal.SizeOf(typeof(GenerateOptionsRaw)));
+                        Marshal.StructureToPtr(o, optPtrs[i], false);
+                        if (topLogprobs != null && topLogprobs[i].HasValue)
+                        {
+                            if (topLogprobs[i].Value < 0)
+                                throw new ExpertPackException("ep_sessions_sample", Status.InvalidArgument,
+                                    "SampleMany: topLogprobs[" + i + "] is " + topLogprobs[i].Value);
+                            lpPtrs[i] = scope.Alloc(sizeof(TokenLogprobsRaw));
+                            var raw = new TokenLogprobsRaw();
+                            raw.struct_size = new UIntPtr((uint)sizeof(TokenLogprobsRaw));
+                            *(TokenLogprobsRaw*)lpPtrs[i] = raw;
+                            tops[i] = (uint)topLogprobs[i].Value;
+                        }
+                    }
+                    Native.Check(Native.ep_sessions_sample(tokens, topLogprobs == null ? null : lpPtrs, raws, optPtrs,
+                                                           topLogprobs == null ? null : tops, new UIntPtr((uint)n)), "ep_sessions_sample");
+                    var result = new TokenLogprobs[n];
+                    for (int i = 0; i < n; i++)
+                    {
+                        if (lpPtrs[i] == IntPtr.Zero)
+                        {
+                            result[i] = new TokenLogprobs { Token = tokens[i], TopTokens = new int[0], TopLogprobs = new float[0] };
+                            continue;
+                        }
+                        var raw = *(TokenLogprobsRaw*)lpPtrs[i];
+                        int k = (int)Math.Min(raw.n_top, 20u);
+                        var r = new TokenLogprobs { Token = tokens[i], Logprob = raw.logprob, TopTokens = new int[k], TopLogprobs = new float[k] };
+                        for (int j = 0; j < k; j++) { r.TopTokens[j] = raw.top_tokens[j]; r.TopLogprobs[j] = raw.top_logprobs[j]; }
+                        result[i] = r;
+                    }
+                    return result;
                 }
                 finally
                 {

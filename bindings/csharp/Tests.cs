@@ -256,6 +256,58 @@ static class Tests
             }
         });
 
+        Run("sample_many_equals_each_alone", () =>
+        {
+            using (var model = new Model(ModelPath))
+            {
+                var prompts = new[] { Prompt, Prompt.Take(3).ToArray(), new[] { Prompt[4], Prompt[2], Prompt[0] } };
+                var options = new[]
+                {
+                    new GenerateOptions(),
+                    new GenerateOptions { Temperature = 0.9f, TopP = 0.8f, Seed = 3 },
+                    new GenerateOptions { Temperature = 1.2f, Seed = 4, RepetitionPenalty = 1.3f,
+                                          LogitBias = new Dictionary<int, float> { { 7, 2 } } },
+                };
+                var tops = new int?[] { 3, null, 0 };
+                var batched = prompts.Select(_ => model.NewSession()).ToArray();
+                var alone = prompts.Select(_ => model.NewSession()).ToArray();
+                try
+                {
+                    Session.AppendMany(batched, prompts);
+                    Session.AppendMany(alone, prompts);
+                    for (int step = 0; step < 5; step++)
+                    {
+                        var got = Session.SampleMany(batched, options, tops);
+                        var next = new int[prompts.Length][];
+                        for (int i = 0; i < prompts.Length; i++)
+                        {
+                            var want = tops[i].HasValue ? alone[i].SampleLogprobs(tops[i].Value, options[i])
+                                                        : new TokenLogprobs { Token = alone[i].Sample(options[i]), TopTokens = new int[0],
+                                                                              TopLogprobs = new float[0] };
+                            Require(got[i].Token == want.Token && got[i].Logprob == want.Logprob &&
+                                    got[i].TopTokens.SequenceEqual(want.TopTokens) && got[i].TopLogprobs.SequenceEqual(want.TopLogprobs),
+                                    "step " + step + " session " + i + ": batched " + got[i].Token + ", alone " + want.Token);
+                            next[i] = new[] { want.Token };
+                        }
+                        Session.AppendMany(batched, next);
+                        Session.AppendMany(alone, next);
+                    }
+                    using (var empty = model.NewSession())
+                    {
+                        try { Session.SampleMany(new[] { batched[0], empty }); throw new Exception("a session without tokens: no exception"); }
+                        catch (ExpertPackException e)
+                        {
+                            Require(e.Status == Status.InvalidArgument && e.Message.Contains("sessions[1]"), "no tokens: " + e.Message);
+                        }
+                    }
+                }
+                finally
+                {
+                    foreach (var s in batched.Concat(alone)) s.Dispose();
+                }
+            }
+        });
+
         Run("fork_continues_as_the_original", () =>
         {
             using (var model = new Model(ModelPath))

@@ -286,28 +286,73 @@ std::vector<std::unique_ptr<Scheduler::Slot>> Scheduler::fork_answers(Slot &firs
   return out;
 }
 
-ep_status Scheduler::sample(Slot &slot, int32_t &token) {
+ep_generate_options Scheduler::sampling_options(const Slot &slot) const {
   const JobRequest &r = slot.job->request();
   ep_generate_options o = r.sampling;
   o.seed += slot.choice;  // answer i: seed + i (unsigned, wraps)
   o.logit_bias = r.logit_bias.empty() ? nullptr : r.logit_bias.data();
   o.n_logit_bias = r.logit_bias.size();
   o.grammar = slot.grammar.get();
+  return o;
+}
+
+void Scheduler::emit_logprobs(Slot &slot, const ep_token_logprobs &lp) {
+  const JobRequest &r = slot.job->request();
+  // The token that ends the answer at EOS / end of turn is not part of it: no entry.
+  if (!r.ignore_eos && (lp.token == eos_ || lp.token == end_of_turn_)) return;
+  TokenLogprob entry;
+  entry.token = token_text(tokenizer_, lp.token);
+  entry.logprob = lp.logprob;
+  for (uint32_t i = 0; i < lp.n_top; ++i) entry.top.push_back({token_text(tokenizer_, lp.top_tokens[i]), lp.top_logprobs[i]});
+  slot.job->emit_logprob(slot.choice, std::move(entry));
+}
+
+ep_status Scheduler::sample(Slot &slot, int32_t &token) {
+  const JobRequest &r = slot.job->request();
+  const ep_generate_options o = sampling_options(slot);
   if (r.logprobs < 0) return ep_session_sample(&token, slot.session.get(), &o);
   ep_token_logprobs lp;
   ep_token_logprobs_init(&lp);
   if (const ep_status st = ep_session_sample_logprobs(&lp, slot.session.get(), &o, static_cast<uint32_t>(r.logprobs)); st != EP_OK)
     return st;
   token = lp.token;
-  // The token that ends the answer at EOS / end of turn is not part of it: no entry.
-  if (r.ignore_eos || (token != eos_ && token != end_of_turn_)) {
-    TokenLogprob entry;
-    entry.token = token_text(tokenizer_, token);
-    entry.logprob = lp.logprob;
-    for (uint32_t i = 0; i < lp.n_top; ++i) entry.top.push_back({token_text(tokenizer_, lp.top_tokens[i]), lp.top_logprobs[i]});
-    slot.job->emit_logprob(slot.choice, std::move(entry));
-  }
+  emit_logprobs(slot, lp);
   return EP_OK;
+}
+
+std::vector<ep_status> Scheduler::sample_all(const std::vector<Slot *> &slots, std::vector<int32_t> &tokens) {
+  const size_t n = slots.size();
+  tokens.assign(n, -1);
+  std::vector<ep_status> status(n, EP_OK);
+  if (n == 0) return status;
+  std::vector<ep_session *> sessions(n);
+  std::vector<ep_generate_options> options(n);
+  std::vector<const ep_generate_options *> option_ptrs(n);
+  std::vector<ep_token_logprobs> lps(n);
+  std::vector<ep_token_logprobs *> lp_ptrs(n, nullptr);
+  std::vector<uint32_t> top(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const JobRequest &r = slots[i]->job->request();
+    sessions[i] = slots[i]->session.get();
+    options[i] = sampling_options(*slots[i]);
+    option_ptrs[i] = &options[i];
+    if (r.logprobs >= 0) {
+      ep_token_logprobs_init(&lps[i]);
+      lp_ptrs[i] = &lps[i];
+      top[i] = static_cast<uint32_t>(r.logprobs);
+    }
+  }
+  if (ep_sessions_sample(tokens.data(), lp_ptrs.data(), sessions.data(), option_ptrs.data(), top.data(), n) == EP_OK) {
+    for (size_t i = 0; i < n; ++i)
+      if (lp_ptrs[i]) emit_logprobs(*slots[i], lps[i]);
+    return status;
+  }
+  // A refused batched call changes nothing (no draw counter, no grammar state): each request
+  // samples by itself, so that only the one the sampler refuses ends.
+  if (n > 1) log_error(api_error("batched sampling failed (each request samples by itself)"));
+  for (size_t i = 0; i < n; ++i)
+    if ((status[i] = sample(*slots[i], tokens[i])) != EP_OK) log_error(api_error("sampling"));
+  return status;
 }
 
 bool Scheduler::on_token(Slot &slot, int32_t token) {
@@ -456,23 +501,36 @@ void Scheduler::step() {
     return true;
   });
 
-  // Each decoding request's next token, from its own logits and settings.
-  std::erase_if(slots_, [&](const std::unique_ptr<Slot> &s) {
+  // Each decoding request's next token, from its own logits and settings: every one in one
+  // ep_sessions_sample (one sampling launch and one download for the step).
+  std::vector<Slot *> decoding;
+  for (auto &s : slots_) {
     s->feed = nullptr;
     s->feed_count = 0;
-    if (!s->decoding) return false;
-    int32_t token = -1;
-    if (sample(*s, token) != EP_OK) {
-      log_error(api_error("sampling"));
-      fail(*s, 500, "sampling failed; the server's log has the details");
-      return true;
+    if (s->decoding) decoding.push_back(s.get());
+  }
+  std::vector<int32_t> sampled;
+  const std::vector<ep_status> sample_status = sample_all(decoding, sampled);
+  std::vector<bool> ended(decoding.size(), false);
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    Slot &s = *decoding[i];
+    if (sample_status[i] != EP_OK) {
+      fail(s, 500, "sampling failed; the server's log has the details");
+      ended[i] = true;
+      continue;
     }
-    ++s->draws;
-    if (!on_token(*s, token)) return true;
-    s->next = token;
-    s->feed = &s->next;
-    s->feed_count = 1;
-    return false;
+    ++s.draws;
+    if (!on_token(s, sampled[i])) {
+      ended[i] = true;
+      continue;
+    }
+    s.next = sampled[i];
+    s.feed = &s.next;
+    s.feed_count = 1;
+  }
+  std::erase_if(slots_, [&](const std::unique_ptr<Slot> &s) {
+    const auto it = std::find(decoding.begin(), decoding.end(), s.get());
+    return it != decoding.end() && ended[static_cast<size_t>(it - decoding.begin())];
   });
 
   // The next chunk of each prompt still being run, as the step's budget allows.

@@ -1,5 +1,7 @@
 // Continuous batching on one model, in one thread: every step samples the next token of each
-// running request (ep_session_sample with the request's own settings), then runs one
+// running request (one ep_sessions_sample over all of them, each with the request's own
+// settings; each request by itself with ep_session_sample when the batched call refuses one of
+// them, so that only that one ends), then runs one
 // ep_sessions_append over all of them together with the next prompt chunk of each request
 // still being prefilled. New requests join at the next step; finished ones leave at once.
 //
@@ -103,6 +105,14 @@ class Scheduler {
   /// ep_session_sample (or, with JobRequest::logprobs, ep_session_sample_logprobs) with the
   /// request's settings, its answer's seed and its logit bias; the log-probabilities go to the job.
   ep_status sample(Slot &slot, int32_t &token);
+  /// The ep_generate_options @p slot samples with: the request's, its answer's seed, its logit
+  /// bias and its grammar state.
+  ep_generate_options sampling_options(const Slot &slot) const;
+  /// The job's log-probability entry for a sampled token (none for the token that ends the answer).
+  void emit_logprobs(Slot &slot, const ep_token_logprobs &lp);
+  /// Every slot of @p slots samples its next token into @p tokens, in one ep_sessions_sample;
+  /// when that refuses, each by itself (sample()). Per slot, its status.
+  std::vector<ep_status> sample_all(const std::vector<Slot *> &slots, std::vector<int32_t> &tokens);
   void step();
   bool on_token(Slot &slot, int32_t token);
   void finish(Slot &slot, FinishReason reason);

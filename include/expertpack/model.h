@@ -409,7 +409,8 @@ EP_API ep_status ep_score(ep_session *session, const int32_t *tokens, size_t n_t
  * several sessions of one model in one forward pass (the routed experts of all of them are read
  * once per step: one acquire per MoE layer for the union of their picks), and
  * ep_session_sample() draws each session's next token from its own last logits, which stay on
- * the model's device. A session's logits do not depend on what it was batched with (the same
+ * the model's device (ep_sessions_sample() draws every session's at once: one sampling launch
+ * and one download per step). A session's logits do not depend on what it was batched with (the same
  * bits as appending its tokens alone, on the CPU; within the CUDA tolerance on CUDA).
  *  @{ */
 
@@ -484,6 +485,37 @@ EP_API void ep_token_logprobs_init(ep_token_logprobs *logprobs);
  */
 EP_API ep_status ep_session_sample_logprobs(ep_token_logprobs *out_logprobs, ep_session *session,
                                             const ep_generate_options *options, uint32_t top_logprobs);
+
+/**
+ * @brief Draws the next token of several sessions of one model at once: what
+ *        ep_session_sample() (or ep_session_sample_logprobs()) gives for each session with its
+ *        own options, in one sampling launch and one download for all of them (a serving host's
+ *        decode step: one synchronisation instead of one per session).
+ * Each session's token, log-probabilities and draw counter's advance are exactly those of one
+ * ep_session_sample() / ep_session_sample_logprobs() call per session with the same options
+ * (each grammar state, too, advances by its session's token). The tokens are not appended: pass
+ * them to ep_sessions_append() next.
+ * @param[out] out_tokens   @p n_sessions entries: sessions[i]'s token.
+ * @param[out] out_logprobs NULL (no log-probabilities), or @p n_sessions pointers, each NULL (none
+ *        for that session) or a struct filled as ep_session_sample_logprobs() fills it
+ *        (struct_size must be `sizeof(ep_token_logprobs)`).
+ * @param sessions     @p n_sessions distinct open sessions of the same model, each holding at
+ *        least one token.
+ * @param options      NULL (every session greedy with the defaults), or @p n_sessions pointers,
+ *        each NULL (the defaults) or filled by ep_generate_options_init(): the fields
+ *        ep_session_sample() reads. Two sessions may not share one grammar state.
+ * @param top_logprobs NULL (0 alternatives for every session), or @p n_sessions counts
+ *        0 .. #EP_MAX_TOP_LOGPROBS; a non-zero count needs the session's out_logprobs entry.
+ * @param n_sessions   Number of sessions (>= 1).
+ * @return #EP_OK; #EP_ERR_INVALID_ARGUMENT (a NULL array or session, zero sessions, a session
+ *         twice, of another model or with no tokens, a bad sampling value, logit_bias entry or
+ *         top_logprobs count, a grammar state given twice: the message names the session's
+ *         index); #EP_ERR_STRUCT_SIZE (naming the index). A refused call changes no session's
+ *         draw counter and no grammar state.
+ */
+EP_API ep_status ep_sessions_sample(int32_t *out_tokens, ep_token_logprobs *const *out_logprobs, ep_session *const *sessions,
+                                    const ep_generate_options *const *options, const uint32_t *top_logprobs,
+                                    size_t n_sessions);
 
 /**
  * @brief Opens a copy of a session: the same tokens, decode state (copied on the model's

@@ -135,6 +135,26 @@ void apply_token_mask(float *z, int64_t n_vocab, const SamplingParams &p) {
   }
 }
 
+void check_sample_rows(std::span<const SampleRow> rows, size_t n_tokens, Device device) {
+  if (n_tokens != rows.size()) fail(Status::invalid_argument, "sample_rows: {} token slots for {} rows", n_tokens, rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SampleRow &r = rows[i];
+    try {
+      if (!r.params) fail(Status::invalid_argument, "no sampling params");
+      check_f32(r.logits, "sample", "logits", device);
+      const int64_t n = r.logits.ne[0];
+      if (r.logits.n_rows() != 1 || n <= 0) fail(Status::shape, "sample: expected one row of logits, got [{}, {}]", n, r.logits.n_rows());
+      check_logit_bias(*r.params, n);
+      check_token_mask(*r.params, n);
+      if (r.logprobs && (r.logprobs->top_n < 0 || r.logprobs->top_n > kMaxTopLogprobs))
+        fail(Status::invalid_argument, "sample: top_n {} of the log-probabilities (expected 0..{})", r.logprobs->top_n,
+             kMaxTopLogprobs);
+    } catch (const Error &e) {
+      fail(e.status(), "sample_rows: rows[{}]: {}", i, e.what());
+    }
+  }
+}
+
 void apply_logit_bias(float *z, int64_t n_vocab, const SamplingParams &p) {
   check_logit_bias(p, n_vocab);
   for (const TokenBias &b : p.logit_bias) z[b.token] += b.bias;

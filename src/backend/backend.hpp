@@ -148,6 +148,15 @@ struct TokenLogprobs {
   std::vector<int32_t> top_ids;    ///< out: the top_n most likely tokens, descending (ties: lower id first)
   std::vector<float> top_logprobs; ///< out: their log-probabilities
 };
+/// One row of Backend::sample_rows(): a row of logits with its own settings, draw and
+/// log-probabilities, as one sample() call takes them.
+struct SampleRow {
+  Tensor logits;                         ///< f32 [V], one row on the backend's device
+  const SamplingParams *params = nullptr;  ///< its settings (host memory, valid during the call)
+  uint64_t counter = 0;                  ///< its draw: u = sample_uniform(params->seed, counter)
+  TokenLogprobs *logprobs = nullptr;     ///< null, or filled as sample() fills it (top_n in, the rest out)
+};
+
 /// The distinct ids of @p tokens inside [0, n_vocab), ascending (what the penalty touches).
 std::vector<int32_t> penalty_ids(std::span<const int32_t> tokens, int64_t n_vocab);
 /// Applies the repetition penalty of @p p to @p z (n_vocab floats) in place.
@@ -162,6 +171,10 @@ void check_logit_bias(const SamplingParams &p, int64_t n_vocab);
 void apply_token_mask(float *z, int64_t n_vocab, const SamplingParams &p);
 /// Status::invalid_argument when @p p has a mask that allows no token inside [0, n_vocab).
 void check_token_mask(const SamplingParams &p, int64_t n_vocab);
+/// sample_rows()'s checks of @p rows on @p device (the row's shape and type, its params, its logit
+/// bias, its mask and its top_n, as sample() checks them), each message prefixed with the row's
+/// index; Status::invalid_argument when @p n_tokens differs from the row count.
+void check_sample_rows(std::span<const SampleRow> rows, size_t n_tokens, Device device);
 
 /// The seeded uniform in [0, 1) used for draw @p counter (splitmix64; same on every backend).
 double sample_uniform(uint64_t seed, uint64_t counter) noexcept;
@@ -276,6 +289,13 @@ class Backend {
   int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter) {
     return sample(logits, params, counter, nullptr);
   }
+  /// sample() of every row at once (a batched decode step's sessions): @p tokens[i] (and
+  /// rows[i].logprobs) is what sample(rows[i].logits, *rows[i].params, rows[i].counter,
+  /// rows[i].logprobs) gives, bit for bit on the CPU, the same arithmetic on CUDA. Every row is
+  /// checked before anything runs (Status::invalid_argument or Status::shape naming rows[i]; a
+  /// refused call changes nothing). CUDA: one kernel launch over all rows, one download of all
+  /// results, one synchronisation. @p tokens has one entry per row.
+  virtual void sample_rows(std::span<const SampleRow> rows, std::span<int32_t> tokens) = 0;
 
   // ---- elementwise ops and device copies ----
   // (DeepSeek-V4 ops. Signatures are stable; changes are noted here.)

@@ -589,6 +589,21 @@ int32_t CpuBackend::sample(const Tensor &logits, const SamplingParams &p, uint64
   return token;
 }
 
+void CpuBackend::sample_rows(std::span<const SampleRow> rows, std::span<int32_t> tokens) {
+  check_sample_rows(rows, tokens.size(), Device::cpu);
+  // One row per chunk: each row writes only its own token and log-probabilities, and draw() and
+  // fill_logprobs() keep no state, so the results are those of sample() row by row.
+  pool_.parallel_for(static_cast<int64_t>(rows.size()), 1, [&](int64_t r0, int64_t r1, unsigned) {
+    for (int64_t i = r0; i < r1; ++i) {
+      const SampleRow &r = rows[static_cast<size_t>(i)];
+      const float *raw = r.logits.as<float>();
+      const int64_t n = r.logits.ne[0];
+      tokens[static_cast<size_t>(i)] = draw(raw, n, *r.params, r.counter);
+      if (r.logprobs) fill_logprobs(raw, n, tokens[static_cast<size_t>(i)], *r.logprobs);
+    }
+  });
+}
+
 int32_t CpuBackend::draw(const float *z0, int64_t n, const SamplingParams &p, uint64_t counter) {
   std::vector<float> adjusted;
   if ((p.repetition_penalty != 1.0f && !p.penalty_tokens.empty()) || !p.logit_bias.empty() || !p.allowed.empty()) {

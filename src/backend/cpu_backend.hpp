@@ -57,6 +57,8 @@ class CpuBackend final : public Backend {
   using Backend::sample;
   int32_t sample(const Tensor &logits, const SamplingParams &params, uint64_t counter,
                  TokenLogprobs *logprobs) override;
+  /// The rows one after another, each exactly as sample() draws it.
+  void sample_rows(std::span<const SampleRow> rows, std::span<int32_t> tokens) override;
 
   void mul(const Tensor &a, const Tensor &b, const Tensor &y) override;
   void scale(const Tensor &x, float s, const Tensor &y) override;

@@ -52,6 +52,38 @@ int32_t sample_next(Session &session, const GenerateParams &params, backend::Tok
   return token;
 }
 
+void sample_next_batch(std::span<Session *const> sessions, std::span<const GenerateParams *const> params,
+                       std::span<backend::TokenLogprobs *const> logprobs, std::span<int32_t> tokens) {
+  const size_t n = sessions.size();
+  if (params.size() != n || tokens.size() != n || (!logprobs.empty() && logprobs.size() != n))
+    fail(Status::invalid_argument, "{} sessions with {} sampling settings, {} log-probability slots and {} token slots", n,
+         params.size(), logprobs.size(), tokens.size());
+  std::vector<BatchDraw> draws(n);
+  // The masks stay alive until the draws are done (each grammar state caches its own).
+  std::vector<std::shared_ptr<const std::vector<uint32_t>>> masks(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!params[i]) fail(Status::invalid_argument, "no sampling settings for sessions[{}]", i);
+    const GenerateParams &p = *params[i];
+    if (p.grammar)
+      for (size_t j = 0; j < i; ++j)
+        if (params[j] && params[j]->grammar == p.grammar)
+          fail(Status::invalid_argument, "sessions[{}] and sessions[{}] share one grammar state (one state per sequence)", j, i);
+    draws[i].session = sessions[i];
+    draws[i].params = p.sampling;
+    draws[i].repetition_window = p.repetition_window;
+    draws[i].logprobs = logprobs.empty() ? nullptr : logprobs[i];
+    if (p.grammar) {
+      masks[i] = p.grammar->allowed();
+      draws[i].params.allowed = *masks[i];
+    }
+  }
+  sample_batch(draws);
+  for (size_t i = 0; i < n; ++i) {
+    tokens[i] = draws[i].token;
+    if (params[i]->grammar) params[i]->grammar->accept(draws[i].token);
+  }
+}
+
 void generate(Session &session, std::span<const int32_t> prompt, const GenerateParams &params, const TokenHook &hook,
               GenerateStats &st) {
   if (prompt.empty() && !session.has_logits()) fail(Status::invalid_argument, "empty prompt on an empty session");

@@ -40,6 +40,15 @@ struct GenerateParams {
 /// grammar's mask when params.grammar is set (which the token then advances).
 int32_t sample_next(Session &session, const GenerateParams &params, backend::TokenLogprobs *logprobs = nullptr);
 
+/// sample_next() for several sessions of one engine at once (sample_batch(): one sampling launch
+/// and one download for all of them): @p tokens[i] is sample_next(*sessions[i], *params[i],
+/// logprobs[i]) (@p logprobs empty: none for any; else a null entry: none for that session), and
+/// each grammar advances by its session's token. Status::invalid_argument naming sessions[i]
+/// for a grammar state given twice and for what sample_batch() refuses; a refused call changes
+/// no draw counter and no grammar state.
+void sample_next_batch(std::span<Session *const> sessions, std::span<const GenerateParams *const> params,
+                       std::span<backend::TokenLogprobs *const> logprobs, std::span<int32_t> tokens);
+
 /// Checks @p params (Status::invalid_argument naming the field and the value).
 void check_generate_params(const GenerateParams &params);
 

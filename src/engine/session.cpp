@@ -138,13 +138,63 @@ int32_t Session::sample(const backend::SamplingParams &params, backend::TokenLog
   return token;
 }
 
-int32_t Session::sample(backend::SamplingParams params, uint32_t repetition_window, backend::TokenLogprobs *logprobs) {
+backend::SamplingParams Session::windowed(backend::SamplingParams params, uint32_t repetition_window) const {
   if (params.repetition_penalty != 1.0f) {
     const size_t n = tokens_.size();
     const size_t w = repetition_window && repetition_window < n ? repetition_window : n;
     params.penalty_tokens = std::span<const int32_t>(tokens_.data() + (n - w), w);
   }
-  return sample(params, logprobs);
+  return params;
+}
+
+int32_t Session::sample(backend::SamplingParams params, uint32_t repetition_window, backend::TokenLogprobs *logprobs) {
+  return sample(windowed(std::move(params), repetition_window), logprobs);
+}
+
+void sample_batch(std::span<BatchDraw> draws) {
+  if (draws.empty()) fail(Status::invalid_argument, "no sessions to sample");
+  for (size_t i = 0; i < draws.size(); ++i) {
+    Session *s = draws[i].session;
+    if (!s) fail(Status::invalid_argument, "sessions[{}] is NULL", i);
+    if (&s->engine() != &draws[0].session->engine())
+      fail(Status::invalid_argument, "sessions[{}] belongs to another model than sessions[0]", i);
+    for (size_t j = 0; j < i; ++j)
+      if (draws[j].session == s) fail(Status::invalid_argument, "sessions[{}] and sessions[{}] are the same session", j, i);
+    if (!s->has_logits()) fail(Status::invalid_argument, "sessions[{}] has no logits to sample from (append a token first)", i);
+  }
+  Engine &engine = draws[0].session->engine();
+  const int64_t vocab = engine.info().vocab;
+  std::vector<backend::SamplingParams> params;
+  params.reserve(draws.size());
+  for (size_t i = 0; i < draws.size(); ++i) {
+    params.push_back(draws[i].session->windowed(draws[i].params, draws[i].repetition_window));
+    try {
+      backend::check_logit_bias(params[i], vocab);
+      backend::check_token_mask(params[i], vocab);
+      if (const backend::TokenLogprobs *lp = draws[i].logprobs; lp && (lp->top_n < 0 || lp->top_n > backend::kMaxTopLogprobs))
+        fail(Status::invalid_argument, "top_n {} of the log-probabilities (expected 0..{})", lp->top_n, backend::kMaxTopLogprobs);
+    } catch (const Error &e) {
+      fail(e.status(), "sessions[{}]: {}", i, e.what());
+    }
+  }
+  std::vector<int32_t> tokens(draws.size(), -1);
+  {
+    std::lock_guard<std::mutex> lock(engine.mutex());
+    backend::Backend &be = engine.backend();
+    std::vector<backend::SampleRow> rows(draws.size());
+    for (size_t i = 0; i < draws.size(); ++i) {
+      rows[i].logits = Tensor::make(draws[i].session->logits_, GgmlType::f32, be.device(), {vocab});
+      rows[i].params = &params[i];
+      rows[i].counter = draws[i].session->sample_counter_;
+      rows[i].logprobs = draws[i].logprobs;
+    }
+    be.sample_rows(rows, tokens);
+  }
+  // The counters advance only for draws that happened: a refused call leaves them as they were.
+  for (size_t i = 0; i < draws.size(); ++i) {
+    draws[i].token = tokens[i];
+    ++draws[i].session->sample_counter_;
+  }
 }
 
 void append_batch(std::span<Session *const> sessions, std::span<const std::span<const int32_t>> tokens) {

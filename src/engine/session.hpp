@@ -26,6 +26,25 @@ class Session;
 /// the sessions stay as they were). After another error every session must be reset.
 void append_batch(std::span<Session *const> sessions, std::span<const std::span<const int32_t>> tokens);
 
+/// One session's draw of sample_batch(): what Session::sample(params, repetition_window,
+/// logprobs) takes, and the token it gives.
+struct BatchDraw {
+  Session *session = nullptr;
+  /// Its settings (penalty_tokens is filled from the session's window when the penalty is on).
+  backend::SamplingParams params;
+  uint32_t repetition_window = 0;  ///< 0 = every token of the session
+  backend::TokenLogprobs *logprobs = nullptr;  ///< null, or filled as Session::sample() fills it
+  int32_t token = -1;              ///< out: the drawn token
+};
+
+/// Draws the next token of every session of @p draws (distinct sessions of one engine, each with
+/// logits) in one Backend::sample_rows() call: each token, its log-probabilities and the draw
+/// counter's advance are those of one Session::sample() per session. Status::invalid_argument
+/// naming sessions[i] (i: the index in @p draws) for a null or repeated session, sessions of different engines, a session
+/// with no logits or a bad logit bias, mask or top_n; checked before anything runs, so a refused
+/// call changes no draw counter.
+void sample_batch(std::span<BatchDraw> draws);
+
 class Session {
  public:
   /// An empty session. Status::budget when the engine's KV budget has no room for its state at 0 tokens.
@@ -88,6 +107,10 @@ class Session {
 
  private:
   friend void append_batch(std::span<Session *const>, std::span<const std::span<const int32_t>>);
+  friend void sample_batch(std::span<BatchDraw>);
+  /// params with penalty_tokens set to the last @p repetition_window tokens (0 = all) when the
+  /// repetition penalty is on.
+  backend::SamplingParams windowed(backend::SamplingParams params, uint32_t repetition_window) const;
   void run(std::span<const int32_t> tokens, model::LogitRows rows, std::vector<float> *all);
   // Takes @p other's state, last logits and tokens (the draw counter stays).
   void copy_state_from(const Session &other);

@@ -8,8 +8,10 @@
 //
 // Batched decode (--batch "1,2,4,8"): per batch size B, B fresh sessions get prompts of
 // --prompt-tokens tokens (each its own slice of the text) in one ep_sessions_append, then
-// --gen-tokens steps of one token each: every session samples (greedy) and one ep_sessions_append
-// runs the B tokens together, as a serving loop does. Reported per B: aggregate decode tok/s
+// --gen-tokens steps of one token each: one ep_sessions_sample draws every session's token
+// (greedy; one sampling launch and one download for the step) and one ep_sessions_append runs the
+// B tokens together, as the server's scheduler does (--batch-sample each: one ep_session_sample
+// per session instead, as before the batched call, for a comparison in the same run). Reported per B: aggregate decode tok/s
 // (B x tokens / time), the step time, and the ratio to B = 1.
 //
 // Against the hardware: the HBM device-to-device copy bandwidth measured in the same run
@@ -200,7 +202,7 @@ Timing run_once(ep_model *model, const std::vector<int32_t> &prompt, uint32_t ge
 }
 
 /// @p b sessions stepped together (see the file comment): the decode time of @p gen steps.
-double run_batch_once(ep_model *model, const std::vector<std::vector<int32_t>> &prompts, uint32_t gen) {
+double run_batch_once(ep_model *model, const std::vector<std::vector<int32_t>> &prompts, uint32_t gen, bool sample_each) {
   const size_t b = prompts.size();
   std::vector<std::unique_ptr<Session>> owned;
   std::vector<ep_session *> ss;
@@ -219,13 +221,18 @@ double run_batch_once(ep_model *model, const std::vector<std::vector<int32_t>> &
   }
   check(ep_sessions_append(ss.data(), ptrs.data(), counts.data(), b), "batched prompt pass");
   std::vector<int32_t> next(b);
-  for (size_t i = 0; i < b; ++i) check(ep_session_sample(&next[i], ss[i], &g), "sample after the prompt");
+  const std::vector<const ep_generate_options *> opts(b, &g);
+  auto sample = [&](const char *what) {
+    if (!sample_each) return check(ep_sessions_sample(next.data(), nullptr, ss.data(), opts.data(), nullptr, b), what);
+    for (size_t i = 0; i < b; ++i) check(ep_session_sample(&next[i], ss[i], &g), what);
+  };
+  sample("sample after the prompt");
   const std::vector<size_t> ones(b, 1);
   const auto t0 = Clock::now();
   for (uint32_t step = 0; step < gen; ++step) {
     for (size_t i = 0; i < b; ++i) ptrs[i] = &next[i];
     check(ep_sessions_append(ss.data(), ptrs.data(), ones.data(), b), "batched decode step");
-    for (size_t i = 0; i < b; ++i) check(ep_session_sample(&next[i], ss[i], &g), "sample");
+    sample("sample");
   }
   return seconds_since(t0);
 }
@@ -437,6 +444,11 @@ int cmd_compute(const Args &args) {
       at = comma + 1;
     }
   }
+  const std::string batch_sample = args.get("batch-sample", "batched");
+  if (batch_sample != "batched" && batch_sample != "each")
+    fail(Status::invalid_argument, "--batch-sample: '{}' (expected batched: one ep_sessions_sample per step, or each: one "
+         "ep_session_sample per session)", batch_sample);
+  const bool sample_each = batch_sample == "each";
   const std::string ds4_exe = args.get("ds4-bench", "");
   const int ds4_reps = static_cast<int>(args.number("ds4-reps", reps));
   if (prompt_tokens < 1 || gen < 1 || reps < 1 || warmup < 0 || ds4_reps < 1)
@@ -529,9 +541,9 @@ int cmd_compute(const Args &args) {
       for (uint32_t i = 0; i < batches[bi]; ++i)
         prompts.emplace_back(pool.begin() + static_cast<std::ptrdiff_t>(i) * prompt_tokens,
                              pool.begin() + static_cast<std::ptrdiff_t>(i + 1) * prompt_tokens);
-      for (int w = 0; w < warmup; ++w) run_batch_once(h.model, prompts, std::min<uint32_t>(gen, 16));
+      for (int w = 0; w < warmup; ++w) run_batch_once(h.model, prompts, std::min<uint32_t>(gen, 16), sample_each);
       for (int r = 0; r < reps; ++r) {
-        const double sec = run_batch_once(h.model, prompts, gen);
+        const double sec = run_batch_once(h.model, prompts, gen, sample_each);
         batch_tps[bi].values.push_back(static_cast<double>(batches[bi]) * gen / sec);
         std::fprintf(stderr, "ep-bench compute: batch %u run %d/%d: %.1f tok/s aggregate\n", batches[bi], r + 1, reps,
                      batch_tps[bi].values.back());
@@ -582,6 +594,7 @@ int cmd_compute(const Args &args) {
       rows.push_back({{"sessions", batches[bi]}, {"aggregate_decode_tps", batch_tps[bi].json()},
                       {"step_ms_median", 1e3 * batches[bi] / batch_tps[bi].median()}});
     j["batched_decode"] = rows;
+    j["batch_sample"] = batch_sample;
   }
   j["decode_bytes_per_token"] = {{"total", bytes.total()},
                                  {"dense", bytes.dense},
@@ -663,7 +676,8 @@ int cmd_compute(const Args &args) {
     std::printf("no HBM bound on the %s backend: decode %.4f ms/token (median)\n", device.c_str(), decode_ms_median);
 
   if (!batches.empty()) {
-    std::printf("batched decode (sessions stepped together, %u tokens each after a %d-token prompt; %d runs):\n", gen, prompt_tokens, reps);
+    std::printf("batched decode (sessions stepped together, %u tokens each after a %d-token prompt; %d runs; %s):\n", gen,
+                prompt_tokens, reps, sample_each ? "one ep_session_sample per session" : "one ep_sessions_sample per step");
     std::printf("%10s %22s %16s %18s\n", "sessions", "aggregate tok/s (med)", "step ms (med)", "x one session");
     const double one = batches.front() == 1 ? batch_tps.front().median() : 0;
     for (size_t bi = 0; bi < batches.size(); ++bi) {

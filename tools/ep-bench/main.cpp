@@ -49,7 +49,7 @@ constexpr const char *kUsage =
     "       e mod the model's experts, every position takes the next recorded token (docs/expert-delivery.md)\n"
     "  compute --model F.gguf [--prompt-tokens 512] [--gen-tokens 128] [--reps 3] [--warmup 1] [--device cuda|cpu]\n"
     "       [--ds4-bench PATH [--ds4-reps N] [--ds4-args ARGS] [--ds4-timeout 300]] [--prompt-file TEXT] [--work-dir DIR] [--json OUT] [--csv OUT]\n"
-    "       [--batch 1,2,4,8]\n"
+    "       [--batch 1,2,4,8 [--batch-sample batched|each]]\n"
     "       compute speed with every routed expert resident (no pack), greedy, EOS ignored: prefill tok/s of the prompt and\n"
     "       decode tok/s of the generated tokens, best and median of --reps runs in fresh sessions; the HBM copy bandwidth\n"
     "       of the same run and the HBM bound of a decode token: bytes/token / bandwidth, where bytes/token = every dense\n"
@@ -59,7 +59,8 @@ constexpr const char *kUsage =
     "       prefill >= 1.0x ds4, decode <= 3x the HBM bound; medians). --device cpu: the same steps on the CPU backend\n"
     "       (no HBM bound; a check of the tool). Without a GPU (--device cuda) it fails with exit status 1\n"
     "       --batch: also the aggregate decode of that many sessions stepped together (ep_sessions_append +\n"
-    "       ep_session_sample per step, as a server does), with the ratio to one session\n"
+    "       one ep_sessions_sample per step, as the server does; --batch-sample each: one ep_session_sample per session),\n"
+    "       with the ratio to one session\n"
     "--json prints one JSON object (io, h2d: raw_gbps, engine_gbps and ratio).\n";
 
 }  // namespace

@@ -32,7 +32,7 @@ __all__ = [
     "version_number", "status_str", "last_error", "build_features", "cuda_device_count", "set_log_level",
     "set_log_callback", "read_store_stats", "library_path", "Tokenizer", "TokenizerInfo", "TextResult",
     "StopReason", "ChatTemplate", "HAVE_TEXT", "HAVE_BATCH", "TextStream", "append_many", "step_batch",
-    "Grammar", "GrammarState", "HAVE_GRAMMAR",
+    "Grammar", "GrammarState", "HAVE_GRAMMAR", "sample_many", "HAVE_SAMPLE_MANY",
 ]
 
 
@@ -353,6 +353,11 @@ _ep_grammar_state_allowed = _fn("ep_grammar_state_allowed", c_int32, POINTER(cty
                                 c_void_p, optional=True)
 HAVE_GRAMMAR = _ep_grammar_state_allowed is not None
 """True when the loaded library has constrained sampling (0.5: :class:`Grammar`, the ``grammar`` generate option)."""
+_ep_sessions_sample = _fn("ep_sessions_sample", c_int32, POINTER(c_int32), POINTER(POINTER(_TokenLogprobs)),
+                         POINTER(c_void_p), POINTER(POINTER(_GenerateOptions)), POINTER(ctypes.c_uint32), c_size_t,
+                         optional=True)
+HAVE_SAMPLE_MANY = _ep_sessions_sample is not None
+"""True when the loaded library samples several sessions in one call (0.5: :func:`sample_many`)."""
 _ep_text_stream_open = _fn("ep_text_stream_open", c_int32, POINTER(c_void_p), c_void_p, POINTER(c_char_p), c_size_t,
                            optional=True)
 _ep_text_stream_push = _fn("ep_text_stream_push", c_int32, c_void_p, c_int32, _TEXT_FN, c_void_p, POINTER(c_int32),
@@ -1326,11 +1331,73 @@ def append_many(sessions: Sequence[Session], tokens: Sequence[Sequence[int]]) ->
     _check(_ep_sessions_append(c_sessions, c_tokens, c_counts, n), "ep_sessions_append")
 
 
+def sample_many(sessions: Sequence[Session], options=None, logprobs=None):
+    """The next token of every session of ``sessions`` (distinct, of one model, each holding a
+    token) in one call (``ep_sessions_sample``: one sampling launch and one download for all of
+    them); each is what :meth:`Session.sample` (or :meth:`Session.sample_logprobs`) gives for it
+    alone, and each draw counter and grammar state advances the same way. ``options``: None (greedy
+    defaults), one dict of :meth:`Session.generate` options for every session, or a sequence of
+    per-session dicts (None entries: the defaults). ``logprobs``: None returns the tokens; an int
+    (the alternatives wanted, 0 .. MAX_TOP_LOGPROBS) or a sequence of ints or None per session
+    returns ``(token, logprob, [(token, logprob), ...])`` per session (``(token, None, [])`` where
+    the entry is None). A refused call (:class:`InvalidArgumentError` naming the session's index)
+    changes no session."""
+    if _ep_sessions_sample is None:
+        raise UnsupportedError(Status.UNSUPPORTED, "ep_sessions_sample: the loaded library predates it (0.5)",
+                               "ep_sessions_sample")
+    n = len(sessions)
+    if options is None or isinstance(options, dict):
+        per_options = [options or {}] * n
+    else:
+        per_options = [o or {} for o in options]
+        if len(per_options) != n:
+            raise ValueError(f"sample_many: {n} sessions but {len(per_options)} option dicts")
+    if logprobs is None:
+        per_top = [None] * n
+    elif isinstance(logprobs, int):
+        per_top = [logprobs] * n
+    else:
+        per_top = list(logprobs)
+        if len(per_top) != n:
+            raise ValueError(f"sample_many: {n} sessions but {len(per_top)} logprobs entries")
+    built = [_generate_options(o) for o in per_options]
+    c_sessions = (c_void_p * n)(*[s._ptr().value for s in sessions])
+    c_options = (POINTER(_GenerateOptions) * n)(*[ctypes.pointer(opts) for opts, _ in built])
+    outs = [None] * n
+    c_logprobs = None
+    c_top = None
+    if logprobs is not None:
+        for i, top in enumerate(per_top):
+            if top is not None:
+                outs[i] = _TokenLogprobs()
+                outs[i].struct_size = ctypes.sizeof(_TokenLogprobs)
+        c_logprobs = (POINTER(_TokenLogprobs) * n)(*[ctypes.pointer(o) if o is not None else None for o in outs])
+        c_top = (ctypes.c_uint32 * n)(*[int(t or 0) for t in per_top])
+    tokens = (c_int32 * n)()
+    _check(_ep_sessions_sample(tokens, c_logprobs, c_sessions, c_options, c_top, n), "ep_sessions_sample")
+    del built
+    if logprobs is None:
+        return [int(t) for t in tokens]
+    result = []
+    for i in range(n):
+        o = outs[i]
+        if o is None:
+            result.append((int(tokens[i]), None, []))
+        else:
+            result.append((int(o.token), float(o.logprob),
+                           [(int(o.top_tokens[j]), float(o.top_logprobs[j])) for j in range(o.n_top)]))
+    return result
+
+
 def step_batch(sessions: Sequence[Session], **options) -> List[int]:
-    """One decode step of a continuous batch: samples each session's next token
-    (:meth:`Session.sample` with ``options``), appends all of them in one
-    :func:`append_many` call, and returns them in the order of ``sessions``."""
-    next_tokens = [s.sample(**options) for s in sessions]
+    """One decode step of a continuous batch: samples every session's next token with
+    ``options`` (:func:`sample_many`: one call for all of them; :meth:`Session.sample` per
+    session with a library before 0.5), appends all of them in one :func:`append_many` call, and
+    returns them in the order of ``sessions``."""
+    if HAVE_SAMPLE_MANY:
+        next_tokens = sample_many(sessions, options)
+    else:
+        next_tokens = [s.sample(**options) for s in sessions]
     append_many(sessions, [[t] for t in next_tokens])
     return next_tokens
 

@@ -359,6 +359,40 @@ class BatchTest(unittest.TestCase):
                 ep.append_many([a], [])
             self.assertEqual(empty.tokens, [])
 
+    @unittest.skipUnless(ep.HAVE_SAMPLE_MANY, "the library has no ep_sessions_sample (0.5)")
+    def test_sample_many_equals_each_alone(self):
+        # sessions[i] and alone[i] hold the same prompt; each batched draw equals the single one,
+        # and the draw counters advance alike (seeded draws keep agreeing step after step)
+        prompts = [self.prompt, list(reversed(self.prompt))[:5], self.prompt[:3]]
+        options = [{}, {"temperature": 0.9, "top_p": 0.8, "seed": 3},
+                   {"temperature": 1.2, "seed": 4, "repetition_penalty": 1.3, "logit_bias": {7: 2.0}}]
+        batched = [self.model.session() for _ in prompts]
+        alone = [self.model.session() for _ in prompts]
+        try:
+            ep.append_many(batched, prompts)
+            ep.append_many(alone, prompts)
+            for _ in range(5):
+                got = ep.sample_many(batched, options, logprobs=[3, None, 0])
+                want = [alone[0].sample_logprobs(3, **options[0]), alone[1].sample(**options[1]),
+                        alone[2].sample_logprobs(0, **options[2])]
+                self.assertEqual(got[0], want[0])
+                self.assertEqual(got[1], (want[1], None, []))
+                self.assertEqual(got[2], want[2])
+                tokens = [[g[0]] for g in got]
+                ep.append_many(batched, tokens)
+                ep.append_many(alone, tokens)
+            self.assertEqual(ep.sample_many(batched), [s.sample() for s in alone])
+            with self.assertRaises(ep.InvalidArgumentError) as cm:
+                ep.sample_many([batched[0], batched[0]])
+            self.assertIn("sessions[1]", cm.exception.message)
+            with self.model.session() as empty:
+                with self.assertRaises(ep.InvalidArgumentError) as cm:
+                    ep.sample_many([batched[0], empty])
+                self.assertIn("sessions[1]", cm.exception.message)
+        finally:
+            for s in batched + alone:
+                s.close()
+
     def test_fork_is_closed_with_its_model(self):
         with ep.Model(env("EP_TEST_MODEL")) as m:
             s = m.session()

@@ -38,7 +38,8 @@ enum : unsigned {
   kWsGather = 8, kWsSample = 9, kWsToken = 10, kWsPairs = 11,
   // 12: attention_sinks split partials (cuda_backend_deepseek_v4.cpp)
   kWsGroupX = 13, kWsGroupY = 14,  // grouped_matmul of several tokens
-  kWsCount = 15,
+  kWsSampleRows = 15,               // sample_rows: the rows' arguments and lists, uploaded in one copy
+  kWsCount = 16,
 };
 constexpr uint64_t kDequantChunkBytes = uint64_t{64} << 20;  // dequantized weight rows per cuBLAS call
 constexpr uint64_t kUploadRingBytes = uint64_t{16} << 20;   // pinned staging of upload()
@@ -1000,6 +1001,107 @@ int32_t CudaBackend::sample(const Tensor &logits, const backend::SamplingParams 
   for (int32_t i = 0; i < k; ++i)
     logprobs->top_logprobs[i] = static_cast<float>(static_cast<double>(host.top_logits[i]) - host.lse);
   return host.token;
+}
+
+static_assert(kSampleTopMax == backend::kMaxTopLogprobs, "one limit of the alternatives");
+
+void CudaBackend::sample_rows(std::span<const backend::SampleRow> rows, std::span<int32_t> tokens) {
+  backend::check_sample_rows(rows, tokens.size(), Device::cuda);
+  if (rows.empty()) return;
+  const size_t n_rows = rows.size();
+  // One upload: the rows' arguments, then each row's penalized ids, biased ids, biases and mask
+  // words (4-byte entries). Scratch (kWsSample): per row n probabilities, and n adjusted logits
+  // where the row has a penalty, a bias or a mask.
+  std::vector<SampleRowArgs> args;
+  args.reserve(n_rows);
+  std::vector<uint32_t> lists;
+  struct Offsets {
+    size_t penalty, bias_ids, bias, mask;
+  };
+  std::vector<Offsets> at(n_rows);
+  uint64_t scratch_floats = 0;
+  std::vector<uint64_t> probs_at(n_rows), adjusted_at(n_rows, UINT64_MAX);
+  for (size_t i = 0; i < n_rows; ++i) {
+    const backend::SampleRow &r = rows[i];
+    const backend::SamplingParams &p = *r.params;
+    const int64_t n = r.logits.ne[0];
+    const std::vector<int32_t> ids =
+        p.repetition_penalty != 1.0f ? backend::penalty_ids(p.penalty_tokens, n) : std::vector<int32_t>{};
+    const size_t n_bias = p.logit_bias.size();
+    const size_t n_words = std::min<size_t>(p.allowed.size(), static_cast<size_t>((n + 31) / 32));
+    const bool adjust = !ids.empty() || n_bias > 0 || !p.allowed.empty();
+    at[i].penalty = lists.size();
+    for (int32_t id : ids) lists.push_back(static_cast<uint32_t>(id));
+    at[i].bias_ids = lists.size();
+    for (const backend::TokenBias &b : p.logit_bias) lists.push_back(static_cast<uint32_t>(b.token));
+    at[i].bias = lists.size();
+    for (const backend::TokenBias &b : p.logit_bias) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &b.bias, 4);
+      lists.push_back(bits);
+    }
+    at[i].mask = lists.size();
+    lists.insert(lists.end(), p.allowed.begin(), p.allowed.begin() + static_cast<std::ptrdiff_t>(n_words));
+    probs_at[i] = scratch_floats;
+    scratch_floats += static_cast<uint64_t>(n);
+    if (adjust) {
+      adjusted_at[i] = scratch_floats;
+      scratch_floats += static_cast<uint64_t>(n);
+    }
+    SampleRowArgs a;
+    a.logits = r.logits.as<float>();
+    a.u = backend::sample_uniform(p.seed, r.counter);
+    a.n = n;
+    a.mask_words = static_cast<int64_t>(n_words);
+    a.temperature = p.temperature;
+    a.top_p = p.top_p;
+    a.min_p = p.min_p;
+    a.penalty = p.repetition_penalty;
+    a.top_k = p.top_k;
+    a.n_penalty = static_cast<int32_t>(ids.size());
+    a.n_bias = static_cast<int32_t>(n_bias);
+    a.logprobs = r.logprobs ? 1 : 0;
+    a.top_n = r.logprobs ? static_cast<int32_t>(std::min<int64_t>(r.logprobs->top_n, n)) : 0;
+    args.push_back(a);
+  }
+  const uint64_t args_bytes = n_rows * sizeof(SampleRowArgs), lists_bytes = lists.size() * 4;
+  auto *dev = static_cast<uint8_t *>(workspace(kWsSampleRows, args_bytes + lists_bytes));
+  auto *dev_lists = reinterpret_cast<uint32_t *>(dev + args_bytes);
+  auto *scratch = static_cast<float *>(workspace(kWsSample, scratch_floats * 4));
+  auto *results = static_cast<SampleRowResult *>(workspace(kWsToken, n_rows * sizeof(SampleRowResult)));
+  for (size_t i = 0; i < n_rows; ++i) {
+    SampleRowArgs &a = args[i];
+    a.probs = scratch + probs_at[i];
+    if (adjusted_at[i] != UINT64_MAX) a.adjusted = scratch + adjusted_at[i];
+    a.penalty_ids = reinterpret_cast<const int32_t *>(dev_lists + at[i].penalty);
+    a.bias_ids = reinterpret_cast<const int32_t *>(dev_lists + at[i].bias_ids);
+    a.bias = reinterpret_cast<const float *>(dev_lists + at[i].bias);
+    if (!rows[i].params->allowed.empty()) a.mask = dev_lists + at[i].mask;
+  }
+  std::vector<uint8_t> block(args_bytes + lists_bytes);
+  std::memcpy(block.data(), args.data(), args_bytes);
+  if (lists_bytes) std::memcpy(block.data() + args_bytes, lists.data(), lists_bytes);
+  upload(dev, block.data(), block.size());
+  launch_sample_rows(reinterpret_cast<const SampleRowArgs *>(dev), static_cast<int64_t>(n_rows), results, impl_->stream);
+  std::vector<SampleRowResult> host(n_rows);
+  download(host.data(), results, n_rows * sizeof(SampleRowResult));
+  for (size_t i = 0; i < n_rows; ++i) {
+    const backend::SamplingParams &p = *rows[i].params;
+    if (host[i].token < 0)
+      fail(Status::internal, "sample_rows: rows[{}]: no token kept (temperature {}, top_k {}, top_p {}, min_p {})", i, p.temperature,
+           p.top_k, p.top_p, p.min_p);
+  }
+  for (size_t i = 0; i < n_rows; ++i) {
+    tokens[i] = host[i].token;
+    backend::TokenLogprobs *lp = rows[i].logprobs;
+    if (!lp) continue;
+    const int32_t k = args[i].top_n;
+    lp->logprob = host[i].logprob;
+    lp->top_ids.assign(host[i].top_ids, host[i].top_ids + k);
+    lp->top_logprobs.resize(static_cast<size_t>(k));
+    for (int32_t j = 0; j < k; ++j)
+      lp->top_logprobs[j] = static_cast<float>(static_cast<double>(host[i].top_logits[j]) - host[i].lse);
+  }
 }
 
 }  // namespace ep::backend::cuda

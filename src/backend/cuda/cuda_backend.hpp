@@ -99,6 +99,9 @@ class CudaBackend final : public backend::Backend {
   using Backend::sample;
   int32_t sample(const backend::Tensor &logits, const backend::SamplingParams &params, uint64_t counter,
                  backend::TokenLogprobs *logprobs) override;
+  /// Every row in one launch (sample_rows_kernel: sample()'s device code, one block per row), one
+  /// download of every row's results, one synchronisation.
+  void sample_rows(std::span<const backend::SampleRow> rows, std::span<int32_t> tokens) override;
 
   void mul(const backend::Tensor &a, const backend::Tensor &b, const backend::Tensor &y) override;
   void scale(const backend::Tensor &x, float s, const backend::Tensor &y) override;

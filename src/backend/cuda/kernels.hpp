@@ -175,6 +175,37 @@ void launch_pair_tokens(int64_t n, int32_t k, int32_t *out, cudaStream_t stream)
 /// penalty); `scratch` holds n floats. Writes the token to *out (device).
 void launch_sample(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p, float min_p, double u,
                    float *scratch, int32_t *out, cudaStream_t stream);
+/// The most alternatives a row of launch_sample_rows() reports (backend::kMaxTopLogprobs).
+constexpr int32_t kSampleTopMax = 20;
+/// One row of launch_sample_rows(): device addresses (the row, its scratch, its uploaded lists)
+/// and its settings.
+struct SampleRowArgs {
+  const float *logits = nullptr;       ///< the raw row, n floats
+  float *probs = nullptr;              ///< n floats of scratch
+  float *adjusted = nullptr;           ///< null, or n floats: the row after the penalty, the bias and the mask
+  const int32_t *penalty_ids = nullptr;  ///< n_penalty distinct ids inside the row
+  const int32_t *bias_ids = nullptr;   ///< n_bias distinct ids inside the row
+  const float *bias = nullptr;         ///< their biases
+  const uint32_t *mask = nullptr;      ///< null, or mask_words words of allowed tokens
+  double u = 0.0;                      ///< the draw's uniform (sample_uniform)
+  int64_t n = 0;
+  int64_t mask_words = 0;
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f, penalty = 1.0f;
+  int32_t top_k = 0, n_penalty = 0, n_bias = 0;
+  int32_t logprobs = 0;                ///< 1: lse, logprob and the top_n alternatives
+  int32_t top_n = 0;                   ///< 0 .. kSampleTopMax (at most n)
+};
+/// What one row of launch_sample_rows() gives (device memory; downloaded in one copy).
+struct SampleRowResult {
+  double lse;                          ///< log Σ exp of the raw row (with logprobs)
+  int32_t token;                       ///< −1: no token kept
+  float logprob;                       ///< the token's log-probability (with logprobs)
+  int32_t top_ids[kSampleTopMax];       ///< the top_n most likely tokens (with logprobs)
+  float top_logits[kSampleTopMax];      ///< their raw logits
+};
+/// launch_sample(), and with logprobs launch_token_logprob() and launch_top_k(), for every row of
+/// @p rows (device, n_rows entries) in one launch, one block per row; @p results: n_rows entries.
+void launch_sample_rows(const SampleRowArgs *rows, int64_t n_rows, SampleRowResult *results, cudaStream_t stream);
 /// The repetition penalty on a device copy of the logits: z[ids[j]] / penalty when positive,
 /// × penalty otherwise; ids (device) are distinct and inside the row.
 void launch_repetition_penalty(float *z, const int32_t *ids, int32_t n_ids, float penalty, cudaStream_t stream);

@@ -1,10 +1,11 @@
-// Sampling on the device, one block: greedy (first maximum), or temperature + top-k (k-th
+// Sampling on the device, one block per row: greedy (first maximum), or temperature + top-k (k-th
 // largest found by a bitwise search over order-preserving float keys, ties at the k-th value
 // kept) + top-p (the largest probability cut whose kept mass reaches top_p, found the same way)
 // + min-p (relative to the most likely token) + a draw in vocabulary order with the host's
 // seeded uniform u. The repetition penalty and the logit bias run first, on a copy of the logits. Sums in
 // double, like the CPU reference, so both backends pick the same token. The log-probabilities are of the raw
-// logits (log Σ exp in double here, the top alternatives by the top-k kernel).
+// logits (log Σ exp in double here, the top alternatives by the top-k kernel). sample_rows_kernel runs
+// the same device functions over a batch of rows, one block each, in one launch.
 #include "gpu/check.hpp"
 #include "backend/cuda/kernels.hpp"
 #include "backend/cuda/reduce.cuh"
@@ -45,9 +46,11 @@ __global__ void token_mask_kernel(float *__restrict__ z, int64_t n, const uint32
   if (w >= n_words || !(mask[w] >> (t % 32) & 1u)) z[t] = -INFINITY;
 }
 
-/// log Σ exp(z) of the raw row and the token's log-probability (one block).
-__global__ void token_logprob_kernel(const float *__restrict__ logits, int64_t n, const int32_t *__restrict__ token,
-                                     double *out_lse, float *out_logprob) {
+/// log Σ exp(z) of the raw row and the token's log-probability (one block of kThreads). @p token
+/// is not __restrict__: sample_rows_kernel wrote it earlier in the same launch, so its load must
+/// not take the read-only (non-coherent) path.
+__device__ void token_logprob_row(const float *__restrict__ logits, int64_t n, const int32_t *token, double *out_lse,
+                                  float *out_logprob) {
   float zmax = -INFINITY;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) zmax = fmaxf(zmax, logits[i]);
   zmax = block_reduce(zmax, MaxOp{}, -INFINITY);
@@ -62,8 +65,16 @@ __global__ void token_logprob_kernel(const float *__restrict__ logits, int64_t n
   }
 }
 
-__global__ void sample_kernel(const float *__restrict__ logits, int64_t n, float temperature, int32_t top_k, float top_p,
-                              float min_p, double u, float *__restrict__ p, int32_t *out) {
+__global__ void token_logprob_kernel(const float *__restrict__ logits, int64_t n, const int32_t *__restrict__ token,
+                                     double *out_lse, float *out_logprob) {
+  token_logprob_row(logits, n, token, out_lse, out_logprob);
+}
+
+/// The draw from one row (one block of kThreads): greedy, or the cuts and the seeded draw.
+/// @p logits is not __restrict__: in sample_rows_kernel it is the adjusted copy the block wrote
+/// earlier in the same launch, whose loads must not take the read-only (non-coherent) path.
+__device__ void sample_row(const float *logits, int64_t n, float temperature, int32_t top_k, float top_p,
+                           float min_p, double u, float *__restrict__ p, int32_t *out) {
   __shared__ double scan[kThreads];
   const int tid = threadIdx.x;
   if (temperature <= 0.0f || top_k == 1) {
@@ -158,6 +169,68 @@ __global__ void sample_kernel(const float *__restrict__ logits, int64_t n, float
   }
 }
 
+__global__ void sample_kernel(const float *__restrict__ logits, int64_t n, float temperature, int32_t top_k, float top_p,
+                              float min_p, double u, float *__restrict__ p, int32_t *out) {
+  sample_row(logits, n, temperature, top_k, top_p, min_p, u, p, out);
+}
+
+/// The top_n largest raw logits of a row, descending (ties: lower index first): top_k_kernel's
+/// selection (moe.cu), which is exact whatever the block size.
+__device__ void top_logits_row(const float *__restrict__ x, int64_t n, int32_t k, int32_t *indices, float *values) {
+  float pv = INFINITY;
+  int32_t pi = -1;
+  for (int j = 0; j < k; ++j) {
+    Best b{0.0f, INT32_MAX};
+    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+      const float v = x[e];
+      const int32_t i = static_cast<int32_t>(e);
+      if ((v < pv || (v == pv && i > pi)) && (b.i == INT32_MAX || better(Best{v, i}, b))) b = Best{v, i};
+    }
+    b = block_best(b);
+    if (threadIdx.x == 0) {
+      indices[j] = b.i == INT32_MAX ? -1 : b.i;
+      values[j] = b.i == INT32_MAX ? __int_as_float(0x7fc00000) : b.v;
+    }
+    pv = b.v;
+    pi = b.i;
+  }
+}
+
+/// Every row of a batched step in one launch, one block per row: what sample() runs as separate
+/// launches for one row (the adjusted copy of the logits: the repetition penalty, the logit bias,
+/// the token mask, each stage after the last; the draw; the log-probabilities and the top
+/// alternatives of the raw row), with the same per-element operations and the same reductions.
+__global__ void __launch_bounds__(kThreads)
+    sample_rows_kernel(const SampleRowArgs *__restrict__ rows, SampleRowResult *__restrict__ results) {
+  const SampleRowArgs a = rows[blockIdx.x];
+  SampleRowResult *res = results + blockIdx.x;
+  const int tid = threadIdx.x;
+  const float *z = a.logits;
+  if (a.adjusted) {
+    for (int64_t i = tid; i < a.n; i += kThreads) a.adjusted[i] = a.logits[i];
+    __syncthreads();
+    for (int32_t j = tid; j < a.n_penalty; j += kThreads) {
+      const float v = a.adjusted[a.penalty_ids[j]];
+      a.adjusted[a.penalty_ids[j]] = v > 0.0f ? v / a.penalty : v * a.penalty;
+    }
+    __syncthreads();
+    for (int32_t j = tid; j < a.n_bias; j += kThreads) a.adjusted[a.bias_ids[j]] += a.bias[j];
+    __syncthreads();
+    if (a.mask)
+      for (int64_t t = tid; t < a.n; t += kThreads) {
+        const int64_t w = t / 32;
+        if (w >= a.mask_words || !(a.mask[w] >> (t % 32) & 1u)) a.adjusted[t] = -INFINITY;
+      }
+    __syncthreads();
+    z = a.adjusted;
+  }
+  sample_row(z, a.n, a.temperature, a.top_k, a.top_p, a.min_p, a.u, a.probs, &res->token);
+  if (!a.logprobs) return;
+  __syncthreads();  // the token written above, visible to the block
+  token_logprob_row(a.logits, a.n, &res->token, &res->lse, &res->logprob);
+  if (a.top_n > 0) top_logits_row(a.logits, a.n, a.top_n, res->top_ids, res->top_logits);
+}
+
 }  // namespace
 
 void launch_repetition_penalty(float *z, const int32_t *ids, int32_t n_ids, float penalty, cudaStream_t stream) {
@@ -188,6 +261,12 @@ void launch_sample(const float *logits, int64_t n, float temperature, int32_t to
                    float *scratch, int32_t *out, cudaStream_t stream) {
   sample_kernel<<<1, kThreads, 0, stream>>>(logits, n, temperature, top_k, top_p, min_p, u, scratch, out);
   EP_CUDA_CHECK_LAUNCH("sample_kernel");
+}
+
+void launch_sample_rows(const SampleRowArgs *rows, int64_t n_rows, SampleRowResult *results, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  sample_rows_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(rows, results);
+  EP_CUDA_CHECK_LAUNCH("sample_rows_kernel");
 }
 
 }  // namespace ep::backend::cuda

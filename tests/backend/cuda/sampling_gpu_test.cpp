@@ -1,13 +1,18 @@
 // The sampling extras on the GPU (repetition penalty over a token window, min_p, logit bias) pick
 // exactly the CPU reference's token, its log-probabilities and alternatives agree with the CPU's,
-// and the logits are left untouched.
+// and the logits are left untouched. sample_rows (every row of a batched step in one launch) gives
+// each row's single-row sample(), bit for bit, and the CPU's tokens.
 #include "backend/cpu_backend.hpp"
 #include "backend/cuda/cuda_backend.hpp"
+#include "core/status.hpp"
+#include "backend/sample_rows_cases.hpp"
 #include "support/catch.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace ep::backend;
@@ -152,4 +157,79 @@ TEST_CASE("a token mask on the GPU picks the CPU's token", "[gpu][sampling]") {
   gpu.download(back.data(), dev, static_cast<uint64_t>(n) * 4);
   CHECK(back == logits);
   gpu.deallocate(dev);
+}
+
+TEST_CASE("sample_rows on the GPU: one launch over every row gives each row's single-row sample()", "[gpu][sampling]") {
+  CudaBackend gpu;
+  CpuBackend cpu;
+  const int64_t n = 129280;  // DeepSeek-V4 vocabulary
+  const std::vector<ep::test::SampleCase> cases = ep::test::sample_cases(n, 32, 123);
+  const size_t rows_n = cases.size();
+  // Each row in its own allocation, as each session keeps its own last row.
+  std::vector<void *> dev(rows_n);
+  std::vector<Tensor> lg(rows_n);
+  for (size_t i = 0; i < rows_n; ++i) {
+    dev[i] = gpu.allocate(static_cast<uint64_t>(n) * 4);
+    gpu.upload(dev[i], cases[i].logits.data(), static_cast<uint64_t>(n) * 4);
+    lg[i] = Tensor::make(dev[i], GgmlType::f32, Device::cuda, {n});
+  }
+  auto poisoned = [](int32_t top_n) {
+    TokenLogprobs lp;
+    lp.top_n = top_n;
+    lp.logprob = std::nanf("");
+    lp.top_ids.assign(3, -9);
+    lp.top_logprobs.assign(3, 42.0f);
+    return lp;
+  };
+  std::vector<int32_t> single(rows_n), reference(rows_n);
+  std::vector<TokenLogprobs> single_lp(rows_n), batched_lp(rows_n), cpu_lp(rows_n);
+  std::vector<SampleRow> rows(rows_n);
+  for (size_t i = 0; i < rows_n; ++i) {
+    const ep::test::SampleCase &c = cases[i];
+    single_lp[i] = poisoned(c.top_n);
+    cpu_lp[i] = poisoned(c.top_n);
+    batched_lp[i] = poisoned(c.top_n);
+    single[i] = gpu.sample(lg[i], c.params, c.counter, c.top_n >= 0 ? &single_lp[i] : nullptr);
+    const Tensor lc = Tensor::make(const_cast<float *>(c.logits.data()), GgmlType::f32, Device::cpu, {n});
+    reference[i] = cpu.sample(lc, c.params, c.counter, c.top_n >= 0 ? &cpu_lp[i] : nullptr);
+    rows[i] = SampleRow{lg[i], &c.params, c.counter, c.top_n >= 0 ? &batched_lp[i] : nullptr};
+  }
+  std::vector<int32_t> batched(rows_n, -7);
+  gpu.sample_rows(rows, batched);
+  for (size_t i = 0; i < rows_n; ++i) {
+    const ep::test::SampleCase &c = cases[i];
+    INFO("row " << i << " kind " << c.kind);
+    CHECK(batched[i] == single[i]);
+    CHECK(batched[i] == reference[i]);
+    if (c.top_n < 0) continue;
+    // the single-row launch's arithmetic: the same bits
+    CHECK(std::memcmp(&batched_lp[i].logprob, &single_lp[i].logprob, 4) == 0);
+    CHECK(std::fabs(batched_lp[i].logprob - cpu_lp[i].logprob) < 1e-5f);
+    REQUIRE(batched_lp[i].top_ids.size() == static_cast<size_t>(c.top_n));
+    CHECK(batched_lp[i].top_ids == single_lp[i].top_ids);
+    CHECK(batched_lp[i].top_ids == cpu_lp[i].top_ids);
+    REQUIRE(batched_lp[i].top_logprobs.size() == single_lp[i].top_logprobs.size());
+    for (size_t j = 0; j < batched_lp[i].top_logprobs.size(); ++j)
+      CHECK(std::memcmp(&batched_lp[i].top_logprobs[j], &single_lp[i].top_logprobs[j], 4) == 0);
+  }
+  // a refused row is named before anything runs
+  std::vector<SamplingParams> bad;
+  for (const auto &c : cases) bad.push_back(c.params);
+  bad[3].logit_bias = {{static_cast<int32_t>(n), 1.0f}};
+  for (size_t i = 0; i < rows_n; ++i) rows[i].params = &bad[i];
+  std::vector<int32_t> untouched(rows_n, -7);
+  try {
+    gpu.sample_rows(rows, untouched);
+    FAIL("sample_rows accepted a logit bias outside the row");
+  } catch (const ep::Error &e) {
+    CHECK(std::string(e.what()).find("rows[3]") != std::string::npos);
+  }
+  CHECK(untouched == std::vector<int32_t>(rows_n, -7));
+  // the logits are left as they were
+  for (size_t i = 0; i < rows_n; ++i) {
+    std::vector<float> back(static_cast<size_t>(n));
+    gpu.download(back.data(), dev[i], static_cast<uint64_t>(n) * 4);
+    CHECK(back == cases[i].logits);
+    gpu.deallocate(dev[i]);
+  }
 }

@@ -424,6 +424,14 @@ extern "C" {
                                       options: *const ep_generate_options, top_logprobs: u32) -> ep_status;
 }
 
+// model.h, 0.5 (feature "sample_many": a library built before 0.5 lacks it)
+#[cfg(feature = "sample_many")]
+extern "C" {
+    pub fn ep_sessions_sample(out_tokens: *mut i32, out_logprobs: *const *mut ep_token_logprobs,
+                              sessions: *const *mut ep_session, options: *const *const ep_generate_options,
+                              top_logprobs: *const u32, n_sessions: usize) -> ep_status;
+}
+
 /// `ep_generate_stats` with every field of the current header.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]

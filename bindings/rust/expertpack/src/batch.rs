@@ -107,6 +107,66 @@ pub fn append_many(sessions: &mut [&mut Session<'_>], tokens: &[&[i32]]) -> Resu
     check(unsafe { sys::ep_sessions_append(raws.as_ptr(), ptrs.as_ptr(), counts.as_ptr(), raws.len()) })
 }
 
+/// The next token of every session of `sessions` (of one model, each holding a token) in one
+/// call (`ep_sessions_sample`, 0.5: one sampling launch and one download for all of them).
+/// `options`: empty (greedy defaults for every session) or one entry per session. `top_logprobs`:
+/// empty (no log-probabilities) or one entry per session: `None`, or the alternatives wanted
+/// (0..=20) with the token's log-probability. Each result is what [`Session::sample`] (or
+/// [`Session::sample_logprobs`]) gives for that session alone, and each draw counter advances the
+/// same way; a refused call (naming the session's index) changes no session. Where no
+/// log-probabilities were asked for, a result's `logprob` is 0 and its `top` empty.
+#[cfg(feature = "sample_many")]
+pub fn sample_many(sessions: &mut [&mut Session<'_>], options: &[GenerateOptions], top_logprobs: &[Option<u32>])
+                   -> Result<Vec<TokenLogprobs>> {
+    let n = sessions.len();
+    if (!options.is_empty() && options.len() != n) || (!top_logprobs.is_empty() && top_logprobs.len() != n) {
+        return Err(Error::new(Status::InvalidArgument,
+                              format!("sample_many: {} sessions, {} option sets and {} log-probability counts", n,
+                                      options.len(), top_logprobs.len())));
+    }
+    let raws: Vec<*mut sys::ep_session> = sessions.iter().map(|s| s.raw).collect();
+    let opts = options.iter().map(|o| o.to_raw()).collect::<Result<Vec<_>>>()?;
+    let opt_ptrs: Vec<*const sys::ep_generate_options> =
+        opts.iter().map(|o| &o.raw as *const _ as *const sys::ep_generate_options).collect();
+    let mut lps: Vec<sys::ep_token_logprobs> = (0..n)
+        .map(|_| {
+            let mut out = std::mem::MaybeUninit::<sys::ep_token_logprobs>::uninit();
+            // SAFETY: init fills the whole struct.
+            unsafe {
+                sys::ep_token_logprobs_init(out.as_mut_ptr());
+                out.assume_init()
+            }
+        })
+        .collect();
+    let lp_ptrs: Vec<*mut sys::ep_token_logprobs> = lps
+        .iter_mut()
+        .zip(0..n)
+        .map(|(lp, i)| match top_logprobs.get(i) {
+            Some(Some(_)) => lp as *mut _,
+            _ => ptr::null_mut(),
+        })
+        .collect();
+    let tops: Vec<u32> = (0..n).map(|i| top_logprobs.get(i).copied().flatten().unwrap_or(0)).collect();
+    let mut tokens = vec![-1i32; n];
+    // SAFETY: arrays of n entries (or null where the C API takes null for "none"), valid for the
+    // call; the sessions are borrowed mutably; the options point into `opts`, alive until the end.
+    check(unsafe {
+        sys::ep_sessions_sample(tokens.as_mut_ptr(), if top_logprobs.is_empty() { ptr::null() } else { lp_ptrs.as_ptr() },
+                                raws.as_ptr(), if options.is_empty() { ptr::null() } else { opt_ptrs.as_ptr() },
+                                if top_logprobs.is_empty() { ptr::null() } else { tops.as_ptr() }, n)
+    })?;
+    Ok((0..n)
+        .map(|i| {
+            if lp_ptrs[i].is_null() {
+                return TokenLogprobs { token: tokens[i], logprob: 0.0, top: Vec::new() };
+            }
+            let lp = &lps[i];
+            let k = (lp.n_top as usize).min(sys::EP_MAX_TOP_LOGPROBS);
+            TokenLogprobs { token: tokens[i], logprob: lp.logprob, top: (0..k).map(|j| (lp.top_tokens[j], lp.top_logprobs[j])).collect() }
+        })
+        .collect())
+}
+
 /// One decode step of a continuous batch: samples each session's next token with `options`
 /// ([`Session::sample`]), appends all of them in one [`append_many`] call, and returns them in
 /// the order of `sessions`.

@@ -229,3 +229,42 @@ fn logprobs_and_logit_bias() {
     let refused = GenerateOptions { logit_bias: vec![(forced, 150.0)], ..Default::default() };
     assert_eq!(s.sample(&refused).unwrap_err().status, Status::InvalidArgument);
 }
+
+#[cfg(feature = "sample_many")]
+#[test]
+fn sample_many_equals_each_alone() {
+    // batched[i] and alone[i] hold the same prompt; the draws agree step after step (the draw
+    // counters advance alike)
+    let prompt = ids(&env("EP_TEST_PROMPT"));
+    let model = Model::open(model_path(), &ModelOptions::default()).unwrap();
+    let prompts: Vec<Vec<i32>> = vec![prompt.clone(), prompt[..3].to_vec(), vec![prompt[4], prompt[2], prompt[0]]];
+    let options = vec![
+        GenerateOptions::default(),
+        GenerateOptions { temperature: 0.9, top_p: 0.8, seed: 3, ..Default::default() },
+        GenerateOptions { temperature: 1.2, seed: 4, repetition_penalty: Some(1.3), logit_bias: vec![(7, 2.0)], ..Default::default() },
+    ];
+    let tops = [Some(3), None, Some(0)];
+    let mut batched: Vec<Session> = prompts.iter().map(|_| model.session().unwrap()).collect();
+    let mut alone: Vec<Session> = prompts.iter().map(|_| model.session().unwrap()).collect();
+    let lists: Vec<&[i32]> = prompts.iter().map(|p| p.as_slice()).collect();
+    append_many(&mut batched.iter_mut().collect::<Vec<_>>(), &lists).unwrap();
+    append_many(&mut alone.iter_mut().collect::<Vec<_>>(), &lists).unwrap();
+    for step in 0..5 {
+        let got = sample_many(&mut batched.iter_mut().collect::<Vec<_>>(), &options, &tops).unwrap();
+        for (i, s) in alone.iter_mut().enumerate() {
+            let want = match tops[i] {
+                Some(top) => s.sample_logprobs(&options[i], top).unwrap(),
+                None => TokenLogprobs { token: s.sample(&options[i]).unwrap(), logprob: 0.0, top: Vec::new() },
+            };
+            assert_eq!(got[i], want, "step {} session {}", step, i);
+        }
+        let next: Vec<[i32; 1]> = got.iter().map(|g| [g.token]).collect();
+        let next: Vec<&[i32]> = next.iter().map(|t| t.as_slice()).collect();
+        append_many(&mut batched.iter_mut().collect::<Vec<_>>(), &next).unwrap();
+        append_many(&mut alone.iter_mut().collect::<Vec<_>>(), &next).unwrap();
+    }
+    let mut empty = model.session().unwrap();
+    let err = sample_many(&mut [&mut batched[0], &mut empty], &[], &[]).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.contains("sessions[1]"), "{}", err.message);
+}
