@@ -1,5 +1,4 @@
-// The test runner's main for every CPU test executable (Catch2 v2 and v3).
-#define CATCH_CONFIG_RUNNER  // Catch2 v2: we provide main()
-#include "support/catch.hpp"
+// The test runner's main for every CPU test executable (Catch2 v2 and v3: catch_session.cpp).
+#include "support/catch_session.hpp"
 
-int main(int argc, char **argv) { return Catch::Session().run(argc, argv); }
+int main(int argc, char **argv) { return ep::test::run_catch(argc, argv); }

@@ -3,8 +3,7 @@
 // scripts/dev/gpu-check) a missing device is a failure instead.
 #include <expertpack/expertpack.h>
 
-#define CATCH_CONFIG_RUNNER  // Catch2 v2: we provide main()
-#include "support/catch.hpp"
+#include "support/catch_session.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +12,7 @@
 int main(int argc, char **argv) {
   // Listing the test cases (--list-tests, --list-test-names-only, ...) needs no device.
   for (int i = 1; i < argc; ++i)
-    if (std::strncmp(argv[i], "--list", 6) == 0) return Catch::Session().run(argc, argv);
+    if (std::strncmp(argv[i], "--list", 6) == 0) return ep::test::run_catch(argc, argv);
   int32_t devices = 0;
   if (ep_cuda_device_count(&devices) != EP_OK || devices == 0) {
     const char *require = std::getenv("EP_REQUIRE_GPU");
@@ -21,5 +20,5 @@ int main(int argc, char **argv) {
     std::printf("%s: %s\n", required ? "FAIL" : "SKIP", ep_last_error());
     return required ? 1 : 77;
   }
-  return Catch::Session().run(argc, argv);
+  return ep::test::run_catch(argc, argv);
 }
