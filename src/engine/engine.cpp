@@ -191,6 +191,8 @@ std::unique_ptr<Engine> Engine::open(const std::string &path, const ModelOptions
       stream = cuda->stream();
       be = std::move(cuda);
     }
+#else
+    (void)d;  // without CUDA every device is the CPU
 #endif
     if (!be) be = std::make_unique<backend::CpuBackend>(static_cast<uint32_t>(options.cpu_threads));
     backends.push_back(be.get());
