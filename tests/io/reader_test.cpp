@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "io/reader.hpp"
+#include "support/fake_disk_clock.hpp"
 #include "testkit/store_pack.hpp"
 
 #include <atomic>
@@ -300,37 +301,8 @@ TEST_CASE("misaligned O_DIRECT requests are rejected up front", "[io]") {
   CHECK_THROWS_AS(reader->submit(r), Error);
 }
 
-namespace {
-
-// A clock the test drives: it moves only when a read "takes" time in the seam.
-struct FakeClock {
-  std::atomic<uint64_t> t{1000};
-  std::atomic<uint64_t> reads{0};
-  io::NanoClock clock() {
-    return [this] {
-      reads.fetch_add(1);
-      return t.load();
-    };
-  }
-};
-
-// Every raw read result takes @p ns on the fake clock (the seam stands for the device).
-class SlowDevice final : public io::IoSeam {
- public:
-  SlowDevice(FakeClock &clock, uint64_t ns) : clock_(clock), ns_(ns) {}
-  int64_t on_read_result(uint64_t, uint64_t, int64_t result) override {
-    calls.fetch_add(1);
-    clock_.t.fetch_add(ns_);
-    return result;
-  }
-  std::atomic<uint64_t> calls{0};
-
- private:
-  FakeClock &clock_;
-  uint64_t ns_;
-};
-
-}  // namespace
+using ep::test::FakeClock;
+using ep::test::SlowDevice;
 
 TEST_CASE("BusyClock sums the time with reads in flight, reading the clock only at transitions", "[io]") {
   FakeClock c;

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "io/seam.hpp"
 #include "store/expert_store.hpp"
+#include "support/fake_disk_clock.hpp"
 #include "testkit/store_pack.hpp"
 #include "test_pack.hpp"
 
@@ -323,38 +324,12 @@ TEST_CASE("concurrent acquires from several threads", "[store]") {
   CHECK(s.cache_hits + s.cache_misses == unique);
 }
 
-namespace {
-
-// A clock the test drives (a tick per read when @p tick, else only when the seam moves it).
-struct TestClock {
-  std::atomic<uint64_t> t{1000};
-  bool tick = false;
-  io::NanoClock clock() {
-    return [this] { return tick ? t.fetch_add(1) : t.load(); };
-  }
-};
-
-// Every raw read takes @p ns on the test's clock.
-class SlowDevice final : public io::IoSeam {
- public:
-  SlowDevice(TestClock &clock, uint64_t ns) : clock_(clock), ns_(ns) {}
-  int64_t on_read_result(uint64_t, uint64_t, int64_t result) override {
-    calls.fetch_add(1);
-    clock_.t.fetch_add(ns_);
-    return result;
-  }
-  std::atomic<uint64_t> calls{0};
-
- private:
-  TestClock &clock_;
-  uint64_t ns_;
-};
-
-}  // namespace
+using ep::test::FakeClock;
+using ep::test::SlowDevice;
 
 TEST_CASE("the store's times: disk busy, the caller stalled on it, its own work with the disk idle", "[store]") {
   for (auto backend : {io::Backend::automatic, io::Backend::pread}) {
-    TestClock c;
+    FakeClock c;
     auto seam = std::make_shared<SlowDevice>(c, 500);
     StoreOptions o = options(6, 4, 1);
     o.reader.backend = backend;
