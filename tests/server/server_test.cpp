@@ -79,8 +79,10 @@ class Http {
   }
 
   /// A streamed request; with @p stop_after > 0 the client closes the connection after that many
-  /// events, and when @p keep_going says no (asked at every event that arrives).
-  StreamReply stream(const std::string &path, json body, size_t stop_after = 0, const std::function<bool()> &keep_going = {}) {
+  /// events, and when @p keep_going says no (asked, with the count of events so far, whenever
+  /// bytes arrive).
+  StreamReply stream(const std::string &path, json body, size_t stop_after = 0,
+                     const std::function<bool(size_t events)> &keep_going = {}) {
     body["stream"] = true;
     StreamReply out;
     httplib::Request req;
@@ -99,7 +101,7 @@ class Http {
         if (event.rfind("data: ", 0) == 0) out.data.push_back(event.substr(6));
         else out.data.push_back("<not a data event: " + event + ">");
       }
-      return (stop_after == 0 || out.data.size() < stop_after) && (!keep_going || keep_going());
+      return (stop_after == 0 || out.data.size() < stop_after) && (!keep_going || keep_going(out.data.size()));
     };
     const httplib::Result r = cli_.send(req);
     if (r) {
@@ -128,16 +130,20 @@ class Http {
   std::string key_;
 };
 
-/// One value of the server's /metrics (-1 when the series is missing).
-double metric(Http &http, const std::string &series) {
-  const Reply r = http.get("/metrics");
-  const std::string text = r.body.is_string() ? r.body.get<std::string>() : std::string();
+/// One value of a /metrics text (-1 when the series is missing).
+double metric_in(const std::string &text, const std::string &series) {
   size_t at = 0;
   while ((at = text.find(series + " ", at)) != std::string::npos) {
     if (at == 0 || text[at - 1] == '\n') return std::stod(text.substr(at + series.size() + 1));
     at += series.size();
   }
   return -1;
+}
+
+/// One value of the server's /metrics (-1 when the series is missing).
+double metric(Http &http, const std::string &series) {
+  const Reply r = http.get("/metrics");
+  return metric_in(r.body.is_string() ? r.body.get<std::string>() : std::string(), series);
 }
 
 /// Waits until a metric reaches @p want (the scheduler updates them after its step).
@@ -838,7 +844,7 @@ TEST_CASE("ep-server: a client that disconnects cancels its request; a busy mode
   size_t first_events = 0;
   std::thread first([&] {
     Http h(server.port());
-    first_events = h.stream("/v1/completions", endless, 0, [&] {
+    first_events = h.stream("/v1/completions", endless, 0, [&](size_t) {
                       if (!release) return true;
                       left_at = Clock::now();
                       return false;
@@ -936,7 +942,7 @@ TEST_CASE("ep-server: requests are admitted by memory: one that never fits is a 
   std::atomic<bool> release{false};
   std::thread first([&] {
     Http h(server.port());
-    h.stream("/v1/completions", body(kLong), 0, [&] { return !release.load(); });
+    h.stream("/v1/completions", body(kLong), 0, [&](size_t) { return !release.load(); });
   });
   REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 600s));
   CHECK(wait_metric(http, "ep_server_kv_reserved_bytes", 1));
@@ -1220,13 +1226,58 @@ TEST_CASE("ep-server: clients that trickle their headers hold no more than their
 
 TEST_CASE("ep-server: a request's headers and body must arrive within their deadlines", "[hardening]") {
   ep::test::TempDir dir;
-  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--header-timeout", "0.5", "--body-timeout", "0.5"}));
-  Http http(server.port());
-  // Each client sends a little every 50 ms, forever: only a deadline ends the connection.
-  auto closed_by_server = [&](const std::string &start, const std::string &more) {
-    std::vector<std::unique_ptr<RawSocket>> one;
+  // One worker: connections are served one after another in the order they were opened, and a
+  // connection's deadlines start only when the worker takes it. The test's own requests are sent
+  // whole while the worker is still busy with an earlier connection, so their bytes are there
+  // before their clock starts: only the slow clients can miss a deadline, however slow the test
+  // itself runs on a loaded machine.
+  ep::test::ServerProcess server(EP_SERVER_EXE, server_args(dir, {"--max-connections", "1", "--header-timeout", "0.5",
+                                                                  "--body-timeout", "0.5", "--max-tokens", "100000"}));
+  // The worker is held by a streamed answer that runs until its client leaves. (Its own request
+  // reaches a free worker; should it miss the header deadline, it is sent again, and that timeout
+  // is in the counts read before the slow clients.)
+  std::atomic<bool> streaming{false}, release{false}, holder_gave_up{false};
+  std::thread holder([&] {
+    const json endless = {{"prompt", "And God said"}, {"max_tokens", 100000}, {"ignore_eos", true}, {"temperature", 0}};
+    for (int attempt = 0; attempt < 20 && !streaming; ++attempt)
+      Http(server.port()).stream("/v1/completions", endless, 0, [&](size_t events) {
+        if (events > 0) streaming = true;
+        return !release;
+      });
+    holder_gave_up = !streaming;
+  });
+  while (!streaming && !holder_gave_up) std::this_thread::sleep_for(10ms);
+  if (!streaming) {
+    holder.join();
+    FAIL("no streamed answer held the worker; the server's log:\n" << server.log());
+  }
+  // Queued behind it, in this order: the counts before, a client that never ends its headers, the
+  // counts after it, a client that never ends its body, the counts after it, and a prompt client.
+  const std::string get_metrics = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string prompt = json{{"prompt", "And God said"}, {"temperature", 0}, {"max_tokens", 2}}.dump();
+  std::vector<std::unique_ptr<RawSocket>> before, slow_headers, after_headers, slow_body, after_body, prompt_client;
+  auto open = [&](std::vector<std::unique_ptr<RawSocket>> &one, const std::string &bytes) {
     one.push_back(std::make_unique<RawSocket>(server.port()));
-    REQUIRE(one[0]->send_all(start));
+    REQUIRE(one[0]->send_all(bytes));
+  };
+  open(before, get_metrics);
+  open(slow_headers, "GET /health HTTP/1.1\r\n");
+  open(after_headers, get_metrics);
+  open(slow_body, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n");
+  open(after_body, get_metrics);
+  open(prompt_client, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(prompt.size()) + "\r\nConnection: close\r\n\r\n" + prompt);
+  release = true;  // the holder leaves at its next event, and the worker takes the queue in order
+  holder.join();
+
+  // The metrics' answer, read to the end (the server closes the connection after it).
+  auto counts = [&](RawSocket &s, const char *phase) {
+    REQUIRE(s.status() == 200);
+    s.read_to_close();
+    return metric_in(s.received(), std::string("ep_server_connection_timeouts_total{phase=\"") + phase + "\"}");
+  };
+  // Each slow client sends a little every 50 ms, forever: only a deadline ends the connection.
+  auto closed_by_server = [&](std::vector<std::unique_ptr<RawSocket>> &one, const std::string &more) {
     std::atomic<bool> stop{false};
     std::thread t([&] { trickle(one, stop, more); });
     for (int i = 0; i < 600 && one[0]->pump(100ms);) ++i;  // at most a minute
@@ -1234,12 +1285,18 @@ TEST_CASE("ep-server: a request's headers and body must arrive within their dead
     t.join();
     return one[0]->closed();
   };
-  CHECK(closed_by_server("GET /health HTTP/1.1\r\n", "X-Slow: 1\r\n"));
-  CHECK(metric(http, "ep_server_connection_timeouts_total{phase=\"header\"}") == 1);
-  CHECK(closed_by_server("POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n", " "));
-  CHECK(metric(http, "ep_server_connection_timeouts_total{phase=\"body\"}") == 1);
+  const double header_before = counts(*before[0], "header");
+  const double body_before = metric_in(before[0]->received(), "ep_server_connection_timeouts_total{phase=\"body\"}");
+  REQUIRE(header_before >= 0);
+  REQUIRE(body_before >= 0);
+  CHECK(closed_by_server(slow_headers, "X-Slow: 1\r\n"));
+  CHECK(counts(*after_headers[0], "header") == header_before + 1);
+  CHECK(metric_in(after_headers[0]->received(), "ep_server_connection_timeouts_total{phase=\"body\"}") == body_before);
+  CHECK(closed_by_server(slow_body, " "));
+  CHECK(counts(*after_body[0], "body") == body_before + 1);
+  CHECK(metric_in(after_body[0]->received(), "ep_server_connection_timeouts_total{phase=\"header\"}") == header_before + 1);
   // A prompt client is served as before.
-  CHECK(http.post("/v1/completions", {{"prompt", "And God said"}, {"temperature", 0}, {"max_tokens", 2}}).status == 200);
+  CHECK(prompt_client[0]->status() == 200);
   CHECK(server.stop() == 0);
 }
 
@@ -1452,10 +1509,8 @@ TEST_CASE("ep-server: a corrupt expert fails only the requests that route to it"
   REQUIRE(corrupt_expert != 0);
   INFO("layer 0 expert " << corrupt_expert << " is corrupt");
 
-  // One prompt token per step, so the long prompt below runs for many steps.
   ep::test::ServerProcess server(EP_SERVER_EXE, {"--model", kModel, "--device", "cpu", "--pack-dir", dir / "bad", "--no-pack-build",
-                                                 "--cpu-threads", "2", "--prefill-chunk", "1", "--prefix-cache-mib", "0",
-                                                 "--max-prompt-tokens", "8192"});
+                                                 "--cpu-threads", "2", "--prefix-cache-mib", "0", "--max-tokens", "100000"});
   Http http(server.port());
   CHECK(http.get("/health").body.at("status") == "ok");
   // Which tokens route to the corrupt expert: each alone, one forward pass (max_tokens 1 samples
@@ -1481,25 +1536,49 @@ TEST_CASE("ep-server: a corrupt expert fails only the requests that route to it"
   CHECK(health.status == 200);
   CHECK(health.body.at("status") == "degraded");
 
-  // A healthy request that runs for many steps (its prompt only of safe tokens, one per step),
-  // and while it runs, one that routes to the corrupt expert: their step fails, the healthy one
-  // is run again without it and answers as it does alone.
-  json healthy = {{"prompt", json::array()}, {"max_tokens", 1}, {"temperature", 0}};
-  for (int i = 0; i < 600; ++i) healthy["prompt"].push_back(safe[static_cast<size_t>(i) % safe.size()]);
-  const std::string alone = completion_text(http.post("/v1/completions", healthy));
+  // A healthy request that runs until its client leaves (its prompt only of safe tokens, and a
+  // bias that keeps what it generates among them), and while it runs, one that routes to the
+  // corrupt expert: their step fails, the healthy one is run again without it and answers as it
+  // does alone. The healthy client leaves only once the broken one was answered, so the two share
+  // a step however fast or busy the machine is.
+  constexpr size_t kCompared = 8;
+  json healthy = {{"prompt", json::array()}, {"temperature", 0}, {"ignore_eos", true}, {"logit_bias", json::object()}};
+  for (size_t i = 0; i < 64; ++i) healthy["prompt"].push_back(safe[i % safe.size()]);
+  for (const int t : safe) healthy["logit_bias"][std::to_string(t)] = 100;
+  json alone_request = healthy;
+  alone_request["max_tokens"] = kCompared;
+  const std::string alone = completion_text(http.post("/v1/completions", alone_request));
+  REQUIRE(!alone.empty());
   const double recomputed_before = metric(http, "ep_server_requests_recomputed_total");
-  Reply together;
+  json endless = healthy;
+  endless["max_tokens"] = 100000;
+  std::atomic<bool> generating{false}, release{false}, ended{false};
+  StreamReply together;
   std::thread long_one([&] {
-    Http h(server.port());
-    together = h.post("/v1/completions", healthy);
+    together = Http(server.port()).stream("/v1/completions", endless, 0, [&](size_t events) {
+      if (events > 0) generating = true;
+      return !(release && events > kCompared);
+    });
+    ended = true;
   });
-  REQUIRE(wait_metric(http, "ep_server_requests_running", 1, 60s));
+  while (!generating && !ended) std::this_thread::sleep_for(10ms);
+  REQUIRE(generating);
   const Reply broken = http.post("/v1/completions", {{"prompt", json::array({unsafe[0]})}, {"max_tokens", 1}, {"temperature", 0}});
+  release = true;  // the healthy client leaves once it has more than kCompared tokens
   long_one.join();
   check_error(broken, 500);
-  CHECK(together.status == 200);
-  if (together.status == 200) CHECK(completion_text(together) == alone);
-  // They did share a step (a prompt of 600 one-token steps outlasts a request sent while it runs).
+  // The client left mid-answer (no status comes back to it): every event it read is a chunk of text.
+  std::string together_text;
+  for (const std::string &event : together.data) {
+    const json chunk = json::parse(event, nullptr, false);
+    INFO(event);
+    REQUIRE((chunk.is_object() && chunk.contains("choices") && chunk.at("choices").size() == 1));
+    together_text += chunk.at("choices").at(0).at("text").get<std::string>();
+  }
+  INFO("alone: " << alone << "\ntogether: " << together_text);
+  CHECK(together.data.size() > kCompared);
+  CHECK(together_text.rfind(alone, 0) == 0);
+  // They did share a step, and it was run again for the healthy one.
   CHECK(metric(http, "ep_server_requests_recomputed_total") == recomputed_before + 1);
   CHECK(server.stop() == 0);
 }
