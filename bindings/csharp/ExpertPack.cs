@@ -7,7 +7,7 @@
 // the assembly). The text API (Tokenizer, GenerateText, GenerateChat) needs a library that has
 // it: otherwise EntryPointNotFoundException at the first call. So do the 0.2 session functions
 // (Session.Fork, Sample, Append, Tokens, AppendMany, StepBatch, TextStream) with an older library,
-// and Session.SampleMany (0.5) with a library before 0.5.
+// and Session.SampleMany (0.6) with a library before 0.6.
 using System;
 using System.Collections.Generic;
 using System.Runtime.ExceptionServices;
@@ -999,7 +999,7 @@ namespace ExpertPack
         }
 
         /// <summary>The next token of every session (distinct, of one model, each holding a token) in
-        /// one call (ep_sessions_sample, 0.5: one sampling launch and one download for all of them).
+        /// one call (ep_sessions_sample, 0.6: one sampling launch and one download for all of them).
         /// options: null (greedy defaults) or one entry per session (null: the defaults). topLogprobs:
         /// null (no log-probabilities) or one entry per session: null, or the alternatives wanted
         /// (0..20) with the token's log-probability. Each result is what Sample (or SampleLogprobs)

@@ -111,7 +111,7 @@ func LastError() string {
 	return C.GoString(C.ep_last_error())
 }
 
-// Version is the loaded library's version (e.g. "0.5.0").
+// Version is the loaded library's version (e.g. "0.6.0").
 func Version() string { return C.GoString(C.ep_version_string()) }
 
 // VersionNumber is major*10000 + minor*100 + patch of the loaded library.

@@ -18,7 +18,7 @@ import "unsafe"
 // alternatives. Each result is what Sample (or SampleLogprobs) gives for the session alone, and
 // each draw counter advances the same way; a refused call (ErrInvalidArgument naming the
 // session's index) changes no session. Without log-probabilities a result's Logprob is 0 and
-// its Top empty. A library before 0.5: build with the tag expertpack_nosamplemany.
+// its Top empty. A library before 0.6: build with the tag expertpack_nosamplemany.
 func SampleMany(sessions []*Session, opts []*GenerateOptions, tops []int) ([]TokenLogprobs, error) {
 	n := len(sessions)
 	if n == 0 {

@@ -352,7 +352,7 @@ typedef struct ep_generate_stats {
   uint64_t prefill_expert_bytes; /**< Routed-expert bytes read from the Expert Pack during the prompt pass (0 with resident
                                       experts). Reads by other sessions of the model in the same interval count too. */
   uint64_t decode_expert_bytes;  /**< The same during the generation steps: each generated token's forward pass. */
-  /* Appended after the second version (ep_store_stats' times over the generation steps; 0 with resident experts;
+  /* Appended in 0.6 (ep_store_stats' times over the generation steps; 0 with resident experts;
      other sessions' work in the same interval counts too): */
   double decode_read_busy_seconds;    /**< Wall time with at least one expert read in flight (the disk busy). */
   double decode_read_full_seconds;    /**< Wall time with the read queue full (ep_store_stats::pack_read_full_depth). */

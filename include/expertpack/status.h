@@ -23,7 +23,7 @@ extern "C" {
 /** Major version: changes when the ABI breaks. */
 #define EP_VERSION_MAJOR 0
 /** Minor version: changes when symbols or struct fields are appended. */
-#define EP_VERSION_MINOR 5
+#define EP_VERSION_MINOR 6
 /** Patch version: changes for fixes that do not touch the API. */
 #define EP_VERSION_PATCH 0
 /** The version as one number: `major * 10000 + minor * 100 + patch`. */

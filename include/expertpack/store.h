@@ -51,7 +51,7 @@ typedef struct ep_store_stats {
   uint64_t host_slots;       /**< Slots of the host tier (0: no tier). */
   uint64_t prefetch_issued;  /**< Experts loaded ahead of their layer from a prediction (ep_model_options::prefetch). */
   uint64_t prefetch_used;    /**< Prefetched experts their layer then asked for. */
-  /* Appended after the second version: */
+  /* Appended in 0.6: */
   uint64_t pack_read_full_ns;    /**< Wall time with at least pack_read_full_depth reads in flight (the queue kept full). */
   uint64_t pack_read_full_depth; /**< Reads in flight that count as a full queue: staging slots x reads per expert x
                                       read splits, at most the I/O queue depth. A setting, not a count. */

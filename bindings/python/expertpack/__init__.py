@@ -357,7 +357,7 @@ _ep_sessions_sample = _fn("ep_sessions_sample", c_int32, POINTER(c_int32), POINT
                          POINTER(c_void_p), POINTER(POINTER(_GenerateOptions)), POINTER(ctypes.c_uint32), c_size_t,
                          optional=True)
 HAVE_SAMPLE_MANY = _ep_sessions_sample is not None
-"""True when the loaded library samples several sessions in one call (0.5: :func:`sample_many`)."""
+"""True when the loaded library samples several sessions in one call (0.6: :func:`sample_many`)."""
 _ep_text_stream_open = _fn("ep_text_stream_open", c_int32, POINTER(c_void_p), c_void_p, POINTER(c_char_p), c_size_t,
                            optional=True)
 _ep_text_stream_push = _fn("ep_text_stream_push", c_int32, c_void_p, c_int32, _TEXT_FN, c_void_p, POINTER(c_int32),
@@ -1392,7 +1392,7 @@ def sample_many(sessions: Sequence[Session], options=None, logprobs=None):
 def step_batch(sessions: Sequence[Session], **options) -> List[int]:
     """One decode step of a continuous batch: samples every session's next token with
     ``options`` (:func:`sample_many`: one call for all of them; :meth:`Session.sample` per
-    session with a library before 0.5), appends all of them in one :func:`append_many` call, and
+    session with a library before 0.6), appends all of them in one :func:`append_many` call, and
     returns them in the order of ``sessions``."""
     if HAVE_SAMPLE_MANY:
         next_tokens = sample_many(sessions, options)

@@ -424,7 +424,7 @@ extern "C" {
                                       options: *const ep_generate_options, top_logprobs: u32) -> ep_status;
 }
 
-// model.h, 0.5 (feature "sample_many": a library built before 0.5 lacks it)
+// model.h, 0.6 (feature "sample_many": a library built before 0.6 lacks it)
 #[cfg(feature = "sample_many")]
 extern "C" {
     pub fn ep_sessions_sample(out_tokens: *mut i32, out_logprobs: *const *mut ep_token_logprobs,

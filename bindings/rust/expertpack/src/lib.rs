@@ -202,7 +202,7 @@ fn struct_size_of<T>(v: &T) -> usize {
 // Version, features, logging
 // ---------------------------------------------------------------------------------------------
 
-/// The loaded library's version as text (e.g. "0.5.0").
+/// The loaded library's version as text (e.g. "0.6.0").
 pub fn version() -> &'static str {
     // SAFETY: a static string.
     unsafe { static_str(sys::ep_version_string()) }
