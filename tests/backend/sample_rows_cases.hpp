@@ -5,6 +5,7 @@
 
 #include "backend/backend.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -86,6 +87,17 @@ inline std::vector<SampleCase> sample_cases(int64_t vocab, size_t n, uint32_t se
     p.allowed = c.mask;
   }
   return cases;
+}
+
+/// Log-probabilities set to values no sampler writes (a NaN log-probability, ids -9, 42.0f), so
+/// a field the call under test leaves unwritten shows.
+inline backend::TokenLogprobs poisoned_logprobs(int32_t top_n) {
+  backend::TokenLogprobs lp;
+  lp.top_n = top_n;
+  lp.logprob = std::nanf("");
+  lp.top_ids.assign(3, -9);
+  lp.top_logprobs.assign(3, 42.0f);
+  return lp;
 }
 
 }  // namespace ep::test

@@ -28,15 +28,6 @@ Tensor row_of(const ep::test::SampleCase &c) {
   return Tensor::make(const_cast<float *>(c.logits.data()), GgmlType::f32, Device::cpu, {static_cast<int64_t>(c.logits.size())});
 }
 
-TokenLogprobs poisoned(int32_t top_n) {
-  TokenLogprobs lp;
-  lp.top_n = top_n;
-  lp.logprob = std::nanf("");
-  lp.top_ids.assign(3, -9);
-  lp.top_logprobs.assign(3, 42.0f);
-  return lp;
-}
-
 }  // namespace
 
 TEST_CASE("sample_rows: every row as sample() draws it alone, bit for bit", "[sampling]") {
@@ -49,9 +40,9 @@ TEST_CASE("sample_rows: every row as sample() draws it alone, bit for bit", "[sa
   std::vector<SampleRow> rows(n);
   for (size_t i = 0; i < n; ++i) {
     const ep::test::SampleCase &c = cases[i];
-    want_lp[i] = poisoned(c.top_n);
+    want_lp[i] = ep::test::poisoned_logprobs(c.top_n);
     want[i] = cpu.sample(row_of(c), c.params, c.counter, c.top_n >= 0 ? &want_lp[i] : nullptr);
-    got_lp[i] = poisoned(c.top_n);
+    got_lp[i] = ep::test::poisoned_logprobs(c.top_n);
     rows[i] = SampleRow{row_of(c), &c.params, c.counter, c.top_n >= 0 ? &got_lp[i] : nullptr};
   }
   std::vector<int32_t> got(n, -7);
@@ -88,7 +79,7 @@ TEST_CASE("sample_rows: a refused row is named and nothing is written", "[sampli
   std::vector<SampleRow> rows(3);
   auto reset = [&] {
     for (size_t i = 0; i < 3; ++i) {
-      lps[i] = poisoned(2);
+      lps[i] = ep::test::poisoned_logprobs(2);
       rows[i] = SampleRow{row_of(cases[i]), &params[i], cases[i].counter, &lps[i]};
     }
   };

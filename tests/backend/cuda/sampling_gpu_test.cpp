@@ -173,22 +173,14 @@ TEST_CASE("sample_rows on the GPU: one launch over every row gives each row's si
     gpu.upload(dev[i], cases[i].logits.data(), static_cast<uint64_t>(n) * 4);
     lg[i] = Tensor::make(dev[i], GgmlType::f32, Device::cuda, {n});
   }
-  auto poisoned = [](int32_t top_n) {
-    TokenLogprobs lp;
-    lp.top_n = top_n;
-    lp.logprob = std::nanf("");
-    lp.top_ids.assign(3, -9);
-    lp.top_logprobs.assign(3, 42.0f);
-    return lp;
-  };
   std::vector<int32_t> single(rows_n), reference(rows_n);
   std::vector<TokenLogprobs> single_lp(rows_n), batched_lp(rows_n), cpu_lp(rows_n);
   std::vector<SampleRow> rows(rows_n);
   for (size_t i = 0; i < rows_n; ++i) {
     const ep::test::SampleCase &c = cases[i];
-    single_lp[i] = poisoned(c.top_n);
-    cpu_lp[i] = poisoned(c.top_n);
-    batched_lp[i] = poisoned(c.top_n);
+    single_lp[i] = ep::test::poisoned_logprobs(c.top_n);
+    cpu_lp[i] = ep::test::poisoned_logprobs(c.top_n);
+    batched_lp[i] = ep::test::poisoned_logprobs(c.top_n);
     single[i] = gpu.sample(lg[i], c.params, c.counter, c.top_n >= 0 ? &single_lp[i] : nullptr);
     const Tensor lc = Tensor::make(const_cast<float *>(c.logits.data()), GgmlType::f32, Device::cpu, {n});
     reference[i] = cpu.sample(lc, c.params, c.counter, c.top_n >= 0 ? &cpu_lp[i] : nullptr);
